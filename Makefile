@@ -1,0 +1,46 @@
+# The interface to pkgq: `make demo` and `make test` work from a clean clone on Debian.
+SHELL := /bin/bash
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.pkgq-installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test check unit integration e2e services migrate venv clean
+
+$(STAMP): pyproject.toml constraints.txt deploy/local/ensure-venv.sh
+	deploy/local/ensure-venv.sh $(VENV)
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+services:
+	deploy/local/ensure-services.sh
+
+migrate: venv services
+	$(BIN)/pkgq migrate
+
+## demo: start the relay and every consumer, drive sample users through all routes, show it.
+demo: migrate
+	$(BIN)/pkgq demo
+
+## check: formatting, lint and strict typing.
+check: venv
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+## test: check, then the whole suite against the real services.
+test: check migrate
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+unit: venv
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+integration: migrate
+	$(BIN)/pytest tests/integration $(PYTEST_ARGS)
+
+e2e: migrate
+	$(BIN)/pytest tests/e2e $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

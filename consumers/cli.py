@@ -1,0 +1,330 @@
+"""The `pkgq` command line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+from uuid import UUID
+
+import asyncpg
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from consumers import publishing
+from consumers.runtime import services, stop_on_signals
+from events.models import AdjustQuota, CancelPackage
+from events.routes import ROUTES, Route, UnknownRouteError, route_named
+from infra.logging import configure_logging
+from infra.postgres import access, catalog, queue_repo
+from infra.postgres.migrate import ensure_database, migrate
+from infra.rabbit.connection import connect
+from infra.settings import Settings
+
+app = typer.Typer(help="pkgq: the telecom package queue on RabbitMQ and PostgreSQL.")
+user_app = typer.Typer(help="Inspect and administer one user's package queue.")
+catalog_app = typer.Typer(help="The package catalog.")
+app.add_typer(user_app, name="user")
+app.add_typer(catalog_app, name="catalog")
+console = Console()
+T = TypeVar("T")
+
+
+def _settings() -> Settings:
+    settings = Settings()
+    configure_logging(settings.log_format, settings.log_level)
+    return settings
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+def _route(name: str) -> Route:
+    try:
+        return route_named(name)
+    except UnknownRouteError as exc:
+        raise typer.BadParameter(str(exc.args[0])) from None
+
+
+@app.command("migrate")
+def migrate_cmd(
+    create_db: Annotated[bool, typer.Option(help="Create the database if missing.")] = True,
+) -> None:
+    """Create the database if needed and apply pending SQL migrations."""
+    settings = _settings()
+
+    async def go() -> list[int]:
+        if create_db:
+            await ensure_database(settings.postgres_dsn)
+        conn = await asyncpg.connect(settings.postgres_dsn)
+        try:
+            return await migrate(conn)
+        finally:
+            await conn.close()
+
+    applied = _run(go())
+    console.print(f"migrations applied: {applied or 'none (up to date)'}")
+
+
+@app.command("routes")
+def routes_cmd() -> None:
+    """List the routes, their message types and queues."""
+    settings = Settings()
+    table = Table("route", "type", "queue")
+    for route in ROUTES.values():
+        table.add_row(route.name, route.message_type, settings.queue_name(route.name))
+    console.print(table)
+
+
+@app.command("run")
+def run_cmd(
+    routes: Annotated[
+        list[str] | None, typer.Argument(help="Routes to consume (default: all).")
+    ] = None,
+) -> None:
+    """Run consumers for ROUTES until SIGTERM/SIGINT, then drain gracefully."""
+    from consumers.runner import run_consumers
+
+    settings = _settings()
+    selected = [_route(r) for r in routes] if routes else list(ROUTES.values())
+
+    async def go() -> None:
+        stop = stop_on_signals()
+        async with services(settings, "run") as svc:
+            await run_consumers(settings, svc, selected, stop)
+
+    _run(go())
+
+
+@app.command("relay")
+def relay_cmd() -> None:
+    """Run the outbox relay (and the expiry sweep) until SIGTERM/SIGINT."""
+    from infra.outbox.relay import Relay
+
+    settings = _settings()
+
+    async def go() -> None:
+        stop = stop_on_signals()
+        async with services(settings, "relay") as svc:
+            await Relay(settings, svc.pool, svc.amqp).run(stop)
+
+    _run(go())
+
+
+@app.command("publish")
+def publish_cmd(
+    route: Annotated[str, typer.Argument(help="Route, e.g. package_purchase.")],
+    body: Annotated[str, typer.Argument(help="JSON, @file, or - for stdin.")],
+    message_id: Annotated[UUID | None, typer.Option(help="Idempotency key (default: new).")] = None,
+) -> None:
+    """Validate BODY against ROUTE's model, publish it with a confirm, print its message_id."""
+    settings = _settings()
+    target = _route(route)
+    text = _read_body(body)
+    try:
+        model = publishing.parse_body(target, text)
+    except ValidationError as exc:
+        console.print(f"[red]invalid {target.message_type}:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+    async def go() -> UUID:
+        conn = await connect(settings.amqp_url, "pkgq-publish")
+        try:
+            return await publishing.publish(settings, conn, target, model, message_id=message_id)
+        finally:
+            await conn.close()
+
+    print(_run(go()))
+
+
+def _read_body(arg: str) -> str:
+    if arg == "-":
+        return sys.stdin.read()
+    if arg.startswith("@"):
+        return Path(arg[1:]).read_text()
+    return arg
+
+
+@user_app.command("show")
+def user_show(
+    user_id: UUID,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Current package, access, and all packages of USER_ID."""
+    settings = _settings()
+
+    async def go() -> tuple[list[Any], Any, Any]:
+        conn = await asyncpg.connect(settings.postgres_dsn)
+        try:
+            items = await queue_repo.load_user_items(conn, user_id)
+            grant = await access.get_access(conn, user_id)
+            user = await conn.fetchrow(
+                "SELECT * FROM telecom.queue_users WHERE user_id = $1", user_id
+            )
+            return items, grant, user
+        finally:
+            await conn.close()
+
+    items, grant, user = _run(go())
+    rows = [
+        {
+            "id": i.id,
+            "package": i.package.name,
+            "status": i.status.value,
+            "created_at": i.created_at.isoformat(),
+            "activated_at": i.activated_at.isoformat() if i.activated_at else None,
+            "expire_at": i.expire_at.isoformat() if i.expire_at else None,
+            "upload": i.upload,
+            "download": i.download,
+            "adjust_quota": i.adjust_quota,
+            "remaining": i.remaining,
+        }
+        for i in items
+    ]
+    current = next((r for r in rows if r["status"] == "active"), None)
+    summary = {
+        "user_id": str(user_id),
+        "current": current,
+        "access": dict(grant) if grant else None,
+        "unbilled": (
+            {"upload": user["unbilled_upload"], "download": user["unbilled_download"]}
+            if user
+            else None
+        ),
+        "packages": rows,
+    }
+    if as_json:
+        print(json.dumps(summary, default=str, indent=2))
+        return
+    console.print(f"user [bold]{user_id}[/bold]")
+    console.print(f"current: {current['id'] if current else 'none'}")
+    console.print(f"access: {'granted' if grant and grant['granted'] else 'revoked/none'}")
+    if user:
+        console.print(f"unbilled: up={user['unbilled_upload']} down={user['unbilled_download']}")
+    table = Table("id", "package", "status", "activated_at", "used", "quota", "remaining")
+    for i in items:
+        table.add_row(
+            str(i.id),
+            i.package.name,
+            i.status.value,
+            str(i.activated_at or ""),
+            str(i.used),
+            str(i.quota),
+            str(i.remaining),
+        )
+    console.print(table)
+
+
+async def _item_owner(settings: Settings, item_id: int) -> UUID:
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        owner: UUID | None = await conn.fetchval(
+            "SELECT user_id FROM telecom.package_queue WHERE id = $1", item_id
+        )
+    finally:
+        await conn.close()
+    if owner is None:
+        console.print(f"[red]no queue item {item_id}[/red]")
+        raise typer.Exit(1)
+    return owner
+
+
+@user_app.command("cancel")
+def user_cancel(item_id: int) -> None:
+    """Cancel queue item ITEM_ID (published to telecom.package_cancel)."""
+    settings = _settings()
+
+    async def go() -> UUID:
+        owner = await _item_owner(settings, item_id)
+        conn = await connect(settings.amqp_url, "pkgq-admin")
+        try:
+            body = CancelPackage(user_id=owner, item_id=item_id)
+            return await publishing.publish(settings, conn, route_named("package_cancel"), body)
+        finally:
+            await conn.close()
+
+    print(_run(go()))
+
+
+@user_app.command("adjust-quota")
+def user_adjust_quota(
+    item_id: int, delta: Annotated[int, typer.Argument(help="Bytes, may be < 0.")]
+) -> None:
+    """Add DELTA bytes to ITEM_ID's adjust_quota (published to telecom.quota_adjust)."""
+    settings = _settings()
+
+    async def go() -> UUID:
+        owner = await _item_owner(settings, item_id)
+        conn = await connect(settings.amqp_url, "pkgq-admin")
+        try:
+            body = AdjustQuota(user_id=owner, item_id=item_id, delta=delta)
+            return await publishing.publish(settings, conn, route_named("quota_adjust"), body)
+        finally:
+            await conn.close()
+
+    print(_run(go()))
+
+
+@catalog_app.command("add")
+def catalog_add(
+    name: str,
+    traffic: Annotated[str, typer.Option(help="Traffic limit: bytes or 500MiB, 2GB, ...")],
+    duration: Annotated[str | None, typer.Option(help="Lifetime: 90s, 15m, 12h, 30d.")] = None,
+) -> None:
+    """Add a package to the catalog and print its id."""
+    from consumers.units import parse_duration, parse_size
+
+    settings = _settings()
+    try:
+        limit = parse_size(traffic)
+        lifetime = parse_duration(duration) if duration is not None else None
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+    async def go() -> int:
+        conn = await asyncpg.connect(settings.postgres_dsn)
+        try:
+            return (await catalog.add_package(conn, name, limit, lifetime)).id
+        finally:
+            await conn.close()
+
+    print(_run(go()))
+
+
+@catalog_app.command("list")
+def catalog_list() -> None:
+    """List the catalog."""
+    settings = _settings()
+
+    async def go() -> list[Any]:
+        conn = await asyncpg.connect(settings.postgres_dsn)
+        try:
+            return await catalog.list_packages(conn)
+        finally:
+            await conn.close()
+
+    table = Table("id", "name", "traffic_limit", "duration")
+    for p in _run(go()):
+        table.add_row(str(p.id), p.name, str(p.traffic_limit), str(p.duration or "-"))
+    console.print(table)
+
+
+@app.command("demo")
+def demo_cmd(
+    timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 90.0,
+) -> None:
+    """Start the relay and all consumers, drive sample users through every route, show it."""
+    from consumers.demo import run_demo
+
+    settings = _settings()
+    raise typer.Exit(_run(run_demo(settings, timeout)))
+
+
+def main() -> None:
+    app()

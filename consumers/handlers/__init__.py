@@ -1,0 +1,1 @@
+"""One module per route; `registry.HANDLERS` maps each route to its handler."""

@@ -1,0 +1,12 @@
+"""telecom.package_cancel: cancel an item; cancelling the active one advances the queue."""
+
+from __future__ import annotations
+
+from consumers.unit_of_work import HandlerContext, transition
+from events.models import CancelPackage
+
+
+async def handle(ctx: HandlerContext, body: CancelPackage) -> None:
+    await transition(
+        ctx, body.user_id, lambda q: q.cancel(body.item_id, ctx.now), item_ids=[body.item_id]
+    )

@@ -1,0 +1,15 @@
+"""telecom.quota_adjust: change an item's adjust_quota; below use, the active item is consumed."""
+
+from __future__ import annotations
+
+from consumers.unit_of_work import HandlerContext, transition
+from events.models import AdjustQuota
+
+
+async def handle(ctx: HandlerContext, body: AdjustQuota) -> None:
+    await transition(
+        ctx,
+        body.user_id,
+        lambda q: q.adjust_quota(body.item_id, body.delta, ctx.now),
+        item_ids=[body.item_id],
+    )

@@ -1,0 +1,53 @@
+"""Publish a command or event straight to the exchange, validated and confirmed (`pkgq publish`)."""
+
+from __future__ import annotations
+
+from uuid import UUID, uuid4
+
+from aio_pika.abc import AbstractRobustConnection
+
+from events.envelope import Envelope
+from events.models import WireModel
+from events.routes import Route
+from infra.rabbit.publisher import Publisher, build_message
+from infra.rabbit.topology import declare_all
+from infra.settings import Settings
+
+
+def parse_body(route: Route, text: str) -> WireModel:
+    """Validate JSON against the route's model (raises pydantic.ValidationError)."""
+    return route.model.model_validate_json(text)
+
+
+async def publish(
+    settings: Settings,
+    connection: AbstractRobustConnection,
+    route: Route,
+    body: WireModel,
+    *,
+    message_id: UUID | None = None,
+) -> UUID:
+    channel = await connection.channel()
+    await declare_all(channel, settings)
+    await channel.close()
+    envelope = Envelope(
+        message_id=message_id or uuid4(),
+        message_type=route.message_type,
+        schema_version=route.schema_version,
+        user_id=body.user_id,
+    )
+    publisher = await Publisher.open(connection, settings.exchange)
+    try:
+        await publisher.publish(
+            build_message(
+                body.model_dump_json().encode(),
+                message_id=envelope.message_id,
+                message_type=envelope.message_type,
+                headers=envelope.headers(),
+                timestamp=envelope.timestamp,
+            ),
+            route.name,
+        )
+    finally:
+        await publisher.close()
+    return envelope.message_id

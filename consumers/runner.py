@@ -1,0 +1,47 @@
+"""`pkgq run`: one RouteConsumer per route, in one process, sharing a pool and a connection."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+import structlog
+
+from consumers.registry import HANDLERS
+from consumers.runtime import Services
+from consumers.unit_of_work import make_processor
+from events.routes import Route
+from infra.rabbit.consumer import RouteConsumer
+from infra.rabbit.publisher import Publisher
+from infra.rabbit.topology import declare_exchanges
+from infra.settings import Settings
+
+log = structlog.get_logger(__name__)
+
+
+async def run_consumers(
+    settings: Settings, svc: Services, routes: Iterable[Route], stop: asyncio.Event
+) -> None:
+    channel = await svc.amqp.channel()
+    await declare_exchanges(channel, settings)
+    await channel.close()
+    dead_letters = await Publisher.open(svc.amqp, settings.dlx)
+    consumers = [
+        RouteConsumer(
+            route,
+            settings,
+            svc.amqp,
+            make_processor(svc.pool, route.short_name, HANDLERS[route.name]),
+            dead_letters,
+        )
+        for route in routes
+    ]
+    try:
+        for consumer in consumers:
+            await consumer.start()
+        log.info("ready", routes=[c.route.name for c in consumers])
+        await stop.wait()
+    finally:
+        await asyncio.gather(*(c.stop() for c in consumers), return_exceptions=True)
+        await dead_letters.close()
+        log.info("stopped", processed={c.route.short_name: c.processed for c in consumers})

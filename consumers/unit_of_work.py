@@ -1,0 +1,70 @@
+"""The handler pattern: inbox, user lock, pure transition, write-back, outbox — one transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+from domain.events import DomainEvent, ExpiryUnscheduled, UsageRemaining
+from domain.queue import UserQueue
+from events.decoding import Decoded
+from events.envelope import Envelope
+from events.outgoing import expiry_key, outgoing
+from infra.postgres import access, inbox, outbox, queue_repo
+from infra.postgres.pool import Conn
+from infra.rabbit.consumer import Outcome, Processor
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerContext:
+    conn: Conn
+    now: datetime
+    """The transaction's clock (Postgres `now()`), the same clock the relay schedules by."""
+    envelope: Envelope
+
+
+Handler = Callable[[HandlerContext, Any], Awaitable[None]]
+
+
+async def transition(
+    ctx: HandlerContext,
+    user_id: UUID,
+    step: Callable[[UserQueue], list[DomainEvent]],
+    *,
+    item_ids: Iterable[int] = (),
+) -> list[DomainEvent]:
+    """Lock and load the user's queue, run `step`, write the new state and its events."""
+    loaded = await queue_repo.load_queue(ctx.conn, user_id, item_ids)
+    events = step(loaded.queue)
+    await queue_repo.save_queue(ctx.conn, loaded)
+    await record_events(ctx, user_id, events)
+    return events
+
+
+async def record_events(ctx: HandlerContext, user_id: UUID, events: list[DomainEvent]) -> None:
+    messages = [out for event in events if (out := outgoing(event)) is not None]
+    withdrawn = [expiry_key(e.item_id) for e in events if isinstance(e, ExpiryUnscheduled)]
+    await outbox.withdraw(ctx.conn, withdrawn)
+    for event in events:
+        if isinstance(event, UsageRemaining):
+            await access.set_remaining(ctx.conn, user_id, event.item_id, event.remaining)
+    await outbox.emit(ctx.conn, user_id, messages, traceparent=ctx.envelope.traceparent)
+
+
+def make_processor(pool: asyncpg.Pool, consumer: str, handler: Handler) -> Processor:
+    """Wrap a handler in the one-transaction pattern; duplicates are detected by the inbox."""
+
+    async def process(decoded: Decoded) -> Outcome:
+        async with pool.acquire(timeout=10) as conn, conn.transaction():
+            if not await inbox.claim(conn, consumer, decoded.envelope.message_id):
+                return Outcome.DUPLICATE
+            now = await conn.fetchval("SELECT now()")
+            await handler(HandlerContext(conn, now, decoded.envelope), decoded.body)
+        return Outcome.ACKED
+
+    return process

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Make sure PostgreSQL and RabbitMQ are running on this machine, for `make demo` and `make test`.
+# Starts them if stopped; installs them from Debian's packages if missing and running as root;
+# otherwise stops with a message that says what to do.
+set -euo pipefail
+
+say() { printf 'ensure-services: %s\n' "$*" >&2; }
+die() { say "$*"; exit 1; }
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; return; fi
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo "$@"; return; fi
+    return 1
+}
+
+apt_install() {
+    command -v apt-get >/dev/null 2>&1 || die "$1 is missing and this is not a Debian system: install $1 yourself."
+    say "installing $* from Debian's packages"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+        && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null \
+        || die "could not install $*: run 'sudo apt-get install $*' and try again."
+}
+
+pg_ready() { pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; }
+
+ensure_postgres() {
+    if ! command -v pg_ctlcluster >/dev/null 2>&1; then
+        apt_install postgresql
+    fi
+    if pg_ready; then return; fi
+    local version
+    version=$(ls /etc/postgresql 2>/dev/null | sort -V | tail -n 1)
+    [ -n "$version" ] || die "PostgreSQL is installed but has no cluster: run 'sudo pg_createcluster --start 15 main'."
+    say "starting PostgreSQL $version"
+    as_root pg_ctlcluster --skip-systemctl-redirect "$version" main start \
+        || die "could not start PostgreSQL: run 'sudo pg_ctlcluster $version main start'."
+    for _ in $(seq 1 30); do pg_ready && return; sleep 1; done
+    die "PostgreSQL did not accept connections on 127.0.0.1:5432 within 30 s; see /var/log/postgresql/."
+}
+
+ensure_postgres_access() {
+    # pkgq connects as the postgres role over TCP (PKGQ_POSTGRES_DSN). A fresh Debian install
+    # wants a password there; trust on loopback is what a dev box and CI use.
+    if psql -h 127.0.0.1 -U postgres -d postgres -Atqc 'select 1' >/dev/null 2>&1; then return; fi
+    if [ -n "${PKGQ_POSTGRES_DSN:-}" ]; then return; fi
+    die "cannot connect as postgres@127.0.0.1 without a password. Either set PKGQ_POSTGRES_DSN to a DSN that works, or allow trust on loopback for local development."
+}
+
+rabbit_ready() { rabbitmqctl -q await_startup --timeout 5 >/dev/null 2>&1; }
+
+ensure_rabbitmq() {
+    if ! command -v rabbitmq-server >/dev/null 2>&1; then
+        apt_install rabbitmq-server
+    fi
+    if rabbit_ready; then return; fi
+    say "starting RabbitMQ"
+    as_root rabbitmq-server -detached >/dev/null 2>&1 || true
+    for _ in $(seq 1 60); do rabbit_ready && return; sleep 1; done
+    die "RabbitMQ did not start within 60 s: run 'sudo rabbitmq-server -detached' and check /var/log/rabbitmq/."
+}
+
+ensure_postgres
+ensure_postgres_access
+ensure_rabbitmq
+say "PostgreSQL and RabbitMQ are up"

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Create the project's virtualenv ($1, default .venv) and install pkgq with pinned dependencies.
+set -euo pipefail
+venv=${1:-.venv}
+py=${PYTHON:-python3}
+
+command -v "$py" >/dev/null 2>&1 || { echo "ensure-venv: $py not found: install Python 3.11+ (Debian: apt-get install python3 python3-venv)" >&2; exit 1; }
+"$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+    || { echo "ensure-venv: pkgq needs Python 3.11+, $py is $("$py" -V 2>&1)" >&2; exit 1; }
+
+if [ ! -x "$venv/bin/python" ]; then
+    if ! "$py" -m venv "$venv" 2>/dev/null; then
+        rm -rf "$venv"
+        if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+            echo "ensure-venv: installing python3-venv from Debian's packages" >&2
+            DEBIAN_FRONTEND=noninteractive apt-get update -qq
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+            "$py" -m venv "$venv"
+        else
+            echo "ensure-venv: '$py -m venv' failed: run 'sudo apt-get install python3-venv' and try again" >&2
+            exit 1
+        fi
+    fi
+fi
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade 'pip>=23.2'
+"$venv/bin/python" -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'

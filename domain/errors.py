@@ -1,0 +1,51 @@
+"""Domain errors: a message that breaks one of these rules will break it on every retry."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+
+class DomainError(Exception):
+    """A command that the package queue refuses for good (retrying cannot help)."""
+
+
+class InvalidAmountError(DomainError):
+    def __init__(self, amount: int) -> None:
+        super().__init__(f"amount must be >= 1, got {amount}")
+        self.amount = amount
+
+
+class UnknownPackageError(DomainError):
+    def __init__(self, package_id: int) -> None:
+        super().__init__(
+            f"package {package_id} is not in the catalog; add it with `pkgq catalog add`"
+        )
+        self.package_id = package_id
+
+
+class ItemNotFoundError(DomainError):
+    def __init__(self, item_id: int, user_id: UUID) -> None:
+        super().__init__(f"queue item {item_id} does not exist or is not user {user_id}'s")
+        self.item_id = item_id
+        self.user_id = user_id
+
+
+class ItemNotCancellableError(DomainError):
+    def __init__(self, item_id: int, status: str) -> None:
+        super().__init__(f"queue item {item_id} is {status}; only in_queue/active can be cancelled")
+        self.item_id = item_id
+        self.status = status
+
+
+class ItemNotAdjustableError(DomainError):
+    def __init__(self, item_id: int, status: str) -> None:
+        super().__init__(f"queue item {item_id} is {status}; only in_queue/active can be adjusted")
+        self.item_id = item_id
+        self.status = status
+
+
+class NegativeUsageError(DomainError):
+    def __init__(self, upload: int, download: int) -> None:
+        super().__init__(f"usage must be >= 0, got upload={upload} download={download}")
+        self.upload = upload
+        self.download = download

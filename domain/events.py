@@ -1,0 +1,83 @@
+"""What the domain says happened. The `events` package turns these into wire contracts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from uuid import UUID
+
+from domain.model import ExpiryReason
+
+
+@dataclass(frozen=True, slots=True)
+class PackagesQueued:
+    user_id: UUID
+    package_id: int
+    item_ids: tuple[int, ...]
+    pushed_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class PackageActivated:
+    user_id: UUID
+    item_id: int
+    package_id: int
+    activated_at: datetime
+    quota: int
+    remaining: int
+    expire_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class PackageExpired:
+    """An item stopped being usable (also the wire trigger of a scheduled time expiry)."""
+
+    user_id: UUID
+    item_id: int
+    package_id: int
+    expired_at: datetime
+    reason: ExpiryReason
+
+
+@dataclass(frozen=True, slots=True)
+class AllPackagesExpired:
+    user_id: UUID
+    expired_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiryScheduled:
+    """Time expiry of an active item is due at `due_at`: deliver a PackageExpired(time) then."""
+
+    user_id: UUID
+    item_id: int
+    package_id: int
+    due_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiryUnscheduled:
+    """The item left `active` before its time ran out: its pending time-expiry trigger is void."""
+
+    user_id: UUID
+    item_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRemaining:
+    """Traffic was billed to the active item; node management wants the new remaining figure."""
+
+    user_id: UUID
+    item_id: int
+    remaining: int
+
+
+DomainEvent = (
+    PackagesQueued
+    | PackageActivated
+    | PackageExpired
+    | AllPackagesExpired
+    | ExpiryScheduled
+    | ExpiryUnscheduled
+    | UsageRemaining
+)

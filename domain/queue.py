@@ -1,0 +1,218 @@
+"""The user's package queue: the aggregate every transition runs on.
+
+A `UserQueue` holds the user's live items (`in_queue` and `active`) plus any item a command
+targets, the unbilled usage, and whether the user currently has access. Every method is a pure
+transition: it mutates the aggregate in memory and returns the domain events it caused. The
+caller persists the new state and the events in one transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from uuid import UUID
+
+from domain.errors import (
+    InvalidAmountError,
+    ItemNotAdjustableError,
+    ItemNotCancellableError,
+    ItemNotFoundError,
+    NegativeUsageError,
+)
+from domain.events import (
+    AllPackagesExpired,
+    DomainEvent,
+    ExpiryScheduled,
+    ExpiryUnscheduled,
+    PackageActivated,
+    PackageExpired,
+    PackagesQueued,
+    UsageRemaining,
+)
+from domain.model import ExpiryReason, ItemStatus, Package, QueueItem
+
+MAX_AMOUNT = 1000
+"""Upper bound on one purchase: a larger `amount` is a bug upstream, not a real order."""
+
+
+@dataclass(slots=True)
+class UserQueue:
+    user_id: UUID
+    items: list[QueueItem] = field(default_factory=list)
+    unbilled_upload: int = 0
+    unbilled_download: int = 0
+    has_access: bool = False
+    """True from an activation until the AllPackagesExpired that ends it (emitted exactly once)."""
+
+    # -- queries (GetCurrentPackage, GetAllMyPackages) -------------------------------------
+
+    def current(self) -> QueueItem | None:
+        """GetCurrentPackage: the active item, if any."""
+        return next((i for i in self.items if i.status is ItemStatus.ACTIVE), None)
+
+    def all_items(self) -> list[QueueItem]:
+        """GetAllMyPackages: every loaded item in queue order."""
+        return sorted(self.items, key=QueueItem.queue_order)
+
+    def queued(self) -> list[QueueItem]:
+        return sorted(
+            (i for i in self.items if i.status is ItemStatus.IN_QUEUE), key=QueueItem.queue_order
+        )
+
+    def item(self, item_id: int) -> QueueItem:
+        for candidate in self.items:
+            if candidate.id == item_id:
+                return candidate
+        raise ItemNotFoundError(item_id, self.user_id)
+
+    # -- commands -------------------------------------------------------------------------
+
+    def purchase(
+        self,
+        package: Package,
+        by_order: UUID | None,
+        amount: int,
+        item_ids: list[int],
+        now: datetime,
+    ) -> list[DomainEvent]:
+        """CreateQueueItem(s): queue `amount` identical items, ids allocated by the caller."""
+        if amount < 1 or amount > MAX_AMOUNT:
+            raise InvalidAmountError(amount)
+        if len(item_ids) != amount:
+            raise ValueError(f"need {amount} item ids, got {len(item_ids)}")
+        for item_id in item_ids:
+            self.items.append(
+                QueueItem(
+                    id=item_id,
+                    user_id=self.user_id,
+                    package=package,
+                    by_order=by_order,
+                    status=ItemStatus.IN_QUEUE,
+                    created_at=now,
+                )
+            )
+        return [PackagesQueued(self.user_id, package.id, tuple(item_ids), now)]
+
+    def advance(self, now: datetime) -> list[DomainEvent]:
+        """process_package_queue_push: activate the oldest queued item if none is active.
+
+        An item whose time or traffic is already exhausted at activation expires at once and the
+        next one is tried; each item is consumed at most once, so this ends after at most
+        len(queue) steps. When nothing is left, access ends with one AllPackagesExpired.
+        """
+        if self.current() is not None:
+            return []
+        events: list[DomainEvent] = []
+        for item in self.queued():
+            events.append(self._activate(item, now))
+            reason = self._exhaustion(item, now)
+            if reason is None:
+                if item.expire_at is not None:
+                    events.append(
+                        ExpiryScheduled(self.user_id, item.id, item.package_id, item.expire_at)
+                    )
+                return events
+            item.status = ItemStatus.CONSUMED
+            events.append(PackageExpired(self.user_id, item.id, item.package_id, now, reason))
+        if self.has_access:
+            self.has_access = False
+            events.append(AllPackagesExpired(self.user_id, now))
+        return events
+
+    def record_usage(self, upload: int, download: int, now: datetime) -> list[DomainEvent]:
+        """RecordPackageUsage: bill traffic to the active item, or keep it as unbilled."""
+        if upload < 0 or download < 0:
+            raise NegativeUsageError(upload, download)
+        active = self.current()
+        if active is None:
+            self.unbilled_upload += upload
+            self.unbilled_download += download
+            return []
+        active.upload += upload
+        active.download += download
+        return self._after_quota_change(active, now)
+
+    def expire(self, item_id: int, reason: ExpiryReason, now: datetime) -> list[DomainEvent]:
+        """Handle a PackageExpiring trigger: consume the item if it is due, then move on.
+
+        Stale or repeated triggers (the item was already consumed or cancelled, or the time
+        trigger of an item that usage consumed first) change nothing but the catch-up advance,
+        which is itself idempotent.
+        """
+        item = self.item(item_id)
+        if item.status is ItemStatus.ACTIVE:
+            if reason is ExpiryReason.TIME:
+                due = item.time_exhausted(now)
+            else:
+                due = item.traffic_exhausted()
+            if not due:
+                return []
+            item.status = ItemStatus.CONSUMED
+        return self.advance(now)
+
+    def cancel(self, item_id: int, now: datetime) -> list[DomainEvent]:
+        """Cancel (refund) an item; cancelling the active one advances the queue."""
+        item = self.item(item_id)
+        if item.status is ItemStatus.CANCELLED:
+            return []
+        if item.status is ItemStatus.CONSUMED:
+            raise ItemNotCancellableError(item_id, item.status.value)
+        was_active = item.status is ItemStatus.ACTIVE
+        item.status = ItemStatus.CANCELLED
+        if not was_active:
+            return []
+        events: list[DomainEvent] = []
+        if item.expire_at is not None:
+            events.append(ExpiryUnscheduled(self.user_id, item.id))
+        return events + self.advance(now)
+
+    def adjust_quota(self, item_id: int, delta: int, now: datetime) -> list[DomainEvent]:
+        """Raise or lower an item's adjust_quota; lowering the active one below use consumes it."""
+        item = self.item(item_id)
+        if item.status not in (ItemStatus.IN_QUEUE, ItemStatus.ACTIVE):
+            raise ItemNotAdjustableError(item_id, item.status.value)
+        item.adjust_quota += delta
+        if item.status is ItemStatus.IN_QUEUE:
+            return []
+        return self._after_quota_change(item, now)
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _activate(self, item: QueueItem, now: datetime) -> PackageActivated:
+        item.status = ItemStatus.ACTIVE
+        item.activated_at = now
+        duration = item.package.duration
+        item.expire_at = now + duration if duration is not None else None
+        item.upload += self.unbilled_upload
+        item.download += self.unbilled_download
+        self.unbilled_upload = 0
+        self.unbilled_download = 0
+        self.has_access = True
+        return PackageActivated(
+            self.user_id,
+            item.id,
+            item.package_id,
+            now,
+            item.quota,
+            item.remaining,
+            item.expire_at,
+        )
+
+    @staticmethod
+    def _exhaustion(item: QueueItem, now: datetime) -> ExpiryReason | None:
+        if item.traffic_exhausted():
+            return ExpiryReason.USAGE
+        if item.time_exhausted(now):
+            return ExpiryReason.TIME
+        return None
+
+    def _after_quota_change(self, item: QueueItem, now: datetime) -> list[DomainEvent]:
+        if not item.traffic_exhausted():
+            return [UsageRemaining(self.user_id, item.id, item.remaining)]
+        item.status = ItemStatus.CONSUMED
+        events: list[DomainEvent] = [
+            PackageExpired(self.user_id, item.id, item.package_id, now, ExpiryReason.USAGE)
+        ]
+        if item.expire_at is not None:
+            events.append(ExpiryUnscheduled(self.user_id, item.id))
+        return events

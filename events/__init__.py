@@ -1,0 +1,1 @@
+"""Wire contracts: pydantic event and command models, the envelope, and the route table."""

@@ -1,0 +1,135 @@
+"""Turn raw AMQP deliveries into (envelope, validated body), or say exactly why not."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+from pydantic import ValidationError
+
+from events.envelope import (
+    CONTENT_TYPE,
+    H_ATTEMPT,
+    H_SCHEMA_VERSION,
+    H_SEQ,
+    H_TRACEPARENT,
+    H_USER_ID,
+    Envelope,
+)
+from events.models import WireModel
+from events.routes import Route
+
+
+class BadMessageError(Exception):
+    """A message that can never be processed as sent. `reason` is a stable snake_case code."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class RawDelivery:
+    body: bytes
+    message_id: str | None
+    message_type: str | None
+    content_type: str | None
+    timestamp: datetime | None
+    headers: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    envelope: Envelope
+    body: WireModel
+
+
+def _int_header(headers: Mapping[str, Any], name: str, default: int | None) -> int | None:
+    value = headers.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise BadMessageError(
+            "invalid_header", f"header {name}={value!r} is not an integer"
+        ) from None
+
+
+def _str_header(headers: Mapping[str, Any], name: str) -> str | None:
+    value = headers.get(name)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return None if value is None else str(value)
+
+
+def decode(route: Route, raw: RawDelivery, *, max_body_bytes: int) -> Decoded:
+    """Validate a delivery for `route`: size, identity, type, version, encoding, schema."""
+    if len(raw.body) > max_body_bytes:
+        raise BadMessageError(
+            "oversized", f"body is {len(raw.body)} bytes, the limit is {max_body_bytes}"
+        )
+    if not raw.message_id:
+        raise BadMessageError("missing_message_id", "the AMQP message_id property is required")
+    try:
+        message_id = UUID(raw.message_id)
+    except ValueError:
+        raise BadMessageError(
+            "invalid_message_id", f"message_id {raw.message_id!r} is not a UUID"
+        ) from None
+    if raw.content_type != CONTENT_TYPE:
+        raise BadMessageError(
+            "wrong_content_type", f"content_type is {raw.content_type!r}, expected {CONTENT_TYPE}"
+        )
+    if raw.message_type != route.message_type:
+        raise BadMessageError(
+            "unknown_type",
+            f"type {raw.message_type!r} is not accepted on {route.name}; "
+            f"expected {route.message_type!r}",
+        )
+    version = _int_header(raw.headers, H_SCHEMA_VERSION, None)
+    if version != route.schema_version:
+        raise BadMessageError(
+            "unsupported_version",
+            f"{H_SCHEMA_VERSION}={version!r}; {route.name} accepts {route.schema_version}",
+        )
+    try:
+        text = raw.body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadMessageError("invalid_utf8", f"body is not UTF-8 ({exc.reason})") from None
+    try:
+        body = route.model.model_validate_json(text)
+    except ValidationError as exc:
+        kind = "invalid_json" if exc.errors()[0]["type"] == "json_invalid" else "schema_invalid"
+        raise BadMessageError(kind, _summarise(exc)) from None
+    header_user = _str_header(raw.headers, H_USER_ID)
+    if header_user is not None and header_user != str(body.user_id):
+        raise BadMessageError(
+            "schema_invalid", f"{H_USER_ID}={header_user} differs from body user_id {body.user_id}"
+        )
+    envelope = Envelope(
+        message_id=message_id,
+        message_type=route.message_type,
+        schema_version=version,
+        user_id=body.user_id,
+        seq=_int_header(raw.headers, H_SEQ, None),
+        attempt=_int_header(raw.headers, H_ATTEMPT, 1) or 1,
+        timestamp=raw.timestamp or datetime.now(UTC),
+        traceparent=_str_header(raw.headers, H_TRACEPARENT),
+    )
+    return Decoded(envelope, body)
+
+
+def _summarise(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors()[:5]:
+        where = ".".join(str(p) for p in error["loc"]) or "body"
+        parts.append(f"{where}: {error['msg']}")
+    more = exc.error_count() - len(parts)
+    return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")

@@ -1,0 +1,50 @@
+"""The envelope: what travels in AMQP properties and headers around a JSON body.
+
+Properties: `message_id` (uuid, the idempotency key), `type`, `content_type`, `timestamp`.
+Headers: schema version, `x-user-id` (the ordering key), `x-seq` (per-user sequence), `x-attempt`,
+`traceparent`. This module is broker-agnostic: infra turns it into an aio-pika message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+CONTENT_TYPE = "application/json"
+H_SCHEMA_VERSION = "x-schema-version"
+H_USER_ID = "x-user-id"
+H_SEQ = "x-seq"
+H_ATTEMPT = "x-attempt"
+H_TRACEPARENT = "traceparent"
+# Set on messages dead-lettered by pkgq itself.
+H_DEAD_REASON = "x-pkgq-dead-reason"
+H_DEAD_ERROR = "x-pkgq-dead-error"
+H_DEAD_CONSUMER = "x-pkgq-dead-consumer"
+H_DEAD_AT = "x-pkgq-dead-at"
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    message_id: UUID
+    message_type: str
+    schema_version: int
+    user_id: UUID | None
+    seq: int | None = None
+    attempt: int = 1
+    timestamp: datetime = field(default_factory=lambda: datetime.now(UTC))
+    traceparent: str | None = None
+
+    def headers(self) -> dict[str, Any]:
+        headers: dict[str, Any] = {
+            H_SCHEMA_VERSION: self.schema_version,
+            H_ATTEMPT: self.attempt,
+        }
+        if self.user_id is not None:
+            headers[H_USER_ID] = str(self.user_id)
+        if self.seq is not None:
+            headers[H_SEQ] = self.seq
+        if self.traceparent is not None:
+            headers[H_TRACEPARENT] = self.traceparent
+        return headers

@@ -1,0 +1,85 @@
+"""Message bodies on the wire: JSON, strictly validated, unknown fields refused.
+
+Field names and meanings follow seed 000; timestamps are unix seconds. Commands are named in the
+imperative (they ask for a change), events in the past tense or with the seed's names.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from domain.model import ExpiryReason
+
+MAX_PURCHASE_AMOUNT = 1000
+
+PositiveId = Annotated[int, Field(ge=1, le=2**63 - 1)]
+Bytes = Annotated[int, Field(ge=0, le=2**62)]
+UnixSeconds = Annotated[int, Field(ge=0, le=2**40)]
+
+
+class WireModel(BaseModel):
+    """Base of every message body: strict types, no unknown fields, immutable."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    user_id: UUID
+
+
+# -- inbound commands (published by systems outside pkgq) ---------------------------------
+
+
+class PurchasePackage(WireModel):
+    """Shop: queue `amount` identical packages for a user."""
+
+    package_id: PositiveId
+    by_order: UUID | None = None
+    amount: Annotated[int, Field(ge=1, le=MAX_PURCHASE_AMOUNT)] = 1
+
+
+class RecordUsage(WireModel):
+    """Billing: traffic to bill to the user's active package."""
+
+    upload: Bytes
+    download: Bytes
+
+
+class CancelPackage(WireModel):
+    """Admin/refunds: cancel one queue item."""
+
+    item_id: PositiveId
+
+
+class AdjustQuota(WireModel):
+    """Admin: add `delta` bytes (may be negative) to an item's adjust_quota."""
+
+    item_id: PositiveId
+    delta: Annotated[int, Field(ge=-(2**62), le=2**62)]
+
+
+# -- lifecycle events (published by pkgq through the outbox) ------------------------------
+
+
+class PackageQueuePushEvent(WireModel):
+    item_ids: Annotated[list[PositiveId], Field(min_length=1, max_length=MAX_PURCHASE_AMOUNT)]
+    package_id: PositiveId
+    pushed_at: UnixSeconds
+
+
+class PackageActivateEvent(WireModel):
+    item_id: PositiveId
+    package_id: PositiveId
+    activated_at: UnixSeconds
+
+
+class PackageExpiringEvent(WireModel):
+    item_id: PositiveId
+    package_id: PositiveId
+    expired_at: UnixSeconds
+    reason: ExpiryReason
+
+
+class AllPackageExpiredEvent(WireModel):
+    expired_at: UnixSeconds

@@ -1,0 +1,104 @@
+"""Map the domain's events onto the messages pkgq publishes through the outbox."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from domain.events import (
+    AllPackagesExpired,
+    DomainEvent,
+    ExpiryScheduled,
+    PackageActivated,
+    PackageExpired,
+    PackagesQueued,
+)
+from domain.model import ExpiryReason
+from events.models import (
+    AllPackageExpiredEvent,
+    PackageActivateEvent,
+    PackageExpiringEvent,
+    PackageQueuePushEvent,
+    WireModel,
+)
+from events.routes import (
+    ALL_EXPIRED,
+    PACKAGE_ACTIVATE,
+    PACKAGE_EXPIRING,
+    PACKAGE_QUEUING,
+    Route,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    route: Route
+    body: WireModel
+    due_at: datetime | None = None
+    """Deliver no earlier than this (None: as soon as the transaction commits)."""
+    cancel_key: str | None = None
+    """A name under which a still-pending scheduled message can be withdrawn."""
+
+
+def expiry_key(item_id: int) -> str:
+    return f"expire:{item_id}"
+
+
+def unix(ts: datetime) -> int:
+    return int(ts.timestamp())
+
+
+def outgoing(event: DomainEvent) -> Outgoing | None:
+    """The message a domain event causes, or None if it only changes local state."""
+    match event:
+        case PackagesQueued():
+            return Outgoing(
+                PACKAGE_QUEUING,
+                PackageQueuePushEvent(
+                    user_id=event.user_id,
+                    item_ids=list(event.item_ids),
+                    package_id=event.package_id,
+                    pushed_at=unix(event.pushed_at),
+                ),
+            )
+        case PackageActivated():
+            return Outgoing(
+                PACKAGE_ACTIVATE,
+                PackageActivateEvent(
+                    user_id=event.user_id,
+                    item_id=event.item_id,
+                    package_id=event.package_id,
+                    activated_at=unix(event.activated_at),
+                ),
+            )
+        case PackageExpired():
+            return Outgoing(
+                PACKAGE_EXPIRING,
+                PackageExpiringEvent(
+                    user_id=event.user_id,
+                    item_id=event.item_id,
+                    package_id=event.package_id,
+                    expired_at=unix(event.expired_at),
+                    reason=event.reason,
+                ),
+            )
+        case ExpiryScheduled():
+            return Outgoing(
+                PACKAGE_EXPIRING,
+                PackageExpiringEvent(
+                    user_id=event.user_id,
+                    item_id=event.item_id,
+                    package_id=event.package_id,
+                    expired_at=unix(event.due_at),
+                    reason=ExpiryReason.TIME,
+                ),
+                due_at=event.due_at,
+                cancel_key=expiry_key(event.item_id),
+            )
+        case AllPackagesExpired():
+            return Outgoing(
+                ALL_EXPIRED,
+                AllPackageExpiredEvent(user_id=event.user_id, expired_at=unix(event.expired_at)),
+            )
+        case _:
+            return None

@@ -1,0 +1,73 @@
+"""The route table: routing key -> message type, schema version and body model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from events.models import (
+    AdjustQuota,
+    AllPackageExpiredEvent,
+    CancelPackage,
+    PackageActivateEvent,
+    PackageExpiringEvent,
+    PackageQueuePushEvent,
+    PurchasePackage,
+    RecordUsage,
+    WireModel,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    name: str
+    """The routing key on the `telecom` topic exchange, e.g. `telecom.package_purchase`."""
+    model: type[WireModel]
+    schema_version: int = 1
+
+    @property
+    def message_type(self) -> str:
+        """The AMQP `type` property: the body model's name."""
+        return self.model.__name__
+
+    @property
+    def short_name(self) -> str:
+        return self.name.removeprefix("telecom.")
+
+
+PACKAGE_PURCHASE = Route("telecom.package_purchase", PurchasePackage)
+USAGE_RECORD = Route("telecom.usage_record", RecordUsage)
+PACKAGE_CANCEL = Route("telecom.package_cancel", CancelPackage)
+QUOTA_ADJUST = Route("telecom.quota_adjust", AdjustQuota)
+PACKAGE_QUEUING = Route("telecom.package_queuing", PackageQueuePushEvent)
+PACKAGE_ACTIVATE = Route("telecom.package_activate", PackageActivateEvent)
+PACKAGE_EXPIRING = Route("telecom.package_expiring", PackageExpiringEvent)
+ALL_EXPIRED = Route("telecom.all_expired", AllPackageExpiredEvent)
+
+ROUTES: dict[str, Route] = {
+    r.name: r
+    for r in (
+        PACKAGE_PURCHASE,
+        USAGE_RECORD,
+        PACKAGE_CANCEL,
+        QUOTA_ADJUST,
+        PACKAGE_QUEUING,
+        PACKAGE_ACTIVATE,
+        PACKAGE_EXPIRING,
+        ALL_EXPIRED,
+    )
+}
+
+
+class UnknownRouteError(KeyError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown route {name!r}; known routes: {', '.join(ROUTES)}")
+        self.name = name
+
+
+def route_named(name: str) -> Route:
+    """Look a route up by its full (`telecom.usage_record`) or short (`usage_record`) name."""
+    full = name if name.startswith("telecom.") else f"telecom.{name}"
+    try:
+        return ROUTES[full]
+    except KeyError:
+        raise UnknownRouteError(name) from None

@@ -1,0 +1,1 @@
+"""Adapters: settings, PostgreSQL, RabbitMQ and the outbox relay."""

@@ -1,0 +1,1 @@
+"""The outbox relay and the expiry sweep."""

@@ -1,0 +1,49 @@
+"""The expiry sweep: re-send the time-expiry trigger of active items that are overdue.
+
+Time expiry is normally an outbox row due at `expire_at`, written with the activation. The sweep
+covers the case where that row is gone or was lost downstream: an active item `grace` seconds
+past its `expire_at` with no pending trigger and none published within `grace` gets a new one.
+A duplicate trigger is harmless: the expiring handler ignores items that are no longer active.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from domain.events import ExpiryScheduled
+from events.outgoing import outgoing
+from infra.postgres import outbox, queue_repo
+
+_OVERDUE = """
+    SELECT q.id, q.user_id, q.package_id, q.expire_at
+    FROM telecom.package_queue q
+    WHERE q.status = 'active' AND q.expire_at <= now() - make_interval(secs => $1)
+      AND NOT EXISTS (
+          SELECT 1 FROM telecom.outbox o
+          WHERE o.cancel_key = 'expire:' || q.id  -- events.outgoing.expiry_key
+            AND (o.published_at IS NULL OR o.published_at > now() - make_interval(secs => $1))
+      )
+    ORDER BY q.expire_at
+    LIMIT $2
+"""
+
+
+async def sweep_overdue_expiries(pool: asyncpg.Pool, grace: float, limit: int = 500) -> int:
+    async with pool.acquire() as conn:
+        overdue = await conn.fetch(_OVERDUE, grace, limit)
+        count = 0
+        for row in overdue:
+            async with conn.transaction():
+                await queue_repo.lock_user(conn, row["user_id"])
+                still = await conn.fetchval(
+                    "SELECT status = 'active' FROM telecom.package_queue WHERE id = $1", row["id"]
+                )
+                if not still:
+                    continue
+                out = outgoing(
+                    ExpiryScheduled(row["user_id"], row["id"], row["package_id"], row["expire_at"])
+                )
+                assert out is not None  # ExpiryScheduled always maps to a message
+                await outbox.emit(conn, row["user_id"], [out])
+                count += 1
+        return count

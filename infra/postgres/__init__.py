@@ -1,0 +1,1 @@
+"""PostgreSQL adapters: pool, migrations and the repositories behind each table."""

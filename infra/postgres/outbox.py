@@ -1,0 +1,219 @@
+"""The outbox table: messages committed with the state change that caused them.
+
+Writers insert rows inside their transaction; the relay (infra/outbox/relay.py) claims due rows
+partition by partition, publishes them and marks them published.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID, uuid4
+
+from events.envelope import Envelope
+from events.outgoing import Outgoing
+from infra.postgres.pool import Conn
+
+PARTITIONS = 64
+"""Fixed lease slots (the `partition` column is derived from user_id in SQL)."""
+RELAY_LOCK_CLASS = 0x706B6772
+"""Advisory-lock class of relay partition leases; the object id is the partition."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxMessage:
+    route: str
+    message_type: str
+    schema_version: int
+    body: bytes
+    user_id: UUID | None
+    seq: int | None = None
+    message_id: UUID = field(default_factory=uuid4)
+    headers: dict[str, Any] = field(default_factory=dict)
+    available_at: datetime | None = None
+    cancel_key: str | None = None
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRow:
+    id: int
+    message_id: UUID
+    route: str
+    message_type: str
+    user_id: UUID | None
+    body: bytes
+    headers: dict[str, Any]
+    priority: int
+    created_at: datetime
+
+
+def from_outgoing(
+    out: Outgoing, *, seq: int | None, attempt: int = 1, traceparent: str | None = None
+) -> OutboxMessage:
+    message_id = uuid4()
+    envelope = Envelope(
+        message_id=message_id,
+        message_type=out.route.message_type,
+        schema_version=out.route.schema_version,
+        user_id=out.body.user_id,
+        seq=seq,
+        attempt=attempt,
+        traceparent=traceparent,
+    )
+    return OutboxMessage(
+        route=out.route.name,
+        message_type=out.route.message_type,
+        schema_version=out.route.schema_version,
+        body=out.body.model_dump_json().encode(),
+        user_id=out.body.user_id,
+        seq=seq,
+        message_id=message_id,
+        headers=envelope.headers(),
+        available_at=out.due_at,
+        cancel_key=out.cancel_key,
+    )
+
+
+async def next_seqs(conn: Conn, user_id: UUID, count: int) -> list[int]:
+    """Take `count` numbers from the user's event sequence (the user row must be locked)."""
+    last = await conn.fetchval(
+        "UPDATE telecom.queue_users SET seq = seq + $2 WHERE user_id = $1 RETURNING seq",
+        user_id,
+        count,
+    )
+    return list(range(last - count + 1, last + 1))
+
+
+async def enqueue(conn: Conn, messages: Sequence[OutboxMessage]) -> None:
+    if not messages:
+        return
+    await conn.execute(
+        """
+        INSERT INTO telecom.outbox
+            (message_id, route, message_type, schema_version, user_id, seq, body, headers,
+             priority, available_at, cancel_key)
+        SELECT m.message_id, m.route, m.message_type, m.schema_version, m.user_id, m.seq, m.body,
+               m.headers::jsonb, m.priority, coalesce(m.available_at, now()), m.cancel_key
+        FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[], $5::uuid[], $6::bigint[],
+                    $7::bytea[], $8::text[], $9::smallint[], $10::timestamptz[], $11::text[])
+             WITH ORDINALITY AS m(message_id, route, message_type, schema_version, user_id, seq,
+                                  body, headers, priority, available_at, cancel_key, ord)
+        ORDER BY m.ord
+        """,
+        [m.message_id for m in messages],
+        [m.route for m in messages],
+        [m.message_type for m in messages],
+        [m.schema_version for m in messages],
+        [m.user_id for m in messages],
+        [m.seq for m in messages],
+        [m.body for m in messages],
+        [json.dumps(m.headers) for m in messages],
+        [m.priority for m in messages],
+        [m.available_at for m in messages],
+        [m.cancel_key for m in messages],
+    )
+
+
+async def withdraw(conn: Conn, cancel_keys: Sequence[str]) -> int:
+    """Delete still-unpublished scheduled rows by cancel key. Returns how many were withdrawn."""
+    if not cancel_keys:
+        return 0
+    status = await conn.execute(
+        "DELETE FROM telecom.outbox WHERE cancel_key = ANY($1::text[]) AND published_at IS NULL",
+        list(cancel_keys),
+    )
+    return int(status.split()[-1])
+
+
+async def lease_partitions(conn: Conn, limit: int) -> list[int]:
+    """Inside a transaction: take the advisory lease of every free partition with due rows.
+
+    The leases last until the transaction ends. Reading rows must happen in a later statement, so
+    that its snapshot is taken after the lease (and so after the previous holder's commit).
+    """
+    rows = await conn.fetch(
+        """
+        WITH due AS (
+            SELECT p FROM generate_series(0, $2 - 1) AS p
+            WHERE EXISTS (
+                SELECT 1 FROM telecom.outbox o
+                WHERE o.partition = p AND o.published_at IS NULL AND o.available_at <= now()
+            )
+            ORDER BY random()
+        )
+        SELECT p FROM due WHERE pg_try_advisory_xact_lock($1, p) LIMIT $3
+        """,
+        RELAY_LOCK_CLASS,
+        PARTITIONS,
+        limit,
+    )
+    return [r["p"] for r in rows]
+
+
+async def claim_due(conn: Conn, partitions: Sequence[int], batch_size: int) -> list[ClaimedRow]:
+    rows = await conn.fetch(
+        """
+        SELECT id, message_id, route, message_type, user_id, body, headers, priority, created_at
+        FROM telecom.outbox
+        WHERE partition = ANY($1::int[]) AND published_at IS NULL AND available_at <= now()
+        ORDER BY id
+        LIMIT $2
+        FOR UPDATE
+        """,
+        list(partitions),
+        batch_size,
+    )
+    return [
+        ClaimedRow(
+            id=r["id"],
+            message_id=r["message_id"],
+            route=r["route"],
+            message_type=r["message_type"],
+            user_id=r["user_id"],
+            body=r["body"],
+            headers=r["headers"],
+            priority=r["priority"],
+            created_at=r["created_at"],
+        )
+        for r in rows
+    ]
+
+
+async def mark_published(conn: Conn, ids: Sequence[int]) -> None:
+    if ids:
+        await conn.execute(
+            "UPDATE telecom.outbox SET published_at = now() WHERE id = ANY($1::bigint[])", list(ids)
+        )
+
+
+async def mark_failed(conn: Conn, ids: Sequence[int], error: str) -> None:
+    if ids:
+        await conn.execute(
+            "UPDATE telecom.outbox SET publish_attempts = publish_attempts + 1, last_error = $2 "
+            "WHERE id = ANY($1::bigint[])",
+            list(ids),
+            error[:2000],
+        )
+
+
+async def emit(
+    conn: Conn,
+    user_id: UUID,
+    outgoing: Sequence[Outgoing],
+    *,
+    traceparent: str | None = None,
+) -> list[OutboxMessage]:
+    """Number `outgoing` in the user's event sequence and insert it (user row must be locked)."""
+    if not outgoing:
+        return []
+    seqs = await next_seqs(conn, user_id, len(outgoing))
+    messages = [
+        from_outgoing(out, seq=seq, traceparent=traceparent)
+        for out, seq in zip(outgoing, seqs, strict=True)
+    ]
+    await enqueue(conn, messages)
+    return messages

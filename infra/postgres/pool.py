@@ -1,0 +1,29 @@
+"""The asyncpg pool, with JSON codecs and transient-error retries."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+    pool: Any = await asyncpg.create_pool(
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        init=_init_connection,
+        command_timeout=60,
+        server_settings={"application_name": "pkgq"},
+    )
+    return pool  # type: ignore[no-any-return]  # create_pool is typed as Pool | None
+
+
+Conn = asyncpg.Connection | PoolConnectionProxy
+"""A connection, whether held directly or borrowed from the pool."""

@@ -1,0 +1,1 @@
+"""RabbitMQ adapters: topology, the confirming publisher, the consumer loop."""

@@ -1,0 +1,75 @@
+"""Publishing with publisher confirms and `mandatory`: a publish returns only once the broker
+has taken responsibility for the message, and raises if it could not route it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractRobustConnection
+from aiormq.exceptions import DeliveryError
+from pamqp.commands import Basic
+
+from events.envelope import CONTENT_TYPE
+
+
+class PublishFailedError(Exception):
+    """The broker did not confirm the message (nacked, returned as unroutable, or lost)."""
+
+    def __init__(self, message_id: UUID | str, routing_key: str, why: str) -> None:
+        super().__init__(f"message {message_id} to {routing_key!r} was not published: {why}")
+        self.message_id = message_id
+        self.routing_key = routing_key
+
+
+def build_message(
+    body: bytes,
+    *,
+    message_id: UUID | str,
+    message_type: str | None,
+    headers: dict[str, Any],
+    content_type: str | None = CONTENT_TYPE,
+    timestamp: datetime | None = None,
+    priority: int | None = None,
+) -> aio_pika.Message:
+    return aio_pika.Message(
+        body,
+        message_id=str(message_id),
+        type=message_type,
+        content_type=content_type,
+        timestamp=timestamp or datetime.now(UTC),
+        headers=headers,
+        priority=priority,
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+    )
+
+
+class Publisher:
+    """A confirming, mandatory publisher on one exchange."""
+
+    def __init__(self, channel: AbstractChannel, exchange: AbstractExchange) -> None:
+        self._channel = channel
+        self._exchange = exchange
+
+    @classmethod
+    async def open(cls, connection: AbstractRobustConnection, exchange_name: str) -> Publisher:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        exchange = await channel.get_exchange(exchange_name, ensure=True)
+        return cls(channel, exchange)
+
+    async def publish(self, message: aio_pika.Message, routing_key: str) -> None:
+        try:
+            confirmation = await self._exchange.publish(
+                message, routing_key=routing_key, mandatory=True, timeout=30
+            )
+        except DeliveryError as exc:
+            raise PublishFailedError(message.message_id or "?", routing_key, repr(exc)) from exc
+        if not isinstance(confirmation, Basic.Ack):
+            raise PublishFailedError(
+                message.message_id or "?", routing_key, f"broker answered {confirmation!r}"
+            )
+
+    async def close(self) -> None:
+        await self._channel.close()

@@ -1,0 +1,58 @@
+"""Exchanges, queues and bindings, declared idempotently by every process at start-up."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
+
+from events.routes import ROUTES, Route
+from infra.settings import Settings
+
+
+def queue_arguments(settings: Settings) -> dict[str, Any]:
+    return {"x-dead-letter-exchange": settings.dlx, "x-queue-type": "classic"}
+
+
+async def declare_exchanges(
+    channel: AbstractChannel, settings: Settings
+) -> tuple[AbstractExchange, AbstractExchange]:
+    exchange = await channel.declare_exchange(
+        settings.exchange, aio_pika.ExchangeType.TOPIC, durable=True
+    )
+    dlx = await channel.declare_exchange(settings.dlx, aio_pika.ExchangeType.TOPIC, durable=True)
+    dead_letters = await channel.declare_queue(
+        settings.dead_letter_queue, durable=True, arguments={"x-queue-type": "classic"}
+    )
+    await dead_letters.bind(dlx, routing_key="#")
+    return exchange, dlx
+
+
+async def declare_route_queue(
+    channel: AbstractChannel, settings: Settings, exchange: AbstractExchange, route: Route
+) -> AbstractQueue:
+    queue = await channel.declare_queue(
+        settings.queue_name(route.name), durable=True, arguments=queue_arguments(settings)
+    )
+    await queue.bind(exchange, routing_key=route.name)
+    return queue
+
+
+async def declare_all(
+    channel: AbstractChannel, settings: Settings, routes: Iterable[Route] | None = None
+) -> None:
+    """Declare the exchanges, the dead-letter queue and every route's queue."""
+    exchange, _ = await declare_exchanges(channel, settings)
+    for route in routes if routes is not None else ROUTES.values():
+        await declare_route_queue(channel, settings, exchange, route)
+
+
+async def delete_all(channel: AbstractChannel, settings: Settings) -> None:
+    """Remove everything `declare_all` made (used by tests to clean up their namespace)."""
+    for route in ROUTES.values():
+        await channel.queue_delete(settings.queue_name(route.name))
+    await channel.queue_delete(settings.dead_letter_queue)
+    await channel.exchange_delete(settings.exchange)
+    await channel.exchange_delete(settings.dlx)
