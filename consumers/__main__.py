@@ -1,0 +1,3 @@
+from consumers.cli import main
+
+main()

@@ -1,0 +1,262 @@
+"""`pkgq demo`: real relay and consumer processes, sample users, every transition shown live.
+
+Scenario (three users run at once):
+- alice buys 2 x 1 MiB; usage consumes the first, the second activates, more usage consumes
+  it, and access ends (all_expired);
+- bob buys a 3-second package; it expires by time and access ends;
+- carol buys 2 x 1 MiB; the active one is cancelled, the next activates, an admin lowers its
+  quota below zero so it is consumed at once, and access ends;
+- a malformed usage record is dead-lettered with its reason while everything else flows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from uuid import UUID, uuid4
+
+import asyncpg
+from aio_pika.abc import AbstractRobustConnection
+from rich.console import Console
+from rich.table import Table
+
+from consumers import publishing
+from events.envelope import H_DEAD_REASON, H_SCHEMA_VERSION
+from events.models import (
+    AdjustQuota,
+    CancelPackage,
+    PurchasePackage,
+    RecordUsage,
+    WireModel,
+)
+from events.routes import (
+    ALL_EXPIRED,
+    PACKAGE_ACTIVATE,
+    PACKAGE_CANCEL,
+    PACKAGE_EXPIRING,
+    PACKAGE_PURCHASE,
+    PACKAGE_QUEUING,
+    QUOTA_ADJUST,
+    ROUTES,
+    USAGE_RECORD,
+    Route,
+)
+from infra.postgres import catalog, queue_repo
+from infra.rabbit.connection import connect
+from infra.rabbit.publisher import Publisher, build_message
+from infra.rabbit.tap import Tap, Tapped
+from infra.rabbit.topology import declare_all
+from infra.settings import Settings
+
+console = Console(soft_wrap=True)
+MIB = 2**20
+
+
+class Demo:
+    def __init__(self, settings: Settings, amqp: AbstractRobustConnection) -> None:
+        self.settings = settings
+        self.amqp = amqp
+        self.names: dict[str, str] = {}
+        self.started = time.monotonic()
+        self.tap = Tap(self._show)
+
+    def _show(self, t: Tapped) -> None:
+        elapsed = time.monotonic() - self.started
+        try:
+            body = t.json()
+        except ValueError:
+            body = {}
+        who = self.names.get(str(body.get("user_id", "")), "?")
+        if t.exchange == self.settings.dlx:
+            reason = t.headers.get(H_DEAD_REASON, "?")
+            console.print(
+                f"[dim]{elapsed:6.2f}s[/dim] [red]DEAD LETTER[/red] {t.routing_key} reason={reason}"
+            )
+            return
+        detail = {k: v for k, v in body.items() if k != "user_id"}
+        seq = f" seq={t.seq}" if t.seq is not None else ""
+        console.print(
+            f"[dim]{elapsed:6.2f}s[/dim] [bold cyan]{t.routing_key:<26}[/bold cyan] "
+            f"[bold]{who:<6}[/bold]{seq} {detail}"
+        )
+
+    async def send(self, route: Route, body: WireModel) -> None:
+        await publishing.publish(self.settings, self.amqp, route, body)
+
+    def _has(self, route: Route, user: UUID, **fields: object) -> bool:
+        for t in self.tap.on(route.name):
+            body = t.json()
+            if body.get("user_id") == str(user) and all(
+                body.get(k) == v for k, v in fields.items()
+            ):
+                return True
+        return False
+
+    async def expect(self, route: Route, user: UUID, within: float = 30, **fields: object) -> None:
+        try:
+            await self.tap.wait_for(lambda _: self._has(route, user, **fields), within)
+        except TimeoutError:
+            raise DemoFailedError(
+                f"no {route.name} for {self.names[str(user)]} {fields} within {within}s"
+            ) from None
+
+    def item_ids(self, user: UUID) -> list[int]:
+        for t in self.tap.on(PACKAGE_QUEUING.name):
+            body = t.json()
+            if body["user_id"] == str(user):
+                return list(body["item_ids"])
+        raise DemoFailedError(f"no items queued for {self.names[str(user)]}")
+
+    async def alice(self, user: UUID, small: int) -> None:
+        await self.send(PACKAGE_PURCHASE, PurchasePackage(user_id=user, package_id=small, amount=2))
+        await self.expect(PACKAGE_QUEUING, user)
+        first, second = self.item_ids(user)
+        await self.expect(PACKAGE_ACTIVATE, user, item_id=first)
+        await self.send(USAGE_RECORD, RecordUsage(user_id=user, upload=300_000, download=400_000))
+        await self.send(USAGE_RECORD, RecordUsage(user_id=user, upload=100_000, download=400_000))
+        await self.expect(PACKAGE_EXPIRING, user, item_id=first, reason="usage")
+        await self.expect(PACKAGE_ACTIVATE, user, item_id=second)
+        await self.send(USAGE_RECORD, RecordUsage(user_id=user, upload=0, download=2 * MIB))
+        await self.expect(PACKAGE_EXPIRING, user, item_id=second, reason="usage")
+        await self.expect(ALL_EXPIRED, user)
+
+    async def bob(self, user: UUID, short: int) -> None:
+        await self.send(PACKAGE_PURCHASE, PurchasePackage(user_id=user, package_id=short))
+        await self.expect(PACKAGE_QUEUING, user)
+        (item,) = self.item_ids(user)
+        await self.expect(PACKAGE_ACTIVATE, user, item_id=item)
+        await self.expect(PACKAGE_EXPIRING, user, within=30, item_id=item, reason="time")
+        await self.expect(ALL_EXPIRED, user)
+
+    async def carol(self, user: UUID, small: int) -> None:
+        await self.send(PACKAGE_PURCHASE, PurchasePackage(user_id=user, package_id=small, amount=2))
+        await self.expect(PACKAGE_QUEUING, user)
+        first, second = self.item_ids(user)
+        await self.expect(PACKAGE_ACTIVATE, user, item_id=first)
+        await self.send(PACKAGE_CANCEL, CancelPackage(user_id=user, item_id=first))
+        await self.expect(PACKAGE_ACTIVATE, user, item_id=second)
+        await self.send(QUOTA_ADJUST, AdjustQuota(user_id=user, item_id=second, delta=-MIB))
+        await self.expect(PACKAGE_EXPIRING, user, item_id=second, reason="usage")
+        await self.expect(ALL_EXPIRED, user)
+
+    async def malformed(self) -> None:
+        publisher = await Publisher.open(self.amqp, self.settings.exchange)
+        try:
+            message = build_message(
+                b'{"user_id": "not json',
+                message_id=uuid4(),
+                message_type=USAGE_RECORD.message_type,
+                headers={H_SCHEMA_VERSION: USAGE_RECORD.schema_version},
+            )
+            await publisher.publish(message, USAGE_RECORD.name)
+        finally:
+            await publisher.close()
+        try:
+            await self.tap.wait_for(
+                lambda seen: any(t.exchange == self.settings.dlx for t in seen), 30
+            )
+        except TimeoutError:
+            raise DemoFailedError("the malformed message was not dead-lettered") from None
+
+
+class DemoFailedError(Exception):
+    pass
+
+
+def _spawn(args: list[str], settings: Settings) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    env.setdefault("PKGQ_LOG_FORMAT", "json")
+    env.setdefault("PKGQ_LOG_LEVEL", "warning")
+    env["PKGQ_POSTGRES_DSN"] = settings.postgres_dsn
+    env["PKGQ_AMQP_URL"] = settings.amqp_url
+    return subprocess.Popen([sys.executable, "-m", "consumers", *args], env=env)  # noqa: S603
+
+
+async def _catalog(settings: Settings) -> tuple[int, int]:
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        small = await catalog.add_package(conn, "demo 1 MiB", MIB, None)
+        short = await catalog.add_package(conn, "demo 3 s", 2**30, timedelta(seconds=3))
+        return small.id, short.id
+    finally:
+        await conn.close()
+
+
+async def _final_state(settings: Settings, users: dict[str, UUID]) -> None:
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        table = Table("user", "item", "package", "status", "used", "quota")
+        for name, user in users.items():
+            for item in await queue_repo.load_user_items(conn, user):
+                table.add_row(
+                    name,
+                    str(item.id),
+                    item.package.name,
+                    item.status.value,
+                    str(item.used),
+                    str(item.quota),
+                )
+        console.print(table)
+    finally:
+        await conn.close()
+
+
+def _routes_seen(tap: Tap, settings: Settings) -> set[str]:
+    seen = {t.routing_key for t in tap.seen if t.exchange == settings.exchange}
+    missing = set(ROUTES) - seen
+    if missing:
+        raise DemoFailedError(f"routes never used: {sorted(missing)}")
+    return seen
+
+
+async def run_demo(settings: Settings, within: float) -> int:
+    small, short = await _catalog(settings)
+    amqp = await connect(settings.amqp_url, "pkgq-demo")
+    channel = await amqp.channel()
+    await declare_all(channel, settings)
+    await channel.close()
+    demo = Demo(settings, amqp)
+    await demo.tap.attach(amqp, settings.exchange, settings.dlx)
+    users = {"alice": uuid4(), "bob": uuid4(), "carol": uuid4()}
+    demo.names = {str(u): n for n, u in users.items()}
+    console.rule("pkgq demo: starting the relay and the consumers of every route")
+    processes = [_spawn(["relay"], settings), _spawn(["run"], settings)]
+    code = 0
+    try:
+        async with asyncio.timeout(within):
+            await asyncio.gather(
+                demo.alice(users["alice"], small),
+                demo.bob(users["bob"], short),
+                demo.carol(users["carol"], small),
+                demo.malformed(),
+            )
+        seen = _routes_seen(demo.tap, settings)
+        console.rule("final state")
+        await _final_state(settings, users)
+        console.print(f"[green]every route at work: {len(seen)}/{len(ROUTES)}[/green]")
+        for name, user in users.items():
+            console.print(f"  inspect {name}: pkgq user show {user}")
+    except (DemoFailedError, TimeoutError) as exc:
+        console.print(f"[red]demo failed:[/red] {exc or 'timed out'}")
+        code = 1
+    finally:
+        for proc in processes:
+            proc.send_signal(signal.SIGTERM)
+        for proc in processes:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            if proc.returncode not in (0, -signal.SIGTERM):
+                console.print(f"[red]{proc.args!r} exited with {proc.returncode}[/red]")
+                code = 1
+        await demo.tap.close()
+        with contextlib.suppress(Exception):
+            await amqp.close()
+    return code
