@@ -51,11 +51,16 @@ class Relay:
         self._listener: asyncpg.Connection | None = None
         self.published = 0
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def open(self) -> None:
+        """Declare the topology (so every route is routable) and open the confirming channel."""
         channel = await self._connection.channel()
         await declare_all(channel, self._settings)
         await channel.close()
         self._publisher = await Publisher.open(self._connection, self._settings.exchange)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        if self._publisher is None:
+            await self.open()
         sweeper = asyncio.create_task(self._sweep_forever(stop), name="expiry-sweep")
         pause = 0.5
         try:
@@ -81,8 +86,9 @@ class Relay:
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
             await self._drop_listener()
-            with contextlib.suppress(Exception):
-                await self._publisher.close()
+            if self._publisher is not None:
+                with contextlib.suppress(Exception):
+                    await self._publisher.close()
 
     async def relay_once(self) -> int:
         """One round: lease, claim, publish, mark. Returns how many rows were published."""

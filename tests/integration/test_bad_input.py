@@ -1,0 +1,139 @@
+"""Bad input is dead-lettered with its reason, and the consumer goes on with the next message."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID, uuid4
+
+import asyncpg
+import pytest
+from aio_pika.abc import AbstractRobustConnection
+
+from events.envelope import H_DEAD_CONSUMER, H_DEAD_ERROR, H_DEAD_REASON, H_SCHEMA_VERSION
+from events.models import RecordUsage
+from events.routes import PACKAGE_CANCEL, PACKAGE_PURCHASE, USAGE_RECORD, Route
+from infra.rabbit.tap import Tap
+from infra.settings import Settings
+from tests.support import InProcess, add_package, eventually, send, send_raw
+
+LIMIT = 4096
+
+
+@dataclass(frozen=True)
+class Bad:
+    reason: str
+    route: Route
+    body: bytes
+    props: dict[str, Any] = field(default_factory=dict)
+
+
+def _usage(user: UUID) -> bytes:
+    return RecordUsage(user_id=user, upload=1, download=1).model_dump_json().encode()
+
+
+USER = uuid4()
+CASES = {
+    "malformed_json": Bad("invalid_json", USAGE_RECORD, b'{"user_id": '),
+    "invalid_utf8": Bad("invalid_utf8", USAGE_RECORD, b'{"user_id": "\xff\xfe"}'),
+    "schema_invalid": Bad(
+        "schema_invalid",
+        USAGE_RECORD,
+        json.dumps({"user_id": str(USER), "upload": "lots", "download": 1}).encode(),
+    ),
+    "unknown_field": Bad(
+        "schema_invalid",
+        USAGE_RECORD,
+        json.dumps({"user_id": str(USER), "upload": 1, "download": 1, "x": 1}).encode(),
+    ),
+    "zero_amount": Bad(
+        "schema_invalid",
+        PACKAGE_PURCHASE,
+        json.dumps({"user_id": str(USER), "package_id": 1, "amount": 0}).encode(),
+    ),
+    "missing_message_id": Bad(
+        "missing_message_id", USAGE_RECORD, _usage(USER), {"message_id": None}
+    ),
+    "invalid_message_id": Bad(
+        "invalid_message_id", USAGE_RECORD, _usage(USER), {"message_id": "not-a-uuid"}
+    ),
+    "wrong_content_type": Bad(
+        "wrong_content_type", USAGE_RECORD, _usage(USER), {"content_type": "text/plain"}
+    ),
+    "unknown_type": Bad("unknown_type", USAGE_RECORD, _usage(USER), {"message_type": "Nope"}),
+    "unsupported_version": Bad(
+        "unsupported_version", USAGE_RECORD, _usage(USER), {"headers": {H_SCHEMA_VERSION: 99}}
+    ),
+    "oversized": Bad("oversized", USAGE_RECORD, b" " * (LIMIT + 1) + _usage(USER)),
+    "unknown_package": Bad(
+        "domain_rule",
+        PACKAGE_PURCHASE,
+        json.dumps({"user_id": str(USER), "package_id": 424242, "amount": 1}).encode(),
+    ),
+    "foreign_item": Bad(
+        "domain_rule",
+        PACKAGE_CANCEL,
+        json.dumps({"user_id": str(USER), "item_id": 987654}).encode(),
+    ),
+}
+
+
+@pytest.fixture
+async def small_limit(settings: Settings) -> Settings:
+    return settings.model_copy(update={"max_body_bytes": LIMIT})
+
+
+@pytest.fixture
+async def running(
+    small_limit: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> AsyncIterator[InProcess]:
+    app = InProcess(small_limit, pool, amqp)
+    await app.start_consumers()
+    yield app
+    await app.close()
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+async def test_bad_message_is_dead_lettered_with_its_reason_and_the_next_good_one_is_processed(
+    case: Bad,
+    small_limit: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    running: InProcess,
+    tap: Tap,
+) -> None:
+    await add_package(pool, 1000)
+    message_id = await send_raw(small_limit, amqp, case.route, case.body, **case.props)
+    good_user = uuid4()
+    await send(
+        small_limit, amqp, USAGE_RECORD, RecordUsage(user_id=good_user, upload=5, download=6)
+    )
+
+    async def good_one_processed() -> bool:
+        async with pool.acquire() as conn:
+            row = await conn.fetchrow(
+                "SELECT unbilled_upload FROM telecom.queue_users WHERE user_id = $1", good_user
+            )
+        return row is not None and row[0] == 5
+
+    await eventually(good_one_processed, within=10)
+    await tap.wait_for(lambda seen: any(t.exchange == small_limit.dlx for t in seen), within=10)
+    (dead,) = [t for t in tap.seen if t.exchange == small_limit.dlx]
+    assert dead.headers[H_DEAD_REASON] == case.reason
+    assert dead.headers[H_DEAD_CONSUMER] == case.route.short_name
+    assert dead.headers[H_DEAD_ERROR]
+    assert dead.routing_key == case.route.name
+    assert dead.body == case.body  # the original, byte for byte
+    if case.props.get("message_id", "fresh") == "fresh":
+        assert dead.message_id == message_id
+
+    channel = await amqp.channel()
+    try:
+        dlq = await channel.declare_queue(small_limit.dead_letter_queue, passive=True)
+        source = await channel.declare_queue(small_limit.queue_name(case.route.name), passive=True)
+        assert dlq.declaration_result.message_count == 1  # kept, not dropped
+        assert source.declaration_result.message_count == 0  # not requeued forever
+    finally:
+        await channel.close()

@@ -1,0 +1,204 @@
+"""Helpers for integration and end-to-end tests (not fixtures: plain functions and classes)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+from uuid import UUID, uuid4
+
+import asyncpg
+import pika
+from aio_pika.abc import AbstractRobustConnection
+
+from consumers import publishing
+from consumers.runner import run_consumers
+from consumers.runtime import Services
+from events.envelope import CONTENT_TYPE, H_SCHEMA_VERSION, H_USER_ID
+from events.models import WireModel
+from events.routes import ROUTES, Route
+from infra.outbox.relay import Relay
+from infra.postgres import catalog
+from infra.rabbit.publisher import Publisher, build_message
+from infra.settings import Settings
+
+
+async def eventually(
+    check: Callable[[], Awaitable[bool]], within: float = 20.0, every: float = 0.1
+) -> None:
+    """Poll `check` until it returns True; fail the test after `within` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not await check():
+        if loop.time() > deadline:
+            raise AssertionError(f"condition not met within {within}s: {check.__qualname__}")
+        await asyncio.sleep(every)
+
+
+async def add_package(
+    pool: asyncpg.Pool, traffic: int, duration: timedelta | None = None, name: str = "test"
+) -> int:
+    async with pool.acquire() as conn:
+        return (await catalog.add_package(conn, name, traffic, duration)).id
+
+
+async def send(
+    settings: Settings,
+    amqp: AbstractRobustConnection,
+    route: Route,
+    body: WireModel,
+    message_id: UUID | None = None,
+) -> UUID:
+    return await publishing.publish(settings, amqp, route, body, message_id=message_id)
+
+
+async def send_raw(
+    settings: Settings,
+    amqp: AbstractRobustConnection,
+    route: Route,
+    body: bytes,
+    *,
+    message_id: str | None = "fresh",
+    message_type: str | None = "route",
+    content_type: str | None = CONTENT_TYPE,
+    headers: dict[str, Any] | None = None,
+) -> str | None:
+    """Publish arbitrary bytes and properties, to exercise the bad-input paths."""
+    mid = str(uuid4()) if message_id == "fresh" else message_id
+    if mid is None:
+        await asyncio.to_thread(
+            _publish_without_message_id,
+            settings,
+            route.name,
+            body,
+            route.message_type if message_type == "route" else message_type,
+            content_type,
+            headers if headers is not None else {H_SCHEMA_VERSION: route.schema_version},
+        )
+        return None
+    publisher = await Publisher.open(amqp, settings.exchange)
+    try:
+        message = build_message(
+            body,
+            message_id=mid,
+            message_type=route.message_type if message_type == "route" else message_type,
+            headers=headers if headers is not None else {H_SCHEMA_VERSION: route.schema_version},
+            content_type=content_type,
+        )
+        await publisher.publish(message, route.name)
+    finally:
+        await publisher.close()
+    return mid
+
+
+def _publish_without_message_id(
+    settings: Settings,
+    routing_key: str,
+    body: bytes,
+    message_type: str | None,
+    content_type: str | None,
+    headers: dict[str, Any],
+) -> None:
+    """Publish through pika, which (unlike aiormq) does not invent a message_id."""
+    connection = pika.BlockingConnection(pika.URLParameters(settings.amqp_url))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.basic_publish(
+            settings.exchange,
+            routing_key,
+            body,
+            properties=pika.BasicProperties(
+                content_type=content_type, type=message_type, headers=headers, delivery_mode=2
+            ),
+            mandatory=True,
+        )
+    finally:
+        connection.close()
+
+
+class InProcess:
+    """The consumers and the relay as tasks of the test's own event loop."""
+
+    def __init__(self, settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection):
+        self.settings = settings
+        self.services = Services(pool, amqp)
+        self.stop = asyncio.Event()
+        self.tasks: list[asyncio.Task[None]] = []
+        self.relays: list[Relay] = []
+
+    async def start_consumers(self, routes: list[Route] | None = None) -> None:
+        selected = routes if routes is not None else list(ROUTES.values())
+        self.tasks.append(
+            asyncio.create_task(run_consumers(self.settings, self.services, selected, self.stop))
+        )
+        await asyncio.sleep(0.3)  # let them declare and subscribe
+
+    async def start_relay(self) -> Relay:
+        relay = Relay(self.settings, self.services.pool, self.services.amqp)
+        self.relays.append(relay)
+        self.tasks.append(asyncio.create_task(relay.run(self.stop)))
+        return relay
+
+    async def close(self) -> None:
+        self.stop.set()
+        results = await asyncio.gather(*self.tasks, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+
+def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "PKGQ_POSTGRES_DSN": settings.postgres_dsn,
+            "PKGQ_AMQP_URL": settings.amqp_url,
+            "PKGQ_EXCHANGE": settings.exchange,
+            "PKGQ_QUEUE_PREFIX": settings.queue_prefix,
+            "PKGQ_RELAY_POLL_INTERVAL": str(settings.relay_poll_interval),
+            "PKGQ_LOG_FORMAT": "json",
+            "PKGQ_LOG_LEVEL": "info",
+        }
+    )
+    env.update(extra)
+    return env
+
+
+class PkgqProcess:
+    """A real `pkgq` process started through the CLI (python -m consumers ...)."""
+
+    def __init__(self, settings: Settings, *args: str, **env: str) -> None:
+        self.args = args
+        self.log = tempfile.NamedTemporaryFile(prefix="pkgq-", suffix=".log")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "consumers", *args],
+            env=settings_env(settings, **env),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def terminate(self, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def logs(self) -> str:
+        self.log.flush()
+        with open(self.log.name, "rb") as f:
+            return f.read().decode(errors="replace")
+
+
+def user_header(user: UUID) -> dict[str, Any]:
+    return {H_USER_ID: str(user)}
