@@ -120,17 +120,25 @@ class UserQueue:
         return events
 
     def record_usage(self, upload: int, download: int, now: datetime) -> list[DomainEvent]:
-        """RecordPackageUsage: bill traffic to the active item, or keep it as unbilled."""
+        """RecordPackageUsage: bill traffic to the active item, or keep it as unbilled.
+
+        If no item is active but one is queued, the queue advances first and the traffic is
+        billed to the newly active item. Only with nothing to activate is it kept as unbilled.
+        """
         if upload < 0 or download < 0:
             raise NegativeUsageError(upload, download)
+        # Traffic while the previous item's expiry is still on its way to the expiring
+        # consumer belongs to the next item: activate it now rather than let the outcome
+        # depend on which message the broker delivers first.
+        events = self.advance(now)
         active = self.current()
         if active is None:
             self.unbilled_upload += upload
             self.unbilled_download += download
-            return []
+            return events
         active.upload += upload
         active.download += download
-        return self._after_quota_change(active, now)
+        return events + self._after_quota_change(active, now)
 
     def expire(self, item_id: int, reason: ExpiryReason, now: datetime) -> list[DomainEvent]:
         """Handle a PackageExpiring trigger: consume the item if it is due, then move on.

@@ -27,6 +27,7 @@ from infra.outbox.relay import Relay
 from infra.postgres import catalog
 from infra.rabbit.publisher import Publisher, build_message
 from infra.settings import Settings
+from infra.transient import is_transient
 
 
 async def eventually(
@@ -55,7 +56,17 @@ async def send(
     body: WireModel,
     message_id: UUID | None = None,
 ) -> UUID:
-    return await publishing.publish(settings, amqp, route, body, message_id=message_id)
+    """Publish with a confirm; while the broker restarts, retry with the same message_id."""
+    message_id = message_id or uuid4()
+    for attempt in range(120):
+        try:
+            return await publishing.publish(settings, amqp, route, body, message_id=message_id)
+        except Exception as exc:
+            # RuntimeError: aio-pika's "Connection was not opened" while it reconnects.
+            if attempt == 119 or not (is_transient(exc) or isinstance(exc, RuntimeError)):
+                raise
+            await asyncio.sleep(0.5)
+    raise AssertionError("unreachable")
 
 
 async def send_raw(

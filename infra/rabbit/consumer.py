@@ -182,7 +182,6 @@ class RouteConsumer:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), timeout=pause)
                 pause = min(pause * 2, 30.0)
-            raise AssertionError("unreachable")  # pragma: no cover
 
     async def _ack(self, message: AbstractIncomingMessage) -> None:
         try:

@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from infra.settings import Settings
+from tests.support import PkgqProcess
+
+
+@pytest.fixture
+def spawn(settings: Settings) -> Iterator[Callable[..., PkgqProcess]]:
+    """Start real `pkgq` processes; whatever is still running at the end is stopped."""
+    started: list[PkgqProcess] = []
+
+    def start(*args: str, **env: str) -> PkgqProcess:
+        process = PkgqProcess(settings, *args, **env)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        try:
+            process.terminate(timeout=20)
+        except Exception:  # noqa: BLE001  (teardown must stop the rest)
+            process.kill()

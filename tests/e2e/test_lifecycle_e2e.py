@@ -1,0 +1,60 @@
+"""End to end with real processes: random traffic reaches the reference model's end state."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+import asyncpg
+import pytest
+from aio_pika.abc import AbstractRobustConnection
+
+from events.routes import ALL_EXPIRED, PACKAGE_ACTIVATE, PACKAGE_EXPIRING
+from infra.rabbit.tap import Tap
+from infra.settings import Settings
+from tests.e2e.workload import Workload
+from tests.support import PkgqProcess
+
+pytestmark = pytest.mark.e2e
+
+
+async def test_random_traffic_reaches_the_reference_end_state_with_one_event_per_transition(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    tap: Tap,
+    spawn: Callable[..., PkgqProcess],
+) -> None:
+    workload = await Workload.create(pool, seed=20261122)
+    relay = spawn("relay")
+    consumers = spawn("run")
+    await workload.send_purchases(settings, amqp)
+    await workload.wait_all_queued(pool)
+    await workload.send_usage(settings, amqp)
+    await workload.wait_end_state(pool)
+
+    expected = Counter[tuple[str, str]]()
+    for plan in workload.plans:
+        _, activations, expirations, all_expired, _ = plan.expected()
+        expected[(str(plan.user), PACKAGE_ACTIVATE.name)] = activations
+        expected[(str(plan.user), PACKAGE_EXPIRING.name)] = expirations
+        expected[(str(plan.user), ALL_EXPIRED.name)] = all_expired
+    lifecycle = {PACKAGE_ACTIVATE.name, PACKAGE_EXPIRING.name, ALL_EXPIRED.name}
+
+    def seen() -> Counter[tuple[str, str]]:
+        return Counter(
+            (t.json()["user_id"], t.routing_key)
+            for t in tap.seen
+            if t.routing_key in lifecycle and t.exchange == settings.exchange
+        )
+
+    await tap.wait_for(lambda _: seen() == +expected, within=30)
+    assert consumers.terminate() == 0, consumers.logs()
+    assert relay.terminate() == 0, relay.logs()
+    assert seen() == +expected
+    seqs: dict[str, list[int]] = {}
+    for t in tap.seen:
+        if t.seq is not None:
+            seqs.setdefault(t.json()["user_id"], []).append(t.seq)
+    for user, numbers in seqs.items():
+        assert numbers == sorted(numbers), f"{user}: events left out of order {numbers}"

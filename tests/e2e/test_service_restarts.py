@@ -1,0 +1,87 @@
+"""Postgres or RabbitMQ restarts in the middle of a run: processes recover, the end state is exact.
+
+These restart the machine's real services (the CI machine's too) and wait for them to come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import asyncpg
+import pytest
+from aio_pika.abc import AbstractRobustConnection
+
+from infra.settings import Settings
+from tests.e2e.workload import Workload
+from tests.support import PkgqProcess
+
+pytestmark = pytest.mark.e2e
+
+
+def _run(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+
+
+def restart_postgres() -> None:
+    version = sorted(p.name for p in Path("/etc/postgresql").iterdir())[-1]
+    _run("pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart")
+
+
+def restart_rabbitmq() -> None:
+    _run("rabbitmqctl", "stop_app")
+    _run("rabbitmqctl", "start_app")
+    _run("rabbitmqctl", "await_startup", "--timeout", "60")
+
+
+async def _run_with_restart(
+    restart: Callable[[], None],
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    spawn: Callable[..., PkgqProcess],
+    seed: int,
+) -> None:
+    workload = await Workload.create(pool, seed=seed)
+    relay = spawn("relay")
+    consumers = spawn("run")
+    await workload.send_purchases(settings, amqp)
+    await workload.wait_all_queued(pool)
+    usage = asyncio.create_task(workload.send_usage(settings, amqp))
+    await asyncio.sleep(0.3)  # part of the usage is in flight
+    await asyncio.to_thread(restart)
+    await usage  # the test's own publisher rides out the restart too
+    try:
+        await workload.wait_end_state(pool, within=60)
+    except AssertionError as exc:
+        trouble = [
+            line
+            for p in (relay, consumers)
+            for line in p.logs().splitlines()
+            if "dead_lettered" in line or '"error"' in line or "Traceback" in line
+        ]
+        raise AssertionError(f"{exc}\nprocess log lines:\n" + "\n".join(trouble[:40])) from None
+    assert relay.proc.poll() is None, relay.logs()
+    assert consumers.proc.poll() is None, consumers.logs()
+    assert consumers.terminate() == 0, consumers.logs()
+    assert relay.terminate() == 0, relay.logs()
+
+
+async def test_postgres_restart_mid_run_loses_nothing_and_applies_nothing_twice(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    spawn: Callable[..., PkgqProcess],
+) -> None:
+    await _run_with_restart(restart_postgres, settings, pool, amqp, spawn, seed=5)
+
+
+async def test_rabbitmq_restart_mid_run_loses_nothing_and_applies_nothing_twice(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    spawn: Callable[..., PkgqProcess],
+) -> None:
+    await _run_with_restart(restart_rabbitmq, settings, pool, amqp, spawn, seed=6)
