@@ -26,7 +26,10 @@ from infra.postgres.migrate import ensure_database, migrate
 from infra.rabbit.connection import connect
 from infra.settings import Settings
 
-app = typer.Typer(help="pkgq: the telecom package queue on RabbitMQ and PostgreSQL.")
+app = typer.Typer(
+    help="pkgq: the telecom package queue on RabbitMQ and PostgreSQL.",
+    pretty_exceptions_enable=False,  # plain tracebacks: readable in journald and log shippers
+)
 user_app = typer.Typer(help="Inspect and administer one user's package queue.")
 catalog_app = typer.Typer(help="The package catalog.")
 app.add_typer(user_app, name="user")

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from uuid import UUID
 
+MAX_AMOUNT = 1000
+"""Upper bound on one purchase: a larger `amount` is a bug upstream, not a real order."""
+
 
 class DomainError(Exception):
     """A command that the package queue refuses for good (retrying cannot help)."""
@@ -11,7 +14,7 @@ class DomainError(Exception):
 
 class InvalidAmountError(DomainError):
     def __init__(self, amount: int) -> None:
-        super().__init__(f"amount must be >= 1, got {amount}")
+        super().__init__(f"amount must be between 1 and {MAX_AMOUNT}, got {amount}")
         self.amount = amount
 
 

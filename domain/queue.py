@@ -13,6 +13,7 @@ from datetime import datetime
 from uuid import UUID
 
 from domain.errors import (
+    MAX_AMOUNT,
     InvalidAmountError,
     ItemNotAdjustableError,
     ItemNotCancellableError,
@@ -30,9 +31,6 @@ from domain.events import (
     UsageRemaining,
 )
 from domain.model import ExpiryReason, ItemStatus, Package, QueueItem
-
-MAX_AMOUNT = 1000
-"""Upper bound on one purchase: a larger `amount` is a bug upstream, not a real order."""
 
 
 @dataclass(slots=True)

@@ -11,9 +11,10 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from domain.errors import MAX_AMOUNT
 from domain.model import ExpiryReason
 
-MAX_PURCHASE_AMOUNT = 1000
+MAX_PURCHASE_AMOUNT = MAX_AMOUNT
 
 PositiveId = Annotated[int, Field(ge=1, le=2**63 - 1)]
 Bytes = Annotated[int, Field(ge=0, le=2**62)]

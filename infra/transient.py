@@ -24,6 +24,8 @@ _TRANSIENT_PG = (
     asyncpg.TooManyConnectionsError,
     asyncpg.LockNotAvailableError,
     asyncpg.QueryCanceledError,
+    # Raised when a connection broken in mid-query (a server shutdown) is reset or reused.
+    asyncpg.exceptions._base.InternalClientError,  # not re-exported at the top level
 )
 
 

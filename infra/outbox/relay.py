@@ -70,9 +70,12 @@ class Relay:
                     sent = await self.relay_once()
                     pause = 0.5
                 except Exception as exc:
-                    if not is_transient(exc):
-                        raise
-                    log.warning("relay_round_failed", error=repr(exc), retry_in_s=pause)
+                    # The rows are our own data, so there is no poison message to set aside:
+                    # a failing round is logged and retried with back-off, never fatal.
+                    if is_transient(exc):
+                        log.warning("relay_round_failed", error=repr(exc), retry_in_s=pause)
+                    else:
+                        log.exception("relay_round_error", retry_in_s=pause)
                     await self._drop_listener()
                     await _wait(stop, pause)
                     pause = min(pause * 2, 30.0)

@@ -56,13 +56,14 @@ async def _run_with_restart(
     try:
         await workload.wait_end_state(pool, within=60)
     except AssertionError as exc:
-        trouble = [
-            line
-            for p in (relay, consumers)
-            for line in p.logs().splitlines()
-            if "dead_lettered" in line or '"error"' in line or "Traceback" in line
-        ]
-        raise AssertionError(f"{exc}\nprocess log lines:\n" + "\n".join(trouble[:40])) from None
+        trouble = []
+        for p in (relay, consumers):
+            lines = p.logs().splitlines()
+            trouble += [f"--- pkgq {' '.join(p.args)} exit={p.proc.poll()}"]
+            trouble += [ln for ln in lines if "dead_lettered" in ln or '"error"' in ln][:10]
+            if p.proc.poll() not in (None, 0):
+                trouble += lines[-40:]
+        raise AssertionError(f"{exc}\nprocess log lines:\n" + "\n".join(trouble)) from None
     assert relay.proc.poll() is None, relay.logs()
     assert consumers.proc.poll() is None, consumers.logs()
     assert consumers.terminate() == 0, consumers.logs()
