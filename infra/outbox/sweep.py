@@ -14,17 +14,23 @@ from domain.events import ExpiryScheduled
 from events.outgoing import outgoing
 from infra.postgres import outbox, queue_repo
 
-_OVERDUE = """
-    SELECT q.id, q.user_id, q.package_id, q.expire_at
-    FROM telecom.package_queue q
-    WHERE q.status = 'active' AND q.expire_at <= now() - make_interval(secs => $1)
+_OVERDUE_CONDITION = """
+    q.status = 'active' AND q.expire_at <= now() - make_interval(secs => $1)
       AND NOT EXISTS (
           SELECT 1 FROM telecom.outbox o
           WHERE o.cancel_key = 'expire:' || q.id  -- events.outgoing.expiry_key
             AND (o.published_at IS NULL OR o.published_at > now() - make_interval(secs => $1))
       )
+"""
+_OVERDUE = f"""
+    SELECT q.id, q.user_id, q.package_id, q.expire_at FROM telecom.package_queue q
+    WHERE {_OVERDUE_CONDITION}
     ORDER BY q.expire_at
     LIMIT $2
+"""
+# Checked again under the user's lock: another relay's sweep may have just re-sent it.
+_STILL_OVERDUE = f"""
+    SELECT true FROM telecom.package_queue q WHERE q.id = $2 AND {_OVERDUE_CONDITION}
 """
 
 
@@ -35,10 +41,7 @@ async def sweep_overdue_expiries(pool: asyncpg.Pool, grace: float, limit: int = 
         for row in overdue:
             async with conn.transaction():
                 await queue_repo.lock_user(conn, row["user_id"])
-                still = await conn.fetchval(
-                    "SELECT status = 'active' FROM telecom.package_queue WHERE id = $1", row["id"]
-                )
-                if not still:
+                if not await conn.fetchval(_STILL_OVERDUE, grace, row["id"]):
                     continue
                 out = outgoing(
                     ExpiryScheduled(row["user_id"], row["id"], row["package_id"], row["expire_at"])

@@ -13,7 +13,16 @@ from infra.settings import Settings
 
 
 def queue_arguments(settings: Settings) -> dict[str, Any]:
-    return {"x-dead-letter-exchange": settings.dlx, "x-queue-type": "classic"}
+    """Classic, dead-lettering into the DLX, one active consumer at a time.
+
+    Single-active-consumer keeps a route's messages in order when several `pkgq run` replicas
+    subscribe: one consumes, the others stand by and take over if it goes away.
+    """
+    return {
+        "x-dead-letter-exchange": settings.dlx,
+        "x-queue-type": "classic",
+        "x-single-active-consumer": True,
+    }
 
 
 async def declare_exchanges(

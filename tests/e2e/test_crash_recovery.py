@@ -16,6 +16,7 @@ from events.models import PurchasePackage
 from events.routes import PACKAGE_ACTIVATE, PACKAGE_PURCHASE, PACKAGE_QUEUING, ROUTES
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
+from tests.e2e.workload import Workload
 from tests.support import PkgqProcess, add_package, eventually, send
 
 pytestmark = pytest.mark.e2e
@@ -158,3 +159,26 @@ async def test_sigterm_drains_and_exits_zero(
     assert relay.terminate(timeout=20) == 0
     assert '"stopping"' in consumers.logs()
     assert '"stopped"' in consumers.logs()
+    for process in (consumers, relay):
+        assert "guest:guest" not in process.logs()  # the AMQP password is masked
+        assert "guest:***@" in process.logs()
+
+
+async def test_standby_replica_takes_over_when_the_active_consumer_is_killed(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    spawn: Callable[..., PkgqProcess],
+) -> None:
+    workload = await Workload.create(pool, seed=99)
+    spawn("relay")
+    first = spawn("run")
+    await asyncio.sleep(1.0)  # `first` subscribes first and becomes every queue's active consumer
+    spawn("run")
+    await workload.send_purchases(settings, amqp)
+    await workload.wait_all_queued(pool)
+    usage = asyncio.create_task(workload.send_usage(settings, amqp))
+    await asyncio.sleep(0.2)
+    first.kill()
+    await usage
+    await workload.wait_end_state(pool)

@@ -18,7 +18,7 @@ from tests.support import PkgqProcess
 pytestmark = pytest.mark.e2e
 
 
-async def test_random_traffic_reaches_the_reference_end_state_with_one_event_per_transition(
+async def test_random_traffic_through_two_relays_and_two_replicas_reaches_the_reference_end_state(
     settings: Settings,
     pool: asyncpg.Pool,
     amqp: AbstractRobustConnection,
@@ -26,8 +26,10 @@ async def test_random_traffic_reaches_the_reference_end_state_with_one_event_per
     spawn: Callable[..., PkgqProcess],
 ) -> None:
     workload = await Workload.create(pool, seed=20261122)
-    relay = spawn("relay")
-    consumers = spawn("run")
+    # Two of each: relays share the outbox by partition lease, consumer replicas stand by
+    # behind single-active-consumer queues. Order and exactly-once effects must still hold.
+    relays = [spawn("relay"), spawn("relay")]
+    replicas = [spawn("run"), spawn("run")]
     await workload.send_purchases(settings, amqp)
     await workload.wait_all_queued(pool)
     await workload.send_usage(settings, amqp)
@@ -49,8 +51,8 @@ async def test_random_traffic_reaches_the_reference_end_state_with_one_event_per
         )
 
     await tap.wait_for(lambda _: seen() == +expected, within=30)
-    assert consumers.terminate() == 0, consumers.logs()
-    assert relay.terminate() == 0, relay.logs()
+    for process in replicas + relays:
+        assert process.terminate() == 0, process.logs()
     assert seen() == +expected
     seqs: dict[str, list[int]] = {}
     for t in tap.seen:

@@ -1,0 +1,129 @@
+"""The CLI as an operator uses it: real `pkgq` commands against the test's own namespace."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from uuid import UUID, uuid4
+
+import asyncpg
+import pytest
+
+from infra.settings import Settings
+from tests.support import PkgqProcess, eventually, settings_env
+
+pytestmark = pytest.mark.e2e
+
+
+def pkgq(
+    settings: Settings, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "consumers", *args],
+        env=settings_env(settings),
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+async def cli(
+    settings: Settings, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(pkgq, settings, *args, stdin=stdin)
+
+
+async def test_publish_validates_confirms_and_prints_the_message_id(settings: Settings) -> None:
+    user = uuid4()
+    done = await cli(
+        settings,
+        "publish",
+        "usage_record",
+        json.dumps({"user_id": str(user), "upload": 1, "download": 2}),
+    )
+    assert done.returncode == 0, done.stderr
+    UUID(done.stdout.strip())  # a message_id and nothing else
+
+    from_stdin = await cli(
+        settings,
+        "publish",
+        "usage_record",
+        "-",
+        stdin=json.dumps({"user_id": str(user), "upload": 0, "download": 0}),
+    )
+    assert from_stdin.returncode == 0, from_stdin.stderr
+
+    invalid = await cli(settings, "publish", "usage_record", '{"user_id": "x"}')
+    assert invalid.returncode == 2
+    assert "invalid RecordUsage" in invalid.stdout
+
+    unknown = await cli(settings, "publish", "no_such_route", "{}")
+    assert unknown.returncode == 2
+    assert "unknown route" in unknown.stderr
+
+
+async def test_catalog_purchase_cancel_and_user_show_through_the_cli(
+    settings: Settings, pool: asyncpg.Pool, spawn: Callable[..., PkgqProcess]
+) -> None:
+    added = await cli(
+        settings, "catalog", "add", "5 GiB / 30 d", "--traffic", "5GiB", "--duration", "30d"
+    )
+    assert added.returncode == 0, added.stderr
+    package = int(added.stdout.strip())
+    listed = await cli(settings, "catalog", "list")
+    assert "5 GiB / 30 d" in listed.stdout
+    assert str(5 * 2**30) in listed.stdout
+
+    spawn("relay")
+    spawn("run")
+    user = uuid4()
+    body = json.dumps({"user_id": str(user), "package_id": package, "amount": 2})
+    assert (await cli(settings, "publish", "package_purchase", body)).returncode == 0
+
+    async def show() -> dict[str, object]:
+        out = await cli(settings, "user", "show", str(user), "--json")
+        assert out.returncode == 0, out.stderr
+        result: dict[str, object] = json.loads(out.stdout)
+        return result
+
+    async def has_current() -> bool:
+        return (await show())["current"] is not None
+
+    await eventually(has_current, within=30)
+    state = await show()
+    current = state["current"]
+    assert isinstance(current, dict)
+    first = current["id"]
+    assert (await cli(settings, "user", "cancel", str(first))).returncode == 0
+
+    async def second_active() -> bool:
+        current = (await show())["current"]
+        return isinstance(current, dict) and current["id"] != first
+
+    await eventually(second_active, within=30)
+    state = await show()
+    packages = state["packages"]
+    assert isinstance(packages, list)
+    assert [p["status"] for p in packages] == ["cancelled", "active"]
+
+    missing = await cli(settings, "user", "cancel", "999999999")
+    assert missing.returncode == 1
+    assert "no queue item" in missing.stdout
+
+
+async def test_demo_drives_every_route_and_exits_zero(settings: Settings) -> None:
+    done = await cli(settings, "demo", "--timeout", "90")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "every route at work: 8/8" in done.stdout
+    assert "DEAD LETTER" in done.stdout
+
+
+async def test_migrate_is_idempotent_from_the_cli(settings: Settings) -> None:
+    done = await cli(settings, "migrate")
+    assert done.returncode == 0, done.stderr
+    assert "none (up to date)" in done.stdout

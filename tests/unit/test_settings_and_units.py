@@ -1,0 +1,62 @@
+"""Secrets are masked in URLs; CLI sizes and durations parse as an operator writes them."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from consumers.units import parse_duration, parse_size
+from infra.settings import Settings, mask_url
+
+
+def test_mask_url_hides_the_password_and_keeps_the_rest() -> None:
+    masked = mask_url("amqp://svc:hunter2@rabbit.internal:5672/vhost")
+    assert masked == "amqp://svc:***@rabbit.internal:5672/vhost"
+    assert "hunter2" not in masked
+
+
+def test_mask_url_leaves_a_url_without_password_unchanged() -> None:
+    assert mask_url("postgresql://postgres@127.0.0.1:5432/pkgq") == (
+        "postgresql://postgres@127.0.0.1:5432/pkgq"
+    )
+
+
+def test_settings_read_the_environment_and_mask_both_urls(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PKGQ_POSTGRES_DSN", "postgresql://app:pg-secret@db:5432/pkgq")
+    monkeypatch.setenv("PKGQ_AMQP_URL", "amqp://app:mq-secret@mq:5672/")
+    monkeypatch.setenv("PKGQ_PREFETCH", "7")
+    settings = Settings()
+    assert settings.prefetch == 7
+    assert "pg-secret" not in settings.safe_postgres_dsn()
+    assert "mq-secret" not in settings.safe_amqp_url()
+
+
+def test_invalid_settings_are_refused_with_the_field_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PKGQ_PREFETCH", "0")
+    with pytest.raises(ValueError, match="prefetch"):
+        Settings()
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("1048576", 2**20), ("500MiB", 500 * 2**20), ("2GB", 2 * 10**9), ("10 gib", 10 * 2**30)],
+)
+def test_parse_size_understands_binary_and_decimal_units(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize(
+    ("text", "duration"),
+    [("90", timedelta(seconds=90)), ("15m", timedelta(minutes=15)), ("30d", timedelta(days=30))],
+)
+def test_parse_duration_understands_seconds_minutes_hours_days(
+    text: str, duration: timedelta
+) -> None:
+    assert parse_duration(text) == duration
+
+
+@pytest.mark.parametrize("text", ["", "ten", "5 parsecs", "-1GB"])
+def test_parse_size_refuses_what_it_cannot_read(text: str) -> None:
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size(text)
