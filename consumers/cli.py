@@ -18,7 +18,7 @@ from rich.table import Table
 
 from consumers import publishing
 from consumers.runtime import services, stop_on_signals
-from events.models import AdjustQuota, CancelPackage
+from events.models import AdjustQuota, CancelPackage, WireModel
 from events.routes import ROUTES, Route, UnknownRouteError, route_named
 from infra.logging import configure_logging
 from infra.postgres import access, catalog, queue_repo
@@ -238,19 +238,22 @@ async def _item_owner(settings: Settings, item_id: int) -> UUID:
     return owner
 
 
+async def _publish_admin(settings: Settings, route: Route, body: WireModel) -> UUID:
+    conn = await connect(settings.amqp_url, "pkgq-admin")
+    try:
+        return await publishing.publish(settings, conn, route, body)
+    finally:
+        await conn.close()
+
+
 @user_app.command("cancel")
 def user_cancel(item_id: int) -> None:
     """Cancel queue item ITEM_ID (published to telecom.package_cancel)."""
     settings = _settings()
 
     async def go() -> UUID:
-        owner = await _item_owner(settings, item_id)
-        conn = await connect(settings.amqp_url, "pkgq-admin")
-        try:
-            body = CancelPackage(user_id=owner, item_id=item_id)
-            return await publishing.publish(settings, conn, route_named("package_cancel"), body)
-        finally:
-            await conn.close()
+        body = CancelPackage(user_id=await _item_owner(settings, item_id), item_id=item_id)
+        return await _publish_admin(settings, route_named("package_cancel"), body)
 
     print(_run(go()))
 
@@ -264,12 +267,8 @@ def user_adjust_quota(
 
     async def go() -> UUID:
         owner = await _item_owner(settings, item_id)
-        conn = await connect(settings.amqp_url, "pkgq-admin")
-        try:
-            body = AdjustQuota(user_id=owner, item_id=item_id, delta=delta)
-            return await publishing.publish(settings, conn, route_named("quota_adjust"), body)
-        finally:
-            await conn.close()
+        body = AdjustQuota(user_id=owner, item_id=item_id, delta=delta)
+        return await _publish_admin(settings, route_named("quota_adjust"), body)
 
     print(_run(go()))
 

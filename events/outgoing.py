@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from uuid import UUID
 
 from domain.events import (
     AllPackagesExpired,
@@ -48,6 +49,14 @@ def unix(ts: datetime) -> int:
     return int(ts.timestamp())
 
 
+def _expiring(
+    user_id: UUID, item_id: int, package_id: int, at: datetime, reason: ExpiryReason
+) -> PackageExpiringEvent:
+    return PackageExpiringEvent(
+        user_id=user_id, item_id=item_id, package_id=package_id, expired_at=unix(at), reason=reason
+    )
+
+
 def outgoing(event: DomainEvent) -> Outgoing | None:
     """The message a domain event causes, or None if it only changes local state."""
     match event:
@@ -74,23 +83,17 @@ def outgoing(event: DomainEvent) -> Outgoing | None:
         case PackageExpired():
             return Outgoing(
                 PACKAGE_EXPIRING,
-                PackageExpiringEvent(
-                    user_id=event.user_id,
-                    item_id=event.item_id,
-                    package_id=event.package_id,
-                    expired_at=unix(event.expired_at),
-                    reason=event.reason,
+                _expiring(
+                    event.user_id, event.item_id, event.package_id, event.expired_at, event.reason
                 ),
             )
         case ExpiryScheduled():
+            # The time-expiry trigger: the same event, held in the outbox until it is due and
+            # withdrawn by its cancel key if the item stops being active first.
             return Outgoing(
                 PACKAGE_EXPIRING,
-                PackageExpiringEvent(
-                    user_id=event.user_id,
-                    item_id=event.item_id,
-                    package_id=event.package_id,
-                    expired_at=unix(event.due_at),
-                    reason=ExpiryReason.TIME,
+                _expiring(
+                    event.user_id, event.item_id, event.package_id, event.due_at, ExpiryReason.TIME
                 ),
                 due_at=event.due_at,
                 cancel_key=expiry_key(event.item_id),
