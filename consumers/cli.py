@@ -97,12 +97,12 @@ def run_cmd(
     settings = _settings()
     selected = [_route(r) for r in routes] if routes else list(ROUTES.values())
 
-    async def go() -> None:
+    async def go() -> int:
         stop = stop_on_signals()
         async with services(settings, "run") as svc:
-            await run_consumers(settings, svc, selected, stop)
+            return await run_consumers(settings, svc, selected, stop)
 
-    _run(go())
+    raise typer.Exit(_run(go()))
 
 
 @app.command("relay")

@@ -21,7 +21,8 @@ log = structlog.get_logger(__name__)
 
 async def run_consumers(
     settings: Settings, svc: Services, routes: Iterable[Route], stop: asyncio.Event
-) -> None:
+) -> int:
+    """Consume until `stop` is set (exit code 0) or a consumer's worker dies (exit code 1)."""
     channel = await svc.amqp.channel()
     await declare_exchanges(channel, settings)
     await channel.close()
@@ -40,7 +41,12 @@ async def run_consumers(
         for consumer in consumers:
             await consumer.start()
         log.info("ready", routes=[c.route.name for c in consumers])
-        await stop.wait()
+        waiters = [asyncio.ensure_future(stop.wait())]
+        waiters += [asyncio.ensure_future(c.failed.wait()) for c in consumers]
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in waiters:
+            waiter.cancel()
+        return 0 if stop.is_set() else 1
     finally:
         await asyncio.gather(*(c.stop() for c in consumers), return_exceptions=True)
         await dead_letters.close()

@@ -141,7 +141,7 @@ class InProcess:
         self.settings = settings
         self.services = Services(pool, amqp)
         self.stop = asyncio.Event()
-        self.tasks: list[asyncio.Task[None]] = []
+        self.tasks: list[asyncio.Task[object]] = []
         self.relays: list[Relay] = []
 
     async def start_consumers(self, routes: list[Route] | None = None) -> None:

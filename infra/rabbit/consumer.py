@@ -28,6 +28,7 @@ from typing import Any
 
 import structlog
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+from aiormq.exceptions import ChannelInvalidStateError
 
 from domain.errors import DomainError
 from events.decoding import BadMessageError, Decoded, RawDelivery, decode
@@ -82,6 +83,8 @@ class RouteConsumer:
         self._buffer: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        self.failed = asyncio.Event()
+        """Set if the worker died: the process should exit non-zero and be restarted."""
         self._consumer_tag: str | None = None
         self._queue: Any = None
         self._channel: Any = None
@@ -94,6 +97,7 @@ class RouteConsumer:
         self._queue = await declare_route_queue(self._channel, self._settings, exchange, self.route)
         self._consumer_tag = await self._queue.consume(self._buffer.put)
         self._worker = asyncio.create_task(self._run(), name=f"consume:{self.route.name}")
+        self._worker.add_done_callback(self._worker_done)
         log.info("consuming", route=self.route.name, queue=self._queue.name)
 
     async def stop(self) -> None:
@@ -126,12 +130,26 @@ class RouteConsumer:
                 break
             stopper.cancel()
             message = getter.result()
-            if message.channel.is_closed:
+            if not _channel_open(message):
                 continue  # its channel died; the broker redelivers it on the new one
             with structlog.contextvars.bound_contextvars(
                 route=self.route.name, message_id=message.message_id
             ):
-                await self._handle(message)
+                try:
+                    await self._handle(message)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("delivery_failed_unexpectedly")
+                    with contextlib.suppress(Exception):
+                        await message.nack(requeue=True)
+                    await asyncio.sleep(1.0)  # a bug here would otherwise spin on one message
+
+    def _worker_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        log.critical("consumer_worker_died", route=self.route.name, error=repr(task.exception()))
+        self.failed.set()
 
     async def _handle(self, message: AbstractIncomingMessage) -> None:
         started = time.perf_counter()
@@ -210,17 +228,33 @@ class RouteConsumer:
             content_type=message.content_type,
             timestamp=message.timestamp,
         )
-        try:
-            await self._dead_letters.publish(copy, self.route.name)
-        except Exception as publish_error:
-            log.exception("dead_letter_publish_failed", error=repr(publish_error))
-            with contextlib.suppress(Exception):
-                await message.reject(requeue=False)
-            return
+        pause = 1.0
+        while True:
+            try:
+                await self._dead_letters.publish(copy, self.route.name)
+                break
+            except Exception as publish_error:  # noqa: BLE001  (kept unacked, retried)
+                # Never reject or ack a message that has no confirmed copy in the dead-letter
+                # queue: if the DLX is unroutable the broker would drop it.
+                log.error(  # noqa: TRY400  (expected and retried: no traceback wanted)
+                    "dead_letter_publish_failed", error=repr(publish_error), retry_in_s=pause
+                )
+                if self._stopping.is_set() or not _channel_open(message):
+                    return  # unacked: redelivered, and dead-lettered again then
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), timeout=pause)
+                pause = min(pause * 2, 30.0)
         await self._ack(message)
         log.warning(
             "dead_lettered", outcome=Outcome.DEAD_LETTERED.value, reason=reason, error=str(exc)
         )
+
+
+def _channel_open(message: AbstractIncomingMessage) -> bool:
+    try:
+        return not message.channel.is_closed
+    except ChannelInvalidStateError:  # aio-pika raises once the channel is closed
+        return False
 
 
 class _StoppingError(Exception):
