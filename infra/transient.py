@@ -1,4 +1,10 @@
-"""Which failures are transient (infrastructure) and how they are retried in-process."""
+"""Which failures are transient (infrastructure) and how they are retried in-process.
+
+A transient failure says nothing about the message: the same message will succeed once the
+database or the broker is back. Those are retried, never dead-lettered. Postgres errors are
+classified by SQLSTATE class, so a whole family (connection, resources, operator intervention)
+is covered rather than a hand-picked list of exception types.
+"""
 
 from __future__ import annotations
 
@@ -13,28 +19,36 @@ from tenacity import (
     wait_random_exponential,
 )
 
-_TRANSIENT_PG = (
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.SerializationError,
-    asyncpg.DeadlockDetectedError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.AdminShutdownError,
-    asyncpg.CrashShutdownError,
-    asyncpg.TooManyConnectionsError,
-    asyncpg.LockNotAvailableError,
-    asyncpg.QueryCanceledError,
-    # Raised when a connection broken in mid-query (a server shutdown) is reset or reused.
-    asyncpg.exceptions._base.InternalClientError,  # not re-exported at the top level
+TRANSIENT_SQLSTATE_CLASSES = frozenset(
+    {
+        "08",  # connection exception
+        "40",  # transaction rollback: serialization failure, deadlock
+        "53",  # insufficient resources: disk full, out of memory, too many connections
+        "57",  # operator intervention: shutdown, cannot connect now, query canceled
+        "58",  # system error (I/O)
+    }
+)
+TRANSIENT_SQLSTATES = frozenset(
+    {
+        "25006",  # read-only transaction: a failover in progress
+        "55P03",  # lock not available
+        "3F000",  # schema missing: consumers started before `pkgq migrate`
+        "42P01",  # table missing: the same
+    }
 )
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Lost connections, restarts, serialization failures, deadlocks, pool timeouts."""
+    """Lost connections, restarts, serialization failures, deadlocks, full disks, pool timeouts."""
+    if isinstance(exc, asyncpg.PostgresError):
+        state = getattr(exc, "sqlstate", None) or ""
+        return state[:2] in TRANSIENT_SQLSTATE_CLASSES or state in TRANSIENT_SQLSTATES
     return isinstance(
         exc,
         (
-            *_TRANSIENT_PG,
+            asyncpg.InterfaceError,  # the connection was closed under us
+            # Raised when a connection broken in mid-query (a server shutdown) is reset.
+            asyncpg.exceptions._base.InternalClientError,  # not re-exported at the top level
             ConnectionError,
             OSError,
             TimeoutError,
