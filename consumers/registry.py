@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from consumers.handlers import (
     all_expired,
+    expiry_due,
     package_activate,
     package_cancel,
     package_expiring,
@@ -24,4 +25,5 @@ HANDLERS: dict[str, Handler] = {
     routes.PACKAGE_ACTIVATE.name: package_activate.handle,
     routes.PACKAGE_EXPIRING.name: package_expiring.handle,
     routes.ALL_EXPIRED.name: all_expired.handle,
+    routes.EXPIRY_DUE.name: expiry_due.handle,
 }

@@ -10,7 +10,7 @@ from uuid import UUID
 
 import asyncpg
 
-from domain.events import DomainEvent, ExpiryUnscheduled, UsageRemaining
+from domain.events import DomainEvent, ExpiryUnscheduled, PackageExpired, UsageRemaining
 from domain.queue import UserQueue
 from events.decoding import Decoded
 from events.envelope import Envelope
@@ -40,9 +40,15 @@ async def transition(
 ) -> list[DomainEvent]:
     """Lock and load the user's queue, run `step`, write the new state and its events."""
     loaded = await queue_repo.load_queue(ctx.conn, user_id, item_ids)
-    events = step(loaded.queue)
+    return await commit(ctx, loaded, step(loaded.queue))
+
+
+async def commit(
+    ctx: HandlerContext, loaded: queue_repo.LoadedQueue, events: list[DomainEvent]
+) -> list[DomainEvent]:
+    """Write back a loaded queue after its transition, and the events the transition caused."""
     await queue_repo.save_queue(ctx.conn, loaded)
-    await record_events(ctx, user_id, events)
+    await record_events(ctx, loaded.queue.user_id, events)
     return events
 
 
@@ -51,8 +57,11 @@ async def record_events(ctx: HandlerContext, user_id: UUID, events: list[DomainE
     withdrawn = [expiry_key(e.item_id) for e in events if isinstance(e, ExpiryUnscheduled)]
     await outbox.withdraw(ctx.conn, withdrawn)
     for event in events:
+        # Node management sees remaining traffic change in the same transaction as billing.
         if isinstance(event, UsageRemaining):
             await access.set_remaining(ctx.conn, user_id, event.item_id, event.remaining)
+        elif isinstance(event, PackageExpired):
+            await access.set_remaining(ctx.conn, user_id, event.item_id, 0)
     await outbox.emit(ctx.conn, user_id, messages, traceparent=ctx.envelope.traceparent)
 
 

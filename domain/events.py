@@ -30,7 +30,7 @@ class PackageActivated:
 
 @dataclass(frozen=True, slots=True)
 class PackageExpired:
-    """An item stopped being usable (also the wire trigger of a scheduled time expiry)."""
+    """An item left `active`: consumed by time or by usage. Emitted exactly once per item."""
 
     user_id: UUID
     item_id: int
@@ -47,7 +47,7 @@ class AllPackagesExpired:
 
 @dataclass(frozen=True, slots=True)
 class ExpiryScheduled:
-    """Time expiry of an active item is due at `due_at`: deliver a PackageExpired(time) then."""
+    """Time expiry of an active item is due at `due_at`: fire its timer (`expire_due`) then."""
 
     user_id: UUID
     item_id: int

@@ -125,10 +125,12 @@ class UserQueue:
         """
         if upload < 0 or download < 0:
             raise NegativeUsageError(upload, download)
-        # Traffic while the previous item's expiry is still on its way to the expiring
-        # consumer belongs to the next item: activate it now rather than let the outcome
-        # depend on which message the broker delivers first.
-        events = self.advance(now)
+        # Traffic after the active item's time ran out (its timer may still be on the way) is
+        # not billed to it: it expires by time here. Traffic while the previous item's expiry
+        # is on its way to the expiring consumer belongs to the next item: activate it now
+        # rather than let the outcome depend on which message the broker delivers first.
+        events = self._expire_if_time_is_up(now)
+        events += self.advance(now)
         active = self.current()
         if active is None:
             self.unbilled_upload += upload
@@ -138,12 +140,23 @@ class UserQueue:
         active.download += download
         return events + self._after_quota_change(active, now)
 
-    def expire(self, item_id: int, reason: ExpiryReason, now: datetime) -> list[DomainEvent]:
-        """Handle a PackageExpiring trigger: consume the item if it is due, then move on.
+    def expire_due(self, item_id: int, now: datetime) -> list[DomainEvent]:
+        """The scheduled time-expiry timer of an item fired: consume it if its time is up.
 
-        Stale or repeated triggers (the item was already consumed or cancelled, or the time
-        trigger of an item that usage consumed first) change nothing but the catch-up advance,
-        which is itself idempotent.
+        Only the transaction that moves an item out of `active` emits its PackageExpired, so a
+        timer for an item that usage consumed or a cancel removed first emits nothing.
+        """
+        item = self.item(item_id)
+        if item.status is not ItemStatus.ACTIVE or not item.time_exhausted(now):
+            return []
+        return self._consume(item, ExpiryReason.TIME, now, withdraw_timer=False)
+
+    def expire(self, item_id: int, reason: ExpiryReason, now: datetime) -> list[DomainEvent]:
+        """Handle a PackageExpiring event: the item has left `active`; move the queue on.
+
+        The item is normally consumed already, by the transaction that emitted the event. An
+        event for an item still active (published from outside pkgq) consumes it if it is due.
+        Repeated events change nothing: the advance is idempotent.
         """
         item = self.item(item_id)
         if item.status is ItemStatus.ACTIVE:
@@ -180,6 +193,8 @@ class UserQueue:
         item.adjust_quota += delta
         if item.status is ItemStatus.IN_QUEUE:
             return []
+        if item.time_exhausted(now):
+            return self._consume(item, ExpiryReason.TIME, now)
         return self._after_quota_change(item, now)
 
     # -- helpers --------------------------------------------------------------------------
@@ -215,10 +230,23 @@ class UserQueue:
     def _after_quota_change(self, item: QueueItem, now: datetime) -> list[DomainEvent]:
         if not item.traffic_exhausted():
             return [UsageRemaining(self.user_id, item.id, item.remaining)]
+        return self._consume(item, ExpiryReason.USAGE, now)
+
+    def _expire_if_time_is_up(self, now: datetime) -> list[DomainEvent]:
+        active = self.current()
+        if active is None or not active.time_exhausted(now):
+            return []
+        return self._consume(active, ExpiryReason.TIME, now)
+
+    def _consume(
+        self, item: QueueItem, reason: ExpiryReason, now: datetime, *, withdraw_timer: bool = True
+    ) -> list[DomainEvent]:
+        """Move the active item to `consumed`: the one place its PackageExpired is emitted."""
         item.status = ItemStatus.CONSUMED
+        at = item.expire_at if reason is ExpiryReason.TIME and item.expire_at else now
         events: list[DomainEvent] = [
-            PackageExpired(self.user_id, item.id, item.package_id, now, ExpiryReason.USAGE)
+            PackageExpired(self.user_id, item.id, item.package_id, at, reason)
         ]
-        if item.expire_at is not None:
+        if withdraw_timer and item.expire_at is not None:
             events.append(ExpiryUnscheduled(self.user_id, item.id))
         return events

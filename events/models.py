@@ -84,3 +84,14 @@ class PackageExpiringEvent(WireModel):
 
 class AllPackageExpiredEvent(WireModel):
     expired_at: UnixSeconds
+
+
+# -- internal (published and consumed by pkgq only) ---------------------------------------
+
+
+class PackageExpiryDue(WireModel):
+    """The time-expiry timer of an active item, held in the outbox until `due_at`."""
+
+    item_id: PositiveId
+    package_id: PositiveId
+    due_at: UnixSeconds

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from uuid import UUID
 
 from domain.events import (
     AllPackagesExpired,
@@ -14,16 +13,17 @@ from domain.events import (
     PackageExpired,
     PackagesQueued,
 )
-from domain.model import ExpiryReason
 from events.models import (
     AllPackageExpiredEvent,
     PackageActivateEvent,
     PackageExpiringEvent,
+    PackageExpiryDue,
     PackageQueuePushEvent,
     WireModel,
 )
 from events.routes import (
     ALL_EXPIRED,
+    EXPIRY_DUE,
     PACKAGE_ACTIVATE,
     PACKAGE_EXPIRING,
     PACKAGE_QUEUING,
@@ -47,14 +47,6 @@ def expiry_key(item_id: int) -> str:
 
 def unix(ts: datetime) -> int:
     return int(ts.timestamp())
-
-
-def _expiring(
-    user_id: UUID, item_id: int, package_id: int, at: datetime, reason: ExpiryReason
-) -> PackageExpiringEvent:
-    return PackageExpiringEvent(
-        user_id=user_id, item_id=item_id, package_id=package_id, expired_at=unix(at), reason=reason
-    )
 
 
 def outgoing(event: DomainEvent) -> Outgoing | None:
@@ -83,17 +75,22 @@ def outgoing(event: DomainEvent) -> Outgoing | None:
         case PackageExpired():
             return Outgoing(
                 PACKAGE_EXPIRING,
-                _expiring(
-                    event.user_id, event.item_id, event.package_id, event.expired_at, event.reason
+                PackageExpiringEvent(
+                    user_id=event.user_id,
+                    item_id=event.item_id,
+                    package_id=event.package_id,
+                    expired_at=unix(event.expired_at),
+                    reason=event.reason,
                 ),
             )
         case ExpiryScheduled():
-            # The time-expiry trigger: the same event, held in the outbox until it is due and
-            # withdrawn by its cancel key if the item stops being active first.
             return Outgoing(
-                PACKAGE_EXPIRING,
-                _expiring(
-                    event.user_id, event.item_id, event.package_id, event.due_at, ExpiryReason.TIME
+                EXPIRY_DUE,
+                PackageExpiryDue(
+                    user_id=event.user_id,
+                    item_id=event.item_id,
+                    package_id=event.package_id,
+                    due_at=unix(event.due_at),
                 ),
                 due_at=event.due_at,
                 cancel_key=expiry_key(event.item_id),

@@ -10,6 +10,7 @@ from events.models import (
     CancelPackage,
     PackageActivateEvent,
     PackageExpiringEvent,
+    PackageExpiryDue,
     PackageQueuePushEvent,
     PurchasePackage,
     RecordUsage,
@@ -42,6 +43,10 @@ PACKAGE_QUEUING = Route("telecom.package_queuing", PackageQueuePushEvent)
 PACKAGE_ACTIVATE = Route("telecom.package_activate", PackageActivateEvent)
 PACKAGE_EXPIRING = Route("telecom.package_expiring", PackageExpiringEvent)
 ALL_EXPIRED = Route("telecom.all_expired", AllPackageExpiredEvent)
+EXPIRY_DUE = Route("telecom.expiry_due", PackageExpiryDue)
+"""Internal: the scheduler's time-expiry timer. Its consumer emits PackageExpiringEvent(time)
+only if it is the transaction that expires the item, so a stale timer never reaches the
+public package_expiring route."""
 
 ROUTES: dict[str, Route] = {
     r.name: r
@@ -54,6 +59,7 @@ ROUTES: dict[str, Route] = {
         PACKAGE_ACTIVATE,
         PACKAGE_EXPIRING,
         ALL_EXPIRED,
+        EXPIRY_DUE,
     )
 }
 

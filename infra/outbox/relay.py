@@ -66,6 +66,7 @@ class Relay:
         try:
             while not stop.is_set():
                 await self._ensure_listener()
+                self._wake.clear()  # before the round: a NOTIFY during it wakes the next one
                 try:
                     sent = await self.relay_once()
                     pause = 0.5
@@ -82,7 +83,6 @@ class Relay:
                     continue
                 if sent >= self._settings.relay_batch_size:
                     continue  # more may be waiting
-                self._wake.clear()
                 await _wait_any(stop, self._wake, self._settings.relay_poll_interval)
         finally:
             sweeper.cancel()

@@ -15,6 +15,8 @@ from infra.postgres.pool import Conn
 
 async def grant(conn: Conn, user_id: UUID, item_id: int, seq: int) -> bool:
     """Grant access on `item_id`, with its remaining traffic and expiry read from the queue."""
+    # Wait for a transaction billing this user to commit, so `remaining` is not read stale.
+    await conn.execute("SELECT 1 FROM telecom.queue_users WHERE user_id = $1 FOR SHARE", user_id)
     status = await conn.execute(
         """
         INSERT INTO telecom.access AS a

@@ -23,11 +23,13 @@ from events.models import (
 )
 from events.routes import (
     ALL_EXPIRED,
+    EXPIRY_DUE,
     PACKAGE_ACTIVATE,
     PACKAGE_CANCEL,
     PACKAGE_EXPIRING,
     PACKAGE_PURCHASE,
     QUOTA_ADJUST,
+    ROUTES,
     USAGE_RECORD,
     Route,
 )
@@ -285,3 +287,41 @@ async def test_sweep_resends_a_lost_time_expiry_and_the_item_expires(w: World) -
     assert await sweep_overdue_expiries(w.pool, grace=60) == 0  # a pending trigger exists now
     await w.tap.wait_for(lambda _: "all_expired" in w.lifecycle(user), within=10)
     assert await w.statuses(user) == ["consumed"]
+
+
+async def test_usage_after_expire_at_expires_the_item_by_time_once_and_bills_the_next(
+    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection, tap: Tap
+) -> None:
+    """The timer is late (its consumer is down): usage must not land on the expired item, and
+    when the timer finally arrives it must not announce a second expiry."""
+    w = World(settings, pool, amqp, tap)
+    app = InProcess(settings, pool, amqp)
+    await app.start_consumers([r for r in ROUTES.values() if r is not EXPIRY_DUE])
+    await app.start_relay()
+    try:
+        package = await add_package(pool, 1000, timedelta(seconds=1))
+        user = uuid4()
+        await w.send(PACKAGE_PURCHASE, PurchasePackage(user_id=user, package_id=package, amount=2))
+        await w.tap.wait_for(lambda _: w.lifecycle(user) == ["package_activate"], within=10)
+        first = w.tap.on(PACKAGE_ACTIVATE.name)[0].json()["item_id"]
+        await w.tap.wait_for(lambda seen: any(t.routing_key == EXPIRY_DUE.name for t in seen), 10)
+        await w.send(USAGE_RECORD, RecordUsage(user_id=user, upload=10, download=20))
+        await w.tap.wait_for(lambda _: w.lifecycle(user).count("package_activate") == 2, 10)
+        late = InProcess(settings, pool, amqp)
+        await late.start_consumers([EXPIRY_DUE])  # the late timer is delivered now
+        await asyncio.sleep(1.0)
+        await late.close()
+    finally:
+        await app.close()
+    assert w.lifecycle(user)[:3] == ["package_activate", "package_expiring", "package_activate"]
+    first_expiry = [t.json() for t in w.tap.on(PACKAGE_EXPIRING.name)]
+    first_expiry = [e for e in first_expiry if e["item_id"] == first]
+    assert [e["reason"] for e in first_expiry] == ["time"]  # once, though the timer came too
+    async with pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT id, status::text, upload, download FROM telecom.package_queue "
+            "WHERE user_id = $1 ORDER BY id",
+            user,
+        )
+    assert (rows[0]["status"], rows[0]["upload"], rows[0]["download"]) == ("consumed", 0, 0)
+    assert (rows[1]["upload"], rows[1]["download"]) == (10, 20)  # billed to the next item

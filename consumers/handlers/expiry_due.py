@@ -1,0 +1,12 @@
+"""telecom.expiry_due (internal): a time-expiry timer fired; expire the item if still due."""
+
+from __future__ import annotations
+
+from consumers.unit_of_work import HandlerContext, transition
+from events.models import PackageExpiryDue
+
+
+async def handle(ctx: HandlerContext, body: PackageExpiryDue) -> None:
+    await transition(
+        ctx, body.user_id, lambda q: q.expire_due(body.item_id, ctx.now), item_ids=[body.item_id]
+    )
