@@ -2,8 +2,8 @@
 
 Time expiry is normally an outbox row due at `expire_at`, written with the activation. The sweep
 covers the case where that row is gone or was lost downstream: an active item `grace` seconds
-past its `expire_at` with no pending trigger and none published within `grace` gets a new one.
-A duplicate trigger is harmless: the expiring handler ignores items that are no longer active.
+past its `expire_at` with no outstanding timer gets a new one. A duplicate timer is harmless:
+`expire_due` ignores items that are no longer active, and it emits nothing then.
 """
 
 from __future__ import annotations
@@ -12,14 +12,23 @@ import asyncpg
 
 from domain.events import ExpiryScheduled
 from events.outgoing import outgoing
+from events.routes import EXPIRY_DUE
 from infra.postgres import outbox, queue_repo
 
-_OVERDUE_CONDITION = """
+# A timer is outstanding while it is pending, or published within `grace`, or published within
+# ten times `grace` and not yet consumed (a backlog on telecom.expiry_due is not a lost timer).
+_OVERDUE_CONDITION = f"""
     q.status = 'active' AND q.expire_at <= now() - make_interval(secs => $1)
       AND NOT EXISTS (
           SELECT 1 FROM telecom.outbox o
           WHERE o.cancel_key = 'expire:' || q.id  -- events.outgoing.expiry_key
-            AND (o.published_at IS NULL OR o.published_at > now() - make_interval(secs => $1))
+            AND (o.published_at IS NULL
+                 OR o.published_at > now() - make_interval(secs => $1)
+                 OR (o.published_at > now() - make_interval(secs => $1 * 10)
+                     AND NOT EXISTS (
+                         SELECT 1 FROM telecom.inbox i
+                         WHERE i.consumer = '{EXPIRY_DUE.short_name}'
+                           AND i.message_id = o.message_id)))
       )
 """
 _OVERDUE = f"""
