@@ -176,6 +176,10 @@ class UserQueue:
             return []
         if item.status is ItemStatus.CONSUMED:
             raise ItemNotCancellableError(item_id, item.status.value)
+        if item.status is ItemStatus.ACTIVE and item.time_exhausted(now):
+            # Its time is up and its timer is on the way: refusing now gives the same answer
+            # as after the timer, instead of one that depends on which message came first.
+            raise ItemNotCancellableError(item_id, "consumed (its time is up)")
         was_active = item.status is ItemStatus.ACTIVE
         item.status = ItemStatus.CANCELLED
         if not was_active:

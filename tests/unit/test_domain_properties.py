@@ -5,8 +5,14 @@ is a list of items with limit/adjust/traffic/status, and every transition advanc
 once. The real aggregate is driven the way the consumers drive it: after every command, each
 emitted `PackagesQueued` runs the queue push (`advance`), each `PackageExpired` is fed back into
 `expire()` (the package_expiring consumer), and `ExpiryScheduled`/`ExpiryUnscheduled` maintain a
-fake scheduler whose due time triggers are delivered as time advances. Once nothing is left to
-react to, the real state must equal the reference state.
+fake relay whose due time-expiry timers fire `expire_due()` (the expiry_due consumer) as time
+advances; whatever a timer emits flows through the consumers in turn.
+
+The relay is not on time: it can lag (the clock moves on while due timers stay pending, so usage,
+adjustments and purchases arrive after the active item's expire_at), it delivers a timer that
+was already due when the domain unscheduled it (it was on its way), and it may deliver a timer
+twice, early, or long after the item left `active`. Once nothing is left to react to, the real
+state must equal the reference state.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Literal
 from uuid import UUID
 
 from hypothesis import given, settings
@@ -77,8 +84,42 @@ class Adjust:
 
 
 @dataclass(frozen=True)
+class AdjustActive:
+    delta: int  # adjust whichever item is active (skipped when none is)
+
+
+@dataclass(frozen=True)
 class Tick:
-    seconds: int  # the clock moves on; due time triggers are delivered
+    """The clock moves on and every due timer fires, as does every timer that was on its way
+    when the domain unscheduled it (each one twice, back to back, if `twice`: the relay delivers
+    at least once)."""
+
+    seconds: int
+    twice: bool = False
+
+
+@dataclass(frozen=True)
+class Lag:
+    """The clock moves on but the relay is late: due timers stay pending until the next Tick."""
+
+    seconds: int
+
+
+@dataclass(frozen=True)
+class LagPastExpiry:
+    """The relay is late: the clock moves to `extra` seconds past the active item's expire_at
+    (skipped if it has none; the clock never goes back) and its timer stays pending."""
+
+    extra: int
+
+
+@dataclass(frozen=True)
+class UsageRacingTimers:
+    """The clock moves on and the due timers fire, but a usage report arrives before the
+    consumers have reacted to what the timers emitted (their PackageExpired is on its way)."""
+
+    seconds: int
+    usage: Usage
 
 
 @dataclass(frozen=True)
@@ -88,22 +129,61 @@ class Replay:
 
 @dataclass(frozen=True)
 class StaleTrigger:
-    pick: int  # deliver a time trigger that the domain unscheduled (the scheduler was late)
+    pick: int  # deliver a PackageExpired(time) for an item whose expiry the domain unscheduled
 
 
 @dataclass(frozen=True)
 class EarlyTrigger:
-    reason: ExpiryReason  # a trigger for the active item while it is not due
+    reason: ExpiryReason  # a PackageExpired for the active item while it is not due
 
 
-Op = Purchase | Usage | RacingUsage | Cancel | Adjust | Tick | Replay | StaleTrigger | EarlyTrigger
-TRIGGER_OPS = (Replay, StaleTrigger, EarlyTrigger)
+@dataclass(frozen=True)
+class StaleTimer:
+    pick: int  # fire the timer of an item whose expiry the domain unscheduled
+
+
+@dataclass(frozen=True)
+class DuplicateTimer:
+    pick: int  # fire an already fired timer once more
+
+
+@dataclass(frozen=True)
+class EarlyTimer:
+    """Fire the active item's timer before its time is up (a relay clock running ahead)."""
+
+
+Op = (
+    Purchase
+    | Usage
+    | RacingUsage
+    | Cancel
+    | Adjust
+    | AdjustActive
+    | Tick
+    | Lag
+    | LagPastExpiry
+    | UsageRacingTimers
+    | Replay
+    | StaleTrigger
+    | EarlyTrigger
+    | StaleTimer
+    | DuplicateTimer
+    | EarlyTimer
+)
+TRIGGER_OPS = (Replay, StaleTrigger, EarlyTrigger, StaleTimer, DuplicateTimer, EarlyTimer)
+"""Operations that only redeliver, or deliver too early, what the domain already handled."""
 
 picks = st.integers(min_value=0, max_value=50)
+seconds = st.integers(min_value=0, max_value=120)
+deltas = st.integers(min_value=-300, max_value=300)
 purchases = st.builds(
     Purchase,
-    limit=st.integers(min_value=0, max_value=300),
-    duration=st.one_of(st.none(), st.just(0), st.integers(min_value=1, max_value=100)),
+    # large limits and timed items keep an item active long enough for the relay to fall behind
+    # its expire_at; small limits run out within a report or two
+    limit=st.one_of(
+        st.integers(min_value=300, max_value=3_000), st.integers(min_value=0, max_value=300)
+    ),
+    duration=st.one_of(st.integers(min_value=1, max_value=100), st.none(), st.just(0)),
     amount=st.integers(min_value=1, max_value=3),
 )
 usages = st.builds(
@@ -111,22 +191,38 @@ usages = st.builds(
     upload=st.integers(min_value=0, max_value=150),
     download=st.integers(min_value=0, max_value=150),
 )
-ticks = st.builds(Tick, seconds=st.integers(min_value=0, max_value=120))
+BRANCHES: list[tuple[int, st.SearchStrategy[Op]]] = [
+    # (weight, strategy): the operations that keep a timed item active and let the relay fall
+    # behind it weigh more, so that many runs see a time-up while its timer is still pending
+    (4, purchases),
+    (3, usages),
+    (2, st.builds(Tick, seconds=seconds, twice=st.booleans())),
+    # exactly at expire_at (the boundary: time is up) as often as some seconds past it
+    (
+        3,
+        st.builds(
+            LagPastExpiry,
+            extra=st.one_of(st.just(0), st.integers(min_value=1, max_value=30)),
+        ),
+    ),
+    (1, st.builds(Lag, seconds=seconds)),
+    (1, st.builds(RacingUsage, first=usages, second=usages)),
+    (1, st.builds(UsageRacingTimers, seconds=seconds, usage=usages)),
+    (1, st.builds(Cancel, pick=picks)),
+    (1, st.builds(Adjust, pick=picks, delta=deltas)),
+    (2, st.builds(AdjustActive, delta=deltas)),
+    (1, st.builds(Replay, pick=picks)),
+    (1, st.builds(StaleTrigger, pick=picks)),
+    (1, st.builds(EarlyTrigger, reason=st.sampled_from(ExpiryReason))),
+    (1, st.builds(StaleTimer, pick=picks)),
+    (1, st.builds(DuplicateTimer, pick=picks)),
+    (1, st.just(EarlyTimer())),
+]
+# Weighted by repetition in `sampled_from`: `one_of` would drop a repeated branch, since
+# hypothesis caches strategies and a repeat is the very same object.
 operations = st.lists(
-    # purchases, usage and the clock are listed twice so that they come up more often
-    st.one_of(
-        purchases,
-        usages,
-        ticks,
-        purchases,
-        usages,
-        ticks,
-        st.builds(RacingUsage, first=usages, second=usages),
-        st.builds(Cancel, pick=picks),
-        st.builds(Adjust, pick=picks, delta=st.integers(min_value=-300, max_value=300)),
-        st.builds(Replay, pick=picks),
-        st.builds(StaleTrigger, pick=picks),
-        st.builds(EarlyTrigger, reason=st.sampled_from(ExpiryReason)),
+    st.sampled_from([branch for weight, branch in BRANCHES for _ in range(weight)]).flatmap(
+        lambda branch: branch
     ),
     min_size=10,
     max_size=50,
@@ -147,6 +243,9 @@ class ItemState:
     activated_at: datetime | None
     expire_at: datetime | None
 
+    def time_is_up(self, now: datetime) -> bool:
+        return self.expire_at is not None and self.expire_at <= now
+
 
 @dataclass(frozen=True)
 class State:
@@ -159,6 +258,9 @@ class State:
 
     def active_ids(self) -> list[int]:
         return [item_id for item_id, item in self.items.items() if item.status == "active"]
+
+    def traffic(self) -> dict[int, tuple[int, int]]:
+        return {item_id: (item.upload, item.download) for item_id, item in self.items.items()}
 
 
 def real_state(queue: UserQueue) -> State:
@@ -200,7 +302,12 @@ class RefItem:
 
 @dataclass
 class RefQueue:
-    """One user's queue in the simplest terms; every change of the active item advances at once."""
+    """One user's queue in the simplest terms; every change of the active item advances at once.
+
+    An item leaves `active` by usage, by time (as soon as anything happens at or after its
+    expire_at: its timer, a usage report, a quota adjustment) or by a cancel; only the first two
+    count as expirations, each recorded once.
+    """
 
     items: list[RefItem] = field(default_factory=list)
     unbilled_upload: int = 0
@@ -209,8 +316,9 @@ class RefQueue:
     activations: list[tuple[int, int, int]] = field(default_factory=list)
     """(item id, quota, remaining) at each activation, in order."""
     access_losses: int = 0
-    expirations: list[tuple[int, str]] = field(default_factory=list)
-    """(item id, reason) of every item that ran out by usage or at activation, in order."""
+    expirations: list[tuple[int, str, datetime]] = field(default_factory=list)
+    """(item id, reason, expired at) of every item that ran out, in order. Expired at is the
+    item's expire_at for time, the moment it happened for usage."""
 
     def find(self, item_id: int) -> RefItem:
         return next(item for item in self.items if item.id == item_id)
@@ -221,6 +329,15 @@ class RefQueue:
     @staticmethod
     def out_of_traffic(item: RefItem) -> bool:
         return item.upload + item.download >= item.limit + item.adjust
+
+    @staticmethod
+    def out_of_time(item: RefItem, now: datetime) -> bool:
+        return item.expire_at is not None and item.expire_at <= now
+
+    def run_out(self, item: RefItem, reason: str, now: datetime) -> None:
+        item.status = "consumed"
+        at = item.expire_at if reason == "time" and item.expire_at is not None else now
+        self.expirations.append((item.id, reason, at))
 
     def advance(self, now: datetime) -> None:
         if self.active() is not None:
@@ -238,16 +355,22 @@ class RefQueue:
             remaining = max(quota - item.upload - item.download, 0)
             self.activations.append((item.id, quota, remaining))
             if self.out_of_traffic(item):
-                item.status = "consumed"
-                self.expirations.append((item.id, "usage"))
-            elif item.expire_at is not None and item.expire_at <= now:
-                item.status = "consumed"
-                self.expirations.append((item.id, "time"))
+                self.run_out(item, "usage", now)
+            elif self.out_of_time(item, now):
+                self.run_out(item, "time", now)
             else:
                 return
         if self.access:
             self.access = False
             self.access_losses += 1
+
+    def expire_by_time(self, now: datetime) -> None:
+        """Whatever happens at or after the active item's expire_at first ends it by time."""
+        item = self.active()
+        while item is not None and self.out_of_time(item, now):
+            self.run_out(item, "time", now)
+            self.advance(now)
+            item = self.active()
 
     def purchase(
         self, ids: list[int], limit: int, duration: timedelta | None, now: datetime
@@ -256,18 +379,20 @@ class RefQueue:
             self.items.append(RefItem(item_id, limit, duration, now))
         self.advance(now)
 
-    def usage(self, upload: int, download: int, now: datetime) -> None:
+    def usage(self, upload: int, download: int, now: datetime) -> int | None:
+        """Bill the traffic; return the id of the item it went to (None: kept as unbilled)."""
+        self.expire_by_time(now)
         item = self.active()
         if item is None:
             self.unbilled_upload += upload
             self.unbilled_download += download
-            return
+            return None
         item.upload += upload
         item.download += download
         if self.out_of_traffic(item):
-            item.status = "consumed"
-            self.expirations.append((item.id, "usage"))
+            self.run_out(item, "usage", now)
             self.advance(now)
+        return item.id
 
     def cancel(self, item_id: int, now: datetime) -> str:
         item = self.find(item_id)
@@ -275,6 +400,8 @@ class RefQueue:
             return "not_cancellable"
         if item.status == "cancelled":
             return "ok"
+        if item.status == "active" and self.out_of_time(item, now):
+            return "not_cancellable"  # its time is up: as good as consumed, timer or not
         was_active = item.status == "active"
         item.status = "cancelled"
         if was_active:
@@ -286,18 +413,18 @@ class RefQueue:
         if item.status in ("consumed", "cancelled"):
             return "not_adjustable"
         item.adjust += delta
-        if item.status == "active" and self.out_of_traffic(item):
-            item.status = "consumed"
-            self.expirations.append((item.id, "usage"))
+        if item.status != "active":
+            return "ok"
+        if self.out_of_time(item, now):
+            self.run_out(item, "time", now)
+            self.advance(now)
+        elif self.out_of_traffic(item):
+            self.run_out(item, "usage", now)
             self.advance(now)
         return "ok"
 
     def tick(self, now: datetime) -> None:
-        item = self.active()
-        while item is not None and item.expire_at is not None and item.expire_at <= now:
-            item.status = "consumed"
-            self.advance(now)
-            item = self.active()
+        self.expire_by_time(now)
 
     def state(self) -> State:
         return State(
@@ -321,10 +448,43 @@ class RefQueue:
 
 # -- the driver ------------------------------------------------------------------------------
 
+TimerKind = Literal["due", "in_flight", "stale", "duplicate", "early"]
+"""Why a timer fired: it is due (and still scheduled); it was already due when the domain
+unscheduled it, so it was on its way; it was unscheduled and the relay fires it anyway; it
+fired before; it fired before the item's time was up."""
+
+
+@dataclass(frozen=True)
+class TimerFiring:
+    """One `expire_due` call, seen before any consumer reacted to what it returned."""
+
+    item_id: int
+    package_id: int
+    kind: TimerKind
+    now: datetime
+    returned: list[DomainEvent]
+    before: State
+    after: State
+
+
+@dataclass(frozen=True)
+class Billing:
+    """One `record_usage` call, seen before any consumer reacted to what it returned."""
+
+    traffic: tuple[int, int]
+    now: datetime
+    returned: list[DomainEvent]
+    before: State
+    after: State
+    ref_target: int | None
+    """The item the reference billed the traffic to (None: kept as unbilled)."""
+
 
 @dataclass
 class Step:
     op: Op
+    now: datetime
+    """The clock after the operation (the time every call in it ran at)."""
     outcome: str
     ref_outcome: str
     events: list[DomainEvent]
@@ -345,7 +505,9 @@ class Trace:
     """Most items seen active at once, checked after every single domain call."""
     schedule_errors: list[str] = field(default_factory=list)
     created_at: dict[int, datetime] = field(default_factory=dict)
-    ref_expirations: list[tuple[int, str]] = field(default_factory=list)
+    ref_expirations: list[tuple[int, str, datetime]] = field(default_factory=list)
+    timers: list[TimerFiring] = field(default_factory=list)
+    billings: list[Billing] = field(default_factory=list)
 
     def events(self) -> list[DomainEvent]:
         return [event for step in self.steps for event in step.events]
@@ -358,8 +520,14 @@ class Driver:
         self.now = T0
         self.next_id = 1
         self.pending: dict[int, datetime] = {}
+        """Scheduled timers not fired yet: item id -> due at."""
+        self.in_flight: dict[int, datetime] = {}
+        """Timers unscheduled when already due: the relay had them on their way; they fire at
+        the next Tick all the same."""
         self.voided: list[int] = []
+        self.fired: list[int] = []
         self.delivered: list[tuple[int, ExpiryReason]] = []
+        """PackageExpired events delivered to `expire()`."""
         self.recorded_upload = 0
         self.recorded_download = 0
         self.trace = Trace()
@@ -388,25 +556,74 @@ class Driver:
                     self.trace.schedule_errors.append(f"scheduled twice: {event.item_id}")
                 self.pending[event.item_id] = event.due_at
             elif isinstance(event, ExpiryUnscheduled):
-                if self.pending.pop(event.item_id, None) is None:
+                due_at = self.pending.pop(event.item_id, None)
+                if due_at is None:
                     self.trace.schedule_errors.append(f"never scheduled: {event.item_id}")
                 else:
                     self.voided.append(event.item_id)
+                    if due_at <= self.now:
+                        self.in_flight[event.item_id] = due_at
             self.observe()
             todo.extend(reaction)
         return emitted
 
-    def fire_due_triggers(self) -> list[DomainEvent]:
+    def fire_timer(self, item_id: int, kind: TimerKind) -> list[DomainEvent]:
+        """The relay delivers one timer: `expire_due`, recorded before anyone reacts to it."""
+        before = real_state(self.queue)
+        returned = self.queue.expire_due(item_id, self.now)
+        self.observe()
+        self.trace.timers.append(
+            TimerFiring(
+                item_id=item_id,
+                package_id=self.queue.item(item_id).package_id,
+                kind=kind,
+                now=self.now,
+                returned=list(returned),
+                before=before,
+                after=real_state(self.queue),
+            )
+        )
+        if kind == "due":
+            self.fired.append(item_id)
+        return returned
+
+    def fire_due_timers(self, *, twice: bool, settle_each: bool) -> list[DomainEvent]:
+        """Fire every due timer, oldest first. With `settle_each` the consumers react to each
+        one before the next fires; without, the caller gets the unsettled events."""
         emitted: list[DomainEvent] = []
         while True:
-            due = sorted((at, item_id) for item_id, at in self.pending.items() if at <= self.now)
+            due: list[tuple[datetime, int, TimerKind]] = [
+                (at, item_id, "due") for item_id, at in self.pending.items() if at <= self.now
+            ]
+            due += [(at, item_id, "in_flight") for item_id, at in self.in_flight.items()]
             if not due:
                 return emitted
-            item_id = due[0][1]
-            del self.pending[item_id]
-            self.delivered.append((item_id, ExpiryReason.TIME))
-            emitted += self.settle(self.queue.expire(item_id, ExpiryReason.TIME, self.now))
-            self.observe()
+            _, item_id, kind = min(due)
+            del (self.pending if kind == "due" else self.in_flight)[item_id]
+            returned = self.fire_timer(item_id, kind)
+            if twice:
+                returned += self.fire_timer(item_id, "duplicate")
+            emitted += self.settle(returned) if settle_each else returned
+
+    def record_usage(self, usage: Usage) -> list[DomainEvent]:
+        """The usage consumer, recorded before anyone reacts to what it returned."""
+        self.recorded_upload += usage.upload
+        self.recorded_download += usage.download
+        ref_target = self.ref.usage(usage.upload, usage.download, self.now)
+        before = real_state(self.queue)
+        returned = self.queue.record_usage(usage.upload, usage.download, self.now)
+        self.observe()
+        self.trace.billings.append(
+            Billing(
+                traffic=(usage.upload, usage.download),
+                now=self.now,
+                returned=list(returned),
+                before=before,
+                after=real_state(self.queue),
+                ref_target=ref_target,
+            )
+        )
+        return returned
 
     def item_ids(self) -> list[int]:
         return sorted(item.id for item in self.queue.items)
@@ -426,12 +643,13 @@ class Driver:
         if isinstance(op, Usage | RacingUsage):
             unsettled: list[DomainEvent] = []
             for usage in (op,) if isinstance(op, Usage) else (op.first, op.second):
-                self.recorded_upload += usage.upload
-                self.recorded_download += usage.download
-                ref.usage(usage.upload, usage.download, now)
-                unsettled += queue.record_usage(usage.upload, usage.download, now)
-                self.observe()
+                unsettled += self.record_usage(usage)
             return "ok", "ok", self.settle(unsettled)
+        if isinstance(op, AdjustActive):
+            active = queue.current()
+            if active is None:
+                return "skipped", "skipped", []
+            op = Adjust(pick=self.item_ids().index(active.id), delta=op.delta)
         if isinstance(op, Cancel | Adjust):
             ids = self.item_ids()
             if not ids:
@@ -451,7 +669,28 @@ class Driver:
         if isinstance(op, Tick):
             self.now = now + timedelta(seconds=op.seconds)
             ref.tick(self.now)
-            return "ok", "ok", self.fire_due_triggers()
+            return "ok", "ok", self.fire_due_timers(twice=op.twice, settle_each=True)
+        if isinstance(op, Lag):
+            self.now = now + timedelta(seconds=op.seconds)
+            return "ok", "ok", []
+        if isinstance(op, LagPastExpiry):
+            active = queue.current()
+            if active is None or active.expire_at is None:
+                return "skipped", "skipped", []
+            self.now = max(now, active.expire_at + timedelta(seconds=op.extra))
+            return "ok", "ok", []
+        if isinstance(op, UsageRacingTimers):
+            self.now = now + timedelta(seconds=op.seconds)
+            ref.tick(self.now)
+            unsettled = self.fire_due_timers(twice=False, settle_each=False)
+            unsettled += self.record_usage(op.usage)
+            return "ok", "ok", self.settle(unsettled)
+        if isinstance(op, StaleTimer | DuplicateTimer):
+            timers = self.voided if isinstance(op, StaleTimer) else self.fired
+            if not timers:
+                return "skipped", "skipped", []
+            kind: TimerKind = "stale" if isinstance(op, StaleTimer) else "duplicate"
+            return "ok", "ok", self.settle(self.fire_timer(timers[op.pick % len(timers)], kind))
         if isinstance(op, Replay | StaleTrigger):
             pool = (
                 self.delivered
@@ -463,8 +702,11 @@ class Driver:
             item_id, reason = pool[op.pick % len(pool)]
             return "ok", "ok", self.settle(queue.expire(item_id, reason, now))
         active = queue.current()
-        if active is None:
+        # Early means not due: once the active item's time is up, a timer for it is just late.
+        if active is None or active.time_exhausted(now):
             return "skipped", "skipped", []
+        if isinstance(op, EarlyTimer):
+            return "ok", "ok", self.settle(self.fire_timer(active.id, "early"))
         return "ok", "ok", self.settle(queue.expire(active.id, op.reason, now))
 
     def run(self, ops: list[Op]) -> Trace:
@@ -476,6 +718,7 @@ class Driver:
             self.trace.steps.append(
                 Step(
                     op=op,
+                    now=self.now,
                     outcome=outcome,
                     ref_outcome=ref_outcome,
                     events=events,
@@ -497,15 +740,13 @@ def run(ops: list[Op]) -> Trace:
 
 
 # -- properties --------------------------------------------------------------------------------
-# Each test runs its own random operation sequences and checks one group of properties on every
-# step; the groups keep the number of hypothesis runs (and the file's run time) small.
+# Each group of properties is a `check_*` function over a whole trace. Each hypothesis test runs
+# its own random operation sequences and checks one group on every step; the groups keep the
+# number of hypothesis runs (and the file's run time) small. The last test replays one fixed
+# sequence that is known to reach the late-relay paths and runs every group on it.
 
 
-@PROPERTY_SETTINGS
-@given(ops=operations)
-def test_at_most_one_item_is_active_and_activation_is_fifo(ops: list[Op]) -> None:
-    trace = run(ops)
-
+def check_one_active_item_and_fifo_activation(trace: Trace) -> None:
     assert trace.max_active <= 1, "more than one active item"
     activated = [e.item_id for e in trace.events() if isinstance(e, PackageActivated)]
     keys = [(trace.created_at[item_id], item_id) for item_id in activated]
@@ -513,26 +754,68 @@ def test_at_most_one_item_is_active_and_activation_is_fifo(ops: list[Op]) -> Non
     assert len(set(keys)) == len(keys), "an item was activated twice"
 
 
-@PROPERTY_SETTINGS
-@given(ops=operations)
-def test_traffic_is_conserved_and_billed_like_the_reference(ops: list[Op]) -> None:
-    trace = run(ops)
-
+def check_traffic_conserved_and_billed_like_the_reference(trace: Trace) -> None:
     for step in trace.steps:
         items = step.after.items.values()
         upload = sum(item.upload for item in items) + step.after.unbilled[0]
         download = sum(item.download for item in items) + step.after.unbilled[1]
         assert (upload, download) == step.recorded, f"traffic not conserved after {step.op}"
-        real = {i: (s.upload, s.download) for i, s in step.after.items.items()}
-        ref = {i: (s.upload, s.download) for i, s in step.ref_after.items.items()}
-        assert (real, step.after.unbilled) == (ref, step.ref_after.unbilled), step.op
+        assert (step.after.traffic(), step.after.unbilled) == (
+            step.ref_after.traffic(),
+            step.ref_after.unbilled,
+        ), step.op
 
 
-@PROPERTY_SETTINGS
-@given(ops=operations)
-def test_item_state_quota_and_command_outcomes_match_the_reference(ops: list[Op]) -> None:
-    trace = run(ops)
+def check_no_traffic_for_an_item_whose_time_is_up(trace: Trace) -> None:
+    """A usage report is billed to an item whose time is not up, or kept as unbilled; it ends an
+    active item whose time is up (timer still pending) by time first. Over a whole step, no
+    item gains traffic after its expire_at. (Unbilled traffic carried over at activation lands
+    on the new item even when its duration is zero and it ends by time at once: that happens at
+    its expire_at, not after it, and the reference does the same.)"""
+    for billing in trace.billings:
+        if billing.traffic == (0, 0):
+            continue
+        old = billing.before.traffic()
+        grew = {
+            item_id: (upload - old[item_id][0], download - old[item_id][1])
+            for item_id, (upload, download) in billing.after.traffic().items()
+            if (upload, download) != old[item_id]
+        }
+        unbilled = (
+            billing.after.unbilled[0] - billing.before.unbilled[0],
+            billing.after.unbilled[1] - billing.before.unbilled[1],
+        )
+        if billing.ref_target is None:
+            assert (grew, unbilled) == ({}, billing.traffic), f"not kept as unbilled: {billing}"
+        else:
+            assert grew == {billing.ref_target: billing.traffic}, f"billed elsewhere: {billing}"
+            target = billing.after.items[billing.ref_target]
+            assert not target.time_is_up(billing.now), f"billed to a timed-out item: {billing}"
+        for item_id in billing.before.active_ids():
+            item = billing.before.items[item_id]
+            if not item.time_is_up(billing.now):
+                continue
+            # Usage after expire_at, its timer still pending: the item ends by time right here.
+            assert billing.after.items[item_id].status == "consumed", billing
+            expired = [
+                (e.reason, e.expired_at)
+                for e in billing.returned
+                if isinstance(e, PackageExpired) and e.item_id == item_id
+            ]
+            assert expired == [(ExpiryReason.TIME, item.expire_at)], billing
+            assert ExpiryUnscheduled(USER, item_id) in billing.returned, billing
+    for step in trace.steps:
+        for item_id, (upload, download) in step.after.traffic().items():
+            was = step.before.items.get(item_id)
+            if was is None or (was.upload, was.download) == (upload, download):
+                continue
+            expire_at = step.after.items[item_id].expire_at
+            assert expire_at is None or step.now <= expire_at, (
+                f"traffic added to item {item_id} after its expire_at in {step.op}"
+            )
 
+
+def check_state_quota_and_outcomes_match_the_reference(trace: Trace) -> None:
     for step in trace.steps:
         assert step.outcome == step.ref_outcome, step.op
         assert step.after.statuses() == step.ref_after.statuses(), step.op
@@ -546,11 +829,7 @@ def test_item_state_quota_and_command_outcomes_match_the_reference(ops: list[Op]
         assert step.after == step.ref_after, step.op
 
 
-@PROPERTY_SETTINGS
-@given(ops=operations)
-def test_events_announce_each_transition_exactly_once(ops: list[Op]) -> None:
-    trace = run(ops)
-
+def check_each_transition_announced_exactly_once(trace: Trace) -> None:
     for step in trace.steps:
         announced = [
             (e.item_id, e.quota, e.remaining)
@@ -563,23 +842,159 @@ def test_events_announce_each_transition_exactly_once(ops: list[Op]) -> None:
         if lost:
             assert step.after.access is False
             assert step.after.active_ids() == []
+        for event in step.events:
+            if isinstance(event, PackageExpired):
+                item = step.after.items[event.item_id]
+                assert item.status == "consumed", f"expired item not consumed in {step.op}"
+                if event.reason is ExpiryReason.TIME:
+                    assert event.expired_at == item.expire_at, step.op
+                    assert item.time_is_up(step.now), f"expired by time too early in {step.op}"
+                else:
+                    assert event.expired_at == step.now, step.op
         expected_pending = {
             item_id: item.expire_at
             for item_id, item in step.after.items.items()
             if item.status == "active" and item.expire_at is not None
         }
-        assert step.pending == expected_pending, f"time expiry schedule wrong after {step.op}"
-    expired = [(e.item_id, e.reason.value) for e in trace.events() if isinstance(e, PackageExpired)]
-    assert expired == trace.ref_expirations, "PackageExpired not once per item with its reason"
+        assert step.pending == expected_pending, f"time expiry timers wrong after {step.op}"
+    expired = [
+        (e.item_id, e.reason.value, e.expired_at)
+        for e in trace.events()
+        if isinstance(e, PackageExpired)
+    ]
+    assert expired == trace.ref_expirations, "PackageExpired differs from the reference"
+    expired_ids = [item_id for item_id, _, _ in expired]
+    assert len(expired_ids) == len(set(expired_ids)), "an item got more than one PackageExpired"
+    consumed = {i for i, s in trace.steps[-1].after.items.items() if s.status == "consumed"}
+    assert set(expired_ids) == consumed, "a consumed item got no PackageExpired"
     assert trace.schedule_errors == []
 
 
-@PROPERTY_SETTINGS
-@given(ops=operations)
-def test_stale_duplicate_and_early_triggers_change_nothing(ops: list[Op]) -> None:
-    trace = run(ops)
+def check_due_timers_expire_by_time_without_advancing(trace: Trace) -> None:
+    for timer in trace.timers:
+        if timer.kind != "due":
+            continue
+        item = timer.before.items[timer.item_id]
+        assert item.status == "active", timer
+        assert item.expire_at is not None, timer
+        assert item.time_is_up(timer.now), timer
+        assert timer.returned == [
+            PackageExpired(USER, timer.item_id, timer.package_id, item.expire_at, ExpiryReason.TIME)
+        ], timer
+        assert timer.after.items[timer.item_id].status == "consumed", timer
+        assert timer.after.active_ids() == [], f"expire_due advanced the queue: {timer}"
+        others_before = {i: s for i, s in timer.before.items.items() if i != timer.item_id}
+        others_after = {i: s for i, s in timer.after.items.items() if i != timer.item_id}
+        assert others_after == others_before, timer
+        assert (timer.after.unbilled, timer.after.access) == (
+            timer.before.unbilled,
+            timer.before.access,
+        ), timer
 
+
+def check_stale_duplicate_and_early_triggers_change_nothing(trace: Trace) -> None:
     for step in trace.steps:
         if isinstance(step.op, TRIGGER_OPS):
             assert step.events == [], step.op
             assert step.after == step.before, step.op
+    for timer in trace.timers:
+        if timer.kind != "due":
+            assert timer.returned == [], f"a {timer.kind} timer emitted: {timer}"
+            assert timer.after == timer.before, f"a {timer.kind} timer changed: {timer}"
+
+
+@PROPERTY_SETTINGS
+@given(ops=operations)
+def test_at_most_one_item_is_active_and_activation_is_fifo(ops: list[Op]) -> None:
+    check_one_active_item_and_fifo_activation(run(ops))
+
+
+@PROPERTY_SETTINGS
+@given(ops=operations)
+def test_traffic_is_conserved_and_billed_like_the_reference(ops: list[Op]) -> None:
+    check_traffic_conserved_and_billed_like_the_reference(run(ops))
+
+
+@PROPERTY_SETTINGS
+@given(ops=operations)
+def test_traffic_is_never_billed_to_an_item_whose_time_is_up(ops: list[Op]) -> None:
+    check_no_traffic_for_an_item_whose_time_is_up(run(ops))
+
+
+@PROPERTY_SETTINGS
+@given(ops=operations)
+def test_item_state_quota_and_command_outcomes_match_the_reference(ops: list[Op]) -> None:
+    check_state_quota_and_outcomes_match_the_reference(run(ops))
+
+
+@PROPERTY_SETTINGS
+@given(ops=operations)
+def test_events_announce_each_transition_exactly_once(ops: list[Op]) -> None:
+    check_each_transition_announced_exactly_once(run(ops))
+
+
+@PROPERTY_SETTINGS
+@given(ops=operations)
+def test_timers_expire_due_items_once_and_stale_duplicate_early_ones_change_nothing(
+    ops: list[Op],
+) -> None:
+    trace = run(ops)
+
+    check_due_timers_expire_by_time_without_advancing(trace)
+    check_stale_duplicate_and_early_triggers_change_nothing(trace)
+
+
+LATE_RELAY: list[Op] = [
+    Purchase(limit=300, duration=10, amount=2),
+    Lag(seconds=15),  # item 1's time is up at T0+10; its timer is still pending
+    Usage(upload=20, download=30),  # ends item 1 by time, billed to item 2
+    Tick(seconds=0),  # item 1's timer was already due: it is on its way and fires now
+    Purchase(limit=300, duration=None, amount=1),
+    Tick(seconds=20, twice=True),  # item 2's timer fires (twice) and item 3 activates
+    DuplicateTimer(pick=0),
+    Purchase(limit=300, duration=5, amount=1),
+    Cancel(pick=2),  # item 3: item 4 activates
+    LagPastExpiry(extra=0),
+    Adjust(pick=3, delta=1_000),  # item 4's time is up: ends by time, the delta is kept
+    Usage(upload=1, download=1),  # nothing queued: unbilled
+    Purchase(limit=300, duration=5, amount=1),
+    UsageRacingTimers(seconds=5, usage=Usage(upload=2, download=3)),  # item 5 ends by time
+    StaleTimer(pick=0),
+    StaleTimer(pick=1),
+    StaleTrigger(pick=0),
+    Purchase(limit=300, duration=100, amount=1),
+    EarlyTimer(),
+    LagPastExpiry(extra=0),
+    Usage(upload=1, download=1),  # exactly at item 6's expire_at: ends it, nothing queued
+    Replay(pick=0),
+]
+
+
+def test_late_relay_sequence_reaches_usage_after_expire_at_and_stale_timers() -> None:
+    trace = run(LATE_RELAY)
+
+    time_ups = [
+        item_id
+        for billing in trace.billings
+        for item_id in billing.before.active_ids()
+        if billing.before.items[item_id].time_is_up(billing.now)
+    ]
+    assert time_ups == [1, 6], "usage at or after expire_at was not reached"
+    assert {timer.kind for timer in trace.timers} == {
+        "due",
+        "in_flight",
+        "stale",
+        "duplicate",
+        "early",
+    }
+    final = trace.steps[-1].after
+    assert (final.items[4].status, final.items[4].adjust) == ("consumed", 1_000)
+    assert (final.items[6].status, final.unbilled, final.access) == ("consumed", (1, 1), False)
+    assert [step.outcome for step in trace.steps].count("skipped") == 0
+    check_one_active_item_and_fifo_activation(trace)
+    check_traffic_conserved_and_billed_like_the_reference(trace)
+    check_no_traffic_for_an_item_whose_time_is_up(trace)
+    check_state_quota_and_outcomes_match_the_reference(trace)
+    check_each_transition_announced_exactly_once(trace)
+    check_due_timers_expire_by_time_without_advancing(trace)
+    check_stale_duplicate_and_early_triggers_change_nothing(trace)
