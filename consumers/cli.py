@@ -24,6 +24,7 @@ from infra.logging import configure_logging
 from infra.postgres import access, catalog, queue_repo
 from infra.postgres.migrate import ensure_database, migrate
 from infra.rabbit.connection import connect
+from infra.rabbit.topology import TopologyMismatchError
 from infra.settings import Settings
 
 app = typer.Typer(
@@ -45,7 +46,11 @@ def _settings() -> Settings:
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
+    try:
+        return asyncio.run(coro)
+    except TopologyMismatchError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _route(name: str) -> Route:

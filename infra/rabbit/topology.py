@@ -7,6 +7,7 @@ from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
+from aiormq.exceptions import ChannelPreconditionFailed
 
 from events.routes import ROUTES, Route
 from infra.settings import Settings
@@ -39,12 +40,27 @@ async def declare_exchanges(
     return exchange, dlx
 
 
+class TopologyMismatchError(Exception):
+    """A queue exists on the broker with other arguments than this version of pkgq declares."""
+
+    def __init__(self, queue: str, detail: str) -> None:
+        super().__init__(
+            f"queue {queue!r} already exists with different arguments ({detail}). RabbitMQ "
+            f"cannot change a queue's arguments in place: stop its consumers, let it drain "
+            f"(or move its messages), delete it with `rabbitmqctl delete_queue {queue}`, and "
+            f"start again so that pkgq declares it anew."
+        )
+        self.queue = queue
+
+
 async def declare_route_queue(
     channel: AbstractChannel, settings: Settings, exchange: AbstractExchange, route: Route
 ) -> AbstractQueue:
-    queue = await channel.declare_queue(
-        settings.queue_name(route.name), durable=True, arguments=queue_arguments(settings)
-    )
+    name = settings.queue_name(route.name)
+    try:
+        queue = await channel.declare_queue(name, durable=True, arguments=queue_arguments(settings))
+    except ChannelPreconditionFailed as exc:
+        raise TopologyMismatchError(name, str(exc)) from exc
     await queue.bind(exchange, routing_key=route.name)
     return queue
 

@@ -128,3 +128,22 @@ async def test_migrate_is_idempotent_from_the_cli(settings: Settings) -> None:
     done = await cli(settings, "migrate")
     assert done.returncode == 0, done.stderr
     assert "none (up to date)" in done.stdout
+
+
+async def test_a_queue_declared_with_other_arguments_stops_run_with_instructions(
+    settings: Settings,
+) -> None:
+    from infra.rabbit.connection import connect
+
+    conn = await connect(settings.amqp_url, "pkgq-test-legacy")
+    try:
+        channel = await conn.channel()
+        legacy = settings.queue_name("telecom.usage_record")
+        await channel.declare_queue(legacy, durable=True)  # no DLX, no single-active-consumer
+        await channel.close()
+    finally:
+        await conn.close()
+    done = await cli(settings, "run", "usage_record")
+    assert done.returncode == 2
+    assert "already exists with different arguments" in done.stderr
+    assert f"rabbitmqctl delete_queue {legacy}" in done.stderr
