@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterable
 
 import structlog
@@ -49,5 +50,6 @@ async def run_consumers(
         return 0 if stop.is_set() else 1
     finally:
         await asyncio.gather(*(c.stop() for c in consumers), return_exceptions=True)
-        await dead_letters.close()
+        with contextlib.suppress(Exception):  # bounded: the broker may be down
+            await asyncio.wait_for(dead_letters.close(), timeout=2)
         log.info("stopped", processed={c.route.short_name: c.processed for c in consumers})

@@ -53,8 +53,14 @@ async def commit(
 
 
 async def record_events(ctx: HandlerContext, user_id: UUID, events: list[DomainEvent]) -> None:
-    messages = [out for event in events if (out := outgoing(event)) is not None]
     withdrawn = [expiry_key(e.item_id) for e in events if isinstance(e, ExpiryUnscheduled)]
+    # A timer scheduled and withdrawn in the same transaction (an item activated and consumed
+    # at once) is never written; one written by an earlier transaction is deleted.
+    messages = [
+        out
+        for event in events
+        if (out := outgoing(event)) is not None and out.cancel_key not in withdrawn
+    ]
     await outbox.withdraw(ctx.conn, withdrawn)
     for event in events:
         # Node management sees remaining traffic change in the same transaction as billing.

@@ -1,9 +1,13 @@
 """Which failures are transient (infrastructure) and how they are retried in-process.
 
-A transient failure says nothing about the message: the same message will succeed once the
-database or the broker is back. Those are retried, never dead-lettered. Postgres errors are
-classified by SQLSTATE class, so a whole family (connection, resources, operator intervention)
-is covered rather than a hand-picked list of exception types.
+Two tiers:
+- an *outage* (the database or broker is unreachable, shutting down, out of disk, failing over,
+  or not migrated yet) says nothing about the message: it is retried in place for as long as it
+  lasts, never dead-lettered;
+- a *blip* (serialization failure, deadlock, lock or statement timeout, a cached plan
+  invalidated by a migration) is retried a few times, briefly; if it persists it is treated as
+  the message's own failure, so one message can never block its route forever.
+Postgres errors are classified by SQLSTATE, so whole families are covered.
 """
 
 from __future__ import annotations
@@ -19,43 +23,63 @@ from tenacity import (
     wait_random_exponential,
 )
 
-TRANSIENT_SQLSTATE_CLASSES = frozenset(
+OUTAGE_SQLSTATE_CLASSES = frozenset(
     {
         "08",  # connection exception
-        "40",  # transaction rollback: serialization failure, deadlock
         "53",  # insufficient resources: disk full, out of memory, too many connections
-        "57",  # operator intervention: shutdown, cannot connect now, query canceled
+        "57",  # operator intervention: shutdown, cannot connect now (57014 excepted below)
         "58",  # system error (I/O)
     }
 )
-TRANSIENT_SQLSTATES = frozenset(
+OUTAGE_SQLSTATES = frozenset(
     {
         "25006",  # read-only transaction: a failover in progress
-        "55P03",  # lock not available
         "3F000",  # schema missing: consumers started before `pkgq migrate`
         "42P01",  # table missing: the same
     }
 )
+BLIP_SQLSTATES = frozenset({"55P03", "57014"})  # lock not available; statement timeout
 
 
-def is_transient(exc: BaseException) -> bool:
-    """Lost connections, restarts, serialization failures, deadlocks, full disks, pool timeouts."""
+def _sqlstate(exc: BaseException) -> str:
+    return str(getattr(exc, "sqlstate", None) or "")
+
+
+def is_outage(exc: BaseException) -> bool:
+    """The service itself is unavailable: wait for it, however long it takes."""
+    if isinstance(exc, TimeoutError):
+        return False  # a blip, though Python makes it an OSError
     if isinstance(exc, asyncpg.PostgresError):
-        state = getattr(exc, "sqlstate", None) or ""
-        return state[:2] in TRANSIENT_SQLSTATE_CLASSES or state in TRANSIENT_SQLSTATES
+        state = _sqlstate(exc)
+        if state in BLIP_SQLSTATES:
+            return False
+        return state[:2] in OUTAGE_SQLSTATE_CLASSES or state in OUTAGE_SQLSTATES
+    if isinstance(exc, asyncpg.InterfaceError):
+        # Also raised for plain bugs (wrong argument count, concurrent use of a connection);
+        # only a closed connection is an outage.
+        return "closed" in str(exc)
     return isinstance(
         exc,
         (
-            asyncpg.InterfaceError,  # the connection was closed under us
             # Raised when a connection broken in mid-query (a server shutdown) is reset.
             asyncpg.exceptions._base.InternalClientError,  # not re-exported at the top level
             ConnectionError,
             OSError,
-            TimeoutError,
-            asyncio.TimeoutError,
             AMQPConnectionError,
             ChannelInvalidStateError,
         ),
+    )
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Worth retrying at once: an outage, or a blip that usually clears within a second."""
+    if is_outage(exc) or isinstance(exc, asyncpg.InvalidCachedStatementError):
+        return True
+    if isinstance(exc, asyncpg.PostgresError):
+        state = _sqlstate(exc)
+        return state[:2] == "40" or state in BLIP_SQLSTATES  # serialization, deadlock
+    return isinstance(
+        exc, (asyncpg.InvalidCachedStatementError, TimeoutError, asyncio.TimeoutError)
     )
 
 

@@ -22,7 +22,10 @@ async def grant(conn: Conn, user_id: UUID, item_id: int, seq: int) -> bool:
         INSERT INTO telecom.access AS a
             (user_id, granted, item_id, package_id, remaining, expire_at, seq)
         SELECT q.user_id, true, q.id, q.package_id,
-               greatest(p.traffic_limit + q.adjust_quota - q.upload - q.download, 0),
+               CASE WHEN q.status = 'active'
+                    THEN greatest(p.traffic_limit + q.adjust_quota - q.upload - q.download, 0)
+                    ELSE 0  -- consumed before this (late) activation event was applied
+               END,
                q.expire_at, $3
         FROM telecom.package_queue q JOIN telecom.packages p ON p.id = q.package_id
         WHERE q.id = $2 AND q.user_id = $1

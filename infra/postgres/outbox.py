@@ -167,6 +167,7 @@ async def claim_due(conn: Conn, partitions: Sequence[int], batch_size: int) -> l
         SELECT id, message_id, route, message_type, user_id, body, headers, priority, created_at
         FROM telecom.outbox
         WHERE id IN (SELECT id FROM due ORDER BY id LIMIT $2)
+          AND published_at IS NULL  -- re-checked after a lock wait, unlike the CTE's filter
         ORDER BY id
         FOR UPDATE
         """,

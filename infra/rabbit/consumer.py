@@ -6,11 +6,12 @@ so one user's messages on a route are applied in the order the broker holds them
 Outcomes:
 - processed or duplicate: ack after the transaction commits;
 - bad input or a broken domain rule: copy to the dead-letter exchange with the reason in
-  headers (confirmed), then ack; if that copy cannot be made, reject so the broker
-  dead-letters it itself;
-- an infrastructure failure: retried in place with growing pauses, never acked, never
+  headers (confirmed), then ack; if that copy cannot be made, the message stays unacked and
+  the copy is retried (it is never rejected into a DLX that might drop it);
+- an outage (see infra/transient.py): retried in place with growing pauses, never acked, never
   skipped, so the next message cannot overtake it;
-- any other error: dead-lettered with its type and message.
+- a blip: retried briefly; any other error, or a blip that persists: dead-lettered with its
+  type, message and traceback.
 """
 
 from __future__ import annotations
@@ -37,9 +38,11 @@ from events.routes import Route
 from infra.rabbit.publisher import Publisher, build_message
 from infra.rabbit.topology import declare_exchanges, declare_route_queue
 from infra.settings import Settings
-from infra.transient import is_transient, transient_retrying
+from infra.transient import is_outage, transient_retrying
 
 log = structlog.get_logger(__name__)
+
+BLOCKED_ALERT_AFTER_S = 300.0
 
 
 class Outcome(enum.StrEnum):
@@ -104,21 +107,22 @@ class RouteConsumer:
         """Stop taking deliveries, finish the one in hand, leave the rest to be redelivered."""
         self._stopping.set()
         if self._queue is not None and self._consumer_tag is not None:
+            # Bounded: with the broker down, aio-pika would wait for a reconnect first.
             with contextlib.suppress(Exception):
-                await self._queue.cancel(self._consumer_tag)
+                await asyncio.wait_for(self._queue.cancel(self._consumer_tag), timeout=2)
         if self._worker is not None:
             try:
                 await asyncio.wait_for(
                     asyncio.shield(self._worker), timeout=self._settings.drain_timeout
                 )
-            except TimeoutError:
+            except Exception:  # noqa: BLE001  (a timeout, or the worker's own death: logged)
                 log.warning("drain_timeout", route=self.route.name)
                 self._worker.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._worker
         if self._channel is not None:
-            with contextlib.suppress(Exception):
-                await self._channel.close()  # unacked buffered deliveries go back, in order
+            with contextlib.suppress(Exception):  # unacked buffered deliveries go back, in order
+                await asyncio.wait_for(self._channel.close(), timeout=2)
 
     async def _run(self) -> None:
         while not self._stopping.is_set():
@@ -139,16 +143,18 @@ class RouteConsumer:
                     await self._handle(message)
                 except asyncio.CancelledError:
                     raise
-                except Exception:
+                except Exception as exc:
                     log.exception("delivery_failed_unexpectedly")
-                    with contextlib.suppress(Exception):
-                        await message.nack(requeue=True)
-                    await asyncio.sleep(1.0)  # a bug here would otherwise spin on one message
+                    try:
+                        await self._dead_letter(message, "handler_error", exc)
+                    except Exception:
+                        log.exception("dead_letter_failed_unexpectedly")
 
     def _worker_done(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or task.exception() is None:
+        if self._stopping.is_set():
             return
-        log.critical("consumer_worker_died", route=self.route.name, error=repr(task.exception()))
+        error = "cancelled" if task.cancelled() else repr(task.exception())
+        log.critical("consumer_worker_died", route=self.route.name, error=error)
         self.failed.set()
 
     async def _handle(self, message: AbstractIncomingMessage) -> None:
@@ -184,19 +190,29 @@ class RouteConsumer:
         )
 
     async def _process_until_done(self, decoded: Decoded) -> Outcome:
-        """Retry transient failures: briefly with tenacity, then with pauses until it works."""
+        """Retry blips briefly with tenacity; wait out outages with pauses until it works."""
         pause = 1.0
+        blocked_since = time.monotonic()
         while True:
             try:
                 async for attempt in transient_retrying():
                     with attempt:
                         return await self._processor(decoded)
             except Exception as exc:
-                if not is_transient(exc):
+                if not is_outage(exc):
                     raise
                 if self._stopping.is_set():
                     raise _StoppingError from exc
-                log.warning("infrastructure_unavailable", error=repr(exc), retry_in_s=pause)
+                blocked_for = time.monotonic() - blocked_since
+                # Loud after a while: an outage that lasts may be a deployment mistake (a
+                # schema never migrated), and every later message on the route waits behind it.
+                level = log.error if blocked_for > BLOCKED_ALERT_AFTER_S else log.warning
+                level(
+                    "infrastructure_unavailable",
+                    error=repr(exc),
+                    retry_in_s=pause,
+                    blocked_for_s=round(blocked_for),
+                )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), timeout=pause)
                 pause = min(pause * 2, 30.0)

@@ -86,3 +86,21 @@ async def test_rabbitmq_restart_mid_run_loses_nothing_and_applies_nothing_twice(
     spawn: Callable[..., PkgqProcess],
 ) -> None:
     await _run_with_restart(restart_rabbitmq, settings, pool, amqp, spawn, seed=6)
+
+
+async def test_sigterm_while_rabbitmq_is_down_still_exits_within_the_drain_timeout(
+    settings: Settings, spawn: Callable[..., PkgqProcess]
+) -> None:
+    consumers = spawn("run", PKGQ_DRAIN_TIMEOUT="5")
+    await asyncio.sleep(2.0)  # consuming
+    await asyncio.to_thread(_run, "rabbitmqctl", "stop_app")
+    try:
+        await asyncio.sleep(1.0)
+        started = asyncio.get_running_loop().time()
+        code = await asyncio.to_thread(consumers.terminate, 30)
+        took = asyncio.get_running_loop().time() - started
+    finally:
+        await asyncio.to_thread(_run, "rabbitmqctl", "start_app")
+        await asyncio.to_thread(_run, "rabbitmqctl", "await_startup", "--timeout", "60")
+    assert code == 0, consumers.logs()
+    assert took < 15, f"shutdown took {took:.1f}s"

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+from collections.abc import Awaitable, Callable
 from uuid import UUID, uuid4
 
+import asyncpg
 from aio_pika.abc import AbstractRobustConnection
 
 from events.decoding import Decoded
+from events.envelope import H_DEAD_REASON
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.rabbit.connection import connect
 from infra.rabbit.consumer import Outcome, RouteConsumer
 from infra.rabbit.publisher import Publisher
+from infra.rabbit.tap import Tap
 from infra.settings import Settings
 from tests.support import eventually, send
 
@@ -70,5 +74,72 @@ async def test_buffered_deliveries_of_a_closed_connection_are_redelivered_and_al
 
     await eventually(all_processed, within=30)
     assert not consumer.failed.is_set()
+    await consumer.stop()
+    await connection.close()
+
+
+async def _consume_with(
+    settings: Settings, processor: Callable[[Decoded], Awaitable[Outcome]]
+) -> tuple[RouteConsumer, AbstractRobustConnection]:
+    connection = await connect(settings.amqp_url, f"pkgq-test-consumer-{uuid4().hex[:8]}")
+    dead_letters = await Publisher.open(connection, settings.dlx)
+    consumer = RouteConsumer(USAGE_RECORD, settings, connection, processor, dead_letters)
+    await consumer.start()
+    return consumer, connection
+
+
+async def test_an_outage_is_waited_out_and_the_message_applied_once(
+    settings: Settings, amqp: AbstractRobustConnection, tap: Tap
+) -> None:
+    calls: list[UUID] = []
+
+    async def flaky(decoded: Decoded) -> Outcome:
+        calls.append(decoded.envelope.message_id)
+        if len(calls) <= 7:  # more than tenacity's 5 quick attempts: the outage path
+            raise ConnectionRefusedError(111, "Connect call failed")
+        return Outcome.ACKED
+
+    consumer, connection = await _consume_with(settings, flaky)
+    sent = await send(
+        settings, amqp, USAGE_RECORD, RecordUsage(user_id=uuid4(), upload=1, download=1)
+    )
+
+    async def applied() -> bool:
+        return consumer.processed == 1
+
+    await eventually(applied, within=30)
+    await consumer.stop()
+    await connection.close()
+    assert set(calls) == {sent}
+    assert not [t for t in tap.seen if t.exchange == settings.dlx]
+
+
+async def test_a_bug_that_looks_like_a_database_error_is_dead_lettered_not_retried_forever(
+    settings: Settings, amqp: AbstractRobustConnection, tap: Tap
+) -> None:
+    poison = uuid4()
+    applied: list[UUID] = []
+
+    async def buggy(decoded: Decoded) -> Outcome:
+        if decoded.envelope.message_id == poison:
+            raise asyncpg.InterfaceError(
+                "the server expects 1 argument for this query, 2 were passed"
+            )
+        applied.append(decoded.envelope.message_id)
+        return Outcome.ACKED
+
+    consumer, connection = await _consume_with(settings, buggy)
+    body = RecordUsage(user_id=uuid4(), upload=1, download=1)
+    await send(settings, amqp, USAGE_RECORD, body, message_id=poison)
+    good = await send(settings, amqp, USAGE_RECORD, body)
+
+    async def next_one_applied() -> bool:
+        return good in applied
+
+    await eventually(next_one_applied, within=15)
+    await tap.wait_for(lambda seen: any(t.exchange == settings.dlx for t in seen), within=10)
+    (dead,) = [t for t in tap.seen if t.exchange == settings.dlx]
+    assert dead.message_id == str(poison)
+    assert dead.headers[H_DEAD_REASON] == "handler_error"
     await consumer.stop()
     await connection.close()

@@ -1,4 +1,4 @@
-"""Infrastructure failures are retried; bugs and bad data are not mistaken for them."""
+"""Outages are waited out, blips retried briefly, and bugs or bad data never mistaken for either."""
 
 from __future__ import annotations
 
@@ -7,45 +7,53 @@ import pytest
 from aiormq.exceptions import AMQPConnectionError
 
 from domain.errors import UnknownPackageError
-from infra.transient import is_transient
+from infra.transient import is_outage, is_transient
+
+OUTAGES = [
+    asyncpg.ConnectionDoesNotExistError("gone"),
+    asyncpg.CannotConnectNowError("the database system is shutting down"),
+    asyncpg.AdminShutdownError("terminating connection"),
+    asyncpg.DiskFullError("could not extend file"),
+    asyncpg.OutOfMemoryError("out of memory"),
+    asyncpg.TooManyConnectionsError("too many clients"),
+    asyncpg.ReadOnlySQLTransactionError("cannot execute INSERT in a read-only transaction"),
+    asyncpg.UndefinedTableError('relation "telecom.inbox" does not exist'),
+    asyncpg.InterfaceError("connection is closed"),
+    ConnectionRefusedError(111, "Connect call failed"),
+    AMQPConnectionError("broker went away"),
+]
+BLIPS = [
+    asyncpg.SerializationError("could not serialize access"),
+    asyncpg.DeadlockDetectedError("deadlock detected"),
+    asyncpg.LockNotAvailableError("could not obtain lock"),
+    asyncpg.QueryCanceledError("canceling statement due to statement timeout"),
+    asyncpg.InvalidCachedStatementError("cached statement plan is invalid"),
+    TimeoutError(),
+]
+BUGS_AND_BAD_DATA = [
+    asyncpg.InterfaceError("the server expects 1 argument for this query, 2 were passed"),
+    asyncpg.UniqueViolationError("duplicate key"),
+    asyncpg.CheckViolationError("violates check constraint"),
+    asyncpg.NumericValueOutOfRangeError("bigint out of range"),
+    asyncpg.UndefinedColumnError("column does not exist"),
+    UnknownPackageError(7),
+    ValueError("a bug"),
+]
 
 
-@pytest.mark.parametrize(
-    "exc",
-    [
-        asyncpg.ConnectionDoesNotExistError("gone"),
-        asyncpg.CannotConnectNowError("the database system is shutting down"),
-        asyncpg.AdminShutdownError("terminating connection"),
-        asyncpg.SerializationError("could not serialize access"),
-        asyncpg.DeadlockDetectedError("deadlock detected"),
-        asyncpg.DiskFullError("could not extend file"),
-        asyncpg.OutOfMemoryError("out of memory"),
-        asyncpg.TooManyConnectionsError("too many clients"),
-        asyncpg.ReadOnlySQLTransactionError("cannot execute INSERT in a read-only transaction"),
-        asyncpg.UndefinedTableError('relation "telecom.inbox" does not exist'),
-        asyncpg.InterfaceError("connection is closed"),
-        ConnectionRefusedError(111, "Connect call failed"),
-        TimeoutError(),
-        AMQPConnectionError("broker went away"),
-    ],
-    ids=lambda e: type(e).__name__,
-)
-def test_infrastructure_failures_are_transient(exc: BaseException) -> None:
+@pytest.mark.parametrize("exc", OUTAGES, ids=lambda e: type(e).__name__)
+def test_outages_are_waited_out(exc: BaseException) -> None:
+    assert is_outage(exc)
     assert is_transient(exc)
 
 
-@pytest.mark.parametrize(
-    "exc",
-    [
-        asyncpg.UniqueViolationError("duplicate key"),
-        asyncpg.CheckViolationError("violates check constraint"),
-        asyncpg.NumericValueOutOfRangeError("bigint out of range"),
-        asyncpg.UndefinedColumnError("column does not exist"),
-        UnknownPackageError(7),
-        ValueError("a bug"),
-        KeyError("a bug"),
-    ],
-    ids=lambda e: type(e).__name__,
-)
-def test_bugs_and_bad_data_are_not_transient(exc: BaseException) -> None:
+@pytest.mark.parametrize("exc", BLIPS, ids=lambda e: type(e).__name__)
+def test_blips_are_retried_briefly_but_never_block_a_route(exc: BaseException) -> None:
+    assert is_transient(exc)
+    assert not is_outage(exc)
+
+
+@pytest.mark.parametrize("exc", BUGS_AND_BAD_DATA, ids=lambda e: type(e).__name__)
+def test_bugs_and_bad_data_are_neither(exc: BaseException) -> None:
     assert not is_transient(exc)
+    assert not is_outage(exc)
