@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 from uuid import UUID
 
-import asyncpg
 import typer
 from pydantic import ValidationError
 from rich.console import Console
@@ -23,6 +22,7 @@ from events.routes import ROUTES, Route, UnknownRouteError, route_named
 from infra.logging import configure_logging
 from infra.postgres import access, catalog, queue_repo
 from infra.postgres.migrate import ensure_database, migrate
+from infra.postgres.pool import database
 from infra.rabbit.connection import connect
 from infra.rabbit.topology import TopologyMismatchError
 from infra.settings import Settings
@@ -70,11 +70,8 @@ def migrate_cmd(
     async def go() -> list[int]:
         if create_db:
             await ensure_database(settings.postgres_dsn)
-        conn = await asyncpg.connect(settings.postgres_dsn)
-        try:
+        async with database(settings.postgres_dsn) as conn:
             return await migrate(conn)
-        finally:
-            await conn.close()
 
     applied = _run(go())
     console.print(f"migrations applied: {applied or 'none (up to date)'}")
@@ -141,14 +138,7 @@ def publish_cmd(
         console.print(f"[red]invalid {target.message_type}:[/red] {exc}")
         raise typer.Exit(2) from None
 
-    async def go() -> UUID:
-        conn = await connect(settings.amqp_url, "pkgq-publish")
-        try:
-            return await publishing.publish(settings, conn, target, model, message_id=message_id)
-        finally:
-            await conn.close()
-
-    print(_run(go()))
+    print(_run(_publish(settings, target, model, message_id=message_id)))
 
 
 def _read_body(arg: str) -> str:
@@ -168,16 +158,13 @@ def user_show(
     settings = _settings()
 
     async def go() -> tuple[list[Any], Any, Any]:
-        conn = await asyncpg.connect(settings.postgres_dsn)
-        try:
+        async with database(settings.postgres_dsn) as conn:
             items = await queue_repo.load_user_items(conn, user_id)
             grant = await access.get_access(conn, user_id)
             user = await conn.fetchrow(
                 "SELECT * FROM telecom.queue_users WHERE user_id = $1", user_id
             )
             return items, grant, user
-        finally:
-            await conn.close()
 
     items, grant, user = _run(go())
     rows = [
@@ -230,23 +217,22 @@ def user_show(
 
 
 async def _item_owner(settings: Settings, item_id: int) -> UUID:
-    conn = await asyncpg.connect(settings.postgres_dsn)
-    try:
+    async with database(settings.postgres_dsn) as conn:
         owner: UUID | None = await conn.fetchval(
             "SELECT user_id FROM telecom.package_queue WHERE id = $1", item_id
         )
-    finally:
-        await conn.close()
     if owner is None:
         console.print(f"[red]no queue item {item_id}[/red]")
         raise typer.Exit(1)
     return owner
 
 
-async def _publish_admin(settings: Settings, route: Route, body: WireModel) -> UUID:
-    conn = await connect(settings.amqp_url, "pkgq-admin")
+async def _publish(
+    settings: Settings, route: Route, body: WireModel, *, message_id: UUID | None = None
+) -> UUID:
+    conn = await connect(settings.amqp_url, "pkgq-cli")
     try:
-        return await publishing.publish(settings, conn, route, body)
+        return await publishing.publish(settings, conn, route, body, message_id=message_id)
     finally:
         await conn.close()
 
@@ -258,7 +244,7 @@ def user_cancel(item_id: int) -> None:
 
     async def go() -> UUID:
         body = CancelPackage(user_id=await _item_owner(settings, item_id), item_id=item_id)
-        return await _publish_admin(settings, route_named("package_cancel"), body)
+        return await _publish(settings, route_named("package_cancel"), body)
 
     print(_run(go()))
 
@@ -273,7 +259,7 @@ def user_adjust_quota(
     async def go() -> UUID:
         owner = await _item_owner(settings, item_id)
         body = AdjustQuota(user_id=owner, item_id=item_id, delta=delta)
-        return await _publish_admin(settings, route_named("quota_adjust"), body)
+        return await _publish(settings, route_named("quota_adjust"), body)
 
     print(_run(go()))
 
@@ -295,11 +281,8 @@ def catalog_add(
         raise typer.BadParameter(str(exc)) from None
 
     async def go() -> int:
-        conn = await asyncpg.connect(settings.postgres_dsn)
-        try:
+        async with database(settings.postgres_dsn) as conn:
             return (await catalog.add_package(conn, name, limit, lifetime)).id
-        finally:
-            await conn.close()
 
     print(_run(go()))
 
@@ -310,11 +293,8 @@ def catalog_list() -> None:
     settings = _settings()
 
     async def go() -> list[Any]:
-        conn = await asyncpg.connect(settings.postgres_dsn)
-        try:
+        async with database(settings.postgres_dsn) as conn:
             return await catalog.list_packages(conn)
-        finally:
-            await conn.close()
 
     table = Table("id", "name", "traffic_limit", "duration")
     for p in _run(go()):

@@ -21,7 +21,6 @@ import time
 from datetime import timedelta
 from uuid import UUID, uuid4
 
-import asyncpg
 from aio_pika.abc import AbstractRobustConnection
 from rich.console import Console
 from rich.table import Table
@@ -48,6 +47,7 @@ from events.routes import (
     Route,
 )
 from infra.postgres import catalog, queue_repo
+from infra.postgres.pool import database
 from infra.rabbit.connection import connect
 from infra.rabbit.publisher import Publisher, build_message
 from infra.rabbit.tap import Tap, Tapped
@@ -181,8 +181,7 @@ def _spawn(args: list[str], settings: Settings) -> subprocess.Popen[bytes]:
 async def _catalog(settings: Settings) -> tuple[int, int]:
     """The demo's two packages, added on the first run and reused after."""
     wanted = {"demo 1 MiB": (MIB, None), "demo 3 s": (2**30, timedelta(seconds=3))}
-    conn = await asyncpg.connect(settings.postgres_dsn)
-    try:
+    async with database(settings.postgres_dsn) as conn:
         existing = {
             p.name: p.id
             for p in await catalog.list_packages(conn)
@@ -192,13 +191,10 @@ async def _catalog(settings: Settings) -> tuple[int, int]:
             if name not in existing:
                 existing[name] = (await catalog.add_package(conn, name, limit, duration)).id
         return existing["demo 1 MiB"], existing["demo 3 s"]
-    finally:
-        await conn.close()
 
 
 async def _final_state(settings: Settings, users: dict[str, UUID]) -> None:
-    conn = await asyncpg.connect(settings.postgres_dsn)
-    try:
+    async with database(settings.postgres_dsn) as conn:
         table = Table("user", "item", "package", "status", "used", "quota")
         for name, user in users.items():
             for item in await queue_repo.load_user_items(conn, user):
@@ -211,8 +207,6 @@ async def _final_state(settings: Settings, users: dict[str, UUID]) -> None:
                     str(item.quota),
                 )
         console.print(table)
-    finally:
-        await conn.close()
 
 
 def _routes_seen(tap: Tap, settings: Settings) -> set[str]:

@@ -14,8 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from domain.errors import MAX_AMOUNT
 from domain.model import ExpiryReason
 
-MAX_PURCHASE_AMOUNT = MAX_AMOUNT
-
 PositiveId = Annotated[int, Field(ge=1, le=2**63 - 1)]
 Bytes = Annotated[int, Field(ge=0, le=2**62)]
 UnixSeconds = Annotated[int, Field(ge=0, le=2**40)]
@@ -37,7 +35,7 @@ class PurchasePackage(WireModel):
 
     package_id: PositiveId
     by_order: UUID | None = None
-    amount: Annotated[int, Field(ge=1, le=MAX_PURCHASE_AMOUNT)] = 1
+    amount: Annotated[int, Field(ge=1, le=MAX_AMOUNT)] = 1
 
 
 class RecordUsage(WireModel):
@@ -64,7 +62,7 @@ class AdjustQuota(WireModel):
 
 
 class PackageQueuePushEvent(WireModel):
-    item_ids: Annotated[list[PositiveId], Field(min_length=1, max_length=MAX_PURCHASE_AMOUNT)]
+    item_ids: Annotated[list[PositiveId], Field(min_length=1, max_length=MAX_AMOUNT)]
     package_id: PositiveId
     pushed_at: UnixSeconds
 

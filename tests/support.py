@@ -20,7 +20,7 @@ from aio_pika.abc import AbstractRobustConnection
 from consumers import publishing
 from consumers.runner import run_consumers
 from consumers.runtime import Services
-from events.envelope import CONTENT_TYPE, H_SCHEMA_VERSION, H_USER_ID
+from events.envelope import CONTENT_TYPE, H_SCHEMA_VERSION
 from events.models import WireModel
 from events.routes import ROUTES, Route
 from infra.outbox.relay import Relay
@@ -142,7 +142,6 @@ class InProcess:
         self.services = Services(pool, amqp)
         self.stop = asyncio.Event()
         self.tasks: list[asyncio.Task[object]] = []
-        self.relays: list[Relay] = []
 
     async def start_consumers(self, routes: list[Route] | None = None) -> None:
         selected = routes if routes is not None else list(ROUTES.values())
@@ -153,7 +152,6 @@ class InProcess:
 
     async def start_relay(self) -> Relay:
         relay = Relay(self.settings, self.services.pool, self.services.amqp)
-        self.relays.append(relay)
         self.tasks.append(asyncio.create_task(relay.run(self.stop)))
         return relay
 
@@ -209,7 +207,3 @@ class PkgqProcess:
         self.log.flush()
         with open(self.log.name, "rb") as f:
             return f.read().decode(errors="replace")
-
-
-def user_header(user: UUID) -> dict[str, Any]:
-    return {H_USER_ID: str(user)}

@@ -35,7 +35,6 @@ class OutboxMessage:
     headers: dict[str, Any] = field(default_factory=dict)
     available_at: datetime | None = None
     cancel_key: str | None = None
-    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +46,6 @@ class ClaimedRow:
     user_id: UUID | None
     body: bytes
     headers: dict[str, Any]
-    priority: int
-    created_at: datetime
 
 
 def from_outgoing(
@@ -95,13 +92,13 @@ async def enqueue(conn: Conn, messages: Sequence[OutboxMessage]) -> None:
         """
         INSERT INTO telecom.outbox
             (message_id, route, message_type, schema_version, user_id, seq, body, headers,
-             priority, available_at, cancel_key)
+             available_at, cancel_key)
         SELECT m.message_id, m.route, m.message_type, m.schema_version, m.user_id, m.seq, m.body,
-               m.headers::jsonb, m.priority, coalesce(m.available_at, now()), m.cancel_key
+               m.headers::jsonb, coalesce(m.available_at, now()), m.cancel_key
         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[], $5::uuid[], $6::bigint[],
-                    $7::bytea[], $8::text[], $9::smallint[], $10::timestamptz[], $11::text[])
+                    $7::bytea[], $8::text[], $9::timestamptz[], $10::text[])
              WITH ORDINALITY AS m(message_id, route, message_type, schema_version, user_id, seq,
-                                  body, headers, priority, available_at, cancel_key, ord)
+                                  body, headers, available_at, cancel_key, ord)
         ORDER BY m.ord
         """,
         [m.message_id for m in messages],
@@ -112,7 +109,6 @@ async def enqueue(conn: Conn, messages: Sequence[OutboxMessage]) -> None:
         [m.seq for m in messages],
         [m.body for m in messages],
         [json.dumps(m.headers) for m in messages],
-        [m.priority for m in messages],
         [m.available_at for m in messages],
         [m.cancel_key for m in messages],
     )
@@ -164,7 +160,7 @@ async def claim_due(conn: Conn, partitions: Sequence[int], batch_size: int) -> l
             SELECT id FROM telecom.outbox
             WHERE partition = ANY($1::int[]) AND published_at IS NULL AND available_at <= now()
         )
-        SELECT id, message_id, route, message_type, user_id, body, headers, priority, created_at
+        SELECT id, message_id, route, message_type, user_id, body, headers
         FROM telecom.outbox
         WHERE id IN (SELECT id FROM due ORDER BY id LIMIT $2)
           AND published_at IS NULL  -- re-checked after a lock wait, unlike the CTE's filter
@@ -183,8 +179,6 @@ async def claim_due(conn: Conn, partitions: Sequence[int], batch_size: int) -> l
             user_id=r["user_id"],
             body=r["body"],
             headers=r["headers"],
-            priority=r["priority"],
-            created_at=r["created_at"],
         )
         for r in rows
     ]

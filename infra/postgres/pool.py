@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
@@ -27,3 +29,13 @@ async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asy
 
 Conn = asyncpg.Connection | PoolConnectionProxy
 """A connection, whether held directly or borrowed from the pool."""
+
+
+@asynccontextmanager
+async def database(dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    """One short-lived connection, for CLI commands that run a query or two."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        yield conn
+    finally:
+        await conn.close()
