@@ -33,7 +33,12 @@ async def run_consumers(
             route,
             settings,
             svc.amqp,
-            make_processor(svc.pool, route.short_name, HANDLERS[route.name]),
+            make_processor(
+                svc.pool,
+                route.short_name,
+                HANDLERS[route.name],
+                kill_before_commit=settings.fault_kill_before_commit == route.name,
+            ),
             dead_letters,
         )
         for route in routes

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -71,8 +73,13 @@ async def record_events(ctx: HandlerContext, user_id: UUID, events: list[DomainE
     await outbox.emit(ctx.conn, user_id, messages, traceparent=ctx.envelope.traceparent)
 
 
-def make_processor(pool: asyncpg.Pool, consumer: str, handler: Handler) -> Processor:
-    """Wrap a handler in the one-transaction pattern; duplicates are detected by the inbox."""
+def make_processor(
+    pool: asyncpg.Pool, consumer: str, handler: Handler, *, kill_before_commit: bool = False
+) -> Processor:
+    """Wrap a handler in the one-transaction pattern; duplicates are detected by the inbox.
+
+    `kill_before_commit` is fault injection for the crash tests only.
+    """
 
     async def process(decoded: Decoded) -> Outcome:
         async with pool.acquire(timeout=10) as conn, conn.transaction():
@@ -80,6 +87,8 @@ def make_processor(pool: asyncpg.Pool, consumer: str, handler: Handler) -> Proce
                 return Outcome.DUPLICATE
             now = await conn.fetchval("SELECT now()")
             await handler(HandlerContext(conn, now, decoded.envelope), decoded.body)
+            if kill_before_commit:
+                os.kill(os.getpid(), signal.SIGKILL)  # crash test: applied, not committed
         return Outcome.ACKED
 
     return process

@@ -35,6 +35,8 @@ class Settings(BaseSettings):
     log_level: str = "info"
 
     # Fault injection for the crash tests only; never set these in production.
+    fault_kill_before_commit: str | None = None
+    """Route name: SIGKILL the consumer inside its first transaction on that route, uncommitted."""
     fault_kill_after_commit: str | None = None
     """Route name: SIGKILL the consumer after its first commit on that route, before the ack."""
     fault_kill_relay_after: int | None = None

@@ -182,3 +182,44 @@ async def test_standby_replica_takes_over_when_the_active_consumer_is_killed(
     first.kill()
     await usage
     await workload.wait_end_state(pool)
+
+
+async def test_consumer_killed_before_commit_leaves_nothing_and_the_redelivery_applies_once(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    tap: Tap,
+    spawn: Callable[..., PkgqProcess],
+) -> None:
+    package = await add_package(pool, 1000)
+    spawn("relay")
+    spawn("run", *[r.short_name for r in ROUTES.values() if r is not PACKAGE_PURCHASE])
+    doomed = spawn("run", "package_purchase", PKGQ_FAULT_KILL_BEFORE_COMMIT=PACKAGE_PURCHASE.name)
+    user = uuid4()
+    body = PurchasePackage(user_id=user, package_id=package, amount=2)
+    await send(settings, amqp, PACKAGE_PURCHASE, body)
+    assert await _exited(doomed) == -signal.SIGKILL
+
+    async with pool.acquire() as conn:
+        left = await conn.fetchval(
+            "SELECT (SELECT count(*) FROM telecom.package_queue WHERE user_id = $1)"
+            " + (SELECT count(*) FROM telecom.outbox WHERE user_id = $1)"
+            " + (SELECT count(*) FROM telecom.inbox WHERE consumer = 'package_purchase')",
+            user,
+        )
+    assert left == 0  # the transaction died with the process: nothing applied, nothing sent
+
+    spawn("run", "package_purchase")
+
+    def activated() -> list[str]:
+        return [t.json()["user_id"] for t in tap.on(PACKAGE_ACTIVATE.name)]
+
+    await tap.wait_for(lambda _: activated() == [str(user)], within=20)
+    await asyncio.sleep(0.5)
+    assert activated() == [str(user)]
+    assert len(tap.on(PACKAGE_QUEUING.name)) == 1
+    async with pool.acquire() as conn:
+        items = await conn.fetchval(
+            "SELECT count(*) FROM telecom.package_queue WHERE user_id = $1", user
+        )
+    assert items == 2
