@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from consumers import publishing
+from consumers.dlq_cli import dlq_app
 from consumers.runtime import services, stop_on_signals
 from events.models import AdjustQuota, CancelPackage, WireModel
 from events.routes import ROUTES, Route, UnknownRouteError, route_named
@@ -35,6 +36,7 @@ user_app = typer.Typer(help="Inspect and administer one user's package queue.")
 catalog_app = typer.Typer(help="The package catalog.")
 app.add_typer(user_app, name="user")
 app.add_typer(catalog_app, name="catalog")
+app.add_typer(dlq_app, name="dlq")
 console = Console()
 T = TypeVar("T")
 
@@ -92,17 +94,25 @@ def run_cmd(
     routes: Annotated[
         list[str] | None, typer.Argument(help="Routes to consume (default: all).")
     ] = None,
+    ingest: Annotated[
+        bool | None,
+        typer.Option(
+            "--ingest/--no-ingest",
+            help="Also run the dead-letter ingester (default: only when no ROUTES are given).",
+        ),
+    ] = None,
 ) -> None:
     """Run consumers for ROUTES until SIGTERM/SIGINT, then drain gracefully."""
     from consumers.runner import run_consumers
 
     settings = _settings()
     selected = [_route(r) for r in routes] if routes else list(ROUTES.values())
+    with_ingester = ingest if ingest is not None else not routes
 
     async def go() -> int:
         stop = stop_on_signals()
         async with services(settings, "run") as svc:
-            return await run_consumers(settings, svc, selected, stop)
+            return await run_consumers(settings, svc, selected, stop, ingest=with_ingester)
 
     raise typer.Exit(_run(go()))
 

@@ -6,7 +6,8 @@ Scenario (three users run at once):
 - bob buys a 3-second package; it expires by time and access ends;
 - carol buys 2 x 1 MiB; the active one is cancelled, the next activates, an admin lowers its
   quota below zero so it is consumed at once, and access ends;
-- a malformed usage record is dead-lettered with its reason while everything else flows.
+- a malformed usage record is stored as a dead letter with its reason while everything else
+  flows.
 """
 
 from __future__ import annotations
@@ -147,22 +148,35 @@ class Demo:
 
     async def malformed(self) -> None:
         publisher = await Publisher.open(self.amqp, self.settings.exchange)
+        message_id = uuid4()
         try:
             message = build_message(
                 b'{"user_id": "not json',
-                message_id=uuid4(),
+                message_id=message_id,
                 message_type=USAGE_RECORD.message_type,
                 headers={H_SCHEMA_VERSION: USAGE_RECORD.schema_version},
             )
             await publisher.publish(message, USAGE_RECORD.name)
         finally:
             await publisher.close()
-        try:
-            await self.tap.wait_for(
-                lambda seen: any(t.exchange == self.settings.dlx for t in seen), 30
-            )
-        except TimeoutError:
-            raise DemoFailedError("the malformed message was not dead-lettered") from None
+        async with database(self.settings.postgres_dsn) as conn:
+            for _ in range(300):
+                row = await conn.fetchrow(
+                    "SELECT id, reason, error_message FROM telecom.dead_letters "
+                    "WHERE message_id = $1",
+                    str(message_id),
+                )
+                if row is not None:
+                    elapsed = time.monotonic() - self.started
+                    console.print(
+                        f"[dim]{elapsed:6.2f}s[/dim] [red]DEAD LETTER[/red] {USAGE_RECORD.name} "
+                        f"reason={row['reason']} ({row['error_message']}); "
+                        f"see: pkgq dlq show {row['id']}",
+                        highlight=False,
+                    )
+                    return
+                await asyncio.sleep(0.1)
+        raise DemoFailedError("the malformed message was not stored as a dead letter")
 
 
 class DemoFailedError(Exception):

@@ -1,4 +1,5 @@
-"""`pkgq run`: one RouteConsumer per route, in one process, sharing a pool and a connection."""
+"""`pkgq run`: one consumer per route (and the dead-letter ingester), sharing a pool and a
+connection, in one process."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from collections.abc import Iterable
 
 import structlog
 
+from consumers.delivery import DeliveryPipeline
+from consumers.ingest import ingester
 from consumers.registry import HANDLERS
+from consumers.retry_policy import RetryPolicy, policy_for
 from consumers.runtime import Services
-from consumers.unit_of_work import make_processor
 from events.routes import Route
-from infra.rabbit.consumer import RouteConsumer
+from infra.rabbit.consumer import QueueConsumer, route_consumer
 from infra.rabbit.publisher import Publisher
 from infra.rabbit.topology import declare_exchanges
 from infra.settings import Settings
@@ -20,33 +23,50 @@ from infra.settings import Settings
 log = structlog.get_logger(__name__)
 
 
+def pipeline_for(
+    settings: Settings, svc: Services, route: Route, policy: RetryPolicy | None = None
+) -> DeliveryPipeline:
+    return DeliveryPipeline(
+        svc.pool,
+        route,
+        HANDLERS[route.name],
+        policy or policy_for(settings, route.name),
+        max_body_bytes=settings.max_body_bytes,
+        kill_before_commit=settings.fault_kill_before_commit == route.name,
+    )
+
+
 async def run_consumers(
-    settings: Settings, svc: Services, routes: Iterable[Route], stop: asyncio.Event
+    settings: Settings,
+    svc: Services,
+    routes: Iterable[Route],
+    stop: asyncio.Event,
+    *,
+    ingest: bool = True,
+    pipelines: dict[str, DeliveryPipeline] | None = None,
 ) -> int:
-    """Consume until `stop` is set (exit code 0) or a consumer's worker dies (exit code 1)."""
+    """Consume until `stop` is set (exit code 0) or a consumer's worker dies (exit code 1).
+
+    `ingest`: also run the dead-letter ingester. `pipelines`: per-route overrides (tests).
+    """
     channel = await svc.amqp.channel()
     await declare_exchanges(channel, settings)
     await channel.close()
     dead_letters = await Publisher.open(svc.amqp, settings.dlx)
-    consumers = [
-        RouteConsumer(
-            route,
-            settings,
-            svc.amqp,
-            make_processor(
-                svc.pool,
-                route.short_name,
-                HANDLERS[route.name],
-                kill_before_commit=settings.fault_kill_before_commit == route.name,
-            ),
-            dead_letters,
+    consumers: list[QueueConsumer] = []
+    for route in routes:
+        pipeline = (pipelines or {}).get(route.name) or pipeline_for(settings, svc, route)
+        consumers.append(
+            route_consumer(
+                route, settings, svc.amqp, pipeline, dead_letters, idle=pipeline.release_pending
+            )
         )
-        for route in routes
-    ]
+    if ingest:
+        consumers.append(ingester(settings, svc.pool, svc.amqp))
     try:
         for consumer in consumers:
             await consumer.start()
-        log.info("ready", routes=[c.route.name for c in consumers])
+        log.info("ready", routes=[c.name for c in consumers])
         waiters = [asyncio.ensure_future(stop.wait())]
         waiters += [asyncio.ensure_future(c.failed.wait()) for c in consumers]
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
@@ -57,4 +77,4 @@ async def run_consumers(
         await asyncio.gather(*(c.stop() for c in consumers), return_exceptions=True)
         with contextlib.suppress(Exception):  # bounded: the broker may be down
             await asyncio.wait_for(dead_letters.close(), timeout=2)
-        log.info("stopped", processed={c.route.short_name: c.processed for c in consumers})
+        log.info("stopped", processed={c.consumer_name: c.processed for c in consumers})

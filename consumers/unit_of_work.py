@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-import asyncpg
-
 from domain.events import DomainEvent, ExpiryUnscheduled, PackageExpired, UsageRemaining
 from domain.queue import UserQueue
-from events.decoding import Decoded
 from events.envelope import Envelope
 from events.outgoing import expiry_key, outgoing
-from infra.postgres import access, inbox, outbox, queue_repo
+from infra.postgres import access, outbox, queue_repo
 from infra.postgres.pool import Conn
-from infra.rabbit.consumer import Outcome, Processor
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,24 +65,3 @@ async def record_events(ctx: HandlerContext, user_id: UUID, events: list[DomainE
         elif isinstance(event, PackageExpired):
             await access.set_remaining(ctx.conn, user_id, event.item_id, 0)
     await outbox.emit(ctx.conn, user_id, messages, traceparent=ctx.envelope.traceparent)
-
-
-def make_processor(
-    pool: asyncpg.Pool, consumer: str, handler: Handler, *, kill_before_commit: bool = False
-) -> Processor:
-    """Wrap a handler in the one-transaction pattern; duplicates are detected by the inbox.
-
-    `kill_before_commit` is fault injection for the crash tests only.
-    """
-
-    async def process(decoded: Decoded) -> Outcome:
-        async with pool.acquire(timeout=10) as conn, conn.transaction():
-            if not await inbox.claim(conn, consumer, decoded.envelope.message_id):
-                return Outcome.DUPLICATE
-            now = await conn.fetchval("SELECT now()")
-            await handler(HandlerContext(conn, now, decoded.envelope), decoded.body)
-            if kill_before_commit:
-                os.kill(os.getpid(), signal.SIGKILL)  # crash test: applied, not committed
-        return Outcome.ACKED
-
-    return process

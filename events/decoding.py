@@ -40,6 +40,7 @@ class RawDelivery:
     content_type: str | None
     timestamp: datetime | None
     headers: Mapping[str, Any]
+    routing_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

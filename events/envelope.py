@@ -7,6 +7,7 @@ Headers: schema version, `x-user-id` (the ordering key), `x-seq` (per-user seque
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -23,6 +24,43 @@ H_DEAD_REASON = "x-pkgq-dead-reason"
 H_DEAD_ERROR = "x-pkgq-dead-error"
 H_DEAD_CONSUMER = "x-pkgq-dead-consumer"
 H_DEAD_AT = "x-pkgq-dead-at"
+H_DEAD_TRACEBACK = "x-pkgq-dead-traceback"
+# Set on retries and replays.
+H_FIRST_FAILED_AT = "x-pkgq-first-failed-at"
+H_LAST_ERROR = "x-pkgq-last-error"
+H_REPLAY_OF = "x-pkgq-replay-of"
+BROKER_HEADERS = (
+    "x-death",
+    "x-first-death-exchange",
+    "x-first-death-queue",
+    "x-first-death-reason",
+)
+
+
+def jsonable(value: Any) -> Any:
+    """AMQP header values (bytes, datetimes, decimals, nested tables) as plain JSON values."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+def republished_headers(headers: Mapping[str, Any], updates: Mapping[str, Any]) -> dict[str, Any]:
+    """The headers a retry or replay carries: the original ones without the failure marks."""
+    kept = {
+        k: v
+        for k, v in headers.items()
+        if k not in BROKER_HEADERS and not k.startswith("x-pkgq-dead-")
+    }
+    kept.update(updates)
+    return kept
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class RetrySettings(BaseModel):
+    """How a route retries a message whose handler failed (see consumers/retry_policy.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_attempts: int = Field(default=25, ge=1, le=1000)
+    """Deliveries in all, the first one included; after the last one the message is buried."""
+    backoff: Literal["seed003", "exponential", "fixed"] = "seed003"
+    """seed003: attempt^4 + 15 + rand(10) * (attempt + 1) s; exponential: base_s * 2^(attempt-1)
+    with full jitter; fixed: base_s."""
+    base_s: float = Field(default=1.0, ge=0)
+    max_delay_s: float = Field(default=7 * 86400.0, ge=0)
 
 
 class Settings(BaseSettings):
@@ -30,6 +45,15 @@ class Settings(BaseSettings):
     sweep_grace: float = Field(default=60.0, ge=0)
     """A time expiry this many seconds overdue, with no pending or recent trigger, is re-sent."""
 
+    retry: RetrySettings = RetrySettings()
+    """The default retry policy, e.g.
+    PKGQ_RETRY='{"max_attempts": 10, "backoff": "exponential"}'."""
+    retry_routes: dict[str, RetrySettings] = Field(default_factory=dict)
+    """Per-route policies by route name, e.g.
+    PKGQ_RETRY_ROUTES='{"telecom.package_activate": {"max_attempts": 5}}'."""
+    release_poll_interval: float = Field(default=2.0, gt=0)
+    """How often a consumer looks for holds an operator released (a discarded dead letter)."""
+
     drain_timeout: float = Field(default=30.0, gt=0)
     log_format: str = Field(default="auto", pattern="^(auto|json|console)$")
     log_level: str = "info"
@@ -41,6 +65,19 @@ class Settings(BaseSettings):
     """Route name: SIGKILL the consumer after its first commit on that route, before the ack."""
     fault_kill_relay_after: int | None = None
     """SIGKILL the relay after this many confirmed publishes, before it marks them done."""
+
+    @field_validator("retry_routes")
+    @classmethod
+    def _known_routes(cls, value: dict[str, RetrySettings]) -> dict[str, RetrySettings]:
+        from events.routes import ROUTES
+
+        unknown = sorted(set(value) - set(ROUTES))
+        if unknown:
+            raise ValueError(f"unknown route(s) {unknown}; routes are {sorted(ROUTES)}")
+        return value
+
+    def retry_for(self, route_name: str) -> RetrySettings:
+        return self.retry_routes.get(route_name, self.retry)
 
     @property
     def dlx(self) -> str:

@@ -18,6 +18,7 @@ import pika
 from aio_pika.abc import AbstractRobustConnection
 
 from consumers import publishing
+from consumers.delivery import DeliveryPipeline
 from consumers.runner import run_consumers
 from consumers.runtime import Services
 from events.envelope import CONTENT_TYPE, H_SCHEMA_VERSION
@@ -143,10 +144,25 @@ class InProcess:
         self.stop = asyncio.Event()
         self.tasks: list[asyncio.Task[object]] = []
 
-    async def start_consumers(self, routes: list[Route] | None = None) -> None:
+    async def start_consumers(
+        self,
+        routes: list[Route] | None = None,
+        *,
+        pipelines: dict[str, DeliveryPipeline] | None = None,
+        ingest: bool = False,
+    ) -> None:
         selected = routes if routes is not None else list(ROUTES.values())
         self.tasks.append(
-            asyncio.create_task(run_consumers(self.settings, self.services, selected, self.stop))
+            asyncio.create_task(
+                run_consumers(
+                    self.settings,
+                    self.services,
+                    selected,
+                    self.stop,
+                    ingest=ingest,
+                    pipelines=pipelines,
+                )
+            )
         )
         await asyncio.sleep(0.3)  # let them declare and subscribe
 
@@ -178,6 +194,27 @@ def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def pkgq(
+    settings: Settings, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run one `pkgq` command (python -m consumers ...) against the test's namespace."""
+    return subprocess.run(
+        [sys.executable, "-m", "consumers", *args],
+        env=settings_env(settings),
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+async def cli(
+    settings: Settings, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(pkgq, settings, *args, stdin=stdin)
 
 
 class PkgqProcess:

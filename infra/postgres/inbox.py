@@ -16,3 +16,13 @@ async def claim(conn: Conn, consumer: str, message_id: UUID) -> bool:
         message_id,
     )
     return bool(inserted)
+
+
+async def seen(conn: Conn, consumer: str, message_id: UUID) -> bool:
+    """Whether `consumer` has applied the message already (without claiming it)."""
+    found = await conn.fetchval(
+        "SELECT true FROM telecom.inbox WHERE consumer = $1 AND message_id = $2",
+        consumer,
+        message_id,
+    )
+    return bool(found)

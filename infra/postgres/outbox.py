@@ -35,6 +35,8 @@ class OutboxMessage:
     headers: dict[str, Any] = field(default_factory=dict)
     available_at: datetime | None = None
     cancel_key: str | None = None
+    dedup_key: str | None = None
+    """Set on retries and replays: a second insert with the same key is ignored."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,14 +94,15 @@ async def enqueue(conn: Conn, messages: Sequence[OutboxMessage]) -> None:
         """
         INSERT INTO telecom.outbox
             (message_id, route, message_type, schema_version, user_id, seq, body, headers,
-             available_at, cancel_key)
+             available_at, cancel_key, dedup_key)
         SELECT m.message_id, m.route, m.message_type, m.schema_version, m.user_id, m.seq, m.body,
-               m.headers::jsonb, coalesce(m.available_at, now()), m.cancel_key
+               m.headers::jsonb, coalesce(m.available_at, now()), m.cancel_key, m.dedup_key
         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[], $5::uuid[], $6::bigint[],
-                    $7::bytea[], $8::text[], $9::timestamptz[], $10::text[])
+                    $7::bytea[], $8::text[], $9::timestamptz[], $10::text[], $11::text[])
              WITH ORDINALITY AS m(message_id, route, message_type, schema_version, user_id, seq,
-                                  body, headers, available_at, cancel_key, ord)
+                                  body, headers, available_at, cancel_key, dedup_key, ord)
         ORDER BY m.ord
+        ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
         """,
         [m.message_id for m in messages],
         [m.route for m in messages],
@@ -111,6 +114,7 @@ async def enqueue(conn: Conn, messages: Sequence[OutboxMessage]) -> None:
         [json.dumps(m.headers) for m in messages],
         [m.available_at for m in messages],
         [m.cancel_key for m in messages],
+        [m.dedup_key for m in messages],
     )
 
 

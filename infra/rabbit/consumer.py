@@ -1,17 +1,19 @@
-"""The consumer loop of one route: decode, process in Postgres, then ack; or dead-letter.
+"""The consumer loop of one queue: hand each delivery to its processor, then ack.
 
 Deliveries are handled one at a time, in delivery order (prefetch only fills a local buffer),
 so one user's messages on a route are applied in the order the broker holds them.
 
-Outcomes:
-- processed or duplicate: ack after the transaction commits;
-- bad input or a broken domain rule: copy to the dead-letter exchange with the reason in
-  headers (confirmed), then ack; if that copy cannot be made, the message stays unacked and
-  the copy is retried (it is never rejected into a DLX that might drop it);
+The processor (consumers/delivery.py for a route, consumers/ingest.py for the dead-letter queue)
+decides in Postgres what becomes of the message: applied, duplicate, parked, scheduled for a
+retry, or buried in the dead-letter store. Each of those is acked once its transaction commits.
+What is left here:
 - an outage (see infra/transient.py): retried in place with growing pauses, never acked, never
   skipped, so the next message cannot overtake it;
-- a blip: retried briefly; any other error, or a blip that persists: dead-lettered with its
-  type, message and traceback.
+- a blip: retried briefly with tenacity;
+- anything else (a bug in the failure path itself): the message is copied to the dead-letter
+  exchange with the error in headers (confirmed), then acked; the dead-letter ingester files
+  the copy in the store. If the copy cannot be made, the message stays unacked and the copy is
+  retried: it is never rejected into a DLX that might drop it.
 """
 
 from __future__ import annotations
@@ -28,12 +30,23 @@ from datetime import UTC, datetime
 from typing import Any
 
 import structlog
-from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractIncomingMessage,
+    AbstractQueue,
+    AbstractRobustConnection,
+)
 from aiormq.exceptions import ChannelInvalidStateError
 
-from domain.errors import DomainError
-from events.decoding import BadMessageError, Decoded, RawDelivery, decode
-from events.envelope import H_DEAD_AT, H_DEAD_CONSUMER, H_DEAD_ERROR, H_DEAD_REASON
+from events.decoding import RawDelivery
+from events.envelope import (
+    H_DEAD_AT,
+    H_DEAD_CONSUMER,
+    H_DEAD_ERROR,
+    H_DEAD_REASON,
+    H_DEAD_TRACEBACK,
+    H_USER_ID,
+)
 from events.routes import Route
 from infra.rabbit.publisher import Publisher, build_message
 from infra.rabbit.topology import declare_exchanges, declare_route_queue
@@ -49,9 +62,13 @@ class Outcome(enum.StrEnum):
     ACKED = "acked"
     DUPLICATE = "duplicate"
     DEAD_LETTERED = "dead_lettered"
+    RETRY_SCHEDULED = "retried"
+    PARKED = "parked"
 
 
-Processor = Callable[[Decoded], Awaitable[Outcome]]
+Processor = Callable[[RawDelivery], Awaitable[Outcome]]
+Declare = Callable[[AbstractChannel], Awaitable[AbstractQueue]]
+Idle = Callable[[], Awaitable[object]]
 
 
 def raw_delivery(message: AbstractIncomingMessage) -> RawDelivery:
@@ -65,24 +82,35 @@ def raw_delivery(message: AbstractIncomingMessage) -> RawDelivery:
         content_type=message.content_type,
         timestamp=ts,
         headers=dict(message.headers or {}),
+        routing_key=message.routing_key,
     )
 
 
-class RouteConsumer:
+class QueueConsumer:
     def __init__(
         self,
-        route: Route,
+        name: str,
+        declare: Declare,
         settings: Settings,
         connection: AbstractRobustConnection,
         processor: Processor,
-        dead_letters: Publisher,
+        dead_letters: Publisher | None,
+        *,
+        idle: Idle | None = None,
+        idle_every: float = 2.0,
     ) -> None:
-        self.route = route
-        self.consumer_name = route.short_name
+        """`name`: the route (or queue) for logs and the DLX routing key; `declare`: makes the
+        queue on a channel; `dead_letters`: where the last-resort copy goes (None: requeue after
+        a pause instead); `idle`: called between deliveries at least every `idle_every` s."""
+        self.name = name
+        self.consumer_name = name.rsplit(".", 1)[-1]
+        self._declare = declare
         self._settings = settings
         self._connection = connection
         self._processor = processor
         self._dead_letters = dead_letters
+        self._idle = idle
+        self._idle_every = idle_every
         self._buffer: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -96,12 +124,11 @@ class RouteConsumer:
     async def start(self) -> None:
         self._channel = await self._connection.channel(publisher_confirms=False)
         await self._channel.set_qos(prefetch_count=self._settings.prefetch)
-        exchange, _ = await declare_exchanges(self._channel, self._settings)
-        self._queue = await declare_route_queue(self._channel, self._settings, exchange, self.route)
+        self._queue = await self._declare(self._channel)
         self._consumer_tag = await self._queue.consume(self._buffer.put)
-        self._worker = asyncio.create_task(self._run(), name=f"consume:{self.route.name}")
+        self._worker = asyncio.create_task(self._run(), name=f"consume:{self.name}")
         self._worker.add_done_callback(self._worker_done)
-        log.info("consuming", route=self.route.name, queue=self._queue.name)
+        log.info("consuming", route=self.name, queue=self._queue.name)
 
     async def stop(self) -> None:
         """Stop taking deliveries, finish the one in hand, leave the rest to be redelivered."""
@@ -116,7 +143,7 @@ class RouteConsumer:
                     asyncio.shield(self._worker), timeout=self._settings.drain_timeout
                 )
             except Exception:  # noqa: BLE001  (a timeout, or the worker's own death: logged)
-                log.warning("drain_timeout", route=self.route.name)
+                log.warning("drain_timeout", route=self.name)
                 self._worker.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._worker
@@ -125,19 +152,30 @@ class RouteConsumer:
                 await asyncio.wait_for(self._channel.close(), timeout=2)
 
     async def _run(self) -> None:
+        await self._run_idle()
+        last_idle = time.monotonic()
         while not self._stopping.is_set():
+            if self._idle is not None and time.monotonic() - last_idle >= self._idle_every:
+                await self._run_idle()
+                last_idle = time.monotonic()
             getter = asyncio.ensure_future(self._buffer.get())
             stopper = asyncio.ensure_future(self._stopping.wait())
-            done, _ = await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            if getter not in done:
-                getter.cancel()
-                break
+            await asyncio.wait(
+                {getter, stopper},
+                timeout=self._idle_every if self._idle is not None else None,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
             stopper.cancel()
+            if not getter.done():
+                getter.cancel()  # Queue.get gives up cleanly: nothing is taken
+                continue  # stopping, or time for the idle task
+            if self._stopping.is_set():
+                break  # a delivery that raced the stop stays unacked: redelivered
             message = getter.result()
             if not _channel_open(message):
                 continue  # its channel died; the broker redelivers it on the new one
             with structlog.contextvars.bound_contextvars(
-                route=self.route.name, message_id=message.message_id
+                route=self.name, message_id=message.message_id
             ):
                 try:
                     await self._handle(message)
@@ -150,36 +188,40 @@ class RouteConsumer:
                     except Exception:
                         log.exception("dead_letter_failed_unexpectedly")
 
+    async def _run_idle(self) -> None:
+        if self._idle is None:
+            return
+        try:
+            await self._idle()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (housekeeping: the next round tries again)
+            log.warning("idle_task_failed", route=self.name, error=repr(exc))
+
     def _worker_done(self, task: asyncio.Task[None]) -> None:
         if self._stopping.is_set():
             return
         error = "cancelled" if task.cancelled() else repr(task.exception())
-        log.critical("consumer_worker_died", route=self.route.name, error=error)
+        log.critical("consumer_worker_died", route=self.name, error=error)
         self.failed.set()
 
     async def _handle(self, message: AbstractIncomingMessage) -> None:
         started = time.perf_counter()
+        raw = raw_delivery(message)
+        user = raw.headers.get(H_USER_ID)
+        if user is not None:
+            structlog.contextvars.bind_contextvars(user_id=str(user))
         try:
-            decoded = decode(
-                self.route, raw_delivery(message), max_body_bytes=self._settings.max_body_bytes
-            )
-        except BadMessageError as exc:
-            await self._dead_letter(message, exc.reason, exc)
-            return
-        structlog.contextvars.bind_contextvars(user_id=str(decoded.envelope.user_id))
-        try:
-            outcome = await self._process_until_done(decoded)
+            outcome = await self._process_until_done(raw)
         except asyncio.CancelledError:
             raise
-        except DomainError as exc:
-            await self._dead_letter(message, "domain_rule", exc)
-            return
         except _StoppingError:
             return  # left unacked: redelivered after the restart
-        except Exception as exc:  # noqa: BLE001  (any handler bug is dead-lettered, never lost)
+        except Exception as exc:
+            log.exception("processing_failed_unexpectedly")
             await self._dead_letter(message, "handler_error", exc)
             return
-        if self._settings.fault_kill_after_commit == self.route.name:
+        if self._settings.fault_kill_after_commit == self.name:
             os.kill(os.getpid(), signal.SIGKILL)  # crash test: committed, not acked
         await self._ack(message)
         self.processed += 1
@@ -189,7 +231,7 @@ class RouteConsumer:
             ms=round((time.perf_counter() - started) * 1000, 2),
         )
 
-    async def _process_until_done(self, decoded: Decoded) -> Outcome:
+    async def _process_until_done(self, raw: RawDelivery) -> Outcome:
         """Retry blips briefly with tenacity; wait out outages with pauses until it works."""
         pause = 1.0
         blocked_since = time.monotonic()
@@ -197,7 +239,7 @@ class RouteConsumer:
             try:
                 async for attempt in transient_retrying():
                     with attempt:
-                        return await self._processor(decoded)
+                        return await self._processor(raw)
             except Exception as exc:
                 if not is_outage(exc):
                     raise
@@ -226,6 +268,14 @@ class RouteConsumer:
     async def _dead_letter(
         self, message: AbstractIncomingMessage, reason: str, exc: BaseException
     ) -> None:
+        if self._dead_letters is None:
+            # The dead-letter queue's own consumer: give it back, after a pause, to try again.
+            log.error("requeued_after_failure", error=repr(exc))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), timeout=5)
+            with contextlib.suppress(Exception):
+                await message.nack(requeue=True)
+            return
         headers = dict(message.headers or {})
         headers.update(
             {
@@ -233,7 +283,7 @@ class RouteConsumer:
                 H_DEAD_ERROR: f"{type(exc).__name__}: {exc}"[:4000],
                 H_DEAD_CONSUMER: self.consumer_name,
                 H_DEAD_AT: datetime.now(UTC).isoformat(),
-                "x-pkgq-dead-traceback": "".join(traceback.format_exception(exc))[-8000:],
+                H_DEAD_TRACEBACK: "".join(traceback.format_exception(exc))[-8000:],
             }
         )
         copy = build_message(
@@ -247,7 +297,7 @@ class RouteConsumer:
         pause = 1.0
         while True:
             try:
-                await self._dead_letters.publish(copy, self.route.name)
+                await self._dead_letters.publish(copy, self.name)
                 break
             except Exception as publish_error:  # noqa: BLE001  (kept unacked, retried)
                 # Never reject or ack a message that has no confirmed copy in the dead-letter
@@ -275,3 +325,30 @@ def _channel_open(message: AbstractIncomingMessage) -> bool:
 
 class _StoppingError(Exception):
     """Shutdown began while waiting for the infrastructure to come back."""
+
+
+def route_consumer(
+    route: Route,
+    settings: Settings,
+    connection: AbstractRobustConnection,
+    processor: Processor,
+    dead_letters: Publisher,
+    *,
+    idle: Idle | None = None,
+) -> QueueConsumer:
+    """The consumer of a route's queue, `pkgq.<route>`."""
+
+    async def declare(channel: AbstractChannel) -> AbstractQueue:
+        exchange, _ = await declare_exchanges(channel, settings)
+        return await declare_route_queue(channel, settings, exchange, route)
+
+    return QueueConsumer(
+        route.name,
+        declare,
+        settings,
+        connection,
+        processor,
+        dead_letters,
+        idle=idle,
+        idle_every=settings.release_poll_interval,
+    )

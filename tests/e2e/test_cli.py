@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from uuid import UUID, uuid4
 
@@ -14,29 +11,9 @@ import pytest
 
 from events.routes import ROUTES
 from infra.settings import Settings
-from tests.support import PkgqProcess, eventually, settings_env
+from tests.support import PkgqProcess, cli, eventually
 
 pytestmark = pytest.mark.e2e
-
-
-def pkgq(
-    settings: Settings, *args: str, stdin: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "consumers", *args],
-        env=settings_env(settings),
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
-async def cli(
-    settings: Settings, *args: str, stdin: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    return await asyncio.to_thread(pkgq, settings, *args, stdin=stdin)
 
 
 async def test_publish_validates_confirms_and_prints_the_message_id(settings: Settings) -> None:

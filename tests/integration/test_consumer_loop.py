@@ -10,12 +10,12 @@ from uuid import UUID, uuid4
 import asyncpg
 from aio_pika.abc import AbstractRobustConnection
 
-from events.decoding import Decoded
+from events.decoding import RawDelivery
 from events.envelope import H_DEAD_REASON
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.rabbit.connection import connect
-from infra.rabbit.consumer import Outcome, RouteConsumer
+from infra.rabbit.consumer import Outcome, QueueConsumer, route_consumer
 from infra.rabbit.publisher import Publisher
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
@@ -49,14 +49,14 @@ async def test_buffered_deliveries_of_a_closed_connection_are_redelivered_and_al
     connection = await connect(settings.amqp_url, name)
     seen: list[UUID] = []
 
-    async def slow_processor(decoded: Decoded) -> Outcome:
+    async def slow_processor(raw: RawDelivery) -> Outcome:
         await asyncio.sleep(0.02)
-        seen.append(decoded.envelope.message_id)
+        seen.append(UUID(str(raw.message_id)))
         return Outcome.ACKED
 
     tuned = settings.model_copy(update={"prefetch": 10})  # deliveries wait in the buffer
     dead_letters = await Publisher.open(connection, settings.dlx)
-    consumer = RouteConsumer(USAGE_RECORD, tuned, connection, slow_processor, dead_letters)
+    consumer = route_consumer(USAGE_RECORD, tuned, connection, slow_processor, dead_letters)
     await consumer.start()
     sent = []
     for _ in range(40):
@@ -79,11 +79,11 @@ async def test_buffered_deliveries_of_a_closed_connection_are_redelivered_and_al
 
 
 async def _consume_with(
-    settings: Settings, processor: Callable[[Decoded], Awaitable[Outcome]]
-) -> tuple[RouteConsumer, AbstractRobustConnection]:
+    settings: Settings, processor: Callable[[RawDelivery], Awaitable[Outcome]]
+) -> tuple[QueueConsumer, AbstractRobustConnection]:
     connection = await connect(settings.amqp_url, f"pkgq-test-consumer-{uuid4().hex[:8]}")
     dead_letters = await Publisher.open(connection, settings.dlx)
-    consumer = RouteConsumer(USAGE_RECORD, settings, connection, processor, dead_letters)
+    consumer = route_consumer(USAGE_RECORD, settings, connection, processor, dead_letters)
     await consumer.start()
     return consumer, connection
 
@@ -93,8 +93,8 @@ async def test_an_outage_is_waited_out_and_the_message_applied_once(
 ) -> None:
     calls: list[UUID] = []
 
-    async def flaky(decoded: Decoded) -> Outcome:
-        calls.append(decoded.envelope.message_id)
+    async def flaky(raw: RawDelivery) -> Outcome:
+        calls.append(UUID(str(raw.message_id)))
         if len(calls) <= 7:  # more than tenacity's 5 quick attempts: the outage path
             raise ConnectionRefusedError(111, "Connect call failed")
         return Outcome.ACKED
@@ -114,18 +114,18 @@ async def test_an_outage_is_waited_out_and_the_message_applied_once(
     assert not [t for t in tap.seen if t.exchange == settings.dlx]
 
 
-async def test_a_bug_that_looks_like_a_database_error_is_dead_lettered_not_retried_forever(
+async def test_a_bug_in_the_failure_path_itself_sends_a_confirmed_copy_to_the_dlx_not_a_loop(
     settings: Settings, amqp: AbstractRobustConnection, tap: Tap
 ) -> None:
     poison = uuid4()
     applied: list[UUID] = []
 
-    async def buggy(decoded: Decoded) -> Outcome:
-        if decoded.envelope.message_id == poison:
+    async def buggy(raw: RawDelivery) -> Outcome:
+        if raw.message_id == str(poison):
             raise asyncpg.InterfaceError(
                 "the server expects 1 argument for this query, 2 were passed"
             )
-        applied.append(decoded.envelope.message_id)
+        applied.append(UUID(str(raw.message_id)))
         return Outcome.ACKED
 
     consumer, connection = await _consume_with(settings, buggy)

@@ -1,0 +1,374 @@
+"""What becomes of one delivery on a route: applied once, parked, retried later, or buried.
+
+For each delivery, in one Postgres transaction:
+1. decode it; bad input is buried in the dead-letter store with its reason (never retried);
+2. a message the consumer applied before is a duplicate: nothing to do;
+3. if the user's messages on this consumer are held behind an earlier failure, park it;
+4. otherwise apply it (inbox claim + handler) inside a savepoint. Blips (deadlocks,
+   serialization failures) are retried in the savepoint with tenacity. If the handler still fails:
+   - a broken domain rule is permanent: bury it at once;
+   - any other error: schedule the same message again through the outbox at
+     now + backoff(attempt), with the attempt count in `x-attempt`, and hold the user's later
+     messages behind it; after the policy's last attempt, bury it (the hold stays until an
+     operator replays or discards it).
+Outages (the database unreachable) leave the savepoint and the transaction: the caller waits
+them out and tries the whole delivery again, so nothing is recorded as a failure of the message.
+
+After a blocker is applied (or discarded by an operator), `release` applies the user's parked
+messages one transaction each, in order, until one fails (it becomes the new blocker) or none
+is left (the hold is dropped).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import traceback
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import structlog
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from consumers.retry_policy import RetryPolicy
+from consumers.unit_of_work import Handler, HandlerContext
+from domain.errors import DomainError
+from events.decoding import BadMessageError, Decoded, RawDelivery, decode
+from events.envelope import (
+    CONTENT_TYPE,
+    H_ATTEMPT,
+    H_FIRST_FAILED_AT,
+    H_LAST_ERROR,
+    H_USER_ID,
+    jsonable,
+    republished_headers,
+)
+from events.routes import Route
+from infra.postgres import dead_letters, holds, inbox, outbox
+from infra.postgres.pool import Conn
+from infra.rabbit.consumer import Outcome
+from infra.transient import is_outage, is_transient
+
+log = structlog.get_logger(__name__)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    error_type: str
+    message: str
+    location: str
+    """Where it was raised: `path:line in function` (the key `pkgq dlq groups` groups by)."""
+    traceback: str
+
+
+def describe(exc: BaseException) -> ErrorInfo:
+    """Name, message and origin of an error. The origin is the innermost frame in pkgq's own
+    code (a driver's internals say little about which of our lines went wrong)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = [
+        f
+        for f in frames
+        if Path(f.filename).is_relative_to(ROOT)
+        and not {".venv", "site-packages"} & set(Path(f.filename).parts)
+    ]
+    location = ""
+    if ours or frames:
+        last = (ours or frames)[-1]
+        path = Path(last.filename)
+        shown = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
+        location = f"{shown}:{last.lineno} in {last.name}"
+    return ErrorInfo(
+        error_type=type(exc).__qualname__,
+        message=str(exc) or type(exc).__name__,
+        location=location,
+        traceback="".join(traceback.format_exception(exc)),
+    )
+
+
+def _is_blip(exc: BaseException) -> bool:
+    return is_transient(exc) and not is_outage(exc)
+
+
+@dataclass
+class _Result:
+    outcome: Outcome
+    release: bool = False
+
+
+class DeliveryPipeline:
+    """The processor of one route's consumer (see infra/rabbit/consumer.py)."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        route: Route,
+        handler: Handler,
+        policy: RetryPolicy,
+        *,
+        max_body_bytes: int,
+        kill_before_commit: bool = False,
+    ) -> None:
+        self._pool = pool
+        self.route = route
+        self.consumer = route.short_name
+        self._handler = handler
+        self.policy = policy
+        self._max_body_bytes = max_body_bytes
+        self._kill_before_commit = kill_before_commit
+
+    async def __call__(self, raw: RawDelivery) -> Outcome:
+        try:
+            decoded = decode(self.route, raw, max_body_bytes=self._max_body_bytes)
+        except BadMessageError as exc:
+            async with self._pool.acquire(timeout=10) as conn:
+                await self._bury(conn, raw, exc.reason, exc, attempts=1, user_id=_user_of(raw))
+            log.warning("dead_lettered", reason=exc.reason, error=str(exc))
+            return Outcome.DEAD_LETTERED
+        user = decoded.envelope.user_id
+        message_id = decoded.envelope.message_id
+        async with self._pool.acquire(timeout=10) as conn, conn.transaction():
+            hold = await holds.lock(conn, self.consumer, user) if user is not None else None
+            if await inbox.seen(conn, self.consumer, message_id):
+                release = await self._done_with_blocker(conn, message_id, hold)
+                result = _Result(Outcome.DUPLICATE, release)
+            elif hold is not None and hold.blocker != message_id:
+                await holds.park(
+                    conn,
+                    self.consumer,
+                    hold.user_id,
+                    message_id,
+                    self.route.name,
+                    self.route.message_type,
+                    raw.body,
+                    _headers_json(raw),
+                )
+                result = _Result(Outcome.PARKED, release=hold.blocker is None)
+            else:
+                result = await self._attempt(conn, decoded, raw, hold)
+        if result.release and user is not None:
+            try:
+                await self.release(user)
+            except Exception as exc:  # noqa: BLE001  (this delivery is done; the poll retries)
+                log.warning("release_deferred", user_id=str(user), error=repr(exc))
+        return result.outcome
+
+    async def _attempt(
+        self, conn: Conn, decoded: Decoded, raw: RawDelivery, hold: holds.Hold | None
+    ) -> _Result:
+        """Apply the message in a savepoint; on failure, retry it later or bury it."""
+        envelope = decoded.envelope
+        attempt = envelope.attempt
+        try:
+            async for retrying in AsyncRetrying(
+                retry=retry_if_exception(_is_blip),
+                stop=stop_after_attempt(4),
+                wait=wait_random_exponential(multiplier=0.05, max=1.0),
+                reraise=True,
+            ):
+                with retrying:
+                    async with conn.transaction():  # a savepoint in the delivery's transaction
+                        applied = await self._apply(conn, decoded)
+        except Exception as exc:
+            if is_outage(exc):
+                raise  # not the message's fault: the whole delivery is tried again
+            if isinstance(exc, DomainError):
+                await self._bury(conn, raw, "domain_rule", exc, attempts=attempt)
+                log.warning("dead_lettered", reason="domain_rule", error=str(exc))
+                release = await self._done_with_blocker(conn, envelope.message_id, hold)
+                return _Result(Outcome.DEAD_LETTERED, release)
+            return await self._retry_or_bury(conn, decoded, raw, exc)
+        outcome = Outcome.ACKED if applied else Outcome.DUPLICATE
+        return _Result(outcome, await self._done_with_blocker(conn, envelope.message_id, hold))
+
+    async def _apply(self, conn: Conn, decoded: Decoded) -> bool:
+        if not await inbox.claim(conn, self.consumer, decoded.envelope.message_id):
+            return False
+        now = await conn.fetchval("SELECT now()")
+        await self._handler(HandlerContext(conn, now, decoded.envelope), decoded.body)
+        if self._kill_before_commit:
+            os.kill(os.getpid(), signal.SIGKILL)  # crash test: applied, not committed
+        return True
+
+    async def _done_with_blocker(
+        self, conn: Conn, message_id: UUID, hold: holds.Hold | None
+    ) -> bool:
+        """The message blocks nothing any more: release its hold. True: parked ones may go."""
+        if hold is not None and hold.blocker == message_id:
+            await holds.release(conn, self.consumer, hold.user_id)
+            return True
+        return hold is not None and hold.blocker is None
+
+    async def _retry_or_bury(
+        self, conn: Conn, decoded: Decoded, raw: RawDelivery, exc: Exception
+    ) -> _Result:
+        envelope = decoded.envelope
+        attempt = envelope.attempt
+        info = describe(exc)
+        headers = jsonable(dict(raw.headers))
+        first_failed = _first_failed_at(headers)
+        delay = self.policy.delay_after(attempt)
+        user = envelope.user_id
+        if delay is None:
+            await self._bury(
+                conn, raw, "max_attempts", exc, attempts=attempt, first_failed_at=first_failed
+            )
+            if user is not None:
+                await holds.hold(
+                    conn,
+                    self.consumer,
+                    user,
+                    envelope.message_id,
+                    state="buried",
+                    attempts=attempt,
+                    error=f"{info.error_type}: {info.message}",
+                )
+            log.error("dead_lettered", reason="max_attempts", attempts=attempt, error=info.message)
+            return _Result(Outcome.DEAD_LETTERED)
+        now: datetime = await conn.fetchval("SELECT now()")
+        retry = outbox.OutboxMessage(
+            route=self.route.name,
+            message_type=self.route.message_type,
+            schema_version=envelope.schema_version,
+            body=raw.body,
+            user_id=user,
+            seq=envelope.seq,
+            message_id=envelope.message_id,
+            headers=republished_headers(
+                headers,
+                {
+                    H_ATTEMPT: attempt + 1,
+                    H_FIRST_FAILED_AT: (first_failed or now).isoformat(),
+                    H_LAST_ERROR: f"{info.error_type}: {info.message}"[:500],
+                },
+            ),
+            available_at=now + timedelta(seconds=delay),
+            dedup_key=f"retry:{self.consumer}:{envelope.message_id}:{attempt + 1}",
+        )
+        await outbox.enqueue(conn, [retry])
+        if user is not None:
+            await holds.hold(
+                conn,
+                self.consumer,
+                user,
+                envelope.message_id,
+                state="retrying",
+                attempts=attempt,
+                error=f"{info.error_type}: {info.message}",
+            )
+        log.warning(
+            "retry_scheduled",
+            attempt=attempt,
+            retry_in_s=round(delay, 3),
+            error=f"{info.error_type}: {info.message}",
+            at=info.location,
+        )
+        return _Result(Outcome.RETRY_SCHEDULED)
+
+    async def _bury(
+        self,
+        conn: Conn,
+        raw: RawDelivery,
+        reason: str,
+        exc: BaseException,
+        *,
+        attempts: int,
+        user_id: UUID | None = None,
+        first_failed_at: datetime | None = None,
+    ) -> None:
+        info = describe(exc)
+        if isinstance(exc, BadMessageError):
+            info = ErrorInfo(info.error_type, exc.detail, f"decode:{reason}", info.traceback)
+        headers = jsonable(dict(raw.headers))
+        await dead_letters.bury(
+            conn,
+            dead_letters.NewDeadLetter(
+                source="consumer",
+                route=self.route.name,
+                consumer=self.consumer,
+                message_id=raw.message_id,
+                user_id=user_id if user_id is not None else _user_of(raw),
+                message_type=raw.message_type,
+                content_type=raw.content_type,
+                body=raw.body,
+                headers=headers,
+                reason=reason,
+                error_type=info.error_type,
+                error_message=info.message,
+                error_location=info.location,
+                traceback=info.traceback,
+                attempts=attempts,
+                first_failed_at=first_failed_at,
+            ),
+        )
+
+    async def release(self, user_id: UUID) -> int:
+        """Apply the user's parked messages in order while the hold stays released."""
+        applied = 0
+        while True:
+            async with self._pool.acquire(timeout=10) as conn, conn.transaction():
+                hold = await holds.lock(conn, self.consumer, user_id)
+                if hold is None or hold.blocker is not None:
+                    return applied
+                parked = await holds.pop_parked(conn, self.consumer, user_id)
+                if parked is None:
+                    await holds.drop(conn, self.consumer, user_id)
+                    log.info("hold_released", user_id=str(user_id), applied=applied)
+                    return applied
+                raw = RawDelivery(
+                    body=parked.body,
+                    message_id=str(parked.message_id),
+                    message_type=parked.message_type,
+                    content_type=CONTENT_TYPE,
+                    timestamp=None,
+                    headers=parked.headers,
+                )
+                try:
+                    decoded = decode(self.route, raw, max_body_bytes=self._max_body_bytes)
+                except BadMessageError as exc:  # it decoded when parked; a newer pkgq may differ
+                    await self._bury(conn, raw, exc.reason, exc, attempts=1)
+                    continue
+                if await inbox.seen(conn, self.consumer, parked.message_id):
+                    continue
+                await self._attempt(conn, decoded, raw, hold)
+                applied += 1
+
+    async def release_pending(self) -> int:
+        """Apply what operators released (a discarded blocker) or a crash left half-released."""
+        async with self._pool.acquire(timeout=10) as conn:
+            users = await holds.releasing_users(conn, self.consumer)
+        total = 0
+        for user in users:
+            total += await self.release(user)
+        return total
+
+
+def _user_of(raw: RawDelivery) -> UUID | None:
+    value = raw.headers.get(H_USER_ID)
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    try:
+        return UUID(str(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _headers_json(raw: RawDelivery) -> str:
+    return json.dumps(jsonable(dict(raw.headers)))
+
+
+def _first_failed_at(headers: dict[str, Any]) -> datetime | None:
+    value = headers.get(H_FIRST_FAILED_AT)
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)

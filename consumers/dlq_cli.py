@@ -1,0 +1,436 @@
+"""`pkgq dlq …`: see, group, replay, discard and purge dead letters.
+
+Replays go through the outbox, in the transaction that marks the dead letter `replayed`, so a
+bulk replay interrupted half-way and run again sends each message once. Long operations show a
+progress bar on a terminal and log one structured line per batch otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import json
+import re
+import socket
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+import structlog
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from infra.logging import configure_logging
+from infra.postgres import dead_letters
+from infra.postgres.pool import database
+from infra.settings import Settings
+
+dlq_app = typer.Typer(help="Dead letters: list, show, group, replay (dig/plow), discard, purge.")
+console = Console()
+log = structlog.get_logger(__name__)
+BATCH = 200
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str) -> timedelta:
+    """`90s`, `15m`, `2h`, `7d`, `1w`."""
+    match = _DURATION.match(text)
+    if not match:
+        raise typer.BadParameter(f"{text!r} is not a duration like 30m, 2h or 7d")
+    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def parse_since(text: str | None) -> datetime | None:
+    """An ISO-8601 time, or a duration meaning that long ago."""
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return datetime.now(UTC) - parse_duration(text)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def operator() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _settings() -> Settings:
+    settings = Settings()
+    configure_logging(settings.log_format, settings.log_level)
+    return settings
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, default=str, indent=2))
+
+
+RouteOpt = Annotated[str | None, typer.Option("--route", help="Only this route.")]
+ErrorOpt = Annotated[
+    str | None, typer.Option("--error", help="Reason, error type or message contains TEXT.")
+]
+GroupOpt = Annotated[str | None, typer.Option("--group", help="A group key from `dlq groups`.")]
+SinceOpt = Annotated[
+    str | None, typer.Option("--since", help="Failed since: ISO time, or a duration ago (2h).")
+]
+LimitOpt = Annotated[int | None, typer.Option("--limit", min=1, help="At most N.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+ByOpt = Annotated[str | None, typer.Option("--by", help="Who does it (default: user@host).")]
+
+
+def _short(text: str | None, width: int) -> str:
+    text = (text or "").replace("\n", " ")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+@dlq_app.command("list")
+def list_cmd(
+    route: RouteOpt = None,
+    error: ErrorOpt = None,
+    group: GroupOpt = None,
+    since: SinceOpt = None,
+    status: Annotated[
+        str | None, typer.Option("--status", help="buried, replayed or discarded.")
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1)] = 50,
+    as_json: JsonOpt = False,
+) -> None:
+    """Dead letters, oldest first, with how many parked messages each one holds back."""
+    if status is not None and status not in dead_letters.STATUSES:
+        raise typer.BadParameter(f"status must be one of {', '.join(dead_letters.STATUSES)}")
+    settings = _settings()
+    which = dead_letters.Filter(
+        route=route,
+        error=error,
+        group=group,
+        since=parse_since(since),
+        status=status,
+        limit=limit,
+    )
+
+    async def go() -> list[dict[str, Any]]:
+        async with database(settings.postgres_dsn) as conn:
+            return await dead_letters.find(conn, which)
+
+    rows = asyncio.run(go())
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table("id", "status", "route", "reason", "error", "tries", "first failed", "holds")
+    for r in rows:
+        table.add_row(
+            str(r["id"]),
+            r["status"],
+            r["route"],
+            r["reason"],
+            _short(f"{r['error_type']}: {r['error_message']}", 60),
+            str(r["attempts"]),
+            r["first_failed_at"].strftime("%Y-%m-%d %H:%M:%S"),
+            str(r["held_back"] or ""),
+        )
+    console.print(table)
+    console.print(f"{len(rows)} shown (limit {limit})")
+
+
+@dlq_app.command("show")
+def show_cmd(dead_letter_id: int, as_json: JsonOpt = False) -> None:
+    """One dead letter: its body, headers, error and traceback."""
+    settings = _settings()
+
+    async def go() -> dict[str, Any] | None:
+        async with database(settings.postgres_dsn) as conn:
+            return await dead_letters.get(conn, dead_letter_id)
+
+    row = asyncio.run(go())
+    if row is None:
+        console.print(f"[red]no dead letter {dead_letter_id}[/red]")
+        raise typer.Exit(1)
+    body = bytes(row.pop("body"))
+    row["headers"] = dead_letters.as_dict(row["headers"])
+    try:
+        row["body"] = json.loads(body)
+    except ValueError:
+        row["body"] = body.decode("utf-8", "replace")
+    if as_json:
+        _print_json(row)
+        return
+    for key in (
+        "id",
+        "status",
+        "source",
+        "route",
+        "consumer",
+        "message_id",
+        "user_id",
+        "reason",
+        "error_type",
+        "error_message",
+        "error_location",
+        "group_key",
+        "attempts",
+        "first_failed_at",
+        "last_failed_at",
+        "replay_count",
+        "replayed_at",
+        "replayed_by",
+        "discarded_at",
+        "discarded_by",
+        "held_back",
+    ):
+        console.print(f"[bold]{key:>15}[/bold]  {row.get(key)}", highlight=False)
+    console.print("[bold]headers[/bold]")
+    console.print_json(json.dumps(row["headers"], default=str))
+    console.print("[bold]body[/bold]")
+    console.print(json.dumps(row["body"], indent=2, default=str), highlight=False)
+    if row.get("traceback"):
+        console.print("[bold]traceback[/bold]")
+        console.print(row["traceback"], highlight=False, markup=False)
+
+
+@dlq_app.command("groups")
+def groups_cmd(
+    status: Annotated[
+        str, typer.Option("--status", help="buried, replayed, discarded or all.")
+    ] = "buried",
+    as_json: JsonOpt = False,
+) -> None:
+    """Failures grouped by reason, error type and the code that raised them."""
+    settings = _settings()
+
+    async def go() -> list[dict[str, Any]]:
+        async with database(settings.postgres_dsn) as conn:
+            return await dead_letters.groups(conn, None if status == "all" else status)
+
+    rows = asyncio.run(go())
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table("group", "count", "reason", "error type", "raised at", "routes", "first", "last")
+    for r in rows:
+        table.add_row(
+            r["group_key"],
+            str(r["count"]),
+            r["reason"],
+            r["error_type"],
+            _short(r["error_location"], 40),
+            ", ".join(r["routes"]),
+            r["first_seen"].strftime("%m-%d %H:%M:%S"),
+            r["last_seen"].strftime("%m-%d %H:%M:%S"),
+        )
+    console.print(table)
+    console.print("replay a group with `pkgq dlq replay --group GROUP`")
+
+
+async def _in_batches(
+    settings: Settings,
+    ids: Sequence[int],
+    step: Callable[[Any, list[int]], Awaitable[int]],
+    label: str,
+) -> int:
+    """Run `step` over `ids` in transactions of BATCH, with a progress bar on a terminal."""
+    done = 0
+    batches = [list(ids[i : i + BATCH]) for i in range(0, len(ids), BATCH)]
+    progress = Progress(console=console, transient=True) if sys.stdout.isatty() else None
+    task = progress.add_task(label, total=len(ids)) if progress else None
+    if progress:
+        progress.start()
+    try:
+        async with database(settings.postgres_dsn) as conn:
+            for batch in batches:
+                async with conn.transaction():
+                    done += await step(conn, batch)
+                if progress is not None and task is not None:
+                    progress.advance(task, len(batch))
+                else:
+                    log.info(label, batch=len(batch), done=done, total=len(ids))
+    finally:
+        if progress:
+            progress.stop()
+    return done
+
+
+async def _select(settings: Settings, which: dead_letters.Filter) -> list[dict[str, Any]]:
+    async with database(settings.postgres_dsn) as conn:
+        return await dead_letters.find(conn, which)
+
+
+def _replay(
+    settings: Settings,
+    which: dead_letters.Filter,
+    *,
+    by: str | None,
+    force: bool = False,
+    dry_run: bool = False,
+    as_json: bool = False,
+) -> None:
+    rows = asyncio.run(_select(settings, which))
+    if dry_run:
+        if as_json:
+            _print_json([{"id": r["id"], "route": r["route"], "would_replay": True} for r in rows])
+        else:
+            console.print(f"would replay {len(rows)} dead letter(s): {[r['id'] for r in rows]}")
+        return
+    who = by or operator()
+    results: list[dead_letters.ReplayResult] = []
+
+    async def step(conn: Any, batch: list[int]) -> int:
+        found = await dead_letters.replay(conn, batch, who, force=force)
+        results.extend(found)
+        return sum(r.replayed for r in found)
+
+    replayed = asyncio.run(_in_batches(settings, [r["id"] for r in rows], step, "replaying"))
+    skipped = [r for r in results if not r.replayed]
+    if as_json:
+        _print_json({"replayed": replayed, "skipped": [r.__dict__ for r in skipped]})
+    else:
+        console.print(f"replayed {replayed} dead letter(s) through the outbox")
+        for r in skipped:
+            console.print(f"[yellow]not replayed {r.id}: {r.detail}[/yellow]")
+    if skipped:
+        raise typer.Exit(1)
+
+
+@dlq_app.command("dig")
+def dig_cmd(
+    dead_letter_id: int,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replay even if it was replayed or discarded.")
+    ] = False,
+    by: ByOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Replay one dead letter (seed 004's dig)."""
+    settings = _settings()
+    status = None if force else "buried"
+    rows = asyncio.run(_select(settings, dead_letters.Filter(ids=[dead_letter_id])))
+    if not rows:
+        console.print(f"[red]no dead letter {dead_letter_id}[/red]")
+        raise typer.Exit(1)
+    if status and rows[0]["status"] != status:
+        r = rows[0]
+        console.print(
+            f"[yellow]dead letter {dead_letter_id} is {r['status']} "
+            f"({r['replayed_by'] or r['discarded_by']} at {r['replayed_at'] or r['discarded_at']})"
+            f"; use --force to replay it again (the inbox still drops it if it was applied)"
+            "[/yellow]"
+        )
+        raise typer.Exit(1)
+    _replay(
+        settings, dead_letters.Filter(ids=[dead_letter_id]), by=by, force=force, as_json=as_json
+    )
+
+
+@dlq_app.command("plow")
+def plow_cmd(count: int, by: ByOpt = None, as_json: JsonOpt = False) -> None:
+    """Replay the COUNT oldest buried dead letters (seed 004's plow)."""
+    settings = _settings()
+    _replay(settings, dead_letters.Filter(status="buried", limit=count), by=by, as_json=as_json)
+
+
+@dlq_app.command("replay")
+def replay_cmd(
+    route: RouteOpt = None,
+    error: ErrorOpt = None,
+    group: GroupOpt = None,
+    since: SinceOpt = None,
+    ids: Annotated[list[int] | None, typer.Option("--id", help="These ids (repeatable).")] = None,
+    limit: LimitOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only say what would go.")] = False,
+    by: ByOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Replay every buried dead letter that matches, oldest first, once each."""
+    settings = _settings()
+    which = dead_letters.Filter(
+        ids=ids or (),
+        route=route,
+        error=error,
+        group=group,
+        since=parse_since(since),
+        status="buried",
+        limit=limit,
+    )
+    _replay(settings, which, by=by, dry_run=dry_run, as_json=as_json)
+
+
+@dlq_app.command("discard")
+def discard_cmd(
+    ids: Annotated[list[int] | None, typer.Argument(help="Dead letter ids.")] = None,
+    route: RouteOpt = None,
+    error: ErrorOpt = None,
+    group: GroupOpt = None,
+    since: SinceOpt = None,
+    every: Annotated[
+        bool, typer.Option("--all", help="Every buried one (required without a filter).")
+    ] = False,
+    by: ByOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Give up on buried dead letters; the messages they held back are released in order."""
+    if not (ids or route or error or group or since or every):
+        raise typer.BadParameter("name ids or a filter, or pass --all")
+    settings = _settings()
+    which = dead_letters.Filter(
+        ids=ids or (),
+        route=route,
+        error=error,
+        group=group,
+        since=parse_since(since),
+        status="buried",
+    )
+    rows = asyncio.run(_select(settings, which))
+    who = by or operator()
+
+    async def step(conn: Any, batch: list[int]) -> int:
+        return await dead_letters.discard(conn, batch, who)
+
+    discarded = asyncio.run(_in_batches(settings, [r["id"] for r in rows], step, "discarding"))
+    if as_json:
+        _print_json({"discarded": discarded})
+    else:
+        console.print(f"discarded {discarded} dead letter(s)")
+
+
+@dlq_app.command("purge")
+def purge_cmd(
+    older_than: Annotated[str, typer.Option("--older-than", help="A duration: 30d, 12h, …")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete replayed and discarded dead letters older than a duration (never buried ones)."""
+    age = parse_duration(older_than)
+    settings = _settings()
+
+    async def go() -> int:
+        async with database(settings.postgres_dsn) as conn:
+            return await dead_letters.purge(conn, age)
+
+    purged = asyncio.run(go())
+    if as_json:
+        _print_json({"purged": purged})
+    else:
+        console.print(f"purged {purged} dead letter(s) older than {older_than}")
+
+
+@dlq_app.command("ingest")
+def ingest_cmd() -> None:
+    """Run only the dead-letter ingester (`pkgq run` with no routes runs it too)."""
+    from consumers.runner import run_consumers
+    from consumers.runtime import services, stop_on_signals
+
+    settings = _settings()
+
+    async def go() -> int:
+        stop = stop_on_signals()
+        async with services(settings, "dlq-ingest") as svc:
+            return await run_consumers(settings, svc, [], stop, ingest=True)
+
+    raise typer.Exit(asyncio.run(go()))

@@ -1,0 +1,341 @@
+"""The dead-letter store: every message that could not be applied, why, and what became of it.
+
+Rows are written by the consumers (bad input, broken domain rules, retries exhausted) and by the
+dead-letter ingester (messages the broker dead-lettered on its own). Operators list, group,
+replay and discard them with `pkgq dlq …` (consumers/dlq_cli.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from events.envelope import H_ATTEMPT, H_REPLAY_OF, H_SCHEMA_VERSION, H_SEQ, republished_headers
+from events.routes import ROUTES
+from infra.postgres import outbox
+from infra.postgres.pool import Conn
+
+STATUSES = ("buried", "replayed", "discarded")
+
+
+@dataclass(frozen=True, slots=True)
+class NewDeadLetter:
+    source: str
+    """`consumer` (pkgq gave up on it) or `broker` (RabbitMQ dead-lettered it)."""
+    route: str
+    consumer: str
+    message_id: str | None
+    user_id: UUID | None
+    message_type: str | None
+    content_type: str | None
+    body: bytes
+    headers: dict[str, Any]
+    """JSON-ready (events.envelope.jsonable)."""
+    reason: str
+    error_type: str
+    error_message: str
+    error_location: str = ""
+    traceback: str | None = None
+    attempts: int = 1
+    first_failed_at: datetime | None = None
+
+    def dedup_key(self) -> str:
+        """One row per dead message: a redelivered failure updates it instead of adding one."""
+        if self.source == "consumer" and self.message_id:
+            return f"{self.consumer}:{self.message_id}"
+        raw = json.dumps(self.headers, sort_keys=True).encode() + b"\0" + self.body
+        return f"{self.source}:{self.consumer}:{hashlib.sha256(raw).hexdigest()}"
+
+
+async def bury(conn: Conn, dead: NewDeadLetter) -> int:
+    """Store a dead letter, or refresh the row of the same message. Returns its id.
+
+    A message that fails again after a replay goes back to `buried` with its new error. A broker
+    dead letter delivered twice to the ingester is the same event, and keeps its status.
+    """
+    return int(
+        await conn.fetchval(
+            """
+            INSERT INTO telecom.dead_letters
+                (dedup_key, source, route, consumer, message_id, user_id, message_type,
+                 content_type, body, headers, reason, error_type, error_message, error_location,
+                 traceback, attempts, first_failed_at)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::text::jsonb, $11, $12, $13, $14,
+                    $15, $16, coalesce($17, now()))
+            ON CONFLICT (dedup_key) DO UPDATE SET
+                body = excluded.body,
+                headers = excluded.headers,
+                reason = excluded.reason,
+                error_type = excluded.error_type,
+                error_message = excluded.error_message,
+                error_location = excluded.error_location,
+                traceback = excluded.traceback,
+                attempts = excluded.attempts,
+                last_failed_at = now(),
+                status = CASE WHEN excluded.source = 'broker' THEN dead_letters.status
+                              ELSE 'buried' END
+            RETURNING id
+            """,
+            dead.dedup_key(),
+            dead.source,
+            dead.route,
+            dead.consumer,
+            dead.message_id,
+            dead.user_id,
+            dead.message_type,
+            dead.content_type,
+            dead.body,
+            json.dumps(dead.headers),
+            dead.reason,
+            dead.error_type[:500],
+            dead.error_message[:4000],
+            dead.error_location[:500],
+            dead.traceback[-16000:] if dead.traceback else None,
+            dead.attempts,
+            dead.first_failed_at,
+        )
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    """Which dead letters an operator command applies to. Empty fields match everything."""
+
+    ids: Sequence[int] = ()
+    route: str | None = None
+    error: str | None = None
+    """Case-insensitive substring of the reason, error type or error message."""
+    group: str | None = None
+    since: datetime | None = None
+    older_than: datetime | None = None
+    status: str | None = None
+    limit: int | None = None
+
+    def where(self) -> tuple[str, list[Any]]:
+        clauses: list[str] = []
+        args: list[Any] = []
+
+        def add(sql: str, value: Any) -> None:
+            args.append(value)
+            clauses.append(sql.replace("$?", f"${len(args)}"))
+
+        if self.ids:
+            add("d.id = ANY($?::bigint[])", list(self.ids))
+        if self.route:
+            add("d.route = $?", self.route)
+        if self.error:
+            add(
+                "(d.reason || ' ' || d.error_type || ' ' || d.error_message) ILIKE $?",
+                f"%{self.error}%",
+            )
+        if self.group:
+            add("d.group_key = $?", self.group)
+        if self.since:
+            add("d.last_failed_at >= $?", self.since)
+        if self.older_than:
+            add("d.last_failed_at < $?", self.older_than)
+        if self.status:
+            add("d.status = $?::telecom.dead_letter_status", self.status)
+        return (" AND ".join(clauses) or "true"), args
+
+
+HELD_BACK = """
+    (SELECT count(*) FROM telecom.parked p
+     JOIN telecom.holds h ON h.consumer = p.consumer AND h.user_id = p.user_id
+     WHERE p.consumer = d.consumer AND p.user_id = d.user_id
+       AND h.blocker::text = d.message_id AND d.status = 'buried')
+"""
+
+
+async def find(conn: Conn, which: Filter) -> list[dict[str, Any]]:
+    """Matching dead letters, oldest first, with how many parked messages each holds back."""
+    where, args = which.where()
+    limit = f"LIMIT {int(which.limit)}" if which.limit else ""
+    rows = await conn.fetch(
+        f"""
+        SELECT d.id, d.status::text AS status, d.route, d.consumer, d.message_id, d.user_id,
+               d.reason, d.error_type, d.error_message, d.error_location, d.group_key,
+               d.attempts, d.first_failed_at, d.last_failed_at, d.source, d.replay_count,
+               d.replayed_at, d.replayed_by, d.discarded_at, d.discarded_by,
+               {HELD_BACK} AS held_back
+        FROM telecom.dead_letters d
+        WHERE {where}
+        ORDER BY d.first_failed_at, d.id
+        {limit}
+        """,
+        *args,
+    )
+    return [dict(r) for r in rows]
+
+
+async def get(conn: Conn, dead_letter_id: int) -> dict[str, Any] | None:
+    row = await conn.fetchrow(
+        f"""
+        SELECT d.*, d.status::text AS status, d.headers::text AS headers, {HELD_BACK} AS held_back
+        FROM telecom.dead_letters d WHERE d.id = $1
+        """,
+        dead_letter_id,
+    )
+    return None if row is None else dict(row)
+
+
+async def groups(conn: Conn, status: str | None = "buried") -> list[dict[str, Any]]:
+    """Failures grouped by reason, error type and the code location that raised them."""
+    where, args = Filter(status=status).where()
+    rows = await conn.fetch(
+        f"""
+        SELECT d.group_key, d.reason, d.error_type, d.error_location, count(*) AS count,
+               array_agg(DISTINCT d.route ORDER BY d.route) AS routes,
+               min(d.first_failed_at) AS first_seen, max(d.last_failed_at) AS last_seen,
+               (array_agg(d.error_message ORDER BY d.last_failed_at DESC))[1] AS example
+        FROM telecom.dead_letters d
+        WHERE {where}
+        GROUP BY d.group_key, d.reason, d.error_type, d.error_location
+        ORDER BY count(*) DESC, max(d.last_failed_at) DESC
+        """,
+        *args,
+    )
+    return [dict(r) for r in rows]
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    """A jsonb value, whether or not the connection has the JSON codec (pool.py) installed."""
+    loaded = json.loads(value) if isinstance(value, str) else value
+    return dict(loaded or {})
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    id: int
+    message_id: str | None
+    replayed: bool
+    detail: str
+
+
+def _replay_message(row: Any) -> outbox.OutboxMessage | str:
+    """The outbox row that sends a dead letter again, or why it cannot be replayed."""
+    route = ROUTES.get(row["route"])
+    if route is None:
+        return f"route {row['route']!r} is not a pkgq route"
+    try:
+        message_id = UUID(row["message_id"] or "")
+    except ValueError:
+        return f"message_id {row['message_id']!r} is not a UUID; republish it with `pkgq publish`"
+    headers = as_dict(row["headers"])
+    replay_no = row["replay_count"]
+    seq = headers.get(H_SEQ)
+    return outbox.OutboxMessage(
+        route=route.name,
+        message_type=row["message_type"] or route.message_type,
+        schema_version=int(headers.get(H_SCHEMA_VERSION) or route.schema_version),
+        body=bytes(row["body"]),
+        user_id=row["user_id"],
+        seq=int(seq) if isinstance(seq, int | str) and str(seq).isdigit() else None,
+        message_id=message_id,
+        headers=republished_headers(headers, {H_ATTEMPT: 1, H_REPLAY_OF: row["id"]}),
+        dedup_key=f"replay:{row['id']}:{replay_no}",
+    )
+
+
+async def replay(
+    conn: Conn, ids: Sequence[int], who: str, *, force: bool = False
+) -> list[ReplayResult]:
+    """Inside a transaction: send the given dead letters again through the outbox, once each.
+
+    Only `buried` rows are replayed (any status with `force`); each is marked `replayed` in the
+    same transaction as its outbox row, so an interrupted bulk replay re-run skips what was done.
+    The replay keeps the message_id: if it had been applied after all, the inbox drops it.
+    """
+    statuses = list(STATUSES) if force else ["buried"]
+    rows = await conn.fetch(
+        """
+        SELECT id, route, message_id, user_id, message_type, body, headers::text AS headers,
+               replay_count
+        FROM telecom.dead_letters
+        WHERE id = ANY($1::bigint[]) AND status::text = ANY($2::text[])
+        ORDER BY first_failed_at, id
+        FOR UPDATE
+        """,
+        list(ids),
+        statuses,
+    )
+    results: list[ReplayResult] = []
+    messages: list[outbox.OutboxMessage] = []
+    replayed: list[int] = []
+    for row in rows:
+        message = _replay_message(row)
+        if isinstance(message, str):
+            results.append(ReplayResult(row["id"], row["message_id"], False, message))
+            continue
+        messages.append(message)
+        replayed.append(row["id"])
+        results.append(ReplayResult(row["id"], row["message_id"], True, f"to {message.route}"))
+    await outbox.enqueue(conn, messages)
+    await conn.execute(
+        """
+        UPDATE telecom.dead_letters
+        SET status = 'replayed', replay_count = replay_count + 1, replayed_at = now(),
+            replayed_by = $2
+        WHERE id = ANY($1::bigint[])
+        """,
+        replayed,
+        who,
+    )
+    # A hold waiting on a replayed message waits for its new delivery now.
+    await conn.execute(
+        """
+        UPDATE telecom.holds h SET state = 'retrying', updated_at = now()
+        FROM telecom.dead_letters d
+        WHERE d.id = ANY($1::bigint[]) AND h.consumer = d.consumer AND h.user_id = d.user_id
+          AND h.blocker::text = d.message_id
+        """,
+        replayed,
+    )
+    return results
+
+
+async def discard(conn: Conn, ids: Sequence[int], who: str) -> int:
+    """Inside a transaction: give up on buried dead letters; release what they held back."""
+    discarded = await conn.fetch(
+        """
+        UPDATE telecom.dead_letters
+        SET status = 'discarded', discarded_at = now(), discarded_by = $2
+        WHERE id = ANY($1::bigint[]) AND status = 'buried'
+        RETURNING consumer, user_id, message_id
+        """,
+        list(ids),
+        who,
+    )
+    for row in discarded:
+        if row["user_id"] is not None:
+            await conn.execute(
+                """
+                UPDATE telecom.holds SET blocker = NULL, state = 'releasing', updated_at = now()
+                WHERE consumer = $1 AND user_id = $2 AND blocker::text = $3
+                """,
+                row["consumer"],
+                row["user_id"],
+                row["message_id"],
+            )
+    return len(discarded)
+
+
+async def purge(conn: Conn, older_than: timedelta) -> int:
+    """Delete replayed and discarded dead letters last touched before `older_than` ago.
+
+    Buried ones are never purged: discard them first, so that nothing is dropped unseen.
+    """
+    status = await conn.execute(
+        """
+        DELETE FROM telecom.dead_letters
+        WHERE status IN ('replayed', 'discarded')
+          AND greatest(last_failed_at, replayed_at, discarded_at) < now() - $1::interval
+        """,
+        older_than,
+    )
+    return int(status.split()[-1])

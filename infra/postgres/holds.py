@@ -1,0 +1,152 @@
+"""Holds and parked messages: per-user order on a route that survives a failure.
+
+While one of a user's messages on a consumer waits for a retry or lies buried, the hold on
+(consumer, user) names it as the blocker, and that user's later messages on the consumer are
+parked here in arrival order. When the blocker is applied, replayed and applied, or discarded,
+the hold is released (blocker NULL) and the consumer applies the parked messages in order.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from infra.postgres.pool import Conn
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    consumer: str
+    user_id: UUID
+    blocker: UUID | None
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class ParkedMessage:
+    id: int
+    message_id: UUID
+    route: str
+    message_type: str
+    body: bytes
+    headers: dict[str, Any]
+
+
+async def lock(conn: Conn, consumer: str, user_id: UUID) -> Hold | None:
+    """Inside a transaction: the hold on (consumer, user), locked until the transaction ends."""
+    row = await conn.fetchrow(
+        "SELECT blocker, state FROM telecom.holds WHERE consumer = $1 AND user_id = $2 FOR UPDATE",
+        consumer,
+        user_id,
+    )
+    if row is None:
+        return None
+    return Hold(consumer, user_id, row["blocker"], row["state"])
+
+
+async def hold(
+    conn: Conn,
+    consumer: str,
+    user_id: UUID,
+    blocker: UUID,
+    *,
+    state: str,
+    attempts: int,
+    error: str,
+) -> None:
+    """Make `blocker` the message the user's later messages on `consumer` wait behind."""
+    await conn.execute(
+        """
+        INSERT INTO telecom.holds (consumer, user_id, blocker, state, attempts, last_error)
+        VALUES ($1, $2, $3, $4, $5, $6)
+        ON CONFLICT (consumer, user_id) DO UPDATE SET
+            blocker = excluded.blocker, state = excluded.state, attempts = excluded.attempts,
+            last_error = excluded.last_error, updated_at = now()
+        """,
+        consumer,
+        user_id,
+        blocker,
+        state,
+        attempts,
+        error[:2000],
+    )
+
+
+async def release(conn: Conn, consumer: str, user_id: UUID) -> None:
+    """The blocker is done with: its parked messages may now be applied, in order."""
+    await conn.execute(
+        "UPDATE telecom.holds SET blocker = NULL, state = 'releasing', updated_at = now() "
+        "WHERE consumer = $1 AND user_id = $2",
+        consumer,
+        user_id,
+    )
+
+
+async def drop(conn: Conn, consumer: str, user_id: UUID) -> None:
+    await conn.execute(
+        "DELETE FROM telecom.holds WHERE consumer = $1 AND user_id = $2", consumer, user_id
+    )
+
+
+async def park(
+    conn: Conn,
+    consumer: str,
+    user_id: UUID,
+    message_id: UUID,
+    route: str,
+    message_type: str,
+    body: bytes,
+    headers_json: str,
+) -> None:
+    """Keep a message behind the hold. Parking the same message twice keeps its first place."""
+    await conn.execute(
+        """
+        INSERT INTO telecom.parked
+            (consumer, user_id, message_id, route, message_type, body, headers)
+        VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb)
+        ON CONFLICT (consumer, message_id) DO NOTHING
+        """,
+        consumer,
+        user_id,
+        message_id,
+        route,
+        message_type,
+        body,
+        headers_json,
+    )
+
+
+async def pop_parked(conn: Conn, consumer: str, user_id: UUID) -> ParkedMessage | None:
+    """Inside a transaction (holding the hold's lock): take the user's oldest parked message."""
+    row = await conn.fetchrow(
+        """
+        DELETE FROM telecom.parked
+        WHERE id = (SELECT min(id) FROM telecom.parked WHERE consumer = $1 AND user_id = $2)
+        RETURNING id, message_id, route, message_type, body, headers::text AS headers
+        """,
+        consumer,
+        user_id,
+    )
+    if row is None:
+        return None
+    return ParkedMessage(
+        id=row["id"],
+        message_id=row["message_id"],
+        route=row["route"],
+        message_type=row["message_type"],
+        body=bytes(row["body"]),
+        headers=json.loads(row["headers"]),
+    )
+
+
+async def releasing_users(conn: Conn, consumer: str, limit: int = 100) -> list[UUID]:
+    """Users whose hold on `consumer` was released but may still have parked messages."""
+    rows = await conn.fetch(
+        "SELECT user_id FROM telecom.holds WHERE consumer = $1 AND blocker IS NULL "
+        "ORDER BY updated_at LIMIT $2",
+        consumer,
+        limit,
+    )
+    return [r["user_id"] for r in rows]
