@@ -69,7 +69,7 @@ def to_dead_letter(raw: RawDelivery) -> dead_letters.NewDeadLetter:
             consumer=str(headers.get(H_DEAD_CONSUMER) or _consumer_of(route, None)),
             reason=str(headers[H_DEAD_REASON]),
             error_type=error_type or "Error",
-            error_message=message or error,
+            error_message=message or error_type or error or "(no message)",
             error_location="consumer failure path",
             traceback=headers.get(H_DEAD_TRACEBACK),
             **common,

@@ -128,10 +128,11 @@ class Filter:
             add("d.id = ANY($?::bigint[])", list(self.ids))
         if self.route:
             add("d.route = $?", self.route)
-        if self.error:
+        if self.error:  # a literal substring: % and _ typed by an operator are not wildcards
+            literal = self.error.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
             add(
                 "(d.reason || ' ' || d.error_type || ' ' || d.error_message) ILIKE $?",
-                f"%{self.error}%",
+                f"%{literal}%",
             )
         if self.group:
             add("d.group_key = $?", self.group)
@@ -227,12 +228,16 @@ def _replay_message(row: Any) -> outbox.OutboxMessage | str:
     except ValueError:
         return f"message_id {row['message_id']!r} is not a UUID; republish it with `pkgq publish`"
     headers = as_dict(row["headers"])
+    try:
+        schema_version = int(headers.get(H_SCHEMA_VERSION) or route.schema_version)
+    except (TypeError, ValueError):
+        return f"header {H_SCHEMA_VERSION}={headers.get(H_SCHEMA_VERSION)!r} is not a version"
     replay_no = row["replay_count"]
     seq = headers.get(H_SEQ)
     return outbox.OutboxMessage(
         route=route.name,
         message_type=row["message_type"] or route.message_type,
-        schema_version=int(headers.get(H_SCHEMA_VERSION) or route.schema_version),
+        schema_version=schema_version,
         body=bytes(row["body"]),
         user_id=row["user_id"],
         seq=int(seq) if isinstance(seq, int | str) and str(seq).isdigit() else None,
