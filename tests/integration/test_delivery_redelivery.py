@@ -1,0 +1,166 @@
+"""The failure path under redelivery: the broker delivers again whatever was not acked, so every
+step of consumers/delivery.py must be safe to run twice. These call the route's processor
+directly with the same delivery twice, as a redelivery after a crash between commit and ack
+would, against the test's own Postgres database.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID, uuid4
+
+import asyncpg
+
+from consumers.delivery import DeliveryPipeline
+from consumers.handlers import usage_record
+from consumers.retry_policy import RetryPolicy
+from consumers.unit_of_work import HandlerContext
+from events.decoding import RawDelivery
+from events.envelope import CONTENT_TYPE, H_ATTEMPT, H_SCHEMA_VERSION, H_USER_ID
+from events.models import RecordUsage
+from events.routes import USAGE_RECORD
+from infra.rabbit.consumer import Outcome
+
+
+def delivery(
+    user: UUID, upload: int, *, message_id: UUID | None = None, attempt: int = 1
+) -> RawDelivery:
+    return RawDelivery(
+        body=RecordUsage(user_id=user, upload=upload, download=0).model_dump_json().encode(),
+        message_id=str(message_id or uuid4()),
+        message_type=USAGE_RECORD.message_type,
+        content_type=CONTENT_TYPE,
+        timestamp=None,
+        headers={H_SCHEMA_VERSION: 1, H_USER_ID: str(user), H_ATTEMPT: attempt},
+    )
+
+
+class Switchable:
+    """A usage handler that fails for the uploads in `failing`, and logs what it applied."""
+
+    def __init__(self, *failing: int) -> None:
+        self.failing = set(failing)
+        self.applied: list[int] = []
+
+    async def __call__(self, ctx: HandlerContext, body: RecordUsage) -> None:
+        if body.upload in self.failing:
+            raise RuntimeError(f"upload {body.upload} refused")
+        await usage_record.handle(ctx, body)
+        self.applied.append(body.upload)
+
+
+def pipeline(pool: asyncpg.Pool, handler: Switchable, policy: RetryPolicy) -> DeliveryPipeline:
+    return DeliveryPipeline(pool, USAGE_RECORD, handler, policy, max_body_bytes=2**20)
+
+
+async def rows(pool: asyncpg.Pool, sql: str, *args: Any) -> list[asyncpg.Record]:
+    async with pool.acquire() as conn:
+        return list(await conn.fetch(sql, *args))
+
+
+async def test_a_failure_delivered_again_after_its_commit_schedules_one_retry_and_one_hold(
+    pool: asyncpg.Pool,
+) -> None:
+    user = uuid4()
+    process = pipeline(pool, Switchable(1), RetryPolicy(max_attempts=5, backoff=lambda _: 60.0))
+    first = delivery(user, 1)
+    assert await process(first) == Outcome.RETRY_SCHEDULED
+    assert await process(first) == Outcome.RETRY_SCHEDULED  # the redelivery
+
+    retries = await rows(
+        pool, "SELECT dedup_key FROM telecom.outbox WHERE message_id = $1", UUID(first.message_id)
+    )
+    assert [r["dedup_key"] for r in retries] == [f"retry:usage_record:{first.message_id}:2"]
+    holds = await rows(pool, "SELECT blocker, state FROM telecom.holds WHERE user_id = $1", user)
+    assert [(r["blocker"], r["state"]) for r in holds] == [(UUID(first.message_id), "retrying")]
+
+
+async def test_a_buried_message_delivered_again_updates_its_dead_letter_instead_of_adding_one(
+    pool: asyncpg.Pool,
+) -> None:
+    process = pipeline(pool, Switchable(1), RetryPolicy(max_attempts=1))
+    poison = delivery(uuid4(), 1)
+    assert await process(poison) == Outcome.DEAD_LETTERED
+    assert await process(poison) == Outcome.DEAD_LETTERED
+    dead = await rows(pool, "SELECT message_id, status::text FROM telecom.dead_letters")
+    assert [(r["message_id"], r["status"]) for r in dead] == [(poison.message_id, "buried")]
+
+
+async def test_a_parked_message_delivered_twice_is_parked_once_and_applied_once_in_order(
+    pool: asyncpg.Pool,
+) -> None:
+    user = uuid4()
+    handler = Switchable(1)
+    process = pipeline(pool, handler, RetryPolicy(max_attempts=5, backoff=lambda _: 60.0))
+    m1 = delivery(user, 1)
+    m2 = delivery(user, 2)
+    m3 = delivery(user, 3)
+    assert await process(m1) == Outcome.RETRY_SCHEDULED
+    assert await process(m2) == Outcome.PARKED
+    assert await process(m2) == Outcome.PARKED  # redelivered: keeps its first place
+    assert await process(m3) == Outcome.PARKED
+    parked = await rows(pool, "SELECT message_id FROM telecom.parked ORDER BY id")
+    assert [str(r["message_id"]) for r in parked] == [m2.message_id, m3.message_id]
+
+    handler.failing.clear()  # the cause goes away; the retry arrives
+    retry = delivery(user, 1, message_id=UUID(m1.message_id), attempt=2)
+    assert await process(retry) == Outcome.ACKED
+    assert handler.applied == [1, 2, 3]  # released in order, right after the blocker
+    assert await process(m2) == Outcome.DUPLICATE  # a late redelivery applies nothing
+    assert await process(retry) == Outcome.DUPLICATE
+    assert handler.applied == [1, 2, 3]
+    assert await rows(pool, "SELECT * FROM telecom.holds") == []
+    assert await rows(pool, "SELECT * FROM telecom.parked") == []
+
+
+async def test_a_stale_earlier_attempt_of_the_blocker_arriving_after_its_retry_applies_nothing(
+    pool: asyncpg.Pool,
+) -> None:
+    user = uuid4()
+    handler = Switchable(1)
+    process = pipeline(pool, handler, RetryPolicy(max_attempts=5, backoff=lambda _: 60.0))
+    m1 = delivery(user, 1)
+    assert await process(m1) == Outcome.RETRY_SCHEDULED
+    handler.failing.clear()
+    retry = delivery(user, 1, message_id=UUID(m1.message_id), attempt=2)
+    assert await process(retry) == Outcome.ACKED
+    assert await process(m1) == Outcome.DUPLICATE  # attempt 1 redelivered late
+    assert handler.applied == [1]
+
+
+async def test_a_release_cut_short_by_a_crash_is_finished_by_the_release_poll(
+    pool: asyncpg.Pool,
+) -> None:
+    user = uuid4()
+    handler = Switchable(1)
+    process = pipeline(pool, handler, RetryPolicy(max_attempts=1))
+    m1 = delivery(user, 1)
+    assert await process(m1) == Outcome.DEAD_LETTERED
+    assert await process(delivery(user, 2)) == Outcome.PARKED
+    assert await process(delivery(user, 3)) == Outcome.PARKED
+    # What `pkgq dlq discard` commits, with the consumer gone before it could apply anything.
+    async with pool.acquire() as conn:
+        await conn.execute("UPDATE telecom.holds SET blocker = NULL, state = 'releasing'")
+
+    assert await process.release_pending() == 2
+    assert handler.applied == [2, 3]
+    assert await rows(pool, "SELECT * FROM telecom.holds") == []
+
+
+async def test_bad_input_for_a_held_user_is_buried_at_once_not_parked(pool: asyncpg.Pool) -> None:
+    user = uuid4()
+    process = pipeline(pool, Switchable(1), RetryPolicy(max_attempts=5, backoff=lambda _: 60.0))
+    assert await process(delivery(user, 1)) == Outcome.RETRY_SCHEDULED
+    bad = delivery(user, 2)
+    broken = RawDelivery(
+        body=b'{"user_id": ',
+        message_id=bad.message_id,
+        message_type=bad.message_type,
+        content_type=bad.content_type,
+        timestamp=None,
+        headers=bad.headers,
+    )
+    assert await process(broken) == Outcome.DEAD_LETTERED
+    dead = await rows(pool, "SELECT reason, user_id FROM telecom.dead_letters")
+    assert [(r["reason"], r["user_id"]) for r in dead] == [("invalid_json", user)]
+    assert await rows(pool, "SELECT * FROM telecom.parked") == []
