@@ -21,10 +21,12 @@ is left (the hold is dropped).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import traceback
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -44,6 +46,7 @@ from events.envelope import (
     H_ATTEMPT,
     H_FIRST_FAILED_AT,
     H_LAST_ERROR,
+    H_REPLAY_GENERATION,
     H_USER_ID,
     jsonable,
     republished_headers,
@@ -92,6 +95,10 @@ def describe(exc: BaseException) -> ErrorInfo:
     )
 
 
+class DatabaseUnavailableError(ConnectionError):
+    """No pooled connection could be had in time (an outage: see infra/transient.py)."""
+
+
 def _is_blip(exc: BaseException) -> bool:
     return is_transient(exc) and not is_outage(exc)
 
@@ -127,13 +134,13 @@ class DeliveryPipeline:
         try:
             decoded = decode(self.route, raw, max_body_bytes=self._max_body_bytes)
         except BadMessageError as exc:
-            async with self._pool.acquire(timeout=10) as conn:
+            async with self._connection() as conn:
                 await self._bury(conn, raw, exc.reason, exc, attempts=1, user_id=_user_of(raw))
             log.warning("dead_lettered", reason=exc.reason, error=str(exc))
             return Outcome.DEAD_LETTERED
         user = decoded.envelope.user_id
         message_id = decoded.envelope.message_id
-        async with self._pool.acquire(timeout=10) as conn, conn.transaction():
+        async with self._connection() as conn, conn.transaction():
             hold = await holds.lock(conn, self.consumer, user) if user is not None else None
             if await inbox.seen(conn, self.consumer, message_id):
                 release = await self._done_with_blocker(conn, message_id, hold)
@@ -179,7 +186,7 @@ class DeliveryPipeline:
             if is_outage(exc):
                 raise  # not the message's fault: the whole delivery is tried again
             if isinstance(exc, DomainError):
-                await self._bury(conn, raw, "domain_rule", exc, attempts=attempt)
+                await self._bury(conn, raw, "domain_rule", exc, attempts=attempt, decoded=decoded)
                 log.warning("dead_lettered", reason="domain_rule", error=str(exc))
                 release = await self._done_with_blocker(conn, envelope.message_id, hold)
                 return _Result(Outcome.DEAD_LETTERED, release)
@@ -217,7 +224,13 @@ class DeliveryPipeline:
         user = envelope.user_id
         if delay is None:
             await self._bury(
-                conn, raw, "max_attempts", exc, attempts=attempt, first_failed_at=first_failed
+                conn,
+                raw,
+                "max_attempts",
+                exc,
+                attempts=attempt,
+                first_failed_at=first_failed,
+                decoded=decoded,
             )
             if user is not None:
                 await holds.hold(
@@ -249,9 +262,17 @@ class DeliveryPipeline:
                 },
             ),
             available_at=now + timedelta(seconds=delay),
-            dedup_key=f"retry:{self.consumer}:{envelope.message_id}:{attempt + 1}",
+            # A replay starts a new generation of attempts, with retries of its own.
+            dedup_key=(
+                f"retry:{self.consumer}:{envelope.message_id}:"
+                f"{headers.get(H_REPLAY_GENERATION, 0)}:{attempt + 1}"
+            ),
         )
-        await outbox.enqueue(conn, [retry])
+        if not await outbox.enqueue(conn, [retry]):
+            # This attempt failed before and its retry is already scheduled (a redelivery after
+            # a crash before the ack): the hold is as that first failure left it.
+            log.info("retry_already_scheduled", attempt=attempt)
+            return _Result(Outcome.RETRY_SCHEDULED)
         if user is not None:
             await holds.hold(
                 conn,
@@ -281,8 +302,15 @@ class DeliveryPipeline:
         attempts: int,
         user_id: UUID | None = None,
         first_failed_at: datetime | None = None,
+        decoded: Decoded | None = None,
     ) -> None:
+        """Store the message in the dead-letter store. Once it decoded, its ids are the
+        envelope's (the body's user, the canonical message_id) so that holds match them."""
         info = describe(exc)
+        message_id = raw.message_id
+        if decoded is not None:
+            message_id = str(decoded.envelope.message_id)
+            user_id = decoded.envelope.user_id
         if isinstance(exc, BadMessageError):
             info = ErrorInfo(info.error_type, exc.detail, f"decode:{reason}", info.traceback)
         headers = jsonable(dict(raw.headers))
@@ -292,7 +320,7 @@ class DeliveryPipeline:
                 source="consumer",
                 route=self.route.name,
                 consumer=self.consumer,
-                message_id=raw.message_id,
+                message_id=message_id,
                 user_id=user_id if user_id is not None else _user_of(raw),
                 message_type=raw.message_type,
                 content_type=raw.content_type,
@@ -312,7 +340,7 @@ class DeliveryPipeline:
         """Apply the user's parked messages in order while the hold stays released."""
         applied = 0
         while True:
-            async with self._pool.acquire(timeout=10) as conn, conn.transaction():
+            async with self._connection() as conn, conn.transaction():
                 hold = await holds.lock(conn, self.consumer, user_id)
                 if hold is None or hold.blocker is not None:
                     return applied
@@ -340,13 +368,35 @@ class DeliveryPipeline:
                 applied += 1
 
     async def release_pending(self) -> int:
-        """Apply what operators released (a discarded blocker) or a crash left half-released."""
-        async with self._pool.acquire(timeout=10) as conn:
+        """Apply what operators released (a discarded blocker) or a crash left half-released.
+
+        One user's trouble does not stop the others: a failing user goes to the back of the
+        line (its hold's `updated_at` moves) and is tried again on the next round."""
+        async with self._connection() as conn:
             users = await holds.releasing_users(conn, self.consumer)
         total = 0
         for user in users:
-            total += await self.release(user)
+            try:
+                total += await self.release(user)
+            except Exception as exc:  # noqa: BLE001  (logged; the next round tries again)
+                log.warning("release_failed", user_id=str(user), error=repr(exc))
+                with contextlib.suppress(Exception):
+                    async with self._connection() as conn:
+                        await holds.touch(conn, self.consumer, user)
         return total
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[Conn]:
+        """A pooled connection. Waiting too long for one is an outage (the pool is exhausted or
+        the server hangs), to be waited out in place, not a failure of the message."""
+        try:
+            conn = await self._pool.acquire(timeout=10)
+        except TimeoutError as exc:
+            raise DatabaseUnavailableError("no Postgres connection within 10 s") from exc
+        try:
+            yield conn
+        finally:
+            await self._pool.release(conn)
 
 
 def _user_of(raw: RawDelivery) -> UUID | None:

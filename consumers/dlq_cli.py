@@ -15,7 +15,7 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import structlog
 import typer
@@ -24,14 +24,18 @@ from rich.progress import Progress
 from rich.table import Table
 
 from infra.logging import configure_logging
-from infra.postgres import dead_letters
+from infra.postgres import dead_letters, holds
 from infra.postgres.pool import database
 from infra.settings import Settings
+from infra.transient import transient_retrying
 
-dlq_app = typer.Typer(help="Dead letters: list, show, group, replay (dig/plow), discard, purge.")
+dlq_app = typer.Typer(
+    help="Dead letters: list, show, group, replay (dig/plow), discard, purge; and holds."
+)
 console = Console()
 log = structlog.get_logger(__name__)
 BATCH = 200
+T = TypeVar("T")
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -196,6 +200,37 @@ def show_cmd(dead_letter_id: int, as_json: JsonOpt = False) -> None:
         console.print(row["traceback"], highlight=False, markup=False)
 
 
+@dlq_app.command("holds")
+def holds_cmd(
+    limit: Annotated[int, typer.Option("--limit", min=1)] = 100,
+    as_json: JsonOpt = False,
+) -> None:
+    """Users held back on a consumer: by a message waiting for its retry, or a buried one."""
+    settings = _settings()
+
+    async def go() -> list[dict[str, Any]]:
+        async with database(settings.postgres_dsn) as conn:
+            return await holds.overview(conn, limit)
+
+    rows = asyncio.run(go())
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table("consumer", "user", "state", "blocker", "tries", "parked", "since", "last error")
+    for r in rows:
+        table.add_row(
+            r["consumer"],
+            str(r["user_id"]),
+            r["state"],
+            str(r["blocker"] or ""),
+            str(r["attempts"]),
+            str(r["parked"]),
+            r["since"].strftime("%Y-%m-%d %H:%M:%S"),
+            _short(r["last_error"], 50),
+        )
+    console.print(table)
+
+
 @dlq_app.command("groups")
 def groups_cmd(
     status: Annotated[
@@ -233,11 +268,12 @@ def groups_cmd(
 async def _in_batches(
     settings: Settings,
     ids: Sequence[int],
-    step: Callable[[Any, list[int]], Awaitable[int]],
+    step: Callable[[Any, list[int]], Awaitable[T]],
     label: str,
-) -> int:
-    """Run `step` over `ids` in transactions of BATCH, with a progress bar on a terminal."""
-    done = 0
+) -> list[T]:
+    """Run `step` over `ids` in transactions of BATCH, with a progress bar on a terminal.
+    Returns each committed batch's result; a batch hit by a deadlock or a blip is run again."""
+    results: list[T] = []
     batches = [list(ids[i : i + BATCH]) for i in range(0, len(ids), BATCH)]
     progress = Progress(console=console, transient=True) if sys.stdout.isatty() else None
     task = progress.add_task(label, total=len(ids)) if progress else None
@@ -246,16 +282,19 @@ async def _in_batches(
     try:
         async with database(settings.postgres_dsn) as conn:
             for batch in batches:
-                async with conn.transaction():
-                    done += await step(conn, batch)
+                async for attempt in transient_retrying():
+                    with attempt:
+                        async with conn.transaction():
+                            result = await step(conn, batch)
+                results.append(result)
                 if progress is not None and task is not None:
                     progress.advance(task, len(batch))
                 else:
-                    log.info(label, batch=len(batch), done=done, total=len(ids))
+                    log.info(label, batch=len(batch), done=len(results), batches=len(batches))
     finally:
         if progress:
             progress.stop()
-    return done
+    return results
 
 
 async def _select(settings: Settings, which: dead_letters.Filter) -> list[dict[str, Any]]:
@@ -280,14 +319,13 @@ def _replay(
             console.print(f"would replay {len(rows)} dead letter(s): {[r['id'] for r in rows]}")
         return
     who = by or operator()
-    results: list[dead_letters.ReplayResult] = []
 
-    async def step(conn: Any, batch: list[int]) -> int:
-        found = await dead_letters.replay(conn, batch, who, force=force)
-        results.extend(found)
-        return sum(r.replayed for r in found)
+    async def step(conn: Any, batch: list[int]) -> list[dead_letters.ReplayResult]:
+        return await dead_letters.replay(conn, batch, who, force=force)
 
-    replayed = asyncio.run(_in_batches(settings, [r["id"] for r in rows], step, "replaying"))
+    batches = asyncio.run(_in_batches(settings, [r["id"] for r in rows], step, "replaying"))
+    results = [r for batch in batches for r in batch]
+    replayed = sum(r.replayed for r in results)
     skipped = [r for r in results if not r.replayed]
     if as_json:
         _print_json({"replayed": replayed, "skipped": [r.__dict__ for r in skipped]})
@@ -393,7 +431,7 @@ def discard_cmd(
     async def step(conn: Any, batch: list[int]) -> int:
         return await dead_letters.discard(conn, batch, who)
 
-    discarded = asyncio.run(_in_batches(settings, [r["id"] for r in rows], step, "discarding"))
+    discarded = sum(asyncio.run(_in_batches(settings, [r["id"] for r in rows], step, "discarding")))
     if as_json:
         _print_json({"discarded": discarded})
     else:

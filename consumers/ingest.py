@@ -10,6 +10,7 @@ Each is stored in one statement and then acked; a redelivery updates the same ro
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 from uuid import UUID
 
@@ -99,7 +100,18 @@ def make_ingester(pool: asyncpg.Pool) -> Processor:
     async def ingest(raw: RawDelivery) -> Outcome:
         dead = to_dead_letter(raw)
         async with pool.acquire(timeout=10) as conn:
-            dead_id = await dead_letters.bury(conn, dead)
+            try:
+                dead_id = await dead_letters.bury(conn, dead)
+            except asyncpg.DataError as exc:
+                # Something in it Postgres will not store as given: keep the message anyway,
+                # with its headers as text, rather than send it round the queue for ever.
+                log.error("dead_letter_stored_degraded", error=repr(exc))  # noqa: TRY400
+                dead = dataclasses.replace(
+                    dead,
+                    headers={"x-pkgq-unstorable-headers": repr(raw.headers)[:16000]},
+                    error_message=f"{dead.error_message} (headers kept as text: {exc})",
+                )
+                dead_id = await dead_letters.bury(conn, dead)
         log.warning(
             "dead_letter_ingested",
             id=dead_id,

@@ -7,6 +7,7 @@ Headers: schema version, `x-user-id` (the ordering key), `x-seq` (per-user seque
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -29,6 +30,8 @@ H_DEAD_TRACEBACK = "x-pkgq-dead-traceback"
 H_FIRST_FAILED_AT = "x-pkgq-first-failed-at"
 H_LAST_ERROR = "x-pkgq-last-error"
 H_REPLAY_OF = "x-pkgq-replay-of"
+H_REPLAY_GENERATION = "x-pkgq-replay-generation"
+"""How many times the message was replayed: each replay has retries of its own."""
 BROKER_HEADERS = (
     "x-death",
     "x-first-death-exchange",
@@ -40,16 +43,25 @@ BROKER_HEADERS = (
 def jsonable(value: Any) -> Any:
     """AMQP header values (bytes, datetimes, decimals, nested tables) as plain JSON values."""
     if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
+        return {clean_text(str(k)): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [jsonable(v) for v in value]
     if isinstance(value, bytes | bytearray):
-        return bytes(value).decode("utf-8", "replace")
+        return clean_text(bytes(value).decode("utf-8", "replace"))
     if isinstance(value, datetime):
         return value.isoformat()
-    if value is None or isinstance(value, bool | int | float | str):
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON (and Postgres jsonb) has no NaN or Infinity
+    if isinstance(value, str):
+        return clean_text(value)
+    if value is None or isinstance(value, bool | int | float):
         return value
-    return str(value)
+    return clean_text(str(value))
+
+
+def clean_text(value: str) -> str:
+    """Postgres text and jsonb cannot hold NUL or a lone surrogate: make them visible."""
+    return value.replace("\x00", "\\0").encode("utf-8", "replace").decode("utf-8")
 
 
 def republished_headers(headers: Mapping[str, Any], updates: Mapping[str, Any]) -> dict[str, Any]:

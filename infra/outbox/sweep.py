@@ -19,6 +19,10 @@ from infra.postgres import outbox, queue_repo
 # ten times `grace` and not yet consumed (a backlog on telecom.expiry_due is not a lost timer).
 _OVERDUE_CONDITION = f"""
     q.status = 'active' AND q.expire_at <= now() - make_interval(secs => $1)
+      -- a timer waiting behind a failed one (parked or retrying) is not lost
+      AND NOT EXISTS (
+          SELECT 1 FROM telecom.holds h
+          WHERE h.consumer = '{EXPIRY_DUE.short_name}' AND h.user_id = q.user_id)
       AND NOT EXISTS (
           SELECT 1 FROM telecom.outbox o
           WHERE o.cancel_key = 'expire:' || q.id  -- events.outgoing.expiry_key

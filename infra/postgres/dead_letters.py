@@ -15,7 +15,15 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from events.envelope import H_ATTEMPT, H_REPLAY_OF, H_SCHEMA_VERSION, H_SEQ, republished_headers
+from events.envelope import (
+    H_ATTEMPT,
+    H_REPLAY_GENERATION,
+    H_REPLAY_OF,
+    H_SCHEMA_VERSION,
+    H_SEQ,
+    clean_text,
+    republished_headers,
+)
 from events.routes import ROUTES
 from infra.postgres import outbox
 from infra.postgres.pool import Conn
@@ -81,25 +89,29 @@ async def bury(conn: Conn, dead: NewDeadLetter) -> int:
                               ELSE 'buried' END
             RETURNING id
             """,
-            dead.dedup_key(),
+            clean_text(dead.dedup_key()),
             dead.source,
-            dead.route,
-            dead.consumer,
-            dead.message_id,
+            clean_text(dead.route),
+            clean_text(dead.consumer),
+            _clean(dead.message_id),
             dead.user_id,
-            dead.message_type,
-            dead.content_type,
+            _clean(dead.message_type),
+            _clean(dead.content_type),
             dead.body,
             json.dumps(dead.headers),
-            dead.reason,
-            dead.error_type[:500],
-            dead.error_message[:4000],
-            dead.error_location[:500],
-            dead.traceback[-16000:] if dead.traceback else None,
+            clean_text(dead.reason),
+            clean_text(dead.error_type[:500]),
+            clean_text(dead.error_message[:4000]),
+            clean_text(dead.error_location[:500]),
+            _clean(dead.traceback[-16000:] if dead.traceback else None),
             dead.attempts,
             dead.first_failed_at,
         )
     )
+
+
+def _clean(value: str | None) -> str | None:
+    return None if value is None else clean_text(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,8 +160,8 @@ class Filter:
 HELD_BACK = """
     (SELECT count(*) FROM telecom.parked p
      JOIN telecom.holds h ON h.consumer = p.consumer AND h.user_id = p.user_id
-     WHERE p.consumer = d.consumer AND p.user_id = d.user_id
-       AND h.blocker::text = d.message_id AND d.status = 'buried')
+     WHERE p.consumer = d.consumer AND h.blocker::text = d.message_id
+       AND d.status = 'buried')
 """
 
 
@@ -242,7 +254,9 @@ def _replay_message(row: Any) -> outbox.OutboxMessage | str:
         user_id=row["user_id"],
         seq=int(seq) if isinstance(seq, int | str) and str(seq).isdigit() else None,
         message_id=message_id,
-        headers=republished_headers(headers, {H_ATTEMPT: 1, H_REPLAY_OF: row["id"]}),
+        headers=republished_headers(
+            headers, {H_ATTEMPT: 1, H_REPLAY_OF: row["id"], H_REPLAY_GENERATION: replay_no + 1}
+        ),
         dedup_key=f"replay:{row['id']}:{replay_no}",
     )
 
@@ -257,6 +271,7 @@ async def replay(
     The replay keeps the message_id: if it had been applied after all, the inbox drops it.
     """
     statuses = list(STATUSES) if force else ["buried"]
+    await _lock_holds(conn, ids)
     rows = await conn.fetch(
         """
         SELECT id, route, message_id, user_id, message_type, body, headers::text AS headers,
@@ -296,7 +311,7 @@ async def replay(
         """
         UPDATE telecom.holds h SET state = 'retrying', updated_at = now()
         FROM telecom.dead_letters d
-        WHERE d.id = ANY($1::bigint[]) AND h.consumer = d.consumer AND h.user_id = d.user_id
+        WHERE d.id = ANY($1::bigint[]) AND h.consumer = d.consumer
           AND h.blocker::text = d.message_id
         """,
         replayed,
@@ -304,8 +319,25 @@ async def replay(
     return results
 
 
+async def _lock_holds(conn: Conn, ids: Sequence[int]) -> None:
+    """Lock the holds these dead letters block, before the dead letters themselves: the order a
+    delivery takes them in, so that an operator command and a delivery cannot deadlock."""
+    await conn.execute(
+        """
+        SELECT 1 FROM telecom.holds h
+        WHERE (h.consumer, h.blocker::text) IN (
+            SELECT d.consumer, d.message_id FROM telecom.dead_letters d
+            WHERE d.id = ANY($1::bigint[]))
+        ORDER BY h.consumer, h.user_id
+        FOR UPDATE OF h
+        """,
+        list(ids),
+    )
+
+
 async def discard(conn: Conn, ids: Sequence[int], who: str) -> int:
     """Inside a transaction: give up on buried dead letters; release what they held back."""
+    await _lock_holds(conn, ids)
     discarded = await conn.fetch(
         """
         UPDATE telecom.dead_letters
@@ -317,29 +349,31 @@ async def discard(conn: Conn, ids: Sequence[int], who: str) -> int:
         who,
     )
     for row in discarded:
-        if row["user_id"] is not None:
-            await conn.execute(
-                """
-                UPDATE telecom.holds SET blocker = NULL, state = 'releasing', updated_at = now()
-                WHERE consumer = $1 AND user_id = $2 AND blocker::text = $3
-                """,
-                row["consumer"],
-                row["user_id"],
-                row["message_id"],
-            )
+        await conn.execute(
+            """
+            UPDATE telecom.holds SET blocker = NULL, state = 'releasing', updated_at = now()
+            WHERE consumer = $1 AND blocker::text = $2
+            """,
+            row["consumer"],
+            row["message_id"],
+        )
     return len(discarded)
 
 
 async def purge(conn: Conn, older_than: timedelta) -> int:
     """Delete replayed and discarded dead letters last touched before `older_than` ago.
 
-    Buried ones are never purged: discard them first, so that nothing is dropped unseen.
+    Buried ones are never purged: discard them first, so that nothing is dropped unseen. Nor
+    is a replayed one whose message still holds its user back (its replay is being retried).
     """
     status = await conn.execute(
         """
-        DELETE FROM telecom.dead_letters
-        WHERE status IN ('replayed', 'discarded')
-          AND greatest(last_failed_at, replayed_at, discarded_at) < now() - $1::interval
+        DELETE FROM telecom.dead_letters d
+        WHERE d.status IN ('replayed', 'discarded')
+          AND greatest(d.last_failed_at, d.replayed_at, d.discarded_at) < now() - $1::interval
+          AND NOT EXISTS (
+              SELECT 1 FROM telecom.holds h
+              WHERE h.consumer = d.consumer AND h.blocker::text = d.message_id)
         """,
         older_than,
     )

@@ -150,3 +150,29 @@ async def releasing_users(conn: Conn, consumer: str, limit: int = 100) -> list[U
         limit,
     )
     return [r["user_id"] for r in rows]
+
+
+async def touch(conn: Conn, consumer: str, user_id: UUID) -> None:
+    """Send a released hold to the back of the release line (after a failed release)."""
+    await conn.execute(
+        "UPDATE telecom.holds SET updated_at = now() WHERE consumer = $1 AND user_id = $2",
+        consumer,
+        user_id,
+    )
+
+
+async def overview(conn: Conn, limit: int = 100) -> list[dict[str, Any]]:
+    """Every hold, oldest first, with how many messages are parked behind it."""
+    rows = await conn.fetch(
+        """
+        SELECT h.consumer, h.user_id, h.blocker, h.state, h.attempts, h.last_error, h.since,
+               h.updated_at,
+               (SELECT count(*) FROM telecom.parked p
+                WHERE p.consumer = h.consumer AND p.user_id = h.user_id) AS parked
+        FROM telecom.holds h
+        ORDER BY h.since
+        LIMIT $1
+        """,
+        limit,
+    )
+    return [dict(r) for r in rows]

@@ -87,10 +87,12 @@ async def next_seqs(conn: Conn, user_id: UUID, count: int) -> list[int]:
     return list(range(last - count + 1, last + 1))
 
 
-async def enqueue(conn: Conn, messages: Sequence[OutboxMessage]) -> None:
+async def enqueue(conn: Conn, messages: Sequence[OutboxMessage]) -> int:
+    """Insert the messages in order. Returns how many were inserted: a message whose
+    `dedup_key` is already there is skipped."""
     if not messages:
-        return
-    await conn.execute(
+        return 0
+    status = await conn.execute(
         """
         INSERT INTO telecom.outbox
             (message_id, route, message_type, schema_version, user_id, seq, body, headers,
@@ -116,6 +118,7 @@ async def enqueue(conn: Conn, messages: Sequence[OutboxMessage]) -> None:
         [m.cancel_key for m in messages],
         [m.dedup_key for m in messages],
     )
+    return int(status.split()[-1])
 
 
 async def withdraw(conn: Conn, cancel_keys: Sequence[str]) -> int:

@@ -10,7 +10,9 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import asyncpg
+import pytest
 
+from consumers import ingest
 from consumers.delivery import DeliveryPipeline
 from consumers.handlers import usage_record
 from consumers.retry_policy import RetryPolicy
@@ -19,6 +21,7 @@ from events.decoding import RawDelivery
 from events.envelope import CONTENT_TYPE, H_ATTEMPT, H_SCHEMA_VERSION, H_USER_ID
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
+from infra.postgres import dead_letters
 from infra.rabbit.consumer import Outcome
 
 
@@ -70,7 +73,7 @@ async def test_a_failure_delivered_again_after_its_commit_schedules_one_retry_an
     retries = await rows(
         pool, "SELECT dedup_key FROM telecom.outbox WHERE message_id = $1", UUID(first.message_id)
     )
-    assert [r["dedup_key"] for r in retries] == [f"retry:usage_record:{first.message_id}:2"]
+    assert [r["dedup_key"] for r in retries] == [f"retry:usage_record:{first.message_id}:0:2"]
     holds = await rows(pool, "SELECT blocker, state FROM telecom.holds WHERE user_id = $1", user)
     assert [(r["blocker"], r["state"]) for r in holds] == [(UUID(first.message_id), "retrying")]
 
@@ -164,3 +167,73 @@ async def test_bad_input_for_a_held_user_is_buried_at_once_not_parked(pool: asyn
     dead = await rows(pool, "SELECT reason, user_id FROM telecom.dead_letters")
     assert [(r["reason"], r["user_id"]) for r in dead] == [("invalid_json", user)]
     assert await rows(pool, "SELECT * FROM telecom.parked") == []
+
+
+async def test_a_message_without_a_user_header_is_buried_under_its_bodys_user_and_discard_frees(
+    pool: asyncpg.Pool,
+) -> None:
+    user = uuid4()
+    handler = Switchable(1)
+    process = pipeline(pool, handler, RetryPolicy(max_attempts=1))
+    m1 = delivery(user, 1)
+    headerless = RawDelivery(
+        body=m1.body,
+        message_id=str(m1.message_id).upper(),  # a producer's own spelling of the same UUID
+        message_type=m1.message_type,
+        content_type=m1.content_type,
+        timestamp=None,
+        headers={H_SCHEMA_VERSION: 1},
+    )
+    assert await process(headerless) == Outcome.DEAD_LETTERED
+    assert await process(delivery(user, 2)) == Outcome.PARKED
+    (dead,) = await rows(pool, "SELECT id, user_id, message_id FROM telecom.dead_letters")
+    assert (dead["user_id"], dead["message_id"]) == (user, m1.message_id)
+
+    async with pool.acquire() as conn, conn.transaction():
+        assert await dead_letters.discard(conn, [dead["id"]], "test") == 1
+    assert await process.release_pending() == 1
+    assert handler.applied == [2]
+
+
+async def test_header_values_postgres_cannot_hold_do_not_break_the_failure_path(
+    pool: asyncpg.Pool,
+) -> None:
+    user = uuid4()
+    process = pipeline(pool, Switchable(1), RetryPolicy(max_attempts=5, backoff=lambda _: 60.0))
+    m1 = delivery(user, 1)
+    odd = {**m1.headers, "x-note": "a\x00b", "x-ratio": float("nan")}
+    first = RawDelivery(m1.body, m1.message_id, m1.message_type, m1.content_type, None, odd)
+    assert await process(first) == Outcome.RETRY_SCHEDULED
+    m2 = delivery(user, 2)
+    second = RawDelivery(
+        m2.body, m2.message_id, m2.message_type, m2.content_type, None, {**m2.headers, **odd}
+    )
+    assert await process(second) == Outcome.PARKED
+    (retry,) = await rows(
+        pool,
+        "SELECT headers->>'x-note' AS note, headers->>'x-ratio' AS ratio FROM telecom.outbox",
+    )
+    assert (retry["note"], retry["ratio"]) == ("a\\0b", "nan")
+
+
+async def test_the_ingester_keeps_a_message_whose_headers_postgres_refuses_as_text(
+    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Headers are made storable before they reach Postgres; should something still slip
+    # through, the ingester must store the message anyway instead of requeueing it for ever.
+    monkeypatch.setattr(ingest, "jsonable", lambda headers: headers)
+    raw = RawDelivery(
+        body=b"{}",
+        message_id=str(uuid4()),
+        message_type="X",
+        content_type=CONTENT_TYPE,
+        timestamp=None,
+        headers={"x-death": [{"reason": "expired", "queue": "q"}], "x-note": "a\x00b"},
+        routing_key="telecom.usage_record",
+    )
+    assert await ingest.make_ingester(pool)(raw) == Outcome.DEAD_LETTERED
+    (dead,) = await rows(
+        pool, "SELECT headers::text AS headers, error_message FROM telecom.dead_letters"
+    )
+    assert "x-pkgq-unstorable-headers" in dead["headers"]
+    assert "headers kept as text" in dead["error_message"]

@@ -93,6 +93,19 @@ async def dead_letter_of(pool: asyncpg.Pool, message_id: UUID) -> dict[str, Any]
     return row
 
 
+async def billed(pool: asyncpg.Pool, user: UUID, upload: int) -> None:
+    """Wait until the user's committed unbilled upload is `upload` (the handler's log of what
+    it applied is written before its transaction commits)."""
+
+    async def committed() -> bool:
+        rows = await fetch(
+            pool, "SELECT unbilled_upload FROM telecom.queue_users WHERE user_id = $1", user
+        )
+        return bool(rows) and rows[0]["unbilled_upload"] == upload
+
+    await eventually(committed, within=20)
+
+
 async def rows_of(pool: asyncpg.Pool, message_id: UUID) -> list[dict[str, Any]]:
     return await fetch(
         pool,
@@ -125,6 +138,7 @@ async def test_a_handler_that_fails_twice_then_succeeds_is_applied_once_after_re
     sent = await usage(fast, amqp, user, 7)
 
     await eventually(until(lambda: applied == [(user, 7)]), within=20)
+    await billed(pool, user, 7)
     assert attempts_seen == [1, 2, 3]  # the attempt count travelled in the x-attempt header
     retries = await fetch(
         pool,
@@ -203,6 +217,7 @@ async def test_a_fixed_dead_letter_is_replayed_once_by_dig_and_a_second_dig_appl
     dug = await cli(fast, "dlq", "dig", str(dead["id"]), "--by", "ops-alice")
     assert dug.returncode == 0, dug.stdout + dug.stderr
     await eventually(until(lambda: applied == [(user, 5)]))
+    await billed(pool, user, 5)
     (row,) = await rows_of(pool, sent)
     assert (row["status"], row["replayed_by"], row["replay_count"]) == ("replayed", "ops-alice", 1)
 
@@ -224,10 +239,7 @@ async def test_a_fixed_dead_letter_is_replayed_once_by_dig_and_a_second_dig_appl
     await usage(fast, amqp, user, 1)  # queued behind the second replay on the same route
     await eventually(until(lambda: len(applied) == 2))
     assert applied == [(user, 5), (user, 1)]  # the second replay applied nothing
-    (user_row,) = await fetch(
-        pool, "SELECT unbilled_upload FROM telecom.queue_users WHERE user_id = $1", user
-    )
-    assert user_row["unbilled_upload"] == 6
+    await billed(pool, user, 6)
 
 
 async def test_an_interrupted_bulk_replay_run_again_finishes_without_duplicates(
@@ -294,6 +306,7 @@ async def test_a_users_later_messages_wait_behind_a_buried_one_and_follow_it_in_
     assert dug.returncode == 0, dug.stdout + dug.stderr
     await eventually(until(lambda: len([x for x in applied if x[0] == a]) == 3))
     assert [x for x in applied if x[0] == a] == [(a, 1), (a, 2), (a, 3)]
+    await billed(pool, a, 6)
     assert await fetch(pool, "SELECT * FROM telecom.holds") == []
     assert await fetch(pool, "SELECT * FROM telecom.parked") == []
 
@@ -322,6 +335,7 @@ async def test_a_users_later_messages_wait_for_a_retry_while_other_users_keep_fl
     assert failed == [1]
     assert applied.index((b, 10)) < applied.index((a, 1))  # B did not wait for A's retry
     assert [x for x in applied if x[0] == a] == [(a, 1), (a, 2), (a, 3)]
+    await billed(pool, a, 6)
     assert await fetch(pool, "SELECT * FROM telecom.holds") == []
 
 
@@ -350,6 +364,7 @@ async def test_discarding_a_buried_message_releases_the_ones_it_held_back_in_ord
 
     await eventually(until(lambda: len(applied) == 2))
     assert applied == [(a, 2), (a, 3)]
+    await billed(pool, a, 5)
     (row,) = await rows_of(pool, m1)
     assert (row["status"], row["discarded_by"]) == ("discarded", "ops-bob")
 
@@ -455,3 +470,48 @@ async def test_plow_replays_the_n_oldest_buried_dead_letters_and_leaves_the_rest
     assert sorted(applied) == sorted([(users[0], 1), (users[1], 2)])
     statuses = [(await rows_of(pool, m))[0]["status"] for m in sent]
     assert statuses == ["replayed", "replayed", "buried"]
+
+
+async def test_a_replay_that_fails_again_gets_retries_of_its_own_and_is_buried_again(
+    fast: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection, app: InProcess
+) -> None:
+    broken = True
+    seen: list[tuple[int, object]] = []
+
+    def fails(ctx: HandlerContext, _: RecordUsage) -> bool:
+        seen.append((ctx.envelope.attempt, None))
+        return broken
+
+    policy = RetryPolicy(max_attempts=2, backoff=lambda _: 0.1)
+    pipeline, applied = usage_pipeline(pool, policy, fails)
+    await app.start_consumers([USAGE_RECORD], pipelines={USAGE_RECORD.name: pipeline})
+    user = uuid4()
+    sent = await usage(fast, amqp, user, 4)
+    parked = await usage(fast, amqp, user, 5)
+    dead = await dead_letter_of(pool, sent)
+    assert dead["attempts"] == 2
+
+    replayed = await cli(fast, "dlq", "dig", str(dead["id"]))  # too early: still broken
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+
+    async def buried_again() -> bool:
+        (row,) = await rows_of(pool, sent)
+        return bool(row["status"] == "buried" and row["replay_count"] == 1)
+
+    await eventually(buried_again, within=20)
+    assert [a for a, _ in seen] == [1, 2, 1, 2]  # the replay had its own two attempts
+    holds = await fetch(pool, "SELECT state, blocker FROM telecom.holds WHERE user_id = $1", user)
+    assert [(h["state"], h["blocker"]) for h in holds] == [("buried", sent)]
+    listed = await cli(fast, "dlq", "list", "--json")
+    assert [(r["message_id"], r["held_back"]) for r in json.loads(listed.stdout)] == [
+        (str(sent), 1)
+    ]
+
+    broken = False
+    again = await cli(fast, "dlq", "dig", str(dead["id"]))
+    assert again.returncode == 0, again.stdout + again.stderr
+    await eventually(until(lambda: applied == [(user, 4), (user, 5)]))
+    await billed(pool, user, 9)
+    assert parked not in {
+        r["message_id"] for r in await fetch(pool, "SELECT * FROM telecom.parked")
+    }

@@ -32,6 +32,7 @@ from events.envelope import (
     H_DEAD_ERROR,
     H_DEAD_REASON,
     H_DEAD_TRACEBACK,
+    H_REPLAY_GENERATION,
     H_REPLAY_OF,
     H_SCHEMA_VERSION,
     H_SEQ,
@@ -835,7 +836,7 @@ def test_replay_without_headers_uses_the_route_schema_version_and_no_seq() -> No
     assert message.message_type == PACKAGE_ACTIVATE.message_type
     assert message.seq is None
     assert message.body == b"{}"
-    assert message.headers == {H_ATTEMPT: 1, H_REPLAY_OF: 42}
+    assert message.headers == {H_ATTEMPT: 1, H_REPLAY_OF: 42, H_REPLAY_GENERATION: 4}
 
 
 @pytest.mark.parametrize("seq", ["abc", -1, 1.5, True])

@@ -61,6 +61,7 @@ CREATE TABLE telecom.holds (
     PRIMARY KEY (consumer, user_id)
 );
 CREATE INDEX holds_releasing ON telecom.holds (consumer) WHERE blocker IS NULL;
+CREATE INDEX holds_blocker ON telecom.holds (consumer, blocker);
 
 -- Messages parked behind a hold, in arrival order (id).
 CREATE TABLE telecom.parked (
