@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.pkgq-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test check unit integration e2e services migrate venv clean
+.PHONY: demo test check unit integration e2e bench services migrate venv clean
 
 $(STAMP): pyproject.toml constraints.txt deploy/local/ensure-venv.sh
 	deploy/local/ensure-venv.sh $(VENV)
@@ -22,6 +22,10 @@ migrate: venv services
 ## demo: start the relay and every consumer, drive sample users through all routes, show it.
 demo: migrate
 	$(BIN)/pkgq demo
+
+## bench: the throughput benchmark (pkgq bench --help to scale it); key=value lines at the end.
+bench: migrate
+	$(BIN)/pkgq bench $(BENCH_ARGS)
 
 ## check: formatting, lint and strict typing.
 check: venv

@@ -10,13 +10,16 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 from uuid import UUID
 
+import structlog
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
 from consumers import publishing
 from consumers.dlq_cli import dlq_app
+from consumers.partitions_cli import partitions_app
 from consumers.runtime import services, stop_on_signals
 from events.models import AdjustQuota, CancelPackage, WireModel
 from events.routes import ROUTES, Route, UnknownRouteError, route_named
@@ -37,6 +40,7 @@ catalog_app = typer.Typer(help="The package catalog.")
 app.add_typer(user_app, name="user")
 app.add_typer(catalog_app, name="catalog")
 app.add_typer(dlq_app, name="dlq")
+app.add_typer(partitions_app, name="partitions")
 console = Console()
 T = TypeVar("T")
 
@@ -101,11 +105,21 @@ def run_cmd(
             help="Also run the dead-letter ingester (default: only when no ROUTES are given).",
         ),
     ] = None,
+    replica: Annotated[
+        str | None,
+        typer.Option(
+            "--replica",
+            help="I/N: consume partitions k with k %% N == I first, stand by for the others "
+            "(PKGQ_REPLICA).",
+        ),
+    ] = None,
 ) -> None:
     """Run consumers for ROUTES until SIGTERM/SIGINT, then drain gracefully."""
     from consumers.runner import run_consumers
 
     settings = _settings()
+    if replica is not None:
+        settings = Settings.model_validate({**settings.model_dump(), "replica": replica})
     selected = [_route(r) for r in routes] if routes else list(ROUTES.values())
     with_ingester = ingest if ingest is not None else not routes
 
@@ -310,6 +324,54 @@ def catalog_list() -> None:
     for p in _run(go()):
         table.add_row(str(p.id), p.name, str(p.traffic_limit), str(p.duration or "-"))
     console.print(table)
+
+
+@app.command("bench")
+def bench_cmd(
+    users: Annotated[int, typer.Option(min=1, help="Users in the scenario.")] = 200,
+    packages: Annotated[int, typer.Option(min=1, help="Packages each user buys and uses up.")] = 5,
+    small_rows: Annotated[
+        int, typer.Option(min=0, help="Rows already in package_queue, first runs.")
+    ] = 10_000,
+    large_rows: Annotated[
+        int, typer.Option(min=0, help="Rows already in package_queue, last run.")
+    ] = 1_000_000,
+    batch_size: Annotated[int, typer.Option(min=1, max=1000)] = 32,
+    prefetch: Annotated[int, typer.Option(min=1)] = 64,
+    raw_messages: Annotated[int, typer.Option(min=1, help="Messages in the raw baseline.")] = 5000,
+) -> None:
+    """Benchmark pkgq against the raw broker and its naive mode; prints key=value lines last.
+
+    Scale it with --users and --packages (events per run are about users x (3 x packages + 3)).
+    It uses its own database (pkgq_bench) and broker names (bench.*) next to the configured ones.
+    """
+    from consumers.bench import PHASES, Scenario, run_bench
+
+    settings = _settings()
+    scenario = Scenario(
+        users=users,
+        packages=packages,
+        small_rows=small_rows,
+        large_rows=large_rows,
+        batch_size=batch_size,
+        prefetch=prefetch,
+        raw_messages=raw_messages,
+    )
+    err = Console(stderr=True)
+    if sys.stderr.isatty():
+        with Progress(console=err) as progress:
+            task = progress.add_task("bench", total=PHASES)
+
+            def say(text: str) -> None:
+                if not text.startswith(" "):
+                    progress.advance(task)
+                progress.console.print(text, highlight=False)
+
+            code = _run(run_bench(settings, scenario, say))
+    else:
+        bench_log = structlog.get_logger("pkgq.bench")
+        code = _run(run_bench(settings, scenario, lambda text: bench_log.info(text.strip())))
+    raise typer.Exit(code)
 
 
 @app.command("demo")

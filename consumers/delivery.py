@@ -26,7 +26,7 @@ import json
 import os
 import signal
 import traceback
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -107,6 +107,9 @@ def _is_blip(exc: BaseException) -> bool:
 class _Result:
     outcome: Outcome
     release: bool = False
+    """The user's parked messages may go now."""
+    held: bool = False
+    """The message now holds its user's later messages back (retrying or buried)."""
 
 
 class DeliveryPipeline:
@@ -131,43 +134,92 @@ class DeliveryPipeline:
         self._kill_before_commit = kill_before_commit
 
     async def __call__(self, raw: RawDelivery) -> Outcome:
-        try:
-            decoded = decode(self.route, raw, max_body_bytes=self._max_body_bytes)
-        except BadMessageError as exc:
-            async with self._connection() as conn:
-                await self._bury(conn, raw, exc.reason, exc, attempts=1, user_id=_user_of(raw))
-            log.warning("dead_lettered", reason=exc.reason, error=str(exc))
-            return Outcome.DEAD_LETTERED
-        user = decoded.envelope.user_id
-        message_id = decoded.envelope.message_id
+        (outcome,) = await self.process_batch([raw])
+        return outcome
+
+    async def process_batch(self, raws: Sequence[RawDelivery]) -> list[Outcome]:
+        """Decide the fate of deliveries in one transaction; outcomes in delivery order.
+
+        Each message is applied in its own savepoint, so one that fails is retried or buried
+        alone while its neighbours commit. Messages are taken user by user (in user_id order,
+        each user's in delivery order), so concurrent batches lock users in the same order."""
+        outcomes: list[Outcome | None] = [None] * len(raws)
+        ready: list[tuple[int, Decoded]] = []
+        bad: list[tuple[int, BadMessageError]] = []
+        for index, raw in enumerate(raws):
+            try:
+                ready.append((index, decode(self.route, raw, max_body_bytes=self._max_body_bytes)))
+            except BadMessageError as exc:
+                bad.append((index, exc))
+        ready.sort(key=lambda item: (str(item[1].envelope.user_id), item[0]))
+        to_release: set[UUID] = set()
         async with self._connection() as conn, conn.transaction():
-            hold = await holds.lock(conn, self.consumer, user) if user is not None else None
-            if await inbox.seen(conn, self.consumer, message_id):
-                release = await self._done_with_blocker(conn, message_id, hold)
-                result = _Result(Outcome.DUPLICATE, release)
-            elif hold is not None and hold.blocker != message_id:
-                await holds.park(
-                    conn,
-                    self.consumer,
-                    hold.user_id,
-                    message_id,
-                    self.route.name,
-                    self.route.message_type,
-                    raw.body,
-                    _headers_json(raw),
-                )
-                result = _Result(Outcome.PARKED, release=hold.blocker is None)
-            else:
-                result = await self._attempt(conn, decoded, raw, hold)
-        if result.release and user is not None:
+            for index, problem in bad:
+                await self._bury(conn, raws[index], problem.reason, problem, attempts=1)
+                log.warning("dead_lettered", reason=problem.reason, error=str(problem))
+                outcomes[index] = Outcome.DEAD_LETTERED
+            ids = [d.envelope.message_id for _, d in ready]
+            users = sorted({d.envelope.user_id for _, d in ready if d.envelope.user_id})
+            # One statement each for the whole batch: which were applied, which users are held.
+            seen = await inbox.seen_many(conn, self.consumer, ids) if ids else set()
+            held = await holds.lock_many(conn, self.consumer, users) if users else {}
+            now: datetime = await conn.fetchval("SELECT now()")
+            for index, decoded in ready:
+                result = await self._one(conn, now, raws[index], decoded, seen, held)
+                outcomes[index] = result.outcome
+                if result.release and decoded.envelope.user_id is not None:
+                    to_release.add(decoded.envelope.user_id)
+        for user in sorted(to_release):
             try:
                 await self.release(user)
-            except Exception as exc:  # noqa: BLE001  (this delivery is done; the poll retries)
+            except Exception as exc:  # noqa: BLE001  (these deliveries are done; the poll retries)
                 log.warning("release_deferred", user_id=str(user), error=repr(exc))
-        return result.outcome
+        return [o if o is not None else Outcome.DEAD_LETTERED for o in outcomes]
+
+    async def _one(
+        self,
+        conn: Conn,
+        now: datetime,
+        raw: RawDelivery,
+        decoded: Decoded,
+        seen: set[UUID],
+        held: dict[UUID, holds.Hold],
+    ) -> _Result:
+        """One decoded message of a batch. `seen` and `held` are kept up to date as it goes."""
+        message_id = decoded.envelope.message_id
+        user = decoded.envelope.user_id
+        hold = held.get(user) if user is not None else None
+        if message_id in seen:
+            return _Result(Outcome.DUPLICATE, await self._done_with_blocker(conn, message_id, hold))
+        if hold is not None and hold.blocker != message_id:
+            await holds.park(
+                conn,
+                self.consumer,
+                hold.user_id,
+                message_id,
+                self.route.name,
+                self.route.message_type,
+                raw.body,
+                _headers_json(raw),
+            )
+            return _Result(Outcome.PARKED, release=hold.blocker is None)
+        result = await self._attempt(conn, decoded, raw, hold, now=now)
+        seen.add(message_id)
+        if user is not None:
+            if result.held:  # it failed: the user's next messages in this batch wait behind it
+                held[user] = holds.Hold(self.consumer, user, message_id, "retrying")
+            elif hold is not None and hold.blocker == message_id:
+                held[user] = holds.Hold(self.consumer, user, None, "releasing")
+        return result
 
     async def _attempt(
-        self, conn: Conn, decoded: Decoded, raw: RawDelivery, hold: holds.Hold | None
+        self,
+        conn: Conn,
+        decoded: Decoded,
+        raw: RawDelivery,
+        hold: holds.Hold | None,
+        *,
+        now: datetime,
     ) -> _Result:
         """Apply the message in a savepoint; on failure, retry it later or bury it."""
         envelope = decoded.envelope
@@ -181,7 +233,7 @@ class DeliveryPipeline:
             ):
                 with retrying:
                     async with conn.transaction():  # a savepoint in the delivery's transaction
-                        applied = await self._apply(conn, decoded)
+                        applied = await self._apply(conn, decoded, now)
         except Exception as exc:
             if is_outage(exc):
                 raise  # not the message's fault: the whole delivery is tried again
@@ -190,14 +242,13 @@ class DeliveryPipeline:
                 log.warning("dead_lettered", reason="domain_rule", error=str(exc))
                 release = await self._done_with_blocker(conn, envelope.message_id, hold)
                 return _Result(Outcome.DEAD_LETTERED, release)
-            return await self._retry_or_bury(conn, decoded, raw, exc)
+            return await self._retry_or_bury(conn, decoded, raw, exc, now)
         outcome = Outcome.ACKED if applied else Outcome.DUPLICATE
         return _Result(outcome, await self._done_with_blocker(conn, envelope.message_id, hold))
 
-    async def _apply(self, conn: Conn, decoded: Decoded) -> bool:
+    async def _apply(self, conn: Conn, decoded: Decoded, now: datetime) -> bool:
         if not await inbox.claim(conn, self.consumer, decoded.envelope.message_id):
             return False
-        now = await conn.fetchval("SELECT now()")
         await self._handler(HandlerContext(conn, now, decoded.envelope), decoded.body)
         if self._kill_before_commit:
             os.kill(os.getpid(), signal.SIGKILL)  # crash test: applied, not committed
@@ -213,7 +264,7 @@ class DeliveryPipeline:
         return hold is not None and hold.blocker is None
 
     async def _retry_or_bury(
-        self, conn: Conn, decoded: Decoded, raw: RawDelivery, exc: Exception
+        self, conn: Conn, decoded: Decoded, raw: RawDelivery, exc: Exception, now: datetime
     ) -> _Result:
         envelope = decoded.envelope
         attempt = envelope.attempt
@@ -243,8 +294,7 @@ class DeliveryPipeline:
                     error=f"{info.error_type}: {info.message}",
                 )
             log.error("dead_lettered", reason="max_attempts", attempts=attempt, error=info.message)
-            return _Result(Outcome.DEAD_LETTERED)
-        now: datetime = await conn.fetchval("SELECT now()")
+            return _Result(Outcome.DEAD_LETTERED, held=user is not None)
         retry = outbox.OutboxMessage(
             route=self.route.name,
             message_type=self.route.message_type,
@@ -272,7 +322,7 @@ class DeliveryPipeline:
             # This attempt failed before and its retry is already scheduled (a redelivery after
             # a crash before the ack): the hold is as that first failure left it.
             log.info("retry_already_scheduled", attempt=attempt)
-            return _Result(Outcome.RETRY_SCHEDULED)
+            return _Result(Outcome.RETRY_SCHEDULED, held=user is not None)
         if user is not None:
             await holds.hold(
                 conn,
@@ -290,7 +340,7 @@ class DeliveryPipeline:
             error=f"{info.error_type}: {info.message}",
             at=info.location,
         )
-        return _Result(Outcome.RETRY_SCHEDULED)
+        return _Result(Outcome.RETRY_SCHEDULED, held=user is not None)
 
     async def _bury(
         self,
@@ -364,7 +414,8 @@ class DeliveryPipeline:
                     continue
                 if await inbox.seen(conn, self.consumer, parked.message_id):
                     continue
-                await self._attempt(conn, decoded, raw, hold)
+                now = await conn.fetchval("SELECT now()")
+                await self._attempt(conn, decoded, raw, hold, now=now)
                 applied += 1
 
     async def release_pending(self) -> int:

@@ -27,6 +27,7 @@ from events.envelope import (
     H_USER_ID,
     jsonable,
 )
+from events.partitioning import route_of_key
 from events.routes import ROUTES
 from infra.postgres import dead_letters
 from infra.rabbit.consumer import Outcome, Processor, QueueConsumer
@@ -52,7 +53,7 @@ def _consumer_of(route: str, queue: str | None) -> str:
 
 def to_dead_letter(raw: RawDelivery) -> dead_letters.NewDeadLetter:
     headers = jsonable(dict(raw.headers))
-    route = raw.routing_key or ""
+    route = route_of_key(raw.routing_key or "")
     common: dict[str, Any] = {
         "message_id": raw.message_id,
         "user_id": _user(headers),
@@ -81,7 +82,7 @@ def to_dead_letter(raw: RawDelivery) -> dead_letters.NewDeadLetter:
     queue = str(death.get("queue") or headers.get("x-first-death-queue") or "")
     keys = death.get("routing-keys")
     if isinstance(keys, list) and keys:
-        route = str(keys[0])
+        route = route_of_key(str(keys[0]))
     count = death.get("count", 1)
     return dead_letters.NewDeadLetter(
         source="broker",

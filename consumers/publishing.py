@@ -10,7 +10,7 @@ from events.envelope import Envelope
 from events.models import WireModel
 from events.routes import Route
 from infra.rabbit.publisher import Publisher, build_message
-from infra.rabbit.topology import declare_all
+from infra.rabbit.topology import declare_all, routing_key_for
 from infra.settings import Settings
 
 
@@ -46,7 +46,7 @@ async def publish(
                 headers=envelope.headers(),
                 timestamp=envelope.timestamp,
             ),
-            route.name,
+            routing_key_for(settings, route.name, body.user_id),
         )
     finally:
         await publisher.close()

@@ -54,19 +54,38 @@ async def run_consumers(
     await channel.close()
     dead_letters = await Publisher.open(svc.amqp, settings.dlx)
     consumers: list[QueueConsumer] = []
+    standby: list[QueueConsumer] = []
     for route in routes:
         pipeline = (pipelines or {}).get(route.name) or pipeline_for(settings, svc, route)
-        consumers.append(
-            route_consumer(
-                route, settings, svc.amqp, pipeline, dead_letters, idle=pipeline.release_pending
+        for partition in range(settings.partitions_for(route.name)):
+            consumer = route_consumer(
+                route,
+                settings,
+                svc.amqp,
+                pipeline,
+                dead_letters,
+                idle=pipeline.release_pending,
+                batch=pipeline.process_batch,
+                partition=partition,
             )
-        )
+            (consumers if settings.preferred(partition) else standby).append(consumer)
     if ingest:
         consumers.append(ingester(settings, svc.pool, svc.amqp))
     try:
         for consumer in consumers:
             await consumer.start()
         log.info("ready", routes=[c.name for c in consumers])
+        if standby:
+            # Single-active-consumer makes the first subscriber of a queue its consumer: the
+            # replicas that prefer a partition subscribe first, the others stand by for it.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=settings.standby_delay)
+            for consumer in standby:
+                if stop.is_set():
+                    break
+                await consumer.start()
+                consumers.append(consumer)
+            log.info("standing_by", routes=[c.name for c in standby])
         waiters = [asyncio.ensure_future(stop.wait())]
         waiters += [asyncio.ensure_future(c.failed.wait()) for c in consumers]
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -35,6 +35,11 @@ class Settings(BaseSettings):
     """Queues are `<queue_prefix>.<route>`; dead letters go to `<queue_prefix>.dead_letters`."""
 
     prefetch: int = Field(default=32, ge=1, le=10_000)
+    """Deliveries the broker sends ahead (raised to batch_size if lower)."""
+    batch_size: int = Field(default=32, ge=1, le=1000)
+    """Deliveries a consumer applies in one Postgres transaction (1: one at a time)."""
+    batch_linger_ms: float = Field(default=5.0, ge=0, le=10_000)
+    """How long a consumer waits for a batch to fill once it has one delivery in hand."""
     max_body_bytes: int = Field(default=1024 * 1024, ge=1)
     pool_min_size: int = Field(default=1, ge=0)
     pool_max_size: int = Field(default=10, ge=1)
@@ -66,15 +71,41 @@ class Settings(BaseSettings):
     fault_kill_relay_after: int | None = None
     """SIGKILL the relay after this many confirmed publishes, before it marks them done."""
 
-    @field_validator("retry_routes")
+    partitions: dict[str, int] = Field(default_factory=dict)
+    """Queues per route, e.g. PKGQ_PARTITIONS='{"telecom.usage_record": 4}' (default 1). See
+    events/partitioning.py, and the README for changing it safely."""
+    replica: str | None = Field(default=None, pattern=r"^\d+/\d+$")
+    """`I/N`: this `pkgq run` is replica I of N. It consumes partitions k with k % N == I at once
+    and subscribes to the others only as a standby after `standby_delay` seconds."""
+    standby_delay: float = Field(default=3.0, ge=0)
+
+    @field_validator("retry_routes", "partitions")
     @classmethod
-    def _known_routes(cls, value: dict[str, RetrySettings]) -> dict[str, RetrySettings]:
-        from events.routes import ROUTES
+    def _known_routes(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from events.routes import ROUTES  # settings stay importable without the route table
 
         unknown = sorted(set(value) - set(ROUTES))
         if unknown:
             raise ValueError(f"unknown route(s) {unknown}; routes are {sorted(ROUTES)}")
         return value
+
+    @field_validator("partitions")
+    @classmethod
+    def _partition_counts(cls, value: dict[str, int]) -> dict[str, int]:
+        wrong = {k: v for k, v in value.items() if not 1 <= v <= 256}
+        if wrong:
+            raise ValueError(f"partitions must be 1..256, got {wrong}")
+        return value
+
+    def partitions_for(self, route_name: str) -> int:
+        return self.partitions.get(route_name, 1)
+
+    def preferred(self, partition: int) -> bool:
+        """Whether this replica consumes `partition` at once (else only as a standby)."""
+        if self.replica is None:
+            return True
+        index, count = (int(x) for x in self.replica.split("/"))
+        return partition % count == index
 
     def retry_for(self, route_name: str) -> RetrySettings:
         return self.retry_routes.get(route_name, self.retry)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -192,6 +193,8 @@ def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
             "PKGQ_LOG_LEVEL": "info",
         }
     )
+    if settings.partitions:
+        env["PKGQ_PARTITIONS"] = json.dumps(settings.partitions)
     env.update(extra)
     return env
 

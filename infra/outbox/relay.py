@@ -30,7 +30,7 @@ from infra.outbox.sweep import sweep_overdue_expiries
 from infra.postgres import outbox
 from infra.postgres.outbox import ClaimedRow
 from infra.rabbit.publisher import Publisher, build_message
-from infra.rabbit.topology import declare_all
+from infra.rabbit.topology import declare_all, routing_key_for
 from infra.settings import Settings
 from infra.transient import is_transient
 
@@ -127,7 +127,9 @@ class Relay:
                     headers=row.headers,
                 )
                 try:
-                    await self._publisher.publish(message, row.route)
+                    await self._publisher.publish(
+                        message, routing_key_for(self._settings, row.route, row.user_id)
+                    )
                 except Exception as exc:  # noqa: BLE001  (the row stays pending and is retried)
                     failed.append(row.id)
                     errors.append(repr(exc))

@@ -46,6 +46,17 @@ async def lock(conn: Conn, consumer: str, user_id: UUID) -> Hold | None:
     return Hold(consumer, user_id, row["blocker"], row["state"])
 
 
+async def lock_many(conn: Conn, consumer: str, user_ids: list[UUID]) -> dict[UUID, Hold]:
+    """Inside a transaction: the holds on these users, locked in user_id order."""
+    rows = await conn.fetch(
+        "SELECT user_id, blocker, state FROM telecom.holds "
+        "WHERE consumer = $1 AND user_id = ANY($2::uuid[]) ORDER BY user_id FOR UPDATE",
+        consumer,
+        user_ids,
+    )
+    return {r["user_id"]: Hold(consumer, r["user_id"], r["blocker"], r["state"]) for r in rows}
+
+
 async def hold(
     conn: Conn,
     consumer: str,

@@ -18,6 +18,16 @@ async def claim(conn: Conn, consumer: str, message_id: UUID) -> bool:
     return bool(inserted)
 
 
+async def seen_many(conn: Conn, consumer: str, message_ids: list[UUID]) -> set[UUID]:
+    """Which of the messages `consumer` has applied already: one statement for a batch."""
+    rows = await conn.fetch(
+        "SELECT message_id FROM telecom.inbox WHERE consumer = $1 AND message_id = ANY($2::uuid[])",
+        consumer,
+        message_ids,
+    )
+    return {r["message_id"] for r in rows}
+
+
 async def seen(conn: Conn, consumer: str, message_id: UUID) -> bool:
     """Whether `consumer` has applied the message already (without claiming it)."""
     found = await conn.fetchval(

@@ -166,6 +166,7 @@ async def claim_due(conn: Conn, partitions: Sequence[int], batch_size: int) -> l
         WITH due AS MATERIALIZED (
             SELECT id FROM telecom.outbox
             WHERE partition = ANY($1::int[]) AND published_at IS NULL AND available_at <= now()
+              AND route NOT IN (SELECT route FROM telecom.route_pauses)
         )
         SELECT id, message_id, route, message_type, user_id, body, headers
         FROM telecom.outbox
@@ -225,3 +226,35 @@ async def emit(
     ]
     await enqueue(conn, messages)
     return messages
+
+
+async def pause_route(conn: Conn, route: str, who: str) -> bool:
+    """Hold the route's rows back from the relay. False: it was paused already."""
+    return bool(
+        await conn.fetchval(
+            "INSERT INTO telecom.route_pauses (route, paused_by) VALUES ($1, $2) "
+            "ON CONFLICT DO NOTHING RETURNING true",
+            route,
+            who,
+        )
+    )
+
+
+async def resume_route(conn: Conn, route: str) -> bool:
+    status = await conn.execute("DELETE FROM telecom.route_pauses WHERE route = $1", route)
+    await conn.execute("SELECT pg_notify('pkgq_outbox', '')")  # wake the relays
+    return status.endswith(" 1")
+
+
+async def route_status(conn: Conn, route: str) -> dict[str, object]:
+    row = await conn.fetchrow(
+        """
+        SELECT (SELECT paused_at FROM telecom.route_pauses WHERE route = $1) AS paused_at,
+               (SELECT paused_by FROM telecom.route_pauses WHERE route = $1) AS paused_by,
+               (SELECT count(*) FROM telecom.outbox
+                WHERE route = $1 AND published_at IS NULL) AS pending
+        """,
+        route,
+    )
+    assert row is not None  # a SELECT without FROM returns one row
+    return dict(row)

@@ -25,9 +25,9 @@ import os
 import signal
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from aio_pika.abc import (
@@ -47,9 +47,10 @@ from events.envelope import (
     H_DEAD_TRACEBACK,
     H_USER_ID,
 )
+from events.partitioning import route_of_key
 from events.routes import Route
 from infra.rabbit.publisher import Publisher, build_message
-from infra.rabbit.topology import declare_exchanges, declare_route_queue
+from infra.rabbit.topology import declare_exchanges, declare_route_queue, route_queues
 from infra.settings import Settings
 from infra.transient import is_outage, transient_retrying
 
@@ -67,6 +68,8 @@ class Outcome(enum.StrEnum):
 
 
 Processor = Callable[[RawDelivery], Awaitable[Outcome]]
+BatchProcessor = Callable[[Sequence[RawDelivery]], Awaitable[list[Outcome]]]
+T = TypeVar("T")
 Declare = Callable[[AbstractChannel], Awaitable[AbstractQueue]]
 Idle = Callable[[], Awaitable[object]]
 
@@ -98,12 +101,16 @@ class QueueConsumer:
         *,
         idle: Idle | None = None,
         idle_every: float = 2.0,
+        batch: BatchProcessor | None = None,
+        batch_size: int = 1,
+        linger: float = 0.0,
     ) -> None:
         """`name`: the route (or queue) for logs and the DLX routing key; `declare`: makes the
         queue on a channel; `dead_letters`: where the last-resort copy goes (None: requeue after
-        a pause instead); `idle`: called between deliveries at least every `idle_every` s."""
+        a pause instead); `idle`: called between deliveries at least every `idle_every` s;
+        `batch`: processes up to `batch_size` deliveries at once, waiting up to `linger` s."""
         self.name = name
-        self.consumer_name = name.rsplit(".", 1)[-1]
+        self.consumer_name = route_of_key(name).rsplit(".", 1)[-1]
         self._declare = declare
         self._settings = settings
         self._connection = connection
@@ -111,6 +118,9 @@ class QueueConsumer:
         self._dead_letters = dead_letters
         self._idle = idle
         self._idle_every = idle_every
+        self._batch = batch
+        self._batch_size = batch_size
+        self._linger = linger
         self._buffer: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -123,7 +133,7 @@ class QueueConsumer:
 
     async def start(self) -> None:
         self._channel = await self._connection.channel(publisher_confirms=False)
-        await self._channel.set_qos(prefetch_count=self._settings.prefetch)
+        await self._channel.set_qos(prefetch_count=max(self._settings.prefetch, self._batch_size))
         self._queue = await self._declare(self._channel)
         self._consumer_tag = await self._queue.consume(self._buffer.put)
         self._worker = asyncio.create_task(self._run(), name=f"consume:{self.name}")
@@ -172,6 +182,14 @@ class QueueConsumer:
             if self._stopping.is_set():
                 break  # a delivery that raced the stop stays unacked: redelivered
             message = getter.result()
+            if self._batch is not None and self._batch_size > 1:
+                batch = [m for m in await self._collect(message) if _channel_open(m)]
+                if len(batch) > 1:
+                    await self._handle_batch(batch)
+                    continue
+                if not batch:
+                    continue
+                message = batch[0]
             if not _channel_open(message):
                 continue  # its channel died; the broker redelivers it on the new one
             with structlog.contextvars.bound_contextvars(
@@ -187,6 +205,66 @@ class QueueConsumer:
                         await self._dead_letter(message, "handler_error", exc)
                     except Exception:
                         log.exception("dead_letter_failed_unexpectedly")
+
+    async def _collect(self, first: AbstractIncomingMessage) -> list[AbstractIncomingMessage]:
+        """Up to `batch_size` deliveries: what is buffered, then whatever arrives within the
+        linger (so a quiet queue waits at most `linger` seconds for company)."""
+        batch = [first]
+        deadline = time.monotonic() + self._linger
+        while len(batch) < self._batch_size:
+            try:
+                batch.append(self._buffer.get_nowait())
+                continue
+            except asyncio.QueueEmpty:
+                pass
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._stopping.is_set():
+                break
+            try:
+                batch.append(await asyncio.wait_for(self._buffer.get(), remaining))
+            except TimeoutError:
+                break
+        return batch
+
+    async def _handle_batch(self, messages: list[AbstractIncomingMessage]) -> None:
+        """One transaction for the batch, then one ack for all of it (`multiple`)."""
+        assert self._batch is not None
+        started = time.perf_counter()
+        raws = [raw_delivery(m) for m in messages]
+        batch = self._batch
+        try:
+            outcomes = await self._process_until_done(lambda: batch(raws))
+        except asyncio.CancelledError:
+            raise
+        except _StoppingError:
+            return  # left unacked: redelivered after the restart
+        except Exception:
+            # A bug in the batch path: fall back to one delivery at a time, so whatever is
+            # wrong is isolated to the message that causes it.
+            log.exception("batch_failed_unexpectedly", size=len(messages))
+            for message in messages:
+                with structlog.contextvars.bound_contextvars(message_id=message.message_id):
+                    await self._handle(message)
+            return
+        if self._settings.fault_kill_after_commit == route_of_key(self.name):
+            os.kill(os.getpid(), signal.SIGKILL)  # crash test: committed, not acked
+        try:
+            # Deliveries are handled in order, so every earlier tag on the channel is acked.
+            await messages[-1].ack(multiple=True)
+        except Exception as exc:  # noqa: BLE001  (channel gone: the inbox absorbs the redelivery)
+            log.warning("ack_failed", error=repr(exc))
+        self.processed += len(messages)
+        ms = round((time.perf_counter() - started) * 1000, 2)
+        for message, outcome, raw in zip(messages, outcomes, raws, strict=True):
+            log.info(
+                "processed",
+                route=self.name,
+                message_id=message.message_id,
+                user_id=str(raw.headers.get(H_USER_ID, "")),
+                outcome=outcome.value,
+                batch=len(messages),
+                ms=ms,
+            )
 
     async def _run_idle(self) -> None:
         if self._idle is None:
@@ -212,7 +290,7 @@ class QueueConsumer:
         if user is not None:
             structlog.contextvars.bind_contextvars(user_id=str(user))
         try:
-            outcome = await self._process_until_done(raw)
+            outcome = await self._process_until_done(lambda: self._processor(raw))
         except asyncio.CancelledError:
             raise
         except _StoppingError:
@@ -221,7 +299,7 @@ class QueueConsumer:
             log.exception("processing_failed_unexpectedly")
             await self._dead_letter(message, "handler_error", exc)
             return
-        if self._settings.fault_kill_after_commit == self.name:
+        if self._settings.fault_kill_after_commit == route_of_key(self.name):
             os.kill(os.getpid(), signal.SIGKILL)  # crash test: committed, not acked
         await self._ack(message)
         self.processed += 1
@@ -231,7 +309,7 @@ class QueueConsumer:
             ms=round((time.perf_counter() - started) * 1000, 2),
         )
 
-    async def _process_until_done(self, raw: RawDelivery) -> Outcome:
+    async def _process_until_done(self, call: Callable[[], Awaitable[T]]) -> T:
         """Retry blips briefly with tenacity; wait out outages with pauses until it works."""
         pause = 1.0
         blocked_since = time.monotonic()
@@ -239,7 +317,7 @@ class QueueConsumer:
             try:
                 async for attempt in transient_retrying():
                     with attempt:
-                        return await self._processor(raw)
+                        return await call()
             except Exception as exc:
                 if not is_outage(exc):
                     raise
@@ -335,15 +413,18 @@ def route_consumer(
     dead_letters: Publisher,
     *,
     idle: Idle | None = None,
+    batch: BatchProcessor | None = None,
+    partition: int = 0,
 ) -> QueueConsumer:
-    """The consumer of a route's queue, `pkgq.<route>`."""
+    """The consumer of one partition of a route: `pkgq.<route>` or `pkgq.<route>.p<k>`."""
 
     async def declare(channel: AbstractChannel) -> AbstractQueue:
         exchange, _ = await declare_exchanges(channel, settings)
-        return await declare_route_queue(channel, settings, exchange, route)
+        return await declare_route_queue(channel, settings, exchange, route, partition)
 
+    _, key = route_queues(settings, route.name)[partition]
     return QueueConsumer(
-        route.name,
+        key,
         declare,
         settings,
         connection,
@@ -351,4 +432,7 @@ def route_consumer(
         dead_letters,
         idle=idle,
         idle_every=settings.release_poll_interval,
+        batch=batch,
+        batch_size=settings.batch_size if batch is not None else 1,
+        linger=settings.batch_linger_ms / 1000,
     )

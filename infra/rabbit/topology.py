@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
+from uuid import UUID
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
 from aiormq.exceptions import ChannelPreconditionFailed
 
+from events.partitioning import partition_key, routing_key
 from events.routes import ROUTES, Route
 from infra.settings import Settings
 
@@ -53,15 +55,34 @@ class TopologyMismatchError(Exception):
         self.queue = queue
 
 
+def route_queues(settings: Settings, route_name: str) -> list[tuple[str, str]]:
+    """(queue, binding key) of each partition of a route: `pkgq.<route>` when it has one,
+    `pkgq.<route>.p<k>` bound to `<route>.p<k>` when it has several."""
+    count = settings.partitions_for(route_name)
+    return [
+        (settings.queue_name(key), key)
+        for key in (partition_key(route_name, k, count) for k in range(count))
+    ]
+
+
+def routing_key_for(settings: Settings, route_name: str, user_id: UUID | None) -> str:
+    """Where a message for `user_id` on a route is published: its partition's key."""
+    return routing_key(route_name, user_id, settings.partitions_for(route_name))
+
+
 async def declare_route_queue(
-    channel: AbstractChannel, settings: Settings, exchange: AbstractExchange, route: Route
+    channel: AbstractChannel,
+    settings: Settings,
+    exchange: AbstractExchange,
+    route: Route,
+    partition: int = 0,
 ) -> AbstractQueue:
-    name = settings.queue_name(route.name)
+    name, key = route_queues(settings, route.name)[partition]
     try:
         queue = await channel.declare_queue(name, durable=True, arguments=queue_arguments(settings))
     except ChannelPreconditionFailed as exc:
         raise TopologyMismatchError(name, str(exc)) from exc
-    await queue.bind(exchange, routing_key=route.name)
+    await queue.bind(exchange, routing_key=key)
     return queue
 
 
@@ -71,13 +92,15 @@ async def declare_all(
     """Declare the exchanges, the dead-letter queue and every route's queue."""
     exchange, _ = await declare_exchanges(channel, settings)
     for route in routes if routes is not None else ROUTES.values():
-        await declare_route_queue(channel, settings, exchange, route)
+        for partition in range(settings.partitions_for(route.name)):
+            await declare_route_queue(channel, settings, exchange, route, partition)
 
 
 async def delete_all(channel: AbstractChannel, settings: Settings) -> None:
     """Remove everything `declare_all` made (used by tests to clean up their namespace)."""
     for route in ROUTES.values():
-        await channel.queue_delete(settings.queue_name(route.name))
+        for queue, _ in route_queues(settings, route.name):
+            await channel.queue_delete(queue)
     await channel.queue_delete(settings.dead_letter_queue)
     await channel.exchange_delete(settings.exchange)
     await channel.exchange_delete(settings.dlx)

@@ -18,7 +18,9 @@ from tests.support import PkgqProcess
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.parametrize("batch_size", ["1", "32"], ids=["unbatched", "batched"])
 async def test_random_traffic_through_two_relays_and_two_replicas_reaches_the_reference_end_state(
+    batch_size: str,
     settings: Settings,
     pool: asyncpg.Pool,
     amqp: AbstractRobustConnection,
@@ -28,8 +30,9 @@ async def test_random_traffic_through_two_relays_and_two_replicas_reaches_the_re
     workload = await Workload.create(pool, seed=20261122)
     # Two of each: relays share the outbox by partition lease, consumer replicas stand by
     # behind single-active-consumer queues. Order and exactly-once effects must still hold.
+    # Batched and unbatched runs of the same workload must reach the same (reference) end state.
     relays = [spawn("relay"), spawn("relay")]
-    replicas = [spawn("run"), spawn("run")]
+    replicas = [spawn("run", PKGQ_BATCH_SIZE=batch_size) for _ in range(2)]
     await workload.send_purchases(settings, amqp)
     await workload.wait_all_queued(pool)
     await workload.send_usage(settings, amqp)

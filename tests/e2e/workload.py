@@ -76,6 +76,10 @@ class Workload:
             plans.append(plan)
         return cls(plans)
 
+    @property
+    def users(self) -> list[UUID]:
+        return [p.user for p in self.plans]
+
     async def send_purchases(self, settings: Settings, amqp: AbstractRobustConnection) -> None:
         for plan in self.plans:
             for package, amount in plan.purchases:
@@ -104,9 +108,14 @@ class Workload:
 
         async def all_active() -> bool:
             async with pool.acquire() as conn:
-                items = await conn.fetchval("SELECT count(*) FROM telecom.package_queue")
+                items = await conn.fetchval(
+                    "SELECT count(*) FROM telecom.package_queue WHERE user_id = ANY($1::uuid[])",
+                    self.users,
+                )
                 active = await conn.fetchval(
-                    "SELECT count(*) FROM telecom.package_queue WHERE status = 'active'"
+                    "SELECT count(*) FROM telecom.package_queue "
+                    "WHERE status = 'active' AND user_id = ANY($1::uuid[])",
+                    self.users,
                 )
             return bool(items == total and active == len(self.plans))
 
@@ -116,11 +125,14 @@ class Workload:
         async with pool.acquire() as conn:
             rows = await conn.fetch(
                 "SELECT user_id, status::text AS status, upload + download AS used "
-                "FROM telecom.package_queue ORDER BY created_at, id"
+                "FROM telecom.package_queue WHERE user_id = ANY($1::uuid[]) "
+                "ORDER BY created_at, id",
+                self.users,
             )
             users = await conn.fetch(
                 "SELECT user_id, unbilled_upload + unbilled_download AS unbilled "
-                "FROM telecom.queue_users"
+                "FROM telecom.queue_users WHERE user_id = ANY($1::uuid[])",
+                self.users,
             )
         state: dict[UUID, tuple[list[tuple[str, int]], int]] = {p.user: ([], 0) for p in self.plans}
         for r in rows:

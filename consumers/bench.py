@@ -1,0 +1,448 @@
+"""`pkgq bench`: the standard scenario through real processes, against baselines in the same run.
+
+The scenario: U users buy K packages each (one purchase of amount K), wait until the first is
+active, then send K usage records that each use up one package, so every user goes through K
+activations and K expirations to all_expired. A real `pkgq relay` and `pkgq run` do the work,
+in a database and broker namespace of their own (`pkgq_bench`, `bench.*`).
+
+Measured, all in one run:
+- raw broker round trip: publish with confirms, consume, ack, messages of the same size, no
+  database (the ceiling for anything that goes through RabbitMQ);
+- pkgq naive: batch 1, prefetch 1;
+- pkgq: the configured batching, with 10,000 and with 1,000,000 rows already in package_queue;
+- latency (outbox insert -> the consuming transaction) with usage paced at half of the
+  measured maximum rate, and peak RSS of each process.
+Absolute numbers on a shared machine are noise; the ratios are the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID, uuid4
+
+import aio_pika
+import asyncpg
+import structlog
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+from rich.console import Console
+
+from events.envelope import Envelope
+from events.models import PurchasePackage, RecordUsage, WireModel
+from events.routes import ALL_EXPIRED, PACKAGE_PURCHASE, USAGE_RECORD, Route
+from infra.postgres import catalog
+from infra.postgres.migrate import ensure_database, migrate
+from infra.rabbit.connection import connect
+from infra.rabbit.publisher import build_message
+from infra.rabbit.topology import declare_all, delete_all, routing_key_for
+from infra.settings import Settings
+
+log = structlog.get_logger(__name__)
+console = Console(stderr=True)
+TRAFFIC = 1000
+"""Each package's traffic limit; each usage record uses exactly one package up."""
+TABLES = (
+    "package_queue",
+    "queue_users",
+    "outbox",
+    "inbox",
+    "access",
+    "dead_letters",
+    "holds",
+    "parked",
+)
+
+
+@dataclass
+class Scenario:
+    users: int = 200
+    packages: int = 5
+    small_rows: int = 10_000
+    large_rows: int = 1_000_000
+    batch_size: int = 32
+    prefetch: int = 64
+    raw_messages: int = 5_000
+    timeout: float = 240.0
+
+
+@dataclass
+class RunResult:
+    label: str
+    events: int
+    seconds: float
+    latencies_ms: list[float] = field(default_factory=list)
+    rss_mb: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def events_per_s(self) -> float:
+        return self.events / self.seconds if self.seconds > 0 else 0.0
+
+    def percentile(self, q: float) -> float:
+        if not self.latencies_ms:
+            return float("nan")
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def bench_settings(base: Settings) -> Settings:
+    """The benchmark's own database and broker names, next to the configured ones."""
+    server = base.postgres_dsn.rsplit("/", 1)[0]
+    return base.model_copy(
+        update={
+            "postgres_dsn": f"{server}/pkgq_bench",
+            "exchange": "bench.telecom",
+            "queue_prefix": "bench.pkgq",
+            "relay_poll_interval": 0.2,
+        }
+    )
+
+
+class Bench:
+    def __init__(self, settings: Settings, scenario: Scenario) -> None:
+        self.settings = settings
+        self.scenario = scenario
+        self.amqp: AbstractRobustConnection | None = None
+        self.db: asyncpg.Connection | None = None
+        self.package_id = 0
+
+    async def open(self) -> None:
+        await ensure_database(self.settings.postgres_dsn)
+        self.db = await asyncpg.connect(self.settings.postgres_dsn)
+        await migrate(self.db)
+        self.amqp = await connect(self.settings.amqp_url, "pkgq-bench")
+
+    async def close(self) -> None:
+        if self.amqp is not None:
+            channel = await self.amqp.channel()
+            await delete_all(channel, self.settings)
+            await self.amqp.close()
+        if self.db is not None:
+            await self.db.close()
+
+    # -- the raw broker baseline ------------------------------------------------------------
+
+    async def raw_broker(self) -> RunResult:
+        """Publish with confirms, consume, ack: same message size, same windowing, no DB."""
+        assert self.amqp is not None
+        count = self.scenario.raw_messages
+        body = RecordUsage(user_id=uuid4(), upload=TRAFFIC, download=0).model_dump_json().encode()
+        channel = await self.amqp.channel(publisher_confirms=True)
+        queue = await channel.declare_queue(
+            f"{self.settings.queue_prefix}.raw", durable=True, auto_delete=False
+        )
+        await queue.purge()
+        done = asyncio.Event()
+        received = 0
+
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            nonlocal received
+            await message.ack()
+            received += 1
+            if received >= count:
+                done.set()
+
+        consumer_channel = await self.amqp.channel()
+        await consumer_channel.set_qos(prefetch_count=self.scenario.prefetch)
+        consumer_queue = await consumer_channel.get_queue(queue.name)
+        tag = await consumer_queue.consume(on_message)
+        started = time.perf_counter()
+        window = max(1, self.scenario.users)
+        for first in range(0, count, window):
+            await asyncio.gather(
+                *(
+                    channel.default_exchange.publish(
+                        _message(body, USAGE_RECORD, None), routing_key=queue.name
+                    )
+                    for _ in range(first, min(count, first + window))
+                )
+            )
+        await asyncio.wait_for(done.wait(), timeout=self.scenario.timeout)
+        seconds = time.perf_counter() - started
+        await consumer_queue.cancel(tag)
+        await queue.delete(if_unused=False, if_empty=False)
+        await consumer_channel.close()
+        await channel.close()
+        return RunResult("raw broker round trip", count, seconds)
+
+    # -- pkgq itself ------------------------------------------------------------------------
+
+    async def reset(self, rows: int) -> None:
+        """Empty pkgq's tables and queues; fill package_queue with `rows` finished items."""
+        assert self.db is not None
+        assert self.amqp is not None
+        await self.db.execute(
+            "TRUNCATE " + ", ".join(f"telecom.{t}" for t in TABLES) + " RESTART IDENTITY"
+        )
+        channel = await self.amqp.channel()
+        await delete_all(channel, self.settings)
+        channel = await self.amqp.channel()
+        await declare_all(channel, self.settings)
+        await channel.close()
+        if not self.package_id:
+            self.package_id = (await catalog.add_package(self.db, "bench", TRAFFIC, None)).id
+        await self.add_rows(rows)
+
+    async def add_rows(self, rows: int) -> None:
+        """Other users' consumed items: the table a busy deployment has, not the scenario's."""
+        assert self.db is not None
+        await self.db.execute(
+            """
+            INSERT INTO telecom.package_queue
+                (user_id, package_id, status, created_at, activated_at, upload, download)
+            SELECT gen_random_uuid(), $1, 'consumed', now() - interval '1 day',
+                   now() - interval '1 day', $2, 0
+            FROM generate_series(1, $3)
+            """,
+            self.package_id,
+            TRAFFIC,
+            rows,
+        )
+        await self.db.execute("ANALYZE telecom.package_queue")
+
+    async def row_count(self) -> int:
+        assert self.db is not None
+        return int(await self.db.fetchval("SELECT count(*) FROM telecom.package_queue"))
+
+    async def scenario_run(
+        self, label: str, *, batch_size: int, prefetch: int, pace_eps: float | None = None
+    ) -> RunResult:
+        """Drive the scenario through a real relay and consumer process; wait for the end."""
+        assert self.db is not None
+        assert self.amqp is not None
+        env = _env(self.settings, batch_size=batch_size, prefetch=prefetch)
+        processes = {
+            "relay": _spawn(["relay"], env),
+            "run": _spawn(["run", "--no-ingest"], env),
+        }
+        try:
+            await self._wait_consuming()
+            users = [uuid4() for _ in range(self.scenario.users)]
+            started = time.perf_counter()
+            channel = await self.amqp.channel(publisher_confirms=True)
+            exchange = await channel.get_exchange(self.settings.exchange)
+            await self._send_round(
+                exchange,
+                (
+                    PurchasePackage(
+                        user_id=u, package_id=self.package_id, amount=self.scenario.packages
+                    )
+                    for u in users
+                ),
+                PACKAGE_PURCHASE,
+            )
+            await self._wait(
+                lambda: self._count(
+                    "SELECT count(*) FROM telecom.package_queue "
+                    "WHERE status = 'active' AND user_id = ANY($1::uuid[])",
+                    users,
+                ),
+                len(users),
+            )
+            per_round = len(users) * 3  # a usage, its expiring, the next activation
+            for _ in range(self.scenario.packages):
+                round_started = time.perf_counter()
+                await self._send_round(
+                    exchange,
+                    (RecordUsage(user_id=u, upload=TRAFFIC, download=0) for u in users),
+                    USAGE_RECORD,
+                )
+                if pace_eps:
+                    pause = per_round / pace_eps - (time.perf_counter() - round_started)
+                    await asyncio.sleep(max(0.0, pause))
+            await self._wait(
+                lambda: self._count(
+                    "SELECT count(*) FROM telecom.inbox WHERE consumer = $1",
+                    ALL_EXPIRED.short_name,
+                ),
+                len(users),
+            )
+            seconds = time.perf_counter() - started
+            await channel.close()
+            events = int(await self.db.fetchval("SELECT count(*) FROM telecom.inbox"))
+            latencies = await self.db.fetch(
+                """
+                SELECT extract(epoch FROM i.processed_at - o.created_at) * 1000 AS ms
+                FROM telecom.inbox i JOIN telecom.outbox o ON o.message_id = i.message_id
+                """
+            )
+            rss = {name: _peak_rss_mb(p.pid) for name, p in processes.items()}
+            return RunResult(label, events, seconds, [float(r["ms"]) for r in latencies], rss)
+        finally:
+            for p in processes.values():
+                p.send_signal(signal.SIGTERM)
+            for p in processes.values():
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+    async def _wait_consuming(self) -> None:
+        """Until the consumer process has subscribed to every route's queue."""
+        assert self.amqp is not None
+        routes = [PACKAGE_PURCHASE, USAGE_RECORD, ALL_EXPIRED]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            channel = await self.amqp.channel()
+            try:
+                counts = []
+                for route in routes:
+                    queue = await channel.declare_queue(
+                        self.settings.queue_name(route.name), passive=True
+                    )
+                    counts.append(queue.declaration_result.consumer_count)
+            finally:
+                await channel.close()
+            if all(counts):
+                return
+            await asyncio.sleep(0.2)
+        raise TimeoutError("the consumer process did not subscribe within 60 s")
+
+    async def _send_round(
+        self, exchange: aio_pika.abc.AbstractExchange, bodies: Iterable[WireModel], route: Route
+    ) -> None:
+        """One message per user, published concurrently with confirms (a user's messages are
+        never in the same round, so each user's order is kept)."""
+        await asyncio.gather(
+            *(
+                exchange.publish(
+                    _message(body.model_dump_json().encode(), route, body.user_id),
+                    routing_key=routing_key_for(self.settings, route.name, body.user_id),
+                    mandatory=True,
+                )
+                for body in bodies
+            )
+        )
+
+    async def _count(self, sql: str, *args: Any) -> int:
+        assert self.db is not None
+        return int(await self.db.fetchval(sql, *args))
+
+    async def _wait(self, current: Callable[[], Awaitable[int]], target: int) -> None:
+        deadline = time.monotonic() + self.scenario.timeout
+        while (value := await current()) < target:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"stuck at {value}/{target}")
+            await asyncio.sleep(0.05)
+
+
+def _message(body: bytes, route: Route, user: UUID | None) -> aio_pika.Message:
+    envelope = Envelope(
+        message_id=uuid4(),
+        message_type=route.message_type,
+        schema_version=route.schema_version,
+        user_id=user,
+    )
+    return build_message(
+        body,
+        message_id=envelope.message_id,
+        message_type=envelope.message_type,
+        headers=envelope.headers(),
+    )
+
+
+def _env(settings: Settings, *, batch_size: int, prefetch: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "PKGQ_POSTGRES_DSN": settings.postgres_dsn,
+            "PKGQ_AMQP_URL": settings.amqp_url,
+            "PKGQ_EXCHANGE": settings.exchange,
+            "PKGQ_QUEUE_PREFIX": settings.queue_prefix,
+            "PKGQ_RELAY_POLL_INTERVAL": str(settings.relay_poll_interval),
+            "PKGQ_BATCH_SIZE": str(batch_size),
+            "PKGQ_PREFETCH": str(prefetch),
+            "PKGQ_LOG_LEVEL": "warning",
+            "PKGQ_LOG_FORMAT": "json",
+        }
+    )
+    if settings.partitions:
+        env["PKGQ_PARTITIONS"] = json.dumps(settings.partitions)
+    return env
+
+
+def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(  # noqa: S603  (our own entry point)
+        [sys.executable, "-m", "consumers", *args], env=env, stdout=subprocess.DEVNULL
+    )
+
+
+def _peak_rss_mb(pid: int) -> float:
+    """VmHWM: the process's peak resident set size so far."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+PHASES = 5
+
+
+async def run_bench(settings: Settings, scenario: Scenario, say: Callable[[str], None]) -> int:
+    """Run every phase; `say` reports each phase's start and result (PHASES starts)."""
+    bench = Bench(bench_settings(settings), scenario)
+    await bench.open()
+    try:
+        say(f"raw broker round trip: {scenario.raw_messages} messages")
+        raw = await bench.raw_broker()
+        say(f"  {raw.events_per_s:,.0f} msg/s")
+
+        await bench.reset(scenario.small_rows)
+        say(f"pkgq naive (batch 1, prefetch 1), {await bench.row_count():,} rows queued")
+        naive = await bench.scenario_run("naive", batch_size=1, prefetch=1)
+        say(f"  {naive.events_per_s:,.0f} events/s")
+
+        await bench.reset(scenario.small_rows)
+        say(f"pkgq (batch {scenario.batch_size}), {await bench.row_count():,} rows queued")
+        small = await bench.scenario_run(
+            "pkgq", batch_size=scenario.batch_size, prefetch=scenario.prefetch
+        )
+        say(f"  {small.events_per_s:,.0f} events/s, p99 {small.percentile(0.99):.0f} ms")
+
+        await bench.reset(scenario.small_rows)
+        pace = small.events_per_s / 2
+        say(f"pkgq at half that rate ({pace:,.0f} events/s) for latency")
+        paced = await bench.scenario_run(
+            "paced", batch_size=scenario.batch_size, prefetch=scenario.prefetch, pace_eps=pace
+        )
+        say(f"  p50 {paced.percentile(0.5):.1f} ms, p99 {paced.percentile(0.99):.1f} ms")
+
+        await bench.reset(scenario.large_rows)
+        say(f"pkgq (batch {scenario.batch_size}), {await bench.row_count():,} rows queued")
+        large = await bench.scenario_run(
+            "pkgq-large", batch_size=scenario.batch_size, prefetch=scenario.prefetch
+        )
+        say(f"  {large.events_per_s:,.0f} events/s")
+    finally:
+        await bench.close()
+
+    rss = max(v for r in (naive, small, paced, large) for v in r.rss_mb.values())
+    results = {
+        "events_per_s": round(small.events_per_s, 1),
+        "p50_ms": round(paced.percentile(0.5), 1),
+        "p99_ms": round(paced.percentile(0.99), 1),
+        "rss_mb_max": round(rss, 1),
+        "ratio_vs_raw_broker": round(small.events_per_s / raw.events_per_s, 3),
+        "ratio_vs_naive": round(small.events_per_s / naive.events_per_s, 2),
+        "ratio_1m_vs_10k": round(large.events_per_s / small.events_per_s, 3),
+    }
+    say(
+        f"scenario: {scenario.users} users x {scenario.packages} packages; "
+        f"events per run {small.events}; latency at half rate: {len(paced.latencies_ms)} samples; "
+        f"saturated p99 {small.percentile(0.99):.0f} ms; "
+        f"rss per process (MB): {', '.join(f'{k}={v:.0f}' for k, v in small.rss_mb.items())}"
+    )
+    for key, value in results.items():
+        print(f"{key}={value}")
+    return 0
