@@ -95,6 +95,15 @@ def describe(exc: BaseException) -> ErrorInfo:
     )
 
 
+class _HandlerFailedError(Exception):
+    """A handler raised in an unguarded batch: run the batch again with savepoints."""
+
+    def __init__(self, message_id: UUID, error: Exception) -> None:
+        super().__init__(f"handler failed on {message_id}: {error!r}")
+        self.message_id = message_id
+        self.error = error
+
+
 class DatabaseUnavailableError(ConnectionError):
     """No pooled connection could be had in time (an outage: see infra/transient.py)."""
 
@@ -140,15 +149,34 @@ class DeliveryPipeline:
     async def process_batch(self, raws: Sequence[RawDelivery]) -> list[Outcome]:
         """Decide the fate of deliveries in one transaction; outcomes in delivery order.
 
-        Each message is applied in its own savepoint, so one that fails is retried or buried
-        alone while its neighbours commit. Messages are taken user by user (in user_id order,
-        each user's in delivery order), so concurrent batches lock users in the same order."""
+        The batch is first applied without savepoints (the common case: nothing fails, and a
+        savepoint costs two round trips per message). If any handler raises, that transaction
+        is rolled back and the batch is run again with a savepoint per message, so the one that
+        fails is retried or buried alone while its neighbours commit. Messages are taken user
+        by user (in user_id order, each user's in delivery order), so concurrent batches lock
+        users in the same order."""
+        try:
+            return await self._process_batch(raws, guarded=False)
+        except _HandlerFailedError as failed:
+            # The handler is not called again for the failure (one call per delivery attempt),
+            # unless it was a blip worth retrying at once.
+            known = {} if _is_blip(failed.error) else {failed.message_id: failed.error}
+            return await self._process_batch(raws, guarded=True, known=known)
+
+    async def _process_batch(
+        self,
+        raws: Sequence[RawDelivery],
+        *,
+        guarded: bool,
+        known: dict[UUID, Exception] | None = None,
+    ) -> list[Outcome]:
         outcomes: list[Outcome | None] = [None] * len(raws)
         ready: list[tuple[int, Decoded]] = []
         bad: list[tuple[int, BadMessageError]] = []
         for index, raw in enumerate(raws):
             try:
-                ready.append((index, decode(self.route, raw, max_body_bytes=self._max_body_bytes)))
+                decoded = decode(self.route, raw, max_body_bytes=self._max_body_bytes)
+                ready.append((index, decoded))
             except BadMessageError as exc:
                 bad.append((index, exc))
         ready.sort(key=lambda item: (str(item[1].envelope.user_id), item[0]))
@@ -165,7 +193,9 @@ class DeliveryPipeline:
             held = await holds.lock_many(conn, self.consumer, users) if users else {}
             now: datetime = await conn.fetchval("SELECT now()")
             for index, decoded in ready:
-                result = await self._one(conn, now, raws[index], decoded, seen, held)
+                result = await self._one(
+                    conn, now, raws[index], decoded, seen, held, guarded, (known or {})
+                )
                 outcomes[index] = result.outcome
                 if result.release and decoded.envelope.user_id is not None:
                     to_release.add(decoded.envelope.user_id)
@@ -184,6 +214,8 @@ class DeliveryPipeline:
         decoded: Decoded,
         seen: set[UUID],
         held: dict[UUID, holds.Hold],
+        guarded: bool = True,
+        known: dict[UUID, Exception] | None = None,
     ) -> _Result:
         """One decoded message of a batch. `seen` and `held` are kept up to date as it goes."""
         message_id = decoded.envelope.message_id
@@ -203,7 +235,18 @@ class DeliveryPipeline:
                 _headers_json(raw),
             )
             return _Result(Outcome.PARKED, release=hold.blocker is None)
-        result = await self._attempt(conn, decoded, raw, hold, now=now)
+        if guarded:
+            failure = (known or {}).get(message_id)
+            result = await self._attempt(conn, decoded, raw, hold, now=now, failure=failure)
+        else:
+            try:
+                applied = await self._apply(conn, decoded, now)
+            except Exception as exc:
+                if is_outage(exc):
+                    raise
+                raise _HandlerFailedError(message_id, exc) from exc  # run again, guarded
+            outcome = Outcome.ACKED if applied else Outcome.DUPLICATE
+            result = _Result(outcome, await self._done_with_blocker(conn, message_id, hold))
         seen.add(message_id)
         if user is not None:
             if result.held:  # it failed: the user's next messages in this batch wait behind it
@@ -220,10 +263,12 @@ class DeliveryPipeline:
         hold: holds.Hold | None,
         *,
         now: datetime,
+        failure: Exception | None = None,
     ) -> _Result:
-        """Apply the message in a savepoint; on failure, retry it later or bury it."""
-        envelope = decoded.envelope
-        attempt = envelope.attempt
+        """Apply the message in a savepoint; on failure, retry it later or bury it.
+        `failure`: how this attempt already failed (in an unguarded batch): record that."""
+        if failure is not None:
+            return await self._failed(conn, decoded, raw, hold, failure, now)
         try:
             async for retrying in AsyncRetrying(
                 retry=retry_if_exception(_is_blip),
@@ -237,14 +282,28 @@ class DeliveryPipeline:
         except Exception as exc:
             if is_outage(exc):
                 raise  # not the message's fault: the whole delivery is tried again
-            if isinstance(exc, DomainError):
-                await self._bury(conn, raw, "domain_rule", exc, attempts=attempt, decoded=decoded)
-                log.warning("dead_lettered", reason="domain_rule", error=str(exc))
-                release = await self._done_with_blocker(conn, envelope.message_id, hold)
-                return _Result(Outcome.DEAD_LETTERED, release)
-            return await self._retry_or_bury(conn, decoded, raw, exc, now)
+            return await self._failed(conn, decoded, raw, hold, exc, now)
         outcome = Outcome.ACKED if applied else Outcome.DUPLICATE
-        return _Result(outcome, await self._done_with_blocker(conn, envelope.message_id, hold))
+        message_id = decoded.envelope.message_id
+        return _Result(outcome, await self._done_with_blocker(conn, message_id, hold))
+
+    async def _failed(
+        self,
+        conn: Conn,
+        decoded: Decoded,
+        raw: RawDelivery,
+        hold: holds.Hold | None,
+        exc: Exception,
+        now: datetime,
+    ) -> _Result:
+        """The handler failed this attempt: bury a broken domain rule, retry anything else."""
+        if isinstance(exc, DomainError):
+            attempt = decoded.envelope.attempt
+            await self._bury(conn, raw, "domain_rule", exc, attempts=attempt, decoded=decoded)
+            log.warning("dead_lettered", reason="domain_rule", error=str(exc))
+            release = await self._done_with_blocker(conn, decoded.envelope.message_id, hold)
+            return _Result(Outcome.DEAD_LETTERED, release)
+        return await self._retry_or_bury(conn, decoded, raw, exc, now)
 
     async def _apply(self, conn: Conn, decoded: Decoded, now: datetime) -> bool:
         if not await inbox.claim(conn, self.consumer, decoded.envelope.message_id):

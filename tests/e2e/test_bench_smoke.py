@@ -1,0 +1,52 @@
+"""`pkgq bench` at a tiny size: it runs every phase and ends with its machine-readable lines.
+
+No figure is judged here (timings on a shared machine are noise); `make bench` is the
+measurement.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from infra.settings import Settings
+from tests.support import cli
+
+pytestmark = pytest.mark.e2e
+
+KEYS = [
+    "events_per_s",
+    "p50_ms",
+    "p99_ms",
+    "rss_mb_max",
+    "ratio_vs_raw_broker",
+    "ratio_vs_naive",
+    "ratio_1m_vs_10k",
+]
+
+
+async def test_bench_runs_every_phase_and_ends_with_one_key_value_line_per_figure(
+    settings: Settings,
+) -> None:
+    done = await cli(
+        settings,
+        "bench",
+        "--users",
+        "8",
+        "--packages",
+        "2",
+        "--small-rows",
+        "100",
+        "--large-rows",
+        "300",
+        "--raw-messages",
+        "200",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.strip().splitlines()[-len(KEYS) :]
+    figures = dict(line.split("=", 1) for line in lines)
+    assert list(figures) == KEYS
+    for key, value in figures.items():
+        assert math.isfinite(float(value)), (key, value)
+        assert float(value) > 0, (key, value)
