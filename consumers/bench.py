@@ -37,12 +37,12 @@ from rich.console import Console
 
 from events.envelope import Envelope
 from events.models import PurchasePackage, RecordUsage, WireModel
-from events.routes import ALL_EXPIRED, PACKAGE_PURCHASE, USAGE_RECORD, Route
+from events.routes import ALL_EXPIRED, PACKAGE_PURCHASE, ROUTES, USAGE_RECORD, Route
 from infra.postgres import catalog
 from infra.postgres.migrate import ensure_database, migrate
 from infra.rabbit.connection import connect
 from infra.rabbit.publisher import build_message
-from infra.rabbit.topology import declare_all, delete_all, routing_key_for
+from infra.rabbit.topology import declare_all, delete_all, route_queues, routing_key_for
 from infra.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -63,13 +63,15 @@ TABLES = (
 
 @dataclass
 class Scenario:
-    users: int = 200
+    users: int = 400
     packages: int = 5
     small_rows: int = 10_000
     large_rows: int = 1_000_000
     batch_size: int = 32
     prefetch: int = 64
     raw_messages: int = 5_000
+    replicas: int = 1
+    """`pkgq run` processes; above 1, every route gets as many partitions, one per replica."""
     timeout: float = 240.0
 
 
@@ -218,10 +220,13 @@ class Bench:
         assert self.db is not None
         assert self.amqp is not None
         env = _env(self.settings, batch_size=batch_size, prefetch=prefetch)
-        processes = {
-            "relay": _spawn(["relay"], env),
-            "run": _spawn(["run", "--no-ingest"], env),
-        }
+        count = self.scenario.replicas
+        processes = {"relay": _spawn(["relay"], env)}
+        for i in range(count):
+            replica = ["--replica", f"{i}/{count}"] if count > 1 else []
+            processes[f"run{i}" if count > 1 else "run"] = _spawn(
+                ["run", "--no-ingest", *replica], env
+            )
         try:
             await self._wait_consuming()
             users = [uuid4() for _ in range(self.scenario.users)]
@@ -287,16 +292,18 @@ class Bench:
     async def _wait_consuming(self) -> None:
         """Until the consumer process has subscribed to every route's queue."""
         assert self.amqp is not None
-        routes = [PACKAGE_PURCHASE, USAGE_RECORD, ALL_EXPIRED]
+        queues = [
+            name
+            for route in (PACKAGE_PURCHASE, USAGE_RECORD, ALL_EXPIRED)
+            for name, _ in route_queues(self.settings, route.name)
+        ]
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             channel = await self.amqp.channel()
             try:
                 counts = []
-                for route in routes:
-                    queue = await channel.declare_queue(
-                        self.settings.queue_name(route.name), passive=True
-                    )
+                for name in queues:
+                    queue = await channel.declare_queue(name, passive=True)
                     counts.append(queue.declaration_result.consumer_count)
             finally:
                 await channel.close()
@@ -360,6 +367,7 @@ def _env(settings: Settings, *, batch_size: int, prefetch: int) -> dict[str, str
             "PKGQ_BATCH_SIZE": str(batch_size),
             "PKGQ_PREFETCH": str(prefetch),
             "PKGQ_LOG_LEVEL": "warning",
+            "PKGQ_STANDBY_DELAY": str(settings.standby_delay),
             "PKGQ_LOG_FORMAT": "json",
         }
     )
@@ -391,7 +399,15 @@ PHASES = 5
 
 async def run_bench(settings: Settings, scenario: Scenario, say: Callable[[str], None]) -> int:
     """Run every phase; `say` reports each phase's start and result (PHASES starts)."""
-    bench = Bench(bench_settings(settings), scenario)
+    configured = bench_settings(settings)
+    if scenario.replicas > 1:
+        configured = configured.model_copy(
+            update={
+                "partitions": {name: scenario.replicas for name in ROUTES},
+                "standby_delay": 30.0,
+            }
+        )
+    bench = Bench(configured, scenario)
     await bench.open()
     try:
         say(f"raw broker round trip: {scenario.raw_messages} messages")
@@ -438,7 +454,8 @@ async def run_bench(settings: Settings, scenario: Scenario, say: Callable[[str],
         "ratio_1m_vs_10k": round(large.events_per_s / small.events_per_s, 3),
     }
     say(
-        f"scenario: {scenario.users} users x {scenario.packages} packages; "
+        f"scenario: {scenario.users} users x {scenario.packages} packages, "
+        f"{scenario.replicas} consumer process(es); "
         f"events per run {small.events}; latency at half rate: {len(paced.latencies_ms)} samples; "
         f"saturated p99 {small.percentile(0.99):.0f} ms; "
         f"rss per process (MB): {', '.join(f'{k}={v:.0f}' for k, v in small.rss_mb.items())}"

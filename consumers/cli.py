@@ -328,7 +328,7 @@ def catalog_list() -> None:
 
 @app.command("bench")
 def bench_cmd(
-    users: Annotated[int, typer.Option(min=1, help="Users in the scenario.")] = 200,
+    users: Annotated[int, typer.Option(min=1, help="Users in the scenario.")] = 400,
     packages: Annotated[int, typer.Option(min=1, help="Packages each user buys and uses up.")] = 5,
     small_rows: Annotated[
         int, typer.Option(min=0, help="Rows already in package_queue, first runs.")
@@ -339,6 +339,9 @@ def bench_cmd(
     batch_size: Annotated[int, typer.Option(min=1, max=1000)] = 32,
     prefetch: Annotated[int, typer.Option(min=1)] = 64,
     raw_messages: Annotated[int, typer.Option(min=1, help="Messages in the raw baseline.")] = 5000,
+    replicas: Annotated[
+        int, typer.Option(min=1, max=16, help="pkgq run processes (routes split to match).")
+    ] = 1,
 ) -> None:
     """Benchmark pkgq against the raw broker and its naive mode; prints key=value lines last.
 
@@ -356,6 +359,7 @@ def bench_cmd(
         batch_size=batch_size,
         prefetch=prefetch,
         raw_messages=raw_messages,
+        replicas=replicas,
     )
     err = Console(stderr=True)
     if sys.stderr.isatty():
