@@ -18,7 +18,6 @@ Absolute numbers on a shared machine are noise; the ratios are the result.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -356,24 +355,14 @@ def _message(body: bytes, route: Route, user: UUID | None) -> aio_pika.Message:
 
 
 def _env(settings: Settings, *, batch_size: int, prefetch: int) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        {
-            "PKGQ_POSTGRES_DSN": settings.postgres_dsn,
-            "PKGQ_AMQP_URL": settings.amqp_url,
-            "PKGQ_EXCHANGE": settings.exchange,
-            "PKGQ_QUEUE_PREFIX": settings.queue_prefix,
-            "PKGQ_RELAY_POLL_INTERVAL": str(settings.relay_poll_interval),
-            "PKGQ_BATCH_SIZE": str(batch_size),
-            "PKGQ_PREFETCH": str(prefetch),
-            "PKGQ_LOG_LEVEL": "warning",
-            "PKGQ_STANDBY_DELAY": str(settings.standby_delay),
-            "PKGQ_LOG_FORMAT": "json",
-        }
-    )
-    if settings.partitions:
-        env["PKGQ_PARTITIONS"] = json.dumps(settings.partitions)
-    return env
+    return {
+        **os.environ,
+        **settings.child_env(),
+        "PKGQ_BATCH_SIZE": str(batch_size),
+        "PKGQ_PREFETCH": str(prefetch),
+        "PKGQ_LOG_LEVEL": "warning",
+        "PKGQ_LOG_FORMAT": "json",
+    }
 
 
 def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:

@@ -48,6 +48,7 @@ from events.envelope import (
     H_LAST_ERROR,
     H_REPLAY_GENERATION,
     H_USER_ID,
+    Envelope,
     jsonable,
     republished_headers,
 )
@@ -342,16 +343,7 @@ class DeliveryPipeline:
                 first_failed_at=first_failed,
                 decoded=decoded,
             )
-            if user is not None:
-                await holds.hold(
-                    conn,
-                    self.consumer,
-                    user,
-                    envelope.message_id,
-                    state="buried",
-                    attempts=attempt,
-                    error=f"{info.error_type}: {info.message}",
-                )
+            await self._hold(conn, envelope, "buried", info)
             log.error("dead_lettered", reason="max_attempts", attempts=attempt, error=info.message)
             return _Result(Outcome.DEAD_LETTERED, held=user is not None)
         retry = outbox.OutboxMessage(
@@ -382,16 +374,7 @@ class DeliveryPipeline:
             # a crash before the ack): the hold is as that first failure left it.
             log.info("retry_already_scheduled", attempt=attempt)
             return _Result(Outcome.RETRY_SCHEDULED, held=user is not None)
-        if user is not None:
-            await holds.hold(
-                conn,
-                self.consumer,
-                user,
-                envelope.message_id,
-                state="retrying",
-                attempts=attempt,
-                error=f"{info.error_type}: {info.message}",
-            )
+        await self._hold(conn, envelope, "retrying", info)
         log.warning(
             "retry_scheduled",
             attempt=attempt,
@@ -400,6 +383,19 @@ class DeliveryPipeline:
             at=info.location,
         )
         return _Result(Outcome.RETRY_SCHEDULED, held=user is not None)
+
+    async def _hold(self, conn: Conn, envelope: Envelope, state: str, info: ErrorInfo) -> None:
+        """The message holds its user's later messages back while it is `state`."""
+        if envelope.user_id is not None:
+            await holds.hold(
+                conn,
+                self.consumer,
+                envelope.user_id,
+                envelope.message_id,
+                state=state,
+                attempts=envelope.attempt,
+                error=f"{info.error_type}: {info.message}",
+            )
 
     async def _bury(
         self,

@@ -187,8 +187,7 @@ def _spawn(args: list[str], settings: Settings) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     env.setdefault("PKGQ_LOG_FORMAT", "json")
     env.setdefault("PKGQ_LOG_LEVEL", "warning")
-    env["PKGQ_POSTGRES_DSN"] = settings.postgres_dsn
-    env["PKGQ_AMQP_URL"] = settings.amqp_url
+    env.update(settings.child_env())
     return subprocess.Popen([sys.executable, "-m", "consumers", *args], env=env)  # noqa: S603
 
 

@@ -74,6 +74,16 @@ def _settings() -> Settings:
     return settings
 
 
+def _query(settings: Settings, call: Callable[[Any], Awaitable[T]]) -> T:
+    """Run one read or write on a short-lived connection of its own."""
+
+    async def go() -> T:
+        async with database(settings.postgres_dsn) as conn:
+            return await call(conn)
+
+    return asyncio.run(go())
+
+
 def _print_json(value: Any) -> None:
     print(json.dumps(value, default=str, indent=2))
 
@@ -121,11 +131,7 @@ def list_cmd(
         limit=limit,
     )
 
-    async def go() -> list[dict[str, Any]]:
-        async with database(settings.postgres_dsn) as conn:
-            return await dead_letters.find(conn, which)
-
-    rows = asyncio.run(go())
+    rows = _query(settings, lambda conn: dead_letters.find(conn, which))
     if as_json:
         _print_json(rows)
         return
@@ -150,11 +156,7 @@ def show_cmd(dead_letter_id: int, as_json: JsonOpt = False) -> None:
     """One dead letter: its body, headers, error and traceback."""
     settings = _settings()
 
-    async def go() -> dict[str, Any] | None:
-        async with database(settings.postgres_dsn) as conn:
-            return await dead_letters.get(conn, dead_letter_id)
-
-    row = asyncio.run(go())
+    row = _query(settings, lambda conn: dead_letters.get(conn, dead_letter_id))
     if row is None:
         console.print(f"[red]no dead letter {dead_letter_id}[/red]")
         raise typer.Exit(1)
@@ -208,11 +210,7 @@ def holds_cmd(
     """Users held back on a consumer: by a message waiting for its retry, or a buried one."""
     settings = _settings()
 
-    async def go() -> list[dict[str, Any]]:
-        async with database(settings.postgres_dsn) as conn:
-            return await holds.overview(conn, limit)
-
-    rows = asyncio.run(go())
+    rows = _query(settings, lambda conn: holds.overview(conn, limit))
     if as_json:
         _print_json(rows)
         return
@@ -241,11 +239,9 @@ def groups_cmd(
     """Failures grouped by reason, error type and the code that raised them."""
     settings = _settings()
 
-    async def go() -> list[dict[str, Any]]:
-        async with database(settings.postgres_dsn) as conn:
-            return await dead_letters.groups(conn, None if status == "all" else status)
-
-    rows = asyncio.run(go())
+    rows = _query(
+        settings, lambda conn: dead_letters.groups(conn, None if status == "all" else status)
+    )
     if as_json:
         _print_json(rows)
         return
@@ -447,11 +443,7 @@ def purge_cmd(
     age = parse_duration(older_than)
     settings = _settings()
 
-    async def go() -> int:
-        async with database(settings.postgres_dsn) as conn:
-            return await dead_letters.purge(conn, age)
-
-    purged = asyncio.run(go())
+    purged = _query(settings, lambda conn: dead_letters.purge(conn, age))
     if as_json:
         _print_json({"purged": purged})
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
@@ -109,6 +110,20 @@ class Settings(BaseSettings):
 
     def retry_for(self, route_name: str) -> RetrySettings:
         return self.retry_routes.get(route_name, self.retry)
+
+    def child_env(self) -> dict[str, str]:
+        """The PKGQ_* variables that give a child `pkgq` process these services and names."""
+        env = {
+            "PKGQ_POSTGRES_DSN": self.postgres_dsn,
+            "PKGQ_AMQP_URL": self.amqp_url,
+            "PKGQ_EXCHANGE": self.exchange,
+            "PKGQ_QUEUE_PREFIX": self.queue_prefix,
+            "PKGQ_RELAY_POLL_INTERVAL": str(self.relay_poll_interval),
+            "PKGQ_STANDBY_DELAY": str(self.standby_delay),
+        }
+        if self.partitions:
+            env["PKGQ_PARTITIONS"] = json.dumps(self.partitions)
+        return env
 
     @property
     def dlx(self) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from uuid import uuid4
 
 import asyncpg
@@ -24,7 +24,8 @@ from infra.settings import Settings
 
 PG_SERVER = os.environ.get("PKGQ_TEST_PG_SERVER", "postgresql://postgres@127.0.0.1:5432")
 AMQP_URL = os.environ.get("PKGQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-TEMPLATE = "pkgq_test_template"
+TEMPLATE = f"pkgq_test_template_{uuid4().hex[:8]}"
+"""One per test session, so that two sessions on one machine never drop each other's."""
 
 
 async def _admin() -> asyncpg.Connection:
@@ -34,7 +35,6 @@ async def _admin() -> asyncpg.Connection:
 async def _build_template() -> None:
     admin = await _admin()
     try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {TEMPLATE} WITH (FORCE)")
         await admin.execute(f"CREATE DATABASE {TEMPLATE}")
     finally:
         await admin.close()
@@ -45,10 +45,19 @@ async def _build_template() -> None:
         await conn.close()
 
 
+async def _drop_template() -> None:
+    admin = await _admin()
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {TEMPLATE} WITH (FORCE)")
+    finally:
+        await admin.close()
+
+
 @pytest.fixture(scope="session")
-def template_db() -> str:
+def template_db() -> Iterator[str]:
     asyncio.run(_build_template())
-    return TEMPLATE
+    yield TEMPLATE
+    asyncio.run(_drop_template())
 
 
 def make_settings(namespace: str, **overrides: object) -> Settings:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -181,22 +180,13 @@ class InProcess:
 
 
 def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        {
-            "PKGQ_POSTGRES_DSN": settings.postgres_dsn,
-            "PKGQ_AMQP_URL": settings.amqp_url,
-            "PKGQ_EXCHANGE": settings.exchange,
-            "PKGQ_QUEUE_PREFIX": settings.queue_prefix,
-            "PKGQ_RELAY_POLL_INTERVAL": str(settings.relay_poll_interval),
-            "PKGQ_LOG_FORMAT": "json",
-            "PKGQ_LOG_LEVEL": "info",
-        }
-    )
-    if settings.partitions:
-        env["PKGQ_PARTITIONS"] = json.dumps(settings.partitions)
-    env.update(extra)
-    return env
+    return {
+        **os.environ,
+        **settings.child_env(),
+        "PKGQ_LOG_FORMAT": "json",
+        "PKGQ_LOG_LEVEL": "info",
+        **extra,
+    }
 
 
 def pkgq(
