@@ -342,6 +342,9 @@ def bench_cmd(
     replicas: Annotated[
         int, typer.Option(min=1, max=16, help="pkgq run processes (routes split to match).")
     ] = 1,
+    repeat: Annotated[
+        int, typer.Option(min=1, max=10, help="Runs of each batched phase; the best counts.")
+    ] = 2,
 ) -> None:
     """Benchmark pkgq against the raw broker and its naive mode; prints key=value lines last.
 
@@ -360,6 +363,7 @@ def bench_cmd(
         prefetch=prefetch,
         raw_messages=raw_messages,
         replicas=replicas,
+        repeat=repeat,
     )
     err = Console(stderr=True)
     if sys.stderr.isatty():
