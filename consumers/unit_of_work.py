@@ -42,13 +42,11 @@ async def transition(
 async def commit(
     ctx: HandlerContext, loaded: queue_repo.LoadedQueue, events: list[DomainEvent]
 ) -> list[DomainEvent]:
-    """Write back a loaded queue after its transition, and the events the transition caused."""
-    await queue_repo.save_queue(ctx.conn, loaded)
-    await record_events(ctx, loaded.queue.user_id, events)
-    return events
+    """Write back a loaded queue after its transition, and the events the transition caused.
 
-
-async def record_events(ctx: HandlerContext, user_id: UUID, events: list[DomainEvent]) -> None:
+    The events' sequence numbers come from the locked user row as loaded, and the new sequence
+    is written with the rest of the row: no extra round trip for it."""
+    user_id = loaded.queue.user_id
     withdrawn = [expiry_key(e.item_id) for e in events if isinstance(e, ExpiryUnscheduled)]
     # A timer scheduled and withdrawn in the same transaction (an item activated and consumed
     # at once) is never written; one written by an earlier transaction is deleted.
@@ -57,6 +55,8 @@ async def record_events(ctx: HandlerContext, user_id: UUID, events: list[DomainE
         for event in events
         if (out := outgoing(event)) is not None and out.cancel_key not in withdrawn
     ]
+    seqs = loaded.take_seqs(len(messages))
+    await queue_repo.save_queue(ctx.conn, loaded)
     await outbox.withdraw(ctx.conn, withdrawn)
     for event in events:
         # Node management sees remaining traffic change in the same transaction as billing.
@@ -64,4 +64,11 @@ async def record_events(ctx: HandlerContext, user_id: UUID, events: list[DomainE
             await access.set_remaining(ctx.conn, user_id, event.item_id, event.remaining)
         elif isinstance(event, PackageExpired):
             await access.set_remaining(ctx.conn, user_id, event.item_id, 0)
-    await outbox.emit(ctx.conn, user_id, messages, traceparent=ctx.envelope.traceparent)
+    await outbox.enqueue(
+        ctx.conn,
+        [
+            outbox.from_outgoing(out, seq=seq, traceparent=ctx.envelope.traceparent)
+            for out, seq in zip(messages, seqs, strict=True)
+        ],
+    )
+    return events

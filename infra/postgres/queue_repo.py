@@ -27,6 +27,15 @@ class LoadedQueue:
     queue: UserQueue
     items_before: dict[int, QueueItem]
     user_before: tuple[int, int, bool]
+    seq: int
+    """The user's event sequence as loaded; `take_seqs` moves it on, `save_queue` writes it."""
+    seq_before: int = 0
+
+    def take_seqs(self, count: int) -> list[int]:
+        """The next `count` numbers of the user's event sequence (written by save_queue)."""
+        first = self.seq + 1
+        self.seq += count
+        return list(range(first, self.seq + 1))
 
 
 def _item(row: asyncpg.Record) -> QueueItem:
@@ -47,14 +56,18 @@ def _item(row: asyncpg.Record) -> QueueItem:
     )
 
 
+_LOCK_USER = "SELECT * FROM telecom.queue_users WHERE user_id = $1 FOR UPDATE"
+
+
 async def lock_user(conn: Conn, user_id: UUID) -> asyncpg.Record:
     """Create the user's row if needed and lock it until the transaction ends."""
-    await conn.execute(
-        "INSERT INTO telecom.queue_users (user_id) VALUES ($1) ON CONFLICT DO NOTHING", user_id
-    )
-    row = await conn.fetchrow(
-        "SELECT * FROM telecom.queue_users WHERE user_id = $1 FOR UPDATE", user_id
-    )
+    row = await conn.fetchrow(_LOCK_USER, user_id)  # one round trip for a known user
+    if row is None:
+        await conn.execute(
+            "INSERT INTO telecom.queue_users (user_id) VALUES ($1) ON CONFLICT DO NOTHING",
+            user_id,
+        )
+        row = await conn.fetchrow(_LOCK_USER, user_id)
     assert row is not None  # inserted above, and user rows are never deleted
     return row
 
@@ -87,6 +100,8 @@ async def load_queue(conn: Conn, user_id: UUID, extra_item_ids: Iterable[int] = 
         queue=queue,
         items_before={i.id: dataclasses.replace(i) for i in items},
         user_before=(user["unbilled_upload"], user["unbilled_download"], user["has_access"]),
+        seq=user["seq"],
+        seq_before=user["seq"],
     )
 
 
@@ -154,15 +169,17 @@ async def save_queue(conn: Conn, loaded: LoadedQueue) -> None:
             ],
         )
     user_after = (queue.unbilled_upload, queue.unbilled_download, queue.has_access)
-    if user_after != loaded.user_before:
+    if user_after != loaded.user_before or loaded.seq != loaded.seq_before:
         await conn.execute(
             """
             UPDATE telecom.queue_users
-            SET unbilled_upload = $2, unbilled_download = $3, has_access = $4, updated_at = now()
+            SET unbilled_upload = $2, unbilled_download = $3, has_access = $4, seq = $5,
+                updated_at = now()
             WHERE user_id = $1
             """,
             queue.user_id,
             *user_after,
+            loaded.seq,
         )
 
 
