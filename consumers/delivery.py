@@ -99,9 +99,9 @@ def describe(exc: BaseException) -> ErrorInfo:
 class _HandlerFailedError(Exception):
     """A handler raised in an unguarded batch: run the batch again with savepoints."""
 
-    def __init__(self, message_id: UUID, error: Exception) -> None:
-        super().__init__(f"handler failed on {message_id}: {error!r}")
-        self.message_id = message_id
+    def __init__(self, index: int, error: Exception) -> None:
+        super().__init__(f"handler failed on delivery {index} of the batch: {error!r}")
+        self.index = index
         self.error = error
 
 
@@ -161,7 +161,7 @@ class DeliveryPipeline:
         except _HandlerFailedError as failed:
             # The handler is not called again for the failure (one call per delivery attempt),
             # unless it was a blip worth retrying at once.
-            known = {} if _is_blip(failed.error) else {failed.message_id: failed.error}
+            known = {} if _is_blip(failed.error) else {failed.index: failed.error}
             return await self._process_batch(raws, guarded=True, known=known)
 
     async def _process_batch(
@@ -169,7 +169,7 @@ class DeliveryPipeline:
         raws: Sequence[RawDelivery],
         *,
         guarded: bool,
-        known: dict[UUID, Exception] | None = None,
+        known: dict[int, Exception] | None = None,
     ) -> list[Outcome]:
         outcomes: list[Outcome | None] = [None] * len(raws)
         ready: list[tuple[int, Decoded]] = []
@@ -193,9 +193,23 @@ class DeliveryPipeline:
             seen = await inbox.seen_many(conn, self.consumer, ids) if ids else set()
             held = await holds.lock_many(conn, self.consumer, users) if users else {}
             now: datetime = await conn.fetchval("SELECT now()")
+            claimed: set[UUID] | None = None
+            if not guarded:
+                # Unguarded, nothing changes a hold mid-batch (a failure aborts the run), so the
+                # messages to apply are known now: claim them in the inbox in one statement.
+                claimed = await inbox.claim_many(
+                    conn,
+                    self.consumer,
+                    [
+                        d.envelope.message_id
+                        for _, d in ready
+                        if d.envelope.message_id not in seen
+                        and _free(held, d.envelope.user_id, d.envelope.message_id)
+                    ],
+                )
             for index, decoded in ready:
                 result = await self._one(
-                    conn, now, raws[index], decoded, seen, held, guarded, (known or {})
+                    conn, now, index, raws[index], decoded, seen, held, known or {}, claimed
                 )
                 outcomes[index] = result.outcome
                 if result.release and decoded.envelope.user_id is not None:
@@ -211,14 +225,17 @@ class DeliveryPipeline:
         self,
         conn: Conn,
         now: datetime,
+        index: int,
         raw: RawDelivery,
         decoded: Decoded,
         seen: set[UUID],
         held: dict[UUID, holds.Hold],
-        guarded: bool = True,
-        known: dict[UUID, Exception] | None = None,
+        known: dict[int, Exception],
+        claimed: set[UUID] | None,
     ) -> _Result:
-        """One decoded message of a batch. `seen` and `held` are kept up to date as it goes."""
+        """One decoded message of a batch. `seen` and `held` are kept up to date as it goes.
+        `claimed`: the inbox claims made for an unguarded run (None: guarded, claim each in
+        its savepoint)."""
         message_id = decoded.envelope.message_id
         user = decoded.envelope.user_id
         hold = held.get(user) if user is not None else None
@@ -236,19 +253,24 @@ class DeliveryPipeline:
                 _headers_json(raw),
             )
             return _Result(Outcome.PARKED, release=hold.blocker is None)
-        if guarded:
-            failure = (known or {}).get(message_id)
+        if claimed is None:
+            failure = known.get(index)
             result = await self._attempt(conn, decoded, raw, hold, now=now, failure=failure)
+        elif message_id not in claimed:  # another consumer claimed it meanwhile
+            result = _Result(Outcome.DUPLICATE)
         else:
             try:
-                applied = await self._apply(conn, decoded, now)
+                await self._apply(conn, decoded, now, claim=False)
             except Exception as exc:
                 if is_outage(exc):
                     raise
-                raise _HandlerFailedError(message_id, exc) from exc  # run again, guarded
-            outcome = Outcome.ACKED if applied else Outcome.DUPLICATE
-            result = _Result(outcome, await self._done_with_blocker(conn, message_id, hold))
-        seen.add(message_id)
+                raise _HandlerFailedError(index, exc) from exc  # run again, guarded
+            result = _Result(Outcome.ACKED, await self._done_with_blocker(conn, message_id, hold))
+        if result.outcome in (Outcome.ACKED, Outcome.DUPLICATE):
+            # Only a message that is done counts as seen: a second copy of one that failed in
+            # this batch (a relay re-publish, or a redelivery next to its own retry) must meet
+            # the hold it left, not pass as a duplicate and release it.
+            seen.add(message_id)
         if user is not None:
             if result.held:  # it failed: the user's next messages in this batch wait behind it
                 held[user] = holds.Hold(self.consumer, user, message_id, "retrying")
@@ -306,8 +328,12 @@ class DeliveryPipeline:
             return _Result(Outcome.DEAD_LETTERED, release)
         return await self._retry_or_bury(conn, decoded, raw, exc, now)
 
-    async def _apply(self, conn: Conn, decoded: Decoded, now: datetime) -> bool:
-        if not await inbox.claim(conn, self.consumer, decoded.envelope.message_id):
+    async def _apply(
+        self, conn: Conn, decoded: Decoded, now: datetime, *, claim: bool = True
+    ) -> bool:
+        """Claim the message in the inbox (unless claimed already) and run the handler.
+        False: it was applied before."""
+        if claim and not await inbox.claim(conn, self.consumer, decoded.envelope.message_id):
             return False
         await self._handler(HandlerContext(conn, now, decoded.envelope), decoded.body)
         if self._kill_before_commit:
@@ -503,6 +529,12 @@ class DeliveryPipeline:
             yield conn
         finally:
             await self._pool.release(conn)
+
+
+def _free(held: dict[UUID, holds.Hold], user: UUID | None, message_id: UUID) -> bool:
+    """Whether the message may be applied now: its user is not held behind another one."""
+    hold = held.get(user) if user is not None else None
+    return hold is None or hold.blocker == message_id
 
 
 def _user_of(raw: RawDelivery) -> UUID | None:

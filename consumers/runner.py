@@ -96,4 +96,4 @@ async def run_consumers(
         await asyncio.gather(*(c.stop() for c in consumers), return_exceptions=True)
         with contextlib.suppress(Exception):  # bounded: the broker may be down
             await asyncio.wait_for(dead_letters.close(), timeout=2)
-        log.info("stopped", processed={c.consumer_name: c.processed for c in consumers})
+        log.info("stopped", processed={c.name: c.processed for c in consumers})

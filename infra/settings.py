@@ -90,6 +90,15 @@ class Settings(BaseSettings):
             raise ValueError(f"unknown route(s) {unknown}; routes are {sorted(ROUTES)}")
         return value
 
+    @field_validator("replica")
+    @classmethod
+    def _replica_in_range(cls, value: str | None) -> str | None:
+        if value is not None:
+            index, count = (int(x) for x in value.split("/"))
+            if not 0 <= index < count:
+                raise ValueError(f"replica {value!r}: I/N needs 0 <= I < N")
+        return value
+
     @field_validator("partitions")
     @classmethod
     def _partition_counts(cls, value: dict[str, int]) -> dict[str, int]:

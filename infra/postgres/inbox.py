@@ -18,6 +18,19 @@ async def claim(conn: Conn, consumer: str, message_id: UUID) -> bool:
     return bool(inserted)
 
 
+async def claim_many(conn: Conn, consumer: str, message_ids: list[UUID]) -> set[UUID]:
+    """Claim many messages in one statement. Returns those claimed now (not applied before)."""
+    if not message_ids:
+        return set()
+    rows = await conn.fetch(
+        "INSERT INTO telecom.inbox (consumer, message_id) "
+        "SELECT $1, m FROM unnest($2::uuid[]) AS m ON CONFLICT DO NOTHING RETURNING message_id",
+        consumer,
+        list(dict.fromkeys(message_ids)),
+    )
+    return {r["message_id"] for r in rows}
+
+
 async def seen_many(conn: Conn, consumer: str, message_ids: list[UUID]) -> set[UUID]:
     """Which of the messages `consumer` has applied already: one statement for a batch."""
     rows = await conn.fetch(

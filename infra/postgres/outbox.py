@@ -145,6 +145,7 @@ async def lease_partitions(conn: Conn, limit: int) -> list[int]:
             WHERE EXISTS (
                 SELECT 1 FROM telecom.outbox o
                 WHERE o.partition = p AND o.published_at IS NULL AND o.available_at <= now()
+                  AND o.route NOT IN (SELECT route FROM telecom.route_pauses)
             )
             ORDER BY random()
         )
@@ -229,8 +230,11 @@ async def emit(
 
 
 async def pause_route(conn: Conn, route: str, who: str) -> bool:
-    """Hold the route's rows back from the relay. False: it was paused already."""
-    return bool(
+    """Hold the route's rows back from the relays. False: it was paused already.
+
+    Returns once every relay round that was under way has finished (it takes each partition's
+    lease in turn), so no row of the route is published after this returns."""
+    paused = bool(
         await conn.fetchval(
             "INSERT INTO telecom.route_pauses (route, paused_by) VALUES ($1, $2) "
             "ON CONFLICT DO NOTHING RETURNING true",
@@ -238,6 +242,13 @@ async def pause_route(conn: Conn, route: str, who: str) -> bool:
             who,
         )
     )
+    async with conn.transaction():
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock($1, p) FROM generate_series(0, $2 - 1) AS p",
+            RELAY_LOCK_CLASS,
+            PARTITIONS,
+        )
+    return paused
 
 
 async def resume_route(conn: Conn, route: str) -> bool:

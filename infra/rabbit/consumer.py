@@ -205,6 +205,10 @@ class QueueConsumer:
                         await self._dead_letter(message, "handler_error", exc)
                     except Exception:
                         log.exception("dead_letter_failed_unexpectedly")
+                        # Give it back rather than leave it unacked on the channel, where the
+                        # next batch's multiple-ack would take it along unprocessed.
+                        with contextlib.suppress(Exception):
+                            await message.nack(requeue=True)
 
     async def _collect(self, first: AbstractIncomingMessage) -> list[AbstractIncomingMessage]:
         """Up to `batch_size` deliveries: what is buffered, then whatever arrives within the
@@ -244,7 +248,8 @@ class QueueConsumer:
             log.exception("batch_failed_unexpectedly", size=len(messages))
             for message in messages:
                 with structlog.contextvars.bound_contextvars(message_id=message.message_id):
-                    await self._handle(message)
+                    if not await self._handle(message):
+                        return  # stopping: it and the rest stay unacked, redelivered in order
             return
         if self._settings.fault_kill_after_commit == route_of_key(self.name):
             os.kill(os.getpid(), signal.SIGKILL)  # crash test: committed, not acked
@@ -283,7 +288,8 @@ class QueueConsumer:
         log.critical("consumer_worker_died", route=self.name, error=error)
         self.failed.set()
 
-    async def _handle(self, message: AbstractIncomingMessage) -> None:
+    async def _handle(self, message: AbstractIncomingMessage) -> bool:
+        """Process one delivery. False: shutdown began first and it was left unacked."""
         started = time.perf_counter()
         raw = raw_delivery(message)
         user = raw.headers.get(H_USER_ID)
@@ -294,11 +300,11 @@ class QueueConsumer:
         except asyncio.CancelledError:
             raise
         except _StoppingError:
-            return  # left unacked: redelivered after the restart
+            return False  # left unacked: redelivered after the restart
         except Exception as exc:
             log.exception("processing_failed_unexpectedly")
             await self._dead_letter(message, "handler_error", exc)
-            return
+            return True
         if self._settings.fault_kill_after_commit == route_of_key(self.name):
             os.kill(os.getpid(), signal.SIGKILL)  # crash test: committed, not acked
         await self._ack(message)
@@ -308,6 +314,7 @@ class QueueConsumer:
             outcome=outcome.value,
             ms=round((time.perf_counter() - started) * 1000, 2),
         )
+        return True
 
     async def _process_until_done(self, call: Callable[[], Awaitable[T]]) -> T:
         """Retry blips briefly with tenacity; wait out outages with pauses until it works."""

@@ -14,7 +14,14 @@ import asyncpg
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
-from events.routes import ALL_EXPIRED, PACKAGE_ACTIVATE, PACKAGE_EXPIRING, PACKAGE_QUEUING, ROUTES
+from events.routes import (
+    ALL_EXPIRED,
+    PACKAGE_ACTIVATE,
+    PACKAGE_EXPIRING,
+    PACKAGE_QUEUING,
+    ROUTES,
+    USAGE_RECORD,
+)
 from infra.rabbit.connection import connect
 from infra.rabbit.topology import declare_all, delete_all
 from infra.settings import Settings
@@ -128,15 +135,25 @@ async def test_a_killed_replicas_partitions_are_taken_over_and_the_end_state_is_
 
     await workload.send_purchases(four, amqp)
     await workload.wait_all_queued(pool)
-    replicas[0].kill()  # partitions 0 and 3 of every route lose their active consumer
-    await workload.send_usage(four, amqp)
+    sending = asyncio.create_task(workload.send_usage(four, amqp))
+
+    async def some_usage_applied() -> bool:
+        async with pool.acquire() as conn:
+            applied = await conn.fetchval(
+                "SELECT count(*) FROM telecom.inbox WHERE consumer = 'usage_record'"
+            )
+        return bool(applied >= 10)
+
+    await eventually(some_usage_applied)
+    replicas[0].kill()  # mid-run: partitions 0 and 3 of every route lose their consumer
+    await sending
     await workload.wait_end_state(pool)
     await lifecycle_exact(pool, [workload])
     for replica in replicas[1:]:
         assert replica.terminate() == 0, replica.logs()
 
 
-async def test_changing_a_routes_partition_count_with_the_procedure_loses_and_reorders_nothing(
+async def test_changing_the_partition_count_of_an_outbox_fed_route_holds_and_loses_nothing(
     settings: Settings,
     pool: asyncpg.Pool,
     amqp: AbstractRobustConnection,
@@ -189,3 +206,34 @@ async def test_changing_a_routes_partition_count_with_the_procedure_loses_and_re
         )
         assert after["pending"] == 0
         assert [q["ready"] for q in after["queues"]] == [0, 0, 0, 0]
+
+
+async def test_changing_an_order_sensitive_routes_partition_count_keeps_every_users_order(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    spawn: Callable[..., PkgqProcess],
+) -> None:
+    # usage_record is fed from outside and order-sensitive (which item a usage bills depends on
+    # what came before it). Users move between queues when 2 partitions become 4.
+    two = settings.model_copy(update={"partitions": {USAGE_RECORD.name: 2}})
+    four = settings.model_copy(update={"partitions": {USAGE_RECORD.name: 4}})
+    workload = await Workload.create(pool, seed=8_3_2026, users=max(USERS, 16))
+    async with declared(two, amqp), declared(four, amqp):
+        spawn("relay", **env_for(two))
+        run = spawn("run", **env_for(two))
+        await workload.send_purchases(two, amqp)
+        await workload.wait_all_queued(pool)
+        await workload.send_usage(two, amqp, part=(0.0, 0.5))  # then the publishers stop
+
+        async def drained() -> bool:
+            done = await cli(two, "partitions", "status", "usage_record", "--json")
+            return all(q["ready"] == 0 for q in json.loads(done.stdout)["queues"])
+
+        await eventually(drained, within=30)
+        assert run.terminate() == 0, run.logs()
+        assert await drained()
+        spawn("run", **env_for(four))
+        await workload.send_usage(four, amqp, part=(0.5, 1.0))
+        await workload.wait_end_state(pool)  # every user's usage applied in order
+        await lifecycle_exact(pool, [workload])

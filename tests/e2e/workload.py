@@ -86,22 +86,30 @@ class Workload:
                 body = PurchasePackage(user_id=plan.user, package_id=package, amount=amount)
                 await send(settings, amqp, PACKAGE_PURCHASE, body)
 
-    async def send_usage(self, settings: Settings, amqp: AbstractRobustConnection) -> None:
+    async def send_usage(
+        self,
+        settings: Settings,
+        amqp: AbstractRobustConnection,
+        part: tuple[float, float] = (0.0, 1.0),
+    ) -> None:
+        """Send each user's usage records in order, users interleaved; `part` selects a share
+        of every user's list (e.g. the first half, then the second)."""
         rng = random.Random(len(self.plans))
-        cursors = {p.user: 0 for p in self.plans}
-        pending = [p for p in self.plans if p.usages]
+        lists = {
+            p.user: p.usages[int(len(p.usages) * part[0]) : int(len(p.usages) * part[1])]
+            for p in self.plans
+        }
+        cursors = {user: 0 for user in lists}
+        pending = [user for user, usages in lists.items() if usages]
         while pending:  # interleave users, keep each user's own order
-            plan = rng.choice(pending)
-            up, down = plan.usages[cursors[plan.user]]
+            user = rng.choice(pending)
+            up, down = lists[user][cursors[user]]
             await send(
-                settings,
-                amqp,
-                USAGE_RECORD,
-                RecordUsage(user_id=plan.user, upload=up, download=down),
+                settings, amqp, USAGE_RECORD, RecordUsage(user_id=user, upload=up, download=down)
             )
-            cursors[plan.user] += 1
-            if cursors[plan.user] == len(plan.usages):
-                pending.remove(plan)
+            cursors[user] += 1
+            if cursors[user] == len(lists[user]):
+                pending.remove(user)
 
     async def wait_all_queued(self, pool: asyncpg.Pool, within: float = 60) -> None:
         total = sum(len(p.limits) for p in self.plans)
