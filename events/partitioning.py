@@ -33,6 +33,6 @@ def routing_key(route_name: str, user_id: UUID | None, partitions: int) -> str:
 def route_of_key(key: str) -> str:
     """The route a routing key belongs to (`telecom.usage_record.p3` -> `telecom.usage_record`)."""
     head, dot, tail = key.rpartition(".")
-    if dot and tail.startswith("p") and tail[1:].isdigit():
+    if dot and tail.startswith("p") and tail[1:].isascii() and tail[1:].isdigit():
         return head
     return key
