@@ -207,13 +207,18 @@ class DeliveryPipeline:
                         and _free(held, d.envelope.user_id, d.envelope.message_id)
                     ],
                 )
+            # Unguarded, the follow-up events of the whole batch are written in one statement
+            # at the end (guarded, each message's are written in its savepoint).
+            sink: list[outbox.OutboxMessage] | None = None if guarded else []
             for index, decoded in ready:
                 result = await self._one(
-                    conn, now, index, raws[index], decoded, seen, held, known or {}, claimed
+                    conn, now, index, raws[index], decoded, seen, held, known or {}, claimed, sink
                 )
                 outcomes[index] = result.outcome
                 if result.release and decoded.envelope.user_id is not None:
                     to_release.add(decoded.envelope.user_id)
+            if sink:
+                await outbox.enqueue(conn, sink)
         for user in sorted(to_release):
             try:
                 await self.release(user)
@@ -232,6 +237,7 @@ class DeliveryPipeline:
         held: dict[UUID, holds.Hold],
         known: dict[int, Exception],
         claimed: set[UUID] | None,
+        sink: list[outbox.OutboxMessage] | None = None,
     ) -> _Result:
         """One decoded message of a batch. `seen` and `held` are kept up to date as it goes.
         `claimed`: the inbox claims made for an unguarded run (None: guarded, claim each in
@@ -260,7 +266,7 @@ class DeliveryPipeline:
             result = _Result(Outcome.DUPLICATE)
         else:
             try:
-                await self._apply(conn, decoded, now, claim=False)
+                await self._apply(conn, decoded, now, claim=False, sink=sink)
             except Exception as exc:
                 if is_outage(exc):
                     raise
@@ -329,13 +335,19 @@ class DeliveryPipeline:
         return await self._retry_or_bury(conn, decoded, raw, exc, now)
 
     async def _apply(
-        self, conn: Conn, decoded: Decoded, now: datetime, *, claim: bool = True
+        self,
+        conn: Conn,
+        decoded: Decoded,
+        now: datetime,
+        *,
+        claim: bool = True,
+        sink: list[outbox.OutboxMessage] | None = None,
     ) -> bool:
         """Claim the message in the inbox (unless claimed already) and run the handler.
         False: it was applied before."""
         if claim and not await inbox.claim(conn, self.consumer, decoded.envelope.message_id):
             return False
-        await self._handler(HandlerContext(conn, now, decoded.envelope), decoded.body)
+        await self._handler(HandlerContext(conn, now, decoded.envelope, sink), decoded.body)
         if self._kill_before_commit:
             os.kill(os.getpid(), signal.SIGKILL)  # crash test: applied, not committed
         return True

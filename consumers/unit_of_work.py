@@ -22,6 +22,9 @@ class HandlerContext:
     now: datetime
     """The transaction's clock (Postgres `now()`), the same clock the relay schedules by."""
     envelope: Envelope
+    outbox_rows: list[outbox.OutboxMessage] | None = None
+    """Where follow-up events go when the caller writes a whole batch's outbox rows in one
+    statement before it commits (None: written at once)."""
 
 
 Handler = Callable[[HandlerContext, Any], Awaitable[None]]
@@ -57,6 +60,9 @@ async def commit(
     ]
     seqs = loaded.take_seqs(len(messages))
     await queue_repo.save_queue(ctx.conn, loaded)
+    if ctx.outbox_rows is not None and withdrawn:
+        # A timer scheduled earlier in the same batch is not written yet: drop it there.
+        ctx.outbox_rows[:] = [m for m in ctx.outbox_rows if m.cancel_key not in withdrawn]
     await outbox.withdraw(ctx.conn, withdrawn)
     for event in events:
         # Node management sees remaining traffic change in the same transaction as billing.
@@ -64,11 +70,12 @@ async def commit(
             await access.set_remaining(ctx.conn, user_id, event.item_id, event.remaining)
         elif isinstance(event, PackageExpired):
             await access.set_remaining(ctx.conn, user_id, event.item_id, 0)
-    await outbox.enqueue(
-        ctx.conn,
-        [
-            outbox.from_outgoing(out, seq=seq, traceparent=ctx.envelope.traceparent)
-            for out, seq in zip(messages, seqs, strict=True)
-        ],
-    )
+    rows = [
+        outbox.from_outgoing(out, seq=seq, traceparent=ctx.envelope.traceparent)
+        for out, seq in zip(messages, seqs, strict=True)
+    ]
+    if ctx.outbox_rows is not None:
+        ctx.outbox_rows.extend(rows)
+    else:
+        await outbox.enqueue(ctx.conn, rows)
     return events

@@ -7,6 +7,7 @@ would, against the test's own Postgres database.
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -16,14 +17,16 @@ import pytest
 from consumers import ingest
 from consumers.delivery import DeliveryPipeline
 from consumers.handlers import usage_record
+from consumers.registry import HANDLERS
 from consumers.retry_policy import RetryPolicy
 from consumers.unit_of_work import HandlerContext
 from events.decoding import RawDelivery
 from events.envelope import CONTENT_TYPE, H_ATTEMPT, H_SCHEMA_VERSION, H_USER_ID
-from events.models import RecordUsage
-from events.routes import USAGE_RECORD
+from events.models import PackageQueuePushEvent, PurchasePackage, RecordUsage, WireModel
+from events.routes import EXPIRY_DUE, PACKAGE_PURCHASE, PACKAGE_QUEUING, USAGE_RECORD, Route
 from infra.postgres import dead_letters
 from infra.rabbit.consumer import Outcome
+from tests.support import add_package
 
 
 def delivery(
@@ -303,3 +306,70 @@ async def test_a_batch_applies_each_users_messages_in_order_and_isolates_a_failu
     assert {r["user_id"]: r["unbilled_upload"] for r in billed} == {a: 3, b: 10}
     parked = await rows(pool, "SELECT user_id, body FROM telecom.parked")
     assert [(p["user_id"], json.loads(p["body"])["upload"]) for p in parked] == [(b, 20)]
+
+
+def raw_for(route: Route, body: WireModel) -> RawDelivery:
+    return RawDelivery(
+        body=body.model_dump_json().encode(),
+        message_id=str(uuid4()),
+        message_type=route.message_type,
+        content_type=CONTENT_TYPE,
+        timestamp=None,
+        headers={H_SCHEMA_VERSION: 1, H_USER_ID: str(body.user_id)},
+    )
+
+
+async def test_a_timer_scheduled_and_withdrawn_within_one_batch_is_never_written(
+    pool: asyncpg.Pool,
+) -> None:
+    # An unguarded batch writes its follow-up events at the end; a time-expiry timer that one
+    # message schedules and a later one in the same batch withdraws must not survive that.
+    package = await add_package(pool, 10, timedelta(hours=1))
+
+    def run(route: Route) -> DeliveryPipeline:
+        return DeliveryPipeline(
+            pool, route, HANDLERS[route.name], RetryPolicy(), max_body_bytes=2**20
+        )
+
+    async def user_with_first_item_active() -> tuple[UUID, list[int]]:
+        user = uuid4()
+        purchase = PurchasePackage(user_id=user, package_id=package, amount=3)
+        assert await run(PACKAGE_PURCHASE)(raw_for(PACKAGE_PURCHASE, purchase)) == Outcome.ACKED
+        items = [
+            r["id"]
+            for r in await rows(
+                pool, "SELECT id FROM telecom.package_queue WHERE user_id = $1 ORDER BY id", user
+            )
+        ]
+        push = PackageQueuePushEvent(
+            user_id=user, item_ids=items, package_id=package, pushed_at=1_795_000_000
+        )
+        assert await run(PACKAGE_QUEUING)(raw_for(PACKAGE_QUEUING, push)) == Outcome.ACKED
+        return user, items
+
+    async def pending_timers(items: list[int]) -> list[str]:
+        found = await rows(
+            pool,
+            "SELECT cancel_key FROM telecom.outbox WHERE route = $1 AND cancel_key = ANY($2) "
+            "ORDER BY id",
+            EXPIRY_DUE.name,
+            [f"expire:{i}" for i in items],
+        )
+        return [r["cancel_key"] for r in found]
+
+    def usage(user: UUID, amount: int) -> RawDelivery:
+        return raw_for(USAGE_RECORD, RecordUsage(user_id=user, upload=amount, download=0))
+
+    # Uses up item 1 (its timer is deleted), then activates item 2 (its timer is scheduled).
+    kept, kept_items = await user_with_first_item_active()
+    assert await run(USAGE_RECORD).process_batch([usage(kept, 10), usage(kept, 5)]) == [
+        Outcome.ACKED,
+        Outcome.ACKED,
+    ]
+    assert await pending_timers(kept_items) == [f"expire:{kept_items[1]}"]
+
+    # The same, then a third message uses item 2 up: its timer, still unwritten, must go.
+    gone, gone_items = await user_with_first_item_active()
+    batch = [usage(gone, 10), usage(gone, 5), usage(gone, 5)]
+    assert await run(USAGE_RECORD).process_batch(batch) == [Outcome.ACKED] * 3
+    assert await pending_timers(gone_items) == []
