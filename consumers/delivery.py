@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import signal
+import time
 import traceback
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -142,6 +143,7 @@ class DeliveryPipeline:
         self.policy = policy
         self._max_body_bytes = max_body_bytes
         self._kill_before_commit = kill_before_commit
+        self._release_polled_at = -1e9
 
     async def __call__(self, raw: RawDelivery) -> Outcome:
         (outcome,) = await self.process_batch([raw])
@@ -515,7 +517,13 @@ class DeliveryPipeline:
         """Apply what operators released (a discarded blocker) or a crash left half-released.
 
         One user's trouble does not stop the others: a failing user goes to the back of the
-        line (its hold's `updated_at` moves) and is tried again on the next round."""
+        line (its hold's `updated_at` moves) and is tried again on the next round.
+
+        Every partition consumer of the route calls this when idle; they share this pipeline,
+        so it looks at most once a second however many partitions there are."""
+        if time.monotonic() - self._release_polled_at < 1.0:
+            return 0
+        self._release_polled_at = time.monotonic()
         async with self._connection() as conn:
             users = await holds.releasing_users(conn, self.consumer)
         total = 0
