@@ -488,7 +488,7 @@ async def run_bench(settings: Settings, scenario: Scenario, say: Callable[[str],
         "ratio_1m_vs_10k": round(large.events_per_s / small.events_per_s, 3),
     }
     say(
-        f"scenario: {scenario.users} users x {scenario.packages} packages, "
+        f"  scenario: {scenario.users} users x {scenario.packages} packages, "
         f"{scenario.replicas} consumer process(es); "
         f"events per run {small.events}; latency at half rate: {len(paced.latencies_ms)} samples; "
         f"saturated p99 {small.percentile(0.99):.0f} ms; "
