@@ -20,7 +20,7 @@ from rich.table import Table
 from consumers import publishing
 from consumers.dlq_cli import dlq_app
 from consumers.partitions_cli import partitions_app
-from consumers.runtime import services, stop_on_signals
+from consumers.runtime import services, start_status_server, stop_on_signals
 from events.models import AdjustQuota, CancelPackage, WireModel
 from events.routes import ROUTES, Route, UnknownRouteError, route_named
 from infra.logging import configure_logging
@@ -141,7 +141,14 @@ def relay_cmd() -> None:
     async def go() -> None:
         stop = stop_on_signals()
         async with services(settings, "relay") as svc:
-            await Relay(settings, svc.pool, svc.amqp).run(stop)
+            relay = Relay(settings, svc.pool, svc.amqp)
+            status = await start_status_server(settings, relay.ready)
+            try:
+                await relay.run(stop)
+            finally:
+                if status is not None:
+                    status.draining = True
+                    await status.stop()
 
     _run(go())
 

@@ -13,7 +13,7 @@ from consumers.delivery import DeliveryPipeline
 from consumers.ingest import ingester
 from consumers.registry import HANDLERS
 from consumers.retry_policy import RetryPolicy, policy_for
-from consumers.runtime import Services
+from consumers.runtime import Services, start_status_server
 from events.routes import Route
 from infra.rabbit.consumer import QueueConsumer, route_consumer
 from infra.rabbit.publisher import Publisher
@@ -71,9 +71,20 @@ async def run_consumers(
             (consumers if settings.preferred(partition) else standby).append(consumer)
     if ingest:
         consumers.append(ingester(settings, svc.pool, svc.amqp))
+    started: list[QueueConsumer] = []
+
+    async def ready() -> bool:
+        """Consuming from every assigned queue, and the Postgres pool usable."""
+        if len(started) < len(consumers) or not all(c.consuming for c in started):
+            return False
+        async with svc.pool.acquire(timeout=2) as conn:
+            return bool(await conn.fetchval("SELECT true"))
+
+    status = await start_status_server(settings, ready)
     try:
         for consumer in consumers:
             await consumer.start()
+            started.append(consumer)
         log.info("ready", routes=[c.name for c in consumers])
         if standby:
             # Single-active-consumer makes the first subscriber of a queue its consumer: the
@@ -85,6 +96,7 @@ async def run_consumers(
                     break
                 await consumer.start()
                 consumers.append(consumer)
+                started.append(consumer)
             log.info("standing_by", routes=[c.name for c in standby])
         waiters = [asyncio.ensure_future(stop.wait())]
         waiters += [asyncio.ensure_future(c.failed.wait()) for c in consumers]
@@ -93,7 +105,11 @@ async def run_consumers(
             waiter.cancel()
         return 0 if stop.is_set() else 1
     finally:
+        if status is not None:
+            status.draining = True
         await asyncio.gather(*(c.stop() for c in consumers), return_exceptions=True)
         with contextlib.suppress(Exception):  # bounded: the broker may be down
             await asyncio.wait_for(dead_letters.close(), timeout=2)
         log.info("stopped", processed={c.name: c.processed for c in consumers})
+        if status is not None:
+            await status.stop()

@@ -15,6 +15,7 @@ import structlog
 from aio_pika.abc import AbstractRobustConnection
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
+from infra.observability import Ready, StatusServer
 from infra.postgres.pool import create_pool
 from infra.rabbit.connection import connect
 from infra.settings import Settings
@@ -81,3 +82,12 @@ def stop_on_signals() -> asyncio.Event:
 def _request_stop(stop: asyncio.Event, sig: signal.Signals) -> None:
     log.info("stopping", signal=sig.name)
     stop.set()
+
+
+async def start_status_server(settings: Settings, ready: Ready) -> StatusServer | None:
+    """The process's /metrics, /healthz and /readyz port, if `PKGQ_HTTP_PORT` is set."""
+    if not settings.http_port:
+        return None
+    server = StatusServer(settings.http_host, settings.http_port, ready)
+    await server.start()
+    return server

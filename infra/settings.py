@@ -60,6 +60,10 @@ class Settings(BaseSettings):
     release_poll_interval: float = Field(default=2.0, gt=0)
     """How often a consumer looks for holds an operator released (a discarded dead letter)."""
 
+    http_host: str = "0.0.0.0"  # noqa: S104  (a status port is meant to be scraped)
+    http_port: int = Field(default=0, ge=0, le=65535)
+    """/metrics, /healthz and /readyz of this process (infra/observability.py); 0: off."""
+
     drain_timeout: float = Field(default=30.0, gt=0)
     log_format: str = Field(default="auto", pattern="^(auto|json|console)$")
     log_level: str = "info"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -237,3 +238,21 @@ class PkgqProcess:
         self.log.flush()
         with open(self.log.name, "rb") as f:
             return f.read().decode(errors="replace")
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (for a process's status port)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def http_get(port: int, path: str) -> tuple[int, str]:
+    """GET a path of a local status port: (status code, body)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.0\r\nHost: test\r\n\r\n".encode())
+    await writer.drain()
+    response = (await reader.read()).decode()
+    writer.close()
+    head, _, body = response.partition("\r\n\r\n")
+    return int(head.split()[1]), body

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 from collections import defaultdict
 from uuid import UUID
 
@@ -26,6 +27,7 @@ import asyncpg
 import structlog
 from aio_pika.abc import AbstractRobustConnection
 
+from infra.observability import RELAY_LAG, RELAYED
 from infra.outbox.sweep import sweep_overdue_expiries
 from infra.postgres import outbox
 from infra.postgres.outbox import ClaimedRow
@@ -57,6 +59,13 @@ class Relay:
         await declare_all(channel, self._settings)
         await channel.close()
         self._publisher = await Publisher.open(self._connection, self._settings.exchange)
+
+    async def ready(self) -> bool:
+        """Publishing channel open and the Postgres pool usable (for /readyz)."""
+        if self._publisher is None or not self._publisher.is_open:
+            return False
+        async with self._pool.acquire(timeout=2) as conn:
+            return bool(await conn.fetchval("SELECT true"))
 
     async def run(self, stop: asyncio.Event) -> None:
         if self._publisher is None:
@@ -136,6 +145,9 @@ class Relay:
                     log.warning("publish_failed", message_id=str(row.message_id), error=repr(exc))
                     return
                 done.append(row.id)
+                RELAYED.inc()
+                if row.available_at is not None:
+                    RELAY_LAG.observe(max(0.0, time.time() - row.available_at.timestamp()))
                 self._maybe_crash(len(done))
 
         await asyncio.gather(*(send_chain(c) for c in chains.values()))

@@ -48,6 +48,7 @@ class ClaimedRow:
     user_id: UUID | None
     body: bytes
     headers: dict[str, Any]
+    available_at: datetime | None = None
 
 
 def from_outgoing(
@@ -169,7 +170,7 @@ async def claim_due(conn: Conn, partitions: Sequence[int], batch_size: int) -> l
             WHERE partition = ANY($1::int[]) AND published_at IS NULL AND available_at <= now()
               AND route NOT IN (SELECT route FROM telecom.route_pauses)
         )
-        SELECT id, message_id, route, message_type, user_id, body, headers
+        SELECT id, message_id, route, message_type, user_id, body, headers, available_at
         FROM telecom.outbox
         WHERE id IN (SELECT id FROM due ORDER BY id LIMIT $2)
           AND published_at IS NULL  -- re-checked after a lock wait, unlike the CTE's filter
@@ -188,6 +189,7 @@ async def claim_due(conn: Conn, partitions: Sequence[int], batch_size: int) -> l
             user_id=r["user_id"],
             body=r["body"],
             headers=r["headers"],
+            available_at=r["available_at"],
         )
         for r in rows
     ]

@@ -49,6 +49,7 @@ from events.envelope import (
 )
 from events.partitioning import route_of_key
 from events.routes import Route
+from infra.observability import IN_FLIGHT, MESSAGES, PROCESSING
 from infra.rabbit.publisher import Publisher, build_message
 from infra.rabbit.topology import declare_exchanges, declare_route_queue, route_queues
 from infra.settings import Settings
@@ -130,6 +131,17 @@ class QueueConsumer:
         self._queue: Any = None
         self._channel: Any = None
         self.processed = 0
+
+    @property
+    def consuming(self) -> bool:
+        """Subscribed, on an open channel, and not stopping (for /readyz)."""
+        return (
+            self._consumer_tag is not None
+            and not self._stopping.is_set()
+            and not self.failed.is_set()
+            and self._channel is not None
+            and not self._channel.is_closed
+        )
 
     async def start(self) -> None:
         self._channel = await self._connection.channel(publisher_confirms=False)
@@ -236,16 +248,23 @@ class QueueConsumer:
         started = time.perf_counter()
         raws = [raw_delivery(m) for m in messages]
         batch = self._batch
+        in_flight = IN_FLIGHT.labels(route=route_of_key(self.name))
+        in_flight.inc(len(messages))
+        failure: Exception | None = None
         try:
             outcomes = await self._process_until_done(lambda: batch(raws))
         except asyncio.CancelledError:
             raise
         except _StoppingError:
             return  # left unacked: redelivered after the restart
-        except Exception:
+        except Exception as exc:  # noqa: BLE001  (handled below, one delivery at a time)
+            failure = exc
+        finally:
+            in_flight.dec(len(messages))
+        if failure is not None:
             # A bug in the batch path: fall back to one delivery at a time, so whatever is
             # wrong is isolated to the message that causes it.
-            log.exception("batch_failed_unexpectedly", size=len(messages))
+            log.error("batch_failed_unexpectedly", size=len(messages), exc_info=failure)
             for message in messages:
                 with structlog.contextvars.bound_contextvars(message_id=message.message_id):
                     if not await self._handle(message):
@@ -259,7 +278,12 @@ class QueueConsumer:
         except Exception as exc:  # noqa: BLE001  (channel gone: the inbox absorbs the redelivery)
             log.warning("ack_failed", error=repr(exc))
         self.processed += len(messages)
-        ms = round((time.perf_counter() - started) * 1000, 2)
+        elapsed = time.perf_counter() - started
+        ms = round(elapsed * 1000, 2)
+        route = route_of_key(self.name)
+        for outcome in outcomes:
+            MESSAGES.labels(route=route, outcome=outcome.value).inc()
+            PROCESSING.labels(route=route).observe(elapsed / len(messages))
         for message, outcome, raw in zip(messages, outcomes, raws, strict=True):
             log.info(
                 "processed",
@@ -295,8 +319,10 @@ class QueueConsumer:
         user = raw.headers.get(H_USER_ID)
         if user is not None:
             structlog.contextvars.bind_contextvars(user_id=str(user))
+        route = route_of_key(self.name)
         try:
-            outcome = await self._process_until_done(lambda: self._processor(raw))
+            with IN_FLIGHT.labels(route=route).track_inprogress():
+                outcome = await self._process_until_done(lambda: self._processor(raw))
         except asyncio.CancelledError:
             raise
         except _StoppingError:
@@ -304,7 +330,10 @@ class QueueConsumer:
         except Exception as exc:
             log.exception("processing_failed_unexpectedly")
             await self._dead_letter(message, "handler_error", exc)
+            MESSAGES.labels(route=route, outcome=Outcome.DEAD_LETTERED.value).inc()
             return True
+        MESSAGES.labels(route=route, outcome=outcome.value).inc()
+        PROCESSING.labels(route=route).observe(time.perf_counter() - started)
         if self._settings.fault_kill_after_commit == route_of_key(self.name):
             os.kill(os.getpid(), signal.SIGKILL)  # crash test: committed, not acked
         await self._ack(message)

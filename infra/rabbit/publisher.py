@@ -71,5 +71,9 @@ class Publisher:
                 message.message_id or "?", routing_key, f"broker answered {confirmation!r}"
             )
 
+    @property
+    def is_open(self) -> bool:
+        return not self._channel.is_closed
+
     async def close(self) -> None:
         await self._channel.close()

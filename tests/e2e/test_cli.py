@@ -11,7 +11,7 @@ import pytest
 
 from events.routes import ROUTES
 from infra.settings import Settings
-from tests.support import PkgqProcess, cli, eventually
+from tests.support import PkgqProcess, cli, eventually, free_port, http_get
 
 pytestmark = pytest.mark.e2e
 
@@ -124,3 +124,25 @@ async def test_a_queue_declared_with_other_arguments_stops_run_with_instructions
     assert done.returncode == 2
     assert "already exists with different arguments" in done.stderr
     assert f"rabbitmqctl delete_queue {legacy}" in done.stderr
+
+
+async def test_relay_and_run_serve_health_readiness_and_metrics_on_their_status_port(
+    settings: Settings, spawn: Callable[..., PkgqProcess]
+) -> None:
+    relay_port, run_port = free_port(), free_port()
+    relay = spawn("relay", PKGQ_HTTP_PORT=str(relay_port), PKGQ_HTTP_HOST="127.0.0.1")
+    run = spawn("run", PKGQ_HTTP_PORT=str(run_port), PKGQ_HTTP_HOST="127.0.0.1")
+    for port in (relay_port, run_port):
+
+        async def ready(port: int = port) -> bool:
+            try:
+                return (await http_get(port, "/readyz"))[0] == 200
+            except OSError:
+                return False  # not listening yet
+
+        await eventually(ready, within=30)
+        assert (await http_get(port, "/healthz"))[0] == 200
+    assert "pkgq_relay_published_total" in (await http_get(relay_port, "/metrics"))[1]
+    assert "pkgq_in_flight" in (await http_get(run_port, "/metrics"))[1]
+    assert relay.terminate() == 0, relay.logs()
+    assert run.terminate() == 0, run.logs()

@@ -1,0 +1,128 @@
+"""Prometheus metrics and the small HTTP port every long-running pkgq process can serve.
+
+- `/metrics`: Prometheus text format. Label values are routes and outcomes, never user or
+  message ids.
+- `/healthz`: 200 while the event loop's heartbeat task keeps beating (a stuck loop stops it),
+  503 otherwise.
+- `/readyz`: 200 while the process's readiness check passes (consuming every assigned queue, the
+  Postgres pool usable), 503 during start-up and once a graceful drain has begun.
+
+Off by default (`PKGQ_HTTP_PORT=0`); one port per process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+
+import structlog
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+
+log = structlog.get_logger(__name__)
+
+MESSAGES = Counter(
+    "pkgq_messages_total",
+    "Deliveries handled, by route and outcome (acked, duplicate, retried, dead_lettered, parked).",
+    ["route", "outcome"],
+)
+PROCESSING = Histogram(
+    "pkgq_processing_seconds",
+    "Time from taking a delivery (or batch) to its commit, per message, by route.",
+    ["route"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+IN_FLIGHT = Gauge("pkgq_in_flight", "Deliveries being processed now, by route.", ["route"])
+RELAYED = Counter("pkgq_relay_published_total", "Outbox rows published and confirmed.")
+RELAY_LAG = Histogram(
+    "pkgq_relay_publish_lag_seconds",
+    "From a row being due (available_at) to its publish being confirmed.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+
+HEARTBEAT_EVERY = 1.0
+STALE_AFTER = 5.0
+
+Ready = Callable[[], Awaitable[bool]]
+
+
+class StatusServer:
+    """`/metrics`, `/healthz` and `/readyz` on one port, in the process's own event loop."""
+
+    def __init__(self, host: str, port: int, ready: Ready) -> None:
+        self._host = host
+        self._port = port
+        self._ready = ready
+        self._server: asyncio.Server | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._beat = time.monotonic()
+        self.draining = False
+        """Set when a graceful stop begins: /readyz answers 503 from then on."""
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful when started with port 0 in tests)."""
+        if self._server is None or not self._server.sockets:
+            return self._port
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, self._host, self._port)
+        self._heartbeat = asyncio.create_task(self._beat_forever(), name="heartbeat")
+        log.info("status_http_serving", host=self._host, port=self.port)
+
+    async def stop(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), timeout=2)
+
+    def healthy(self) -> bool:
+        return time.monotonic() - self._beat < STALE_AFTER
+
+    async def _beat_forever(self) -> None:
+        while True:
+            self._beat = time.monotonic()
+            await asyncio.sleep(HEARTBEAT_EVERY)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readline(), timeout=5)
+            parts = request.decode("latin-1").split()
+            path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
+            status, body, kind = await self._answer(path)
+            writer.write(
+                f"HTTP/1.0 {status}\r\nContent-Type: {kind}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                + body
+            )
+            await writer.drain()
+        except (TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def _answer(self, path: str) -> tuple[str, bytes, str]:
+        text = "text/plain; charset=utf-8"
+        if path == "/metrics":
+            return "200 OK", generate_latest(), CONTENT_TYPE_LATEST
+        if path == "/healthz":
+            if self.healthy():
+                return "200 OK", b"ok\n", text
+            return "503 Service Unavailable", b"event loop heartbeat is stale\n", text
+        if path == "/readyz":
+            if self.draining:
+                return "503 Service Unavailable", b"draining\n", text
+            try:
+                ready = await asyncio.wait_for(self._ready(), timeout=3)
+            except Exception as exc:  # noqa: BLE001  (not ready, and why)
+                return "503 Service Unavailable", f"not ready: {exc!r}\n".encode(), text
+            if ready:
+                return "200 OK", b"ready\n", text
+            return "503 Service Unavailable", b"not ready\n", text
+        return "404 Not Found", b"not found\n", text

@@ -1,0 +1,75 @@
+"""The status port: /metrics, /healthz and /readyz of a running consumer process."""
+
+from __future__ import annotations
+
+import re
+from uuid import uuid4
+
+import asyncpg
+from aio_pika.abc import AbstractRobustConnection
+
+from events.models import RecordUsage
+from events.routes import USAGE_RECORD
+from infra.observability import StatusServer
+from infra.settings import Settings
+from tests.support import InProcess, eventually, free_port, http_get, send
+
+
+async def test_readyz_follows_the_readiness_check_and_turns_not_ready_when_draining() -> None:
+    ready = False
+
+    async def check() -> bool:
+        return ready
+
+    server = StatusServer("127.0.0.1", 0, check)
+    await server.start()
+    try:
+        assert (await http_get(server.port, "/healthz"))[0] == 200
+        assert (await http_get(server.port, "/readyz"))[0] == 503
+        ready = True
+        assert (await http_get(server.port, "/readyz"))[0] == 200
+        server.draining = True
+        assert await http_get(server.port, "/readyz") == (503, "draining\n")
+        assert (await http_get(server.port, "/nowhere"))[0] == 404
+    finally:
+        await server.stop()
+
+
+async def test_a_consumer_process_reports_processed_messages_by_route_and_outcome(
+    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> None:
+    port = free_port()
+    served = settings.model_copy(update={"http_port": port, "http_host": "127.0.0.1"})
+    app = InProcess(served, pool, amqp)
+    await app.start_consumers([USAGE_RECORD])
+    try:
+
+        async def ready() -> bool:
+            return (await http_get(port, "/readyz"))[0] == 200
+
+        await eventually(ready)
+        user = uuid4()
+        before = await acked_usage(port)
+        await send(served, amqp, USAGE_RECORD, RecordUsage(user_id=user, upload=1, download=1))
+
+        async def counted() -> bool:
+            return await acked_usage(port) == before + 1
+
+        await eventually(counted)
+        status, metrics = await http_get(port, "/metrics")
+        assert status == 200
+        assert 'pkgq_processing_seconds_count{route="telecom.usage_record"}' in metrics
+        assert str(user) not in metrics  # label values never carry user or message ids
+        assert (await http_get(port, "/healthz"))[0] == 200
+    finally:
+        await app.close()
+
+
+async def acked_usage(port: int) -> float:
+    _, metrics = await http_get(port, "/metrics")
+    found = re.search(
+        r'^pkgq_messages_total\{outcome="acked",route="telecom.usage_record"\} (\S+)$',
+        metrics,
+        re.MULTILINE,
+    )
+    return float(found.group(1)) if found else 0.0
