@@ -142,7 +142,7 @@ def relay_cmd() -> None:
         stop = stop_on_signals()
         async with services(settings, "relay") as svc:
             relay = Relay(settings, svc.pool, svc.amqp)
-            status = await start_status_server(settings, relay.ready)
+            status = await start_status_server(settings, relay.ready, svc.pool)
             try:
                 await relay.run(stop)
             finally:

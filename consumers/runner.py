@@ -80,7 +80,7 @@ async def run_consumers(
         async with svc.pool.acquire(timeout=2) as conn:
             return bool(await conn.fetchval("SELECT true"))
 
-    status = await start_status_server(settings, ready)
+    status = await start_status_server(settings, ready, svc.pool)
     try:
         for consumer in consumers:
             await consumer.start()

@@ -15,7 +15,15 @@ import structlog
 from aio_pika.abc import AbstractRobustConnection
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
-from infra.observability import Ready, StatusServer
+from infra.observability import (
+    DEAD_LETTERS,
+    OUTBOX_OLDEST,
+    OUTBOX_PENDING,
+    RECONNECTS,
+    Ready,
+    StatusServer,
+)
+from infra.postgres import stats
 from infra.postgres.pool import create_pool
 from infra.rabbit.connection import connect
 from infra.settings import Settings
@@ -56,6 +64,7 @@ async def services(
         async for attempt in _startup_retrying(wait_seconds):
             with attempt:
                 amqp = await connect(settings.amqp_url, name)
+        amqp.reconnect_callbacks.add(lambda *_: RECONNECTS.inc())
         try:
             log.info(
                 "connected",
@@ -84,10 +93,28 @@ def _request_stop(stop: asyncio.Event, sig: signal.Signals) -> None:
     stop.set()
 
 
-async def start_status_server(settings: Settings, ready: Ready) -> StatusServer | None:
+async def start_status_server(
+    settings: Settings, ready: Ready, pool: asyncpg.Pool
+) -> StatusServer | None:
     """The process's /metrics, /healthz and /readyz port, if `PKGQ_HTTP_PORT` is set."""
     if not settings.http_port:
         return None
-    server = StatusServer(settings.http_host, settings.http_port, ready)
+
+    async def refresh() -> None:
+        async with pool.acquire(timeout=2) as conn:
+            figures = await stats.backlog(conn)
+        OUTBOX_PENDING.set(figures.outbox_pending)
+        OUTBOX_OLDEST.set(figures.outbox_oldest_s)
+        DEAD_LETTERS.clear()
+        for route, count in figures.buried_by_route.items():
+            DEAD_LETTERS.labels(route=route).set(count)
+
+    server = StatusServer(
+        settings.http_host,
+        settings.http_port,
+        ready,
+        refresh,
+        refresh_every=settings.metrics_refresh_interval,
+    )
     await server.start()
     return server

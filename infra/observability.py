@@ -41,19 +41,40 @@ RELAY_LAG = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 
+RECONNECTS = Counter(
+    "pkgq_reconnects_total", "RabbitMQ connections re-established after they were lost."
+)
+OUTBOX_PENDING = Gauge("pkgq_outbox_pending", "Outbox rows due and not yet published.")
+OUTBOX_OLDEST = Gauge(
+    "pkgq_outbox_oldest_pending_seconds", "Age of the oldest due, unpublished outbox row."
+)
+DEAD_LETTERS = Gauge("pkgq_dead_letters", "Buried dead letters, by route.", ["route"])
+
 HEARTBEAT_EVERY = 1.0
+REFRESH_EVERY = 10.0
 STALE_AFTER = 5.0
 
 Ready = Callable[[], Awaitable[bool]]
+Refresh = Callable[[], Awaitable[None]]
 
 
 class StatusServer:
     """`/metrics`, `/healthz` and `/readyz` on one port, in the process's own event loop."""
 
-    def __init__(self, host: str, port: int, ready: Ready) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        ready: Ready,
+        refresh: Refresh | None = None,
+        refresh_every: float = REFRESH_EVERY,
+    ) -> None:
+        """`refresh`: updates gauges that come from the database, every `refresh_every` s."""
         self._host = host
         self._port = port
         self._ready = ready
+        self._refresh = refresh
+        self._refresh_every = refresh_every
         self._server: asyncio.Server | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._beat = time.monotonic()
@@ -86,9 +107,16 @@ class StatusServer:
         return time.monotonic() - self._beat < STALE_AFTER
 
     async def _beat_forever(self) -> None:
+        refreshed = -self._refresh_every
         while True:
             self._beat = time.monotonic()
-            await asyncio.sleep(HEARTBEAT_EVERY)
+            if self._refresh is not None and self._beat - refreshed >= self._refresh_every:
+                refreshed = self._beat
+                try:
+                    await asyncio.wait_for(self._refresh(), timeout=5)
+                except Exception as exc:  # noqa: BLE001  (the gauges keep their last values)
+                    log.warning("metrics_refresh_failed", error=repr(exc))
+            await asyncio.sleep(min(HEARTBEAT_EVERY, self._refresh_every))
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

@@ -63,6 +63,8 @@ class Settings(BaseSettings):
     http_host: str = "0.0.0.0"  # noqa: S104  (a status port is meant to be scraped)
     http_port: int = Field(default=0, ge=0, le=65535)
     """/metrics, /healthz and /readyz of this process (infra/observability.py); 0: off."""
+    metrics_refresh_interval: float = Field(default=10.0, gt=0)
+    """How often the outbox backlog and dead-letter gauges are read from Postgres."""
 
     drain_timeout: float = Field(default=30.0, gt=0)
     log_format: str = Field(default="auto", pattern="^(auto|json|console)$")

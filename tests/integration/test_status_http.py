@@ -12,7 +12,7 @@ from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.observability import StatusServer
 from infra.settings import Settings
-from tests.support import InProcess, eventually, free_port, http_get, send
+from tests.support import InProcess, eventually, free_port, http_get, send, send_raw
 
 
 async def test_readyz_follows_the_readiness_check_and_turns_not_ready_when_draining() -> None:
@@ -39,7 +39,9 @@ async def test_a_consumer_process_reports_processed_messages_by_route_and_outcom
     settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
 ) -> None:
     port = free_port()
-    served = settings.model_copy(update={"http_port": port, "http_host": "127.0.0.1"})
+    served = settings.model_copy(
+        update={"http_port": port, "http_host": "127.0.0.1", "metrics_refresh_interval": 0.2}
+    )
     app = InProcess(served, pool, amqp)
     await app.start_consumers([USAGE_RECORD])
     try:
@@ -61,6 +63,15 @@ async def test_a_consumer_process_reports_processed_messages_by_route_and_outcom
         assert 'pkgq_processing_seconds_count{route="telecom.usage_record"}' in metrics
         assert str(user) not in metrics  # label values never carry user or message ids
         assert (await http_get(port, "/healthz"))[0] == 200
+
+        await send_raw(served, amqp, USAGE_RECORD, b"{not json")  # buried: invalid_json
+
+        async def buried_counted() -> bool:
+            _, text = await http_get(port, "/metrics")
+            return 'pkgq_dead_letters{route="telecom.usage_record"} 1.0' in text
+
+        await eventually(buried_counted)
+        assert "pkgq_outbox_pending " in (await http_get(port, "/metrics"))[1]
     finally:
         await app.close()
 

@@ -1,0 +1,35 @@
+"""Backlog figures for the metrics: the outbox's due rows and the buried dead letters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from infra.postgres.pool import Conn
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    outbox_pending: int
+    outbox_oldest_s: float
+    buried_by_route: dict[str, int]
+
+
+async def backlog(conn: Conn) -> Backlog:
+    row = await conn.fetchrow(
+        """
+        SELECT count(*) AS pending,
+               coalesce(extract(epoch FROM now() - min(available_at)), 0) AS oldest
+        FROM telecom.outbox
+        WHERE published_at IS NULL AND available_at <= now()
+        """
+    )
+    buried = await conn.fetch(
+        "SELECT route, count(*) AS n FROM telecom.dead_letters WHERE status = 'buried' "
+        "GROUP BY route"
+    )
+    assert row is not None  # an aggregate always returns a row
+    return Backlog(
+        outbox_pending=int(row["pending"]),
+        outbox_oldest_s=float(row["oldest"]),
+        buried_by_route={r["route"]: int(r["n"]) for r in buried},
+    )
