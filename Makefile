@@ -32,6 +32,7 @@ check: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	deploy/systemd/verify.sh
 
 ## test: check, then the whole suite against the real services.
 test: check migrate

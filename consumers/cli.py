@@ -46,7 +46,7 @@ T = TypeVar("T")
 
 
 def _settings() -> Settings:
-    settings = Settings()
+    settings = Settings.load()
     configure_logging(settings.log_format, settings.log_level)
     return settings
 
@@ -86,7 +86,7 @@ def migrate_cmd(
 @app.command("routes")
 def routes_cmd() -> None:
     """List the routes, their message types and queues."""
-    settings = Settings()
+    settings = Settings.load()
     table = Table("route", "type", "queue")
     for route in ROUTES.values():
         table.add_row(route.name, route.message_type, settings.queue_name(route.name))

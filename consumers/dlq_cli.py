@@ -69,7 +69,7 @@ def operator() -> str:
 
 
 def _settings() -> Settings:
-    settings = Settings()
+    settings = Settings.load()
     configure_logging(settings.log_format, settings.log_level)
     return settings
 

@@ -31,7 +31,7 @@ console = Console()
 
 
 def _settings() -> Settings:
-    settings = Settings()
+    settings = Settings.load()
     configure_logging(settings.log_format, settings.log_level)
     return settings
 

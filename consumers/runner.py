@@ -19,6 +19,7 @@ from infra.rabbit.consumer import QueueConsumer, route_consumer
 from infra.rabbit.publisher import Publisher
 from infra.rabbit.topology import declare_exchanges
 from infra.settings import Settings
+from infra.systemd_notify import Notifier
 
 log = structlog.get_logger(__name__)
 
@@ -81,11 +82,14 @@ async def run_consumers(
             return bool(await conn.fetchval("SELECT true"))
 
     status = await start_status_server(settings, ready, svc.pool)
+    systemd = Notifier()
+    systemd.start_watchdog()
     try:
         for consumer in consumers:
             await consumer.start()
             started.append(consumer)
         log.info("ready", routes=[c.name for c in consumers])
+        systemd.ready(f"consuming {len(consumers)} queue(s)")
         if standby:
             # Single-active-consumer makes the first subscriber of a queue its consumer: the
             # replicas that prefer a partition subscribe first, the others stand by for it.
@@ -105,6 +109,7 @@ async def run_consumers(
             waiter.cancel()
         return 0 if stop.is_set() else 1
     finally:
+        systemd.stopping()
         if status is not None:
             status.draining = True
         await asyncio.gather(*(c.stop() for c in consumers), return_exceptions=True)
@@ -113,3 +118,4 @@ async def run_consumers(
         log.info("stopped", processed={c.name: c.processed for c in consumers})
         if status is not None:
             await status.stop()
+        await systemd.stop_watchdog()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
@@ -125,6 +126,16 @@ class Settings(BaseSettings):
 
     def retry_for(self, route_name: str) -> RetrySettings:
         return self.retry_routes.get(route_name, self.retry)
+
+    @classmethod
+    def load(cls) -> Settings:
+        """From the environment, and from systemd credentials (`LoadCredential=`) when the
+        process has them: a file `pkgq_postgres_dsn` in $CREDENTIALS_DIRECTORY supplies
+        PKGQ_POSTGRES_DSN (an environment variable of the same name wins over it)."""
+        credentials = os.environ.get("CREDENTIALS_DIRECTORY")
+        if credentials and os.path.isdir(credentials):
+            return cls(_secrets_dir=credentials)
+        return cls()
 
     def child_env(self) -> dict[str, str]:
         """The PKGQ_* variables that give a child `pkgq` process these services and names."""

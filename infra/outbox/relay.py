@@ -34,6 +34,7 @@ from infra.postgres.outbox import ClaimedRow
 from infra.rabbit.publisher import Publisher, build_message
 from infra.rabbit.topology import declare_all, routing_key_for
 from infra.settings import Settings
+from infra.systemd_notify import Notifier
 from infra.transient import is_transient
 
 log = structlog.get_logger(__name__)
@@ -70,6 +71,9 @@ class Relay:
     async def run(self, stop: asyncio.Event) -> None:
         if self._publisher is None:
             await self.open()
+        systemd = Notifier()
+        systemd.start_watchdog()
+        systemd.ready("relaying")
         sweeper = asyncio.create_task(self._sweep_forever(stop), name="expiry-sweep")
         pause = 0.5
         try:
@@ -94,6 +98,8 @@ class Relay:
                     continue  # more may be waiting
                 await _wait_any(stop, self._wake, self._settings.relay_poll_interval)
         finally:
+            systemd.stopping()
+            await systemd.stop_watchdog()
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
