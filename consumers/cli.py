@@ -131,6 +131,17 @@ def run_cmd(
     raise typer.Exit(_run(go()))
 
 
+@app.command("definitions")
+def definitions_cmd(
+    vhost: Annotated[str, typer.Option(help="The vhost to provision.")] = "/",
+) -> None:
+    """Print the broker topology as RabbitMQ definitions JSON (for rabbitmqctl
+    import_definitions). deploy/rabbitmq/definitions.json is this, with default settings."""
+    from infra.rabbit.topology import definitions
+
+    print(json.dumps(definitions(Settings.load(), vhost), indent=2))
+
+
 @app.command("relay")
 def relay_cmd() -> None:
     """Run the outbox relay (and the expiry sweep) until SIGTERM/SIGINT."""

@@ -28,6 +28,57 @@ def queue_arguments(settings: Settings) -> dict[str, Any]:
     }
 
 
+DEAD_LETTER_QUEUE_ARGUMENTS: dict[str, Any] = {"x-queue-type": "classic"}
+
+
+def definitions(settings: Settings, vhost: str = "/") -> dict[str, Any]:
+    """The topology `declare_all` makes, as a RabbitMQ definitions document (for
+    `rabbitmqctl import_definitions` or the management plugin's load_definitions), so that
+    operators can provision the broker ahead of the processes."""
+
+    def exchange(name: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "vhost": vhost,
+            "type": "topic",
+            "durable": True,
+            "auto_delete": False,
+            "internal": False,
+            "arguments": {},
+        }
+
+    def queue(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "name": name,
+            "vhost": vhost,
+            "durable": True,
+            "auto_delete": False,
+            "arguments": arguments,
+        }
+
+    def binding(source: str, destination: str, key: str) -> dict[str, Any]:
+        return {
+            "source": source,
+            "vhost": vhost,
+            "destination": destination,
+            "destination_type": "queue",
+            "routing_key": key,
+            "arguments": {},
+        }
+
+    queues = [queue(settings.dead_letter_queue, DEAD_LETTER_QUEUE_ARGUMENTS)]
+    bindings = [binding(settings.dlx, settings.dead_letter_queue, "#")]
+    for route in ROUTES.values():
+        for name, key in route_queues(settings, route.name):
+            queues.append(queue(name, queue_arguments(settings)))
+            bindings.append(binding(settings.exchange, name, key))
+    return {
+        "exchanges": [exchange(settings.exchange), exchange(settings.dlx)],
+        "queues": queues,
+        "bindings": bindings,
+    }
+
+
 async def declare_exchanges(
     channel: AbstractChannel, settings: Settings
 ) -> tuple[AbstractExchange, AbstractExchange]:
@@ -36,7 +87,7 @@ async def declare_exchanges(
     )
     dlx = await channel.declare_exchange(settings.dlx, aio_pika.ExchangeType.TOPIC, durable=True)
     dead_letters = await channel.declare_queue(
-        settings.dead_letter_queue, durable=True, arguments={"x-queue-type": "classic"}
+        settings.dead_letter_queue, durable=True, arguments=DEAD_LETTER_QUEUE_ARGUMENTS
     )
     await dead_letters.bind(dlx, routing_key="#")
     return exchange, dlx
