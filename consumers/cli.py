@@ -142,6 +142,14 @@ def definitions_cmd(
     print(json.dumps(definitions(Settings.load(), vhost), indent=2))
 
 
+@app.command("asyncapi")
+def asyncapi_cmd() -> None:
+    """Print the AsyncAPI 3.0 document of every route (docs/asyncapi.json is this)."""
+    from events.asyncapi import document
+
+    print(json.dumps(document(), indent=2, sort_keys=True))
+
+
 @app.command("relay")
 def relay_cmd() -> None:
     """Run the outbox relay (and the expiry sweep) until SIGTERM/SIGINT."""
