@@ -150,6 +150,44 @@ def asyncapi_cmd() -> None:
     print(json.dumps(document(), indent=2, sort_keys=True))
 
 
+@app.command("stats")
+def stats_cmd(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Per route: ready messages and consumers on the broker; scheduled and pending in the
+    outbox; parked; buried dead letters; applied in the last minute."""
+    from consumers.partitions_cli import queue_depths
+    from infra.postgres import stats
+
+    settings = _settings()
+
+    async def go() -> dict[str, dict[str, Any]]:
+        async with database(settings.postgres_dsn) as conn:
+            figures = await stats.per_route(conn)
+        table: dict[str, dict[str, Any]] = {}
+        for route in ROUTES.values():
+            queues = await queue_depths(settings, route.name)
+            row: dict[str, Any] = {
+                "ready": sum(q["ready"] or 0 for q in queues),
+                "consumers": sum(q["consumers"] or 0 for q in queues),
+            }
+            for what in ("scheduled", "pending", "parked", "dead_letters", "processed_1m"):
+                row[what] = figures.get(route.name, {}).get(what, 0)
+            table[route.name] = row
+        return table
+
+    table = _run(go())
+    if as_json:
+        print(json.dumps(table, indent=2))
+        return
+    columns = ["ready", "consumers", "scheduled", "pending", "parked", "dead_letters"]
+    view = Table("route", *columns, "processed/min")
+    for route, row in table.items():
+        short = route.removeprefix("telecom.")
+        view.add_row(short, *(str(row[c]) for c in columns), str(row["processed_1m"]))
+    console.print(view)
+
+
 @app.command("relay")
 def relay_cmd() -> None:
     """Run the outbox relay (and the expiry sweep) until SIGTERM/SIGINT."""

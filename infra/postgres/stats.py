@@ -33,3 +33,29 @@ async def backlog(conn: Conn) -> Backlog:
         outbox_oldest_s=float(row["oldest"]),
         buried_by_route={r["route"]: int(r["n"]) for r in buried},
     )
+
+
+async def per_route(conn: Conn) -> dict[str, dict[str, int]]:
+    """Per route: outbox rows scheduled (future) and pending (due, unpublished), parked
+    messages, buried dead letters, and messages applied in the last minute."""
+    rows = await conn.fetch(
+        """
+        SELECT route, 'scheduled' AS what, count(*) AS n FROM telecom.outbox
+            WHERE published_at IS NULL AND available_at > now() GROUP BY route
+        UNION ALL
+        SELECT route, 'pending', count(*) FROM telecom.outbox
+            WHERE published_at IS NULL AND available_at <= now() GROUP BY route
+        UNION ALL
+        SELECT route, 'parked', count(*) FROM telecom.parked GROUP BY route
+        UNION ALL
+        SELECT route, 'dead_letters', count(*) FROM telecom.dead_letters
+            WHERE status = 'buried' GROUP BY route
+        UNION ALL
+        SELECT 'telecom.' || consumer, 'processed_1m', count(*) FROM telecom.inbox
+            WHERE processed_at > now() - interval '1 minute' GROUP BY consumer
+        """
+    )
+    found: dict[str, dict[str, int]] = {}
+    for r in rows:
+        found.setdefault(r["route"], {})[r["what"]] = int(r["n"])
+    return found

@@ -146,3 +146,36 @@ async def test_relay_and_run_serve_health_readiness_and_metrics_on_their_status_
     assert "pkgq_in_flight" in (await http_get(run_port, "/metrics"))[1]
     assert relay.terminate() == 0, relay.logs()
     assert run.terminate() == 0, run.logs()
+
+
+async def test_stats_counts_each_routes_backlog_parked_and_dead_letters(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    user = uuid4()
+    async with pool.acquire() as conn:
+        await conn.execute(
+            """
+            INSERT INTO telecom.outbox (message_id, route, message_type, schema_version,
+                                        user_id, body, available_at)
+            VALUES (gen_random_uuid(), 'telecom.expiry_due', 'PackageExpiryDue', 1, $1, '{}',
+                    now() + interval '1 hour'),
+                   (gen_random_uuid(), 'telecom.usage_record', 'RecordUsage', 1, $1, '{}', now())
+            """,
+            user,
+        )
+        await conn.execute(
+            """
+            INSERT INTO telecom.dead_letters (dedup_key, source, route, consumer, body, reason,
+                                              error_type, error_message)
+            VALUES ('k1', 'consumer', 'telecom.usage_record', 'usage_record', '{}',
+                    'invalid_json', 'BadMessageError', 'x')
+            """
+        )
+    done = await cli(settings, "stats", "--json")
+    assert done.returncode == 0, done.stderr
+    table = json.loads(done.stdout)
+    assert set(table) == set(ROUTES)
+    assert table["telecom.expiry_due"]["scheduled"] == 1
+    assert table["telecom.usage_record"]["pending"] == 1
+    assert table["telecom.usage_record"]["dead_letters"] == 1
+    assert table["telecom.usage_record"]["ready"] == 0
