@@ -18,12 +18,12 @@ from rich.progress import Progress
 from rich.table import Table
 
 from consumers import publishing
+from consumers.cli_support import load_settings, route_argument
 from consumers.dlq_cli import dlq_app
 from consumers.partitions_cli import partitions_app
 from consumers.runtime import services, start_status_server, stop_on_signals
 from events.models import AdjustQuota, CancelPackage, WireModel
-from events.routes import ROUTES, Route, UnknownRouteError, route_named
-from infra.logging import configure_logging
+from events.routes import ROUTES, Route, route_named
 from infra.postgres import access, catalog, queue_repo
 from infra.postgres.migrate import ensure_database, migrate
 from infra.postgres.pool import database
@@ -45,12 +45,6 @@ console = Console()
 T = TypeVar("T")
 
 
-def _settings() -> Settings:
-    settings = Settings.load()
-    configure_logging(settings.log_format, settings.log_level)
-    return settings
-
-
 def _run(coro: Coroutine[Any, Any, T]) -> T:
     try:
         return asyncio.run(coro)
@@ -59,19 +53,12 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
         raise typer.Exit(2) from None
 
 
-def _route(name: str) -> Route:
-    try:
-        return route_named(name)
-    except UnknownRouteError as exc:
-        raise typer.BadParameter(str(exc.args[0])) from None
-
-
 @app.command("migrate")
 def migrate_cmd(
     create_db: Annotated[bool, typer.Option(help="Create the database if missing.")] = True,
 ) -> None:
     """Create the database if needed and apply pending SQL migrations."""
-    settings = _settings()
+    settings = load_settings()
 
     async def go() -> list[int]:
         if create_db:
@@ -117,10 +104,10 @@ def run_cmd(
     """Run consumers for ROUTES until SIGTERM/SIGINT, then drain gracefully."""
     from consumers.runner import run_consumers
 
-    settings = _settings()
+    settings = load_settings()
     if replica is not None:
         settings = Settings.model_validate({**settings.model_dump(), "replica": replica})
-    selected = [_route(r) for r in routes] if routes else list(ROUTES.values())
+    selected = [route_argument(r) for r in routes] if routes else list(ROUTES.values())
     with_ingester = ingest if ingest is not None else not routes
 
     async def go() -> int:
@@ -159,7 +146,7 @@ def stats_cmd(
     from consumers.partitions_cli import queue_depths
     from infra.postgres import stats
 
-    settings = _settings()
+    settings = load_settings()
 
     async def go() -> dict[str, dict[str, Any]]:
         async with database(settings.postgres_dsn) as conn:
@@ -193,7 +180,7 @@ def relay_cmd() -> None:
     """Run the outbox relay (and the expiry sweep) until SIGTERM/SIGINT."""
     from infra.outbox.relay import Relay
 
-    settings = _settings()
+    settings = load_settings()
 
     async def go() -> None:
         stop = stop_on_signals()
@@ -217,8 +204,8 @@ def publish_cmd(
     message_id: Annotated[UUID | None, typer.Option(help="Idempotency key (default: new).")] = None,
 ) -> None:
     """Validate BODY against ROUTE's model, publish it with a confirm, print its message_id."""
-    settings = _settings()
-    target = _route(route)
+    settings = load_settings()
+    target = route_argument(route)
     text = _read_body(body)
     try:
         model = publishing.parse_body(target, text)
@@ -243,7 +230,7 @@ def user_show(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Current package, access, and all packages of USER_ID."""
-    settings = _settings()
+    settings = load_settings()
 
     async def go() -> tuple[list[Any], Any, Any]:
         async with database(settings.postgres_dsn) as conn:
@@ -328,7 +315,7 @@ async def _publish(
 @user_app.command("cancel")
 def user_cancel(item_id: int) -> None:
     """Cancel queue item ITEM_ID (published to telecom.package_cancel)."""
-    settings = _settings()
+    settings = load_settings()
 
     async def go() -> UUID:
         body = CancelPackage(user_id=await _item_owner(settings, item_id), item_id=item_id)
@@ -342,7 +329,7 @@ def user_adjust_quota(
     item_id: int, delta: Annotated[int, typer.Argument(help="Bytes, may be < 0.")]
 ) -> None:
     """Add DELTA bytes to ITEM_ID's adjust_quota (published to telecom.quota_adjust)."""
-    settings = _settings()
+    settings = load_settings()
 
     async def go() -> UUID:
         owner = await _item_owner(settings, item_id)
@@ -361,7 +348,7 @@ def catalog_add(
     """Add a package to the catalog and print its id."""
     from consumers.units import parse_duration, parse_size
 
-    settings = _settings()
+    settings = load_settings()
     try:
         limit = parse_size(traffic)
         lifetime = parse_duration(duration) if duration is not None else None
@@ -378,7 +365,7 @@ def catalog_add(
 @catalog_app.command("list")
 def catalog_list() -> None:
     """List the catalog."""
-    settings = _settings()
+    settings = load_settings()
 
     async def go() -> list[Any]:
         async with database(settings.postgres_dsn) as conn:
@@ -417,7 +404,7 @@ def bench_cmd(
     """
     from consumers.bench import PHASES, Scenario, run_bench
 
-    settings = _settings()
+    settings = load_settings()
     scenario = Scenario(
         users=users,
         packages=packages,
@@ -453,7 +440,7 @@ def demo_cmd(
     """Start the relay and all consumers, drive sample users through every route, show it."""
     from consumers.demo import run_demo
 
-    settings = _settings()
+    settings = load_settings()
     raise typer.Exit(_run(run_demo(settings, timeout)))
 
 

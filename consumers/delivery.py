@@ -445,17 +445,15 @@ class DeliveryPipeline:
         exc: BaseException,
         *,
         attempts: int,
-        user_id: UUID | None = None,
         first_failed_at: datetime | None = None,
         decoded: Decoded | None = None,
     ) -> None:
         """Store the message in the dead-letter store. Once it decoded, its ids are the
         envelope's (the body's user, the canonical message_id) so that holds match them."""
         info = describe(exc)
-        message_id = raw.message_id
+        message_id, user_id = raw.message_id, _user_of(raw)
         if decoded is not None:
-            message_id = str(decoded.envelope.message_id)
-            user_id = decoded.envelope.user_id
+            message_id, user_id = str(decoded.envelope.message_id), decoded.envelope.user_id
         if isinstance(exc, BadMessageError):
             info = ErrorInfo(info.error_type, exc.detail, f"decode:{reason}", info.traceback)
         headers = jsonable(dict(raw.headers))
@@ -466,7 +464,7 @@ class DeliveryPipeline:
                 route=self.route.name,
                 consumer=self.consumer,
                 message_id=message_id,
-                user_id=user_id if user_id is not None else _user_of(raw),
+                user_id=user_id,
                 message_type=raw.message_type,
                 content_type=raw.content_type,
                 body=raw.body,

@@ -8,10 +8,8 @@ progress bar on a terminal and log one structured line per batch otherwise.
 from __future__ import annotations
 
 import asyncio
-import getpass
 import json
 import re
-import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -23,7 +21,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from infra.logging import configure_logging
+from consumers.cli_support import load_settings, operator
 from infra.postgres import dead_letters, holds
 from infra.postgres.pool import database
 from infra.settings import Settings
@@ -58,20 +56,6 @@ def parse_since(text: str | None) -> datetime | None:
     except ValueError:
         return datetime.now(UTC) - parse_duration(text)
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-
-
-def operator() -> str:
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
-
-
-def _settings() -> Settings:
-    settings = Settings.load()
-    configure_logging(settings.log_format, settings.log_level)
-    return settings
 
 
 def _query(settings: Settings, call: Callable[[Any], Awaitable[T]]) -> T:
@@ -121,7 +105,7 @@ def list_cmd(
     """Dead letters, oldest first, with how many parked messages each one holds back."""
     if status is not None and status not in dead_letters.STATUSES:
         raise typer.BadParameter(f"status must be one of {', '.join(dead_letters.STATUSES)}")
-    settings = _settings()
+    settings = load_settings()
     which = dead_letters.Filter(
         route=route,
         error=error,
@@ -154,7 +138,7 @@ def list_cmd(
 @dlq_app.command("show")
 def show_cmd(dead_letter_id: int, as_json: JsonOpt = False) -> None:
     """One dead letter: its body, headers, error and traceback."""
-    settings = _settings()
+    settings = load_settings()
 
     row = _query(settings, lambda conn: dead_letters.get(conn, dead_letter_id))
     if row is None:
@@ -208,7 +192,7 @@ def holds_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Users held back on a consumer: by a message waiting for its retry, or a buried one."""
-    settings = _settings()
+    settings = load_settings()
 
     rows = _query(settings, lambda conn: holds.overview(conn, limit))
     if as_json:
@@ -237,7 +221,7 @@ def groups_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Failures grouped by reason, error type and the code that raised them."""
-    settings = _settings()
+    settings = load_settings()
 
     rows = _query(
         settings, lambda conn: dead_letters.groups(conn, None if status == "all" else status)
@@ -343,7 +327,7 @@ def dig_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Replay one dead letter (seed 004's dig)."""
-    settings = _settings()
+    settings = load_settings()
     status = None if force else "buried"
     rows = asyncio.run(_select(settings, dead_letters.Filter(ids=[dead_letter_id])))
     if not rows:
@@ -366,7 +350,7 @@ def dig_cmd(
 @dlq_app.command("plow")
 def plow_cmd(count: int, by: ByOpt = None, as_json: JsonOpt = False) -> None:
     """Replay the COUNT oldest buried dead letters (seed 004's plow)."""
-    settings = _settings()
+    settings = load_settings()
     _replay(settings, dead_letters.Filter(status="buried", limit=count), by=by, as_json=as_json)
 
 
@@ -383,7 +367,7 @@ def replay_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Replay every buried dead letter that matches, oldest first, once each."""
-    settings = _settings()
+    settings = load_settings()
     which = dead_letters.Filter(
         ids=ids or (),
         route=route,
@@ -412,7 +396,7 @@ def discard_cmd(
     """Give up on buried dead letters; the messages they held back are released in order."""
     if not (ids or route or error or group or since or every):
         raise typer.BadParameter("name ids or a filter, or pass --all")
-    settings = _settings()
+    settings = load_settings()
     which = dead_letters.Filter(
         ids=ids or (),
         route=route,
@@ -441,7 +425,7 @@ def purge_cmd(
 ) -> None:
     """Delete replayed and discarded dead letters older than a duration (never buried ones)."""
     age = parse_duration(older_than)
-    settings = _settings()
+    settings = load_settings()
 
     purged = _query(settings, lambda conn: dead_letters.purge(conn, age))
     if as_json:
@@ -456,7 +440,7 @@ def ingest_cmd() -> None:
     from consumers.runner import run_consumers
     from consumers.runtime import services, stop_on_signals
 
-    settings = _settings()
+    settings = load_settings()
 
     async def go() -> int:
         stop = stop_on_signals()

@@ -17,9 +17,7 @@ from aiormq.exceptions import ChannelNotFoundEntity
 from rich.console import Console
 from rich.table import Table
 
-from consumers.dlq_cli import operator
-from events.routes import UnknownRouteError, route_named
-from infra.logging import configure_logging
+from consumers.cli_support import load_settings, operator, route_argument
 from infra.postgres import outbox
 from infra.postgres.pool import database
 from infra.rabbit.connection import connect
@@ -28,19 +26,6 @@ from infra.settings import Settings
 
 partitions_app = typer.Typer(help="A route's partition queues; pause/resume its relaying.")
 console = Console()
-
-
-def _settings() -> Settings:
-    settings = Settings.load()
-    configure_logging(settings.log_format, settings.log_level)
-    return settings
-
-
-def _route_name(name: str) -> str:
-    try:
-        return route_named(name).name
-    except UnknownRouteError as exc:
-        raise typer.BadParameter(str(exc.args[0])) from None
 
 
 async def queue_depths(settings: Settings, route: str) -> list[dict[str, Any]]:
@@ -76,8 +61,8 @@ def status_cmd(
     route: str, as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False
 ) -> None:
     """The route's partition count here, its queues' depth, whether its relaying is paused."""
-    settings = _settings()
-    name = _route_name(route)
+    settings = load_settings()
+    name = route_argument(route).name
 
     async def go() -> dict[str, Any]:
         async with database(settings.postgres_dsn) as conn:
@@ -109,8 +94,8 @@ def status_cmd(
 @partitions_app.command("pause")
 def pause_cmd(route: str, by: Annotated[str | None, typer.Option("--by")] = None) -> None:
     """Hold the route's outbox rows back from every relay (they wait, in order)."""
-    settings = _settings()
-    name = _route_name(route)
+    settings = load_settings()
+    name = route_argument(route).name
 
     async def go() -> bool:
         async with database(settings.postgres_dsn) as conn:
@@ -122,8 +107,8 @@ def pause_cmd(route: str, by: Annotated[str | None, typer.Option("--by")] = None
 @partitions_app.command("resume")
 def resume_cmd(route: str) -> None:
     """Let the relays publish the route's rows again."""
-    settings = _settings()
-    name = _route_name(route)
+    settings = load_settings()
+    name = route_argument(route).name
 
     async def go() -> bool:
         async with database(settings.postgres_dsn) as conn:
