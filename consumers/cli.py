@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from consumers import publishing
+from consumers import publishing, workers_cli
 from consumers.cli_support import load_settings, route_argument
 from consumers.dlq_cli import dlq_app
 from consumers.partitions_cli import partitions_app
@@ -41,6 +41,7 @@ app.add_typer(user_app, name="user")
 app.add_typer(catalog_app, name="catalog")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(partitions_app, name="partitions")
+workers_cli.register(app)
 console = Console()
 T = TypeVar("T")
 

@@ -7,7 +7,7 @@ import os
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -23,6 +23,25 @@ class RetrySettings(BaseModel):
     with full jitter; fixed: base_s."""
     base_s: float = Field(default=1.0, ge=0)
     max_delay_s: float = Field(default=7 * 86400.0, ge=0)
+
+
+class RouteSettings(BaseModel):
+    """One route's entry in the route configuration file (PKGQ_ROUTES_FILE): unset fields fall
+    back to the process-wide settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    concurrency: int | None = Field(default=None, ge=1, le=64)
+    """Worker lanes per queue: messages are spread over lanes by user, so one user's messages
+    stay in order while different users are applied concurrently."""
+    prefetch: int | None = Field(default=None, ge=1, le=10_000)
+    batch_size: int | None = Field(default=None, ge=1, le=1000)
+    partitions: int | None = Field(default=None, ge=1, le=256)
+    retry: RetrySettings | None = None
+    ttr: float | None = Field(default=None, gt=0, le=86400)
+    """Seconds a handler may run on one message before it is cancelled and the message is given
+    back to the queue in its place (seed 001's reservation timeout)."""
+    queue_type: Literal["classic", "quorum"] | None = None
 
 
 class Settings(BaseSettings):
@@ -87,7 +106,29 @@ class Settings(BaseSettings):
     and subscribes to the others only as a standby after `standby_delay` seconds."""
     standby_delay: float = Field(default=3.0, ge=0)
 
-    @field_validator("retry_routes", "partitions")
+    routes_file: str | None = None
+    """A TOML file with per-route settings (concurrency, prefetch, batch_size, partitions, retry,
+    ttr, queue_type), e.g. `[routes.usage_record]` then `concurrency = 4`. See RouteSettings and
+    consumers/route_config.py; values in it win over PKGQ_PARTITIONS and PKGQ_RETRY_ROUTES."""
+    route_settings: dict[str, RouteSettings] = Field(default_factory=dict)
+    """The per-route settings by full route name (filled from routes_file, or set as JSON)."""
+    queue_type: Literal["classic", "quorum"] = "classic"
+    """The default queue type. Quorum queues are replicated; see the README for the guarantees
+    that change with them (no broker-side priorities; requeue goes to the back)."""
+
+    heartbeat_interval: float = Field(default=5.0, gt=0)
+    """How often a process updates its row in telecom.workers."""
+    worker_stale_after: float = Field(default=30.0, gt=0)
+    """A worker whose heartbeat is older than this is stale: its leases and Postgres
+    connections are taken from it."""
+    retention: float = Field(default=7 * 86400.0, ge=0)
+    """Seconds that processed-message records (the inbox), published outbox rows, finished
+    addresses and groups are kept for audit and dedup before they are pruned."""
+    prune_batch_size: int = Field(default=5000, ge=1, le=1_000_000)
+    housekeeping_interval: float = Field(default=30.0, gt=0)
+    """How often the relay runs the lease-guarded jobs: the expiry sweep and retention."""
+
+    @field_validator("retry_routes", "partitions", "route_settings")
     @classmethod
     def _known_routes(cls, value: dict[str, Any]) -> dict[str, Any]:
         from events.routes import ROUTES  # settings stay importable without the route table
@@ -114,8 +155,34 @@ class Settings(BaseSettings):
             raise ValueError(f"partitions must be 1..256, got {wrong}")
         return value
 
+    @model_validator(mode="after")
+    def _read_routes_file(self) -> Settings:
+        if self.routes_file and not self.route_settings:
+            from infra.route_config import load_routes_file
+
+            self.route_settings = load_routes_file(self.routes_file)
+        return self
+
+    def route(self, route_name: str) -> RouteSettings:
+        return self.route_settings.get(route_name) or RouteSettings()
+
     def partitions_for(self, route_name: str) -> int:
-        return self.partitions.get(route_name, 1)
+        return self.route(route_name).partitions or self.partitions.get(route_name, 1)
+
+    def concurrency_for(self, route_name: str) -> int:
+        return self.route(route_name).concurrency or 1
+
+    def prefetch_for(self, route_name: str) -> int:
+        return self.route(route_name).prefetch or self.prefetch
+
+    def batch_size_for(self, route_name: str) -> int:
+        return self.route(route_name).batch_size or self.batch_size
+
+    def ttr_for(self, route_name: str) -> float | None:
+        return self.route(route_name).ttr
+
+    def queue_type_for(self, route_name: str) -> str:
+        return self.route(route_name).queue_type or self.queue_type
 
     def preferred(self, partition: int) -> bool:
         """Whether this replica consumes `partition` at once (else only as a standby)."""
@@ -125,7 +192,7 @@ class Settings(BaseSettings):
         return partition % count == index
 
     def retry_for(self, route_name: str) -> RetrySettings:
-        return self.retry_routes.get(route_name, self.retry)
+        return self.route(route_name).retry or self.retry_routes.get(route_name, self.retry)
 
     @classmethod
     def load(cls) -> Settings:
@@ -149,6 +216,10 @@ class Settings(BaseSettings):
         }
         if self.partitions:
             env["PKGQ_PARTITIONS"] = json.dumps(self.partitions)
+        if self.route_settings:
+            env["PKGQ_ROUTE_SETTINGS"] = json.dumps(
+                {k: v.model_dump(exclude_none=True) for k, v in self.route_settings.items()}
+            )
         return env
 
     @property

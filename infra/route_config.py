@@ -1,0 +1,67 @@
+"""The per-route configuration file (`PKGQ_ROUTES_FILE`, TOML), validated with clear errors.
+
+    [routes.usage_record]          # a route's short or full name
+    concurrency = 4                # worker lanes (messages spread over lanes by user)
+    prefetch = 64
+    batch_size = 32
+    partitions = 4
+    ttr = 30                       # seconds a handler may run on one message
+    queue_type = "classic"         # or "quorum"
+    retry = { max_attempts = 10, backoff = "exponential", base_s = 2 }
+
+Nothing else is accepted: an unknown route or key, or a value out of range, is an error that
+names the file, the route and the key.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from infra.settings import RouteSettings
+
+
+class RouteConfigError(ValueError):
+    """The route configuration file is missing, unreadable or invalid."""
+
+
+def load_routes_file(path: str | Path) -> dict[str, RouteSettings]:
+    from events.routes import UnknownRouteError, route_named
+    from infra.settings import RouteSettings
+
+    source = Path(path)
+    try:
+        document: dict[str, Any] = tomllib.loads(source.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise RouteConfigError(f"{source}: cannot read the route configuration: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise RouteConfigError(f"{source}: not valid TOML: {exc}") from exc
+    extra = sorted(set(document) - {"routes"})
+    if extra:
+        raise RouteConfigError(f"{source}: unknown top-level key(s) {extra}; only [routes.*]")
+    routes = document.get("routes", {})
+    if not isinstance(routes, dict):
+        raise RouteConfigError(f"{source}: `routes` must be a table of [routes.<name>] tables")
+    found: dict[str, RouteSettings] = {}
+    for name, table in routes.items():
+        try:
+            full = route_named(name).name
+        except UnknownRouteError as exc:
+            raise RouteConfigError(f"{source}: [routes.{name}]: {exc.args[0]}") from None
+        if full in found:
+            raise RouteConfigError(f"{source}: route {full} is configured twice")
+        if not isinstance(table, dict):
+            raise RouteConfigError(f"{source}: [routes.{name}] must be a table")
+        try:
+            found[full] = RouteSettings.model_validate(table)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '?'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise RouteConfigError(f"{source}: [routes.{name}]: {problems}") from None
+    return found
