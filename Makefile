@@ -33,6 +33,7 @@ check: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	deploy/systemd/verify.sh
+	deploy/k8s/verify.sh
 
 ## test: check, then the whole suite against the real services.
 test: check migrate

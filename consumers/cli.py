@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from consumers import publishing, workers_cli
+from consumers import jobs_cli, publishing, workers_cli
 from consumers.cli_support import load_settings, route_argument
 from consumers.dlq_cli import dlq_app
 from consumers.partitions_cli import partitions_app
@@ -42,6 +42,7 @@ app.add_typer(catalog_app, name="catalog")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(partitions_app, name="partitions")
 workers_cli.register(app)
+jobs_cli.register(app)
 console = Console()
 T = TypeVar("T")
 
@@ -142,37 +143,32 @@ def asyncapi_cmd() -> None:
 def stats_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Per route: ready messages and consumers on the broker; scheduled and pending in the
-    outbox; parked; buried dead letters; applied in the last minute."""
-    from consumers.partitions_cli import queue_depths
-    from infra.postgres import stats
+    """Per route, seed 004's states (R ready, T taken, W waiting, B buried, Z zombie, D done,
+    and expired) and transition counts (put, take, ack, release, bury, dig, plow, ttl, ttr,
+    delete). Taken counts come from the RabbitMQ management API ('?' when unreachable)."""
+    from consumers.job_stats import route_stats
 
     settings = load_settings()
 
     async def go() -> dict[str, dict[str, Any]]:
         async with database(settings.postgres_dsn) as conn:
-            figures = await stats.per_route(conn)
-        table: dict[str, dict[str, Any]] = {}
-        for route in ROUTES.values():
-            queues = await queue_depths(settings, route.name)
-            row: dict[str, Any] = {
-                "ready": sum(q["ready"] or 0 for q in queues),
-                "consumers": sum(q["consumers"] or 0 for q in queues),
-            }
-            for what in ("scheduled", "pending", "parked", "dead_letters", "processed_1m"):
-                row[what] = figures.get(route.name, {}).get(what, 0)
-            table[route.name] = row
-        return table
+            return await route_stats(settings, conn)
 
     table = _run(go())
     if as_json:
         print(json.dumps(table, indent=2))
         return
-    columns = ["ready", "consumers", "scheduled", "pending", "parked", "dead_letters"]
-    view = Table("route", *columns, "processed/min")
+    states = ["ready", "taken", "waiting", "buried", "zombie", "done", "expired"]
+    moves = ["put", "take", "ack", "release", "bury", "dig", "plow", "ttl", "ttr"]
+    view = Table("route", "R", "T", "W", "B", "Z", "D", "exp", *moves, "/min")
     for route, row in table.items():
-        short = route.removeprefix("telecom.")
-        view.add_row(short, *(str(row[c]) for c in columns), str(row["processed_1m"]))
+        cells = ["?" if row[c] is None else str(row[c]) for c in states]
+        view.add_row(
+            route.removeprefix("telecom."),
+            *cells,
+            *(str(row["transitions"][m]) for m in moves),
+            str(row["detail"]["processed_1m"]),
+        )
     console.print(view)
 
 
@@ -186,7 +182,7 @@ def relay_cmd() -> None:
     async def go() -> None:
         stop = stop_on_signals()
         async with services(settings, "relay") as svc:
-            relay = Relay(settings, svc.pool, svc.amqp)
+            relay = Relay(settings, svc.pool, svc.amqp, svc.worker_id)
             status = await start_status_server(settings, relay.ready, svc.pool)
             try:
                 await relay.run(stop)
@@ -203,8 +199,24 @@ def publish_cmd(
     route: Annotated[str, typer.Argument(help="Route, e.g. package_purchase.")],
     body: Annotated[str, typer.Argument(help="JSON, @file, or - for stdin.")],
     message_id: Annotated[UUID | None, typer.Option(help="Idempotency key (default: new).")] = None,
+    priority: Annotated[
+        int, typer.Option(min=0, max=2, help="0-2, higher is more urgent (FIFO within one).")
+    ] = 0,
+    delay: Annotated[str | None, typer.Option(help="Not delivered before: 90s, 15m, 2d.")] = None,
+    ttl: Annotated[str | None, typer.Option(help="Not delivered after (from now): 1h.")] = None,
+    address: Annotated[
+        str | None, typer.Option(help="Refused while this address is queued or in flight.")
+    ] = None,
+    unique_for: Annotated[
+        str | None, typer.Option(help="Dropped if the same arguments were put within this.")
+    ] = None,
 ) -> None:
-    """Validate BODY against ROUTE's model, publish it with a confirm, print its message_id."""
+    """Validate BODY against ROUTE's model and publish it; print its message_id.
+
+    Without options it is published straight to the exchange with a confirm. With any of
+    --priority, --delay, --ttl, --address or --unique-for it is written to the outbox (durable
+    at once; the relay publishes it when due). Exit 3: duplicate address; 4: dropped as a
+    repeat within its unique window."""
     settings = load_settings()
     target = route_argument(route)
     text = _read_body(body)
@@ -213,6 +225,12 @@ def publish_cmd(
     except ValidationError as exc:
         console.print(f"[red]invalid {target.message_type}:[/red] {exc}")
         raise typer.Exit(2) from None
+    options = jobs_cli.job_options(priority, delay, ttl, address, unique_for)
+    if options is not None:
+        if message_id is not None:
+            raise typer.BadParameter("--message-id is for direct publishes (no job options)")
+        jobs_cli.report(jobs_cli.put(settings, target, model.model_dump_json(), options))
+        return
 
     print(_run(_publish(settings, target, model, message_id=message_id)))
 

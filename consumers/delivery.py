@@ -21,6 +21,7 @@ is left (the hold is dropped).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -38,6 +39,7 @@ import asyncpg
 import structlog
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
+from consumers.handler_errors import Bury, Retry, TTRExceededError
 from consumers.retry_policy import RetryPolicy
 from consumers.unit_of_work import Handler, HandlerContext
 from domain.errors import DomainError
@@ -47,14 +49,16 @@ from events.envelope import (
     H_ATTEMPT,
     H_FIRST_FAILED_AT,
     H_LAST_ERROR,
+    H_PRIORITY,
     H_REPLAY_GENERATION,
     H_USER_ID,
     Envelope,
+    job_marks,
     jsonable,
     republished_headers,
 )
 from events.routes import Route
-from infra.postgres import dead_letters, holds, inbox, outbox
+from infra.postgres import dead_letters, holds, inbox, job_state, outbox, transitions
 from infra.postgres.pool import Conn
 from infra.rabbit.consumer import Outcome
 from infra.transient import is_outage, is_transient
@@ -135,6 +139,7 @@ class DeliveryPipeline:
         *,
         max_body_bytes: int,
         kill_before_commit: bool = False,
+        ttr: float | None = None,
     ) -> None:
         self._pool = pool
         self.route = route
@@ -143,6 +148,8 @@ class DeliveryPipeline:
         self.policy = policy
         self._max_body_bytes = max_body_bytes
         self._kill_before_commit = kill_before_commit
+        self.ttr = ttr
+        """Seconds a handler may run on one message (None: no limit)."""
         self._release_polled_at = -1e9
 
     async def __call__(self, raw: RawDelivery) -> Outcome:
@@ -161,10 +168,44 @@ class DeliveryPipeline:
         try:
             return await self._process_batch(raws, guarded=False)
         except _HandlerFailedError as failed:
+            if isinstance(failed.error, TTRExceededError):
+                return await self._released(raws, failed.index, failed.error)
             # The handler is not called again for the failure (one call per delivery attempt),
             # unless it was a blip worth retrying at once.
             known = {} if _is_blip(failed.error) else {failed.index: failed.error}
+        return await self._guarded(raws, known)
+
+    async def _guarded(
+        self, raws: Sequence[RawDelivery], known: dict[int, Exception]
+    ) -> list[Outcome]:
+        try:
             return await self._process_batch(raws, guarded=True, known=known)
+        except _HandlerFailedError as failed:  # only a TTR leaves a guarded run
+            return await self._released(raws, failed.index, failed.error)
+
+    async def _released(
+        self, raws: Sequence[RawDelivery], index: int, error: Exception
+    ) -> list[Outcome]:
+        """Delivery `index` ran past the TTR (everything was rolled back). The deliveries before
+        it are applied again; it and the ones after it go back to the queue in their places
+        (seed 001: [A, B, C], A times out while B is done: the queue is [A, C], not [C, A]).
+        After max_attempts strikes it is buried instead (reason `ttr`)."""
+        decoded = decode(self.route, raws[index], max_body_bytes=self._max_body_bytes)
+        async with self._connection() as conn, conn.transaction():
+            strikes = await _strike(conn, self.consumer, decoded.envelope.message_id)
+            await transitions.count_one(conn, self.route.name, "ttr")
+        if strikes >= self.policy.max_attempts:
+            log.error("ttr_exhausted", strikes=strikes, error=str(error))
+            return await self._guarded(raws, {index: error})
+        log.warning(
+            "ttr_exceeded_released",
+            message_id=str(decoded.envelope.message_id),
+            strikes=strikes,
+            given_back=len(raws) - index,
+            error=str(error),
+        )
+        head = await self.process_batch(raws[:index]) if index else []
+        return head + [Outcome.RELEASED] * (len(raws) - index)
 
     async def _process_batch(
         self,
@@ -207,6 +248,7 @@ class DeliveryPipeline:
                         for _, d in ready
                         if d.envelope.message_id not in seen
                         and _free(held, d.envelope.user_id, d.envelope.message_id)
+                        and not _expired(d, now)
                     ],
                 )
             # Unguarded, the follow-up events of the whole batch are written in one statement
@@ -221,6 +263,7 @@ class DeliveryPipeline:
                     to_release.add(decoded.envelope.user_id)
             if sink:
                 await outbox.enqueue(conn, sink)
+            await transitions.count(conn, _moves(self.route.name, len(raws), outcomes))
         for user in sorted(to_release):
             try:
                 await self.release(user)
@@ -249,6 +292,13 @@ class DeliveryPipeline:
         hold = held.get(user) if user is not None else None
         if message_id in seen:
             return _Result(Outcome.DUPLICATE, await self._done_with_blocker(conn, message_id, hold))
+        if _expired(decoded, now):
+            # Not taken within its TTL: never applied, whatever holds its user.
+            expired = ExpiredError(decoded.envelope.expires_at)
+            await self._bury(conn, raw, "expired", expired, attempts=1, decoded=decoded)
+            log.warning("expired", error=str(expired))
+            seen.add(message_id)
+            return _Result(Outcome.EXPIRED, await self._done_with_blocker(conn, message_id, hold))
         if hold is not None and hold.blocker != message_id:
             await holds.park(
                 conn,
@@ -263,18 +313,21 @@ class DeliveryPipeline:
             return _Result(Outcome.PARKED, release=hold.blocker is None)
         if claimed is None:
             failure = known.get(index)
-            result = await self._attempt(conn, decoded, raw, hold, now=now, failure=failure)
+            try:
+                result = await self._attempt(conn, decoded, raw, hold, now=now, failure=failure)
+            except TTRExceededError as exc:
+                raise _HandlerFailedError(index, exc) from exc  # give it back in its place
         elif message_id not in claimed:  # another consumer claimed it meanwhile
             result = _Result(Outcome.DUPLICATE)
         else:
             try:
-                await self._apply(conn, decoded, now, claim=False, sink=sink)
+                outcome = await self._apply(conn, decoded, now, claim=False, sink=sink)
             except Exception as exc:
                 if is_outage(exc):
                     raise
                 raise _HandlerFailedError(index, exc) from exc  # run again, guarded
-            result = _Result(Outcome.ACKED, await self._done_with_blocker(conn, message_id, hold))
-        if result.outcome in (Outcome.ACKED, Outcome.DUPLICATE):
+            result = _Result(outcome, await self._done_with_blocker(conn, message_id, hold))
+        if result.outcome in (Outcome.ACKED, Outcome.DUPLICATE, Outcome.CANCELLED):
             # Only a message that is done counts as seen: a second copy of one that failed in
             # this batch (a relay re-publish, or a redelivery next to its own retry) must meet
             # the hold it left, not pass as a duplicate and release it.
@@ -309,12 +362,13 @@ class DeliveryPipeline:
             ):
                 with retrying:
                     async with conn.transaction():  # a savepoint in the delivery's transaction
-                        applied = await self._apply(conn, decoded, now)
+                        outcome = await self._apply(conn, decoded, now)
+        except TTRExceededError:
+            raise  # given back to the queue by the caller, not failed
         except Exception as exc:
             if is_outage(exc):
                 raise  # not the message's fault: the whole delivery is tried again
             return await self._failed(conn, decoded, raw, hold, exc, now)
-        outcome = Outcome.ACKED if applied else Outcome.DUPLICATE
         message_id = decoded.envelope.message_id
         return _Result(outcome, await self._done_with_blocker(conn, message_id, hold))
 
@@ -327,14 +381,19 @@ class DeliveryPipeline:
         exc: Exception,
         now: datetime,
     ) -> _Result:
-        """The handler failed this attempt: bury a broken domain rule, retry anything else."""
-        if isinstance(exc, DomainError):
+        """The handler failed this attempt: bury a broken domain rule or a `Bury`, retry
+        anything else (`Retry` with its own delay)."""
+        if isinstance(exc, DomainError | Bury):
+            reason = exc.reason if isinstance(exc, Bury) else "domain_rule"
             attempt = decoded.envelope.attempt
-            await self._bury(conn, raw, "domain_rule", exc, attempts=attempt, decoded=decoded)
-            log.warning("dead_lettered", reason="domain_rule", error=str(exc))
+            await self._bury(conn, raw, reason, exc, attempts=attempt, decoded=decoded)
+            log.warning("dead_lettered", reason=reason, error=str(exc))
             release = await self._done_with_blocker(conn, decoded.envelope.message_id, hold)
             return _Result(Outcome.DEAD_LETTERED, release)
-        return await self._retry_or_bury(conn, decoded, raw, exc, now)
+        if isinstance(exc, TTRExceededError):  # struck out: see _released
+            return await self._give_up(conn, decoded, raw, exc, "ttr", None)
+        delay = exc.delay if isinstance(exc, Retry) else None
+        return await self._retry_or_bury(conn, decoded, raw, exc, now, delay=delay)
 
     async def _apply(
         self,
@@ -344,15 +403,41 @@ class DeliveryPipeline:
         *,
         claim: bool = True,
         sink: list[outbox.OutboxMessage] | None = None,
-    ) -> bool:
-        """Claim the message in the inbox (unless claimed already) and run the handler.
-        False: it was applied before."""
-        if claim and not await inbox.claim(conn, self.consumer, decoded.envelope.message_id):
-            return False
-        await self._handler(HandlerContext(conn, now, decoded.envelope, sink), decoded.body)
+    ) -> Outcome:
+        """Claim the message in the inbox (unless claimed already) and run the handler:
+        ACKED, or DUPLICATE (it was applied before), or CANCELLED (a member of a cancelled
+        group: the claim is kept, the handler is not run)."""
+        envelope = decoded.envelope
+        if claim and not await inbox.claim(conn, self.consumer, envelope.message_id):
+            return Outcome.DUPLICATE
+        # A group member's row is locked until commit: a cancel waits for this delivery, or
+        # this delivery sees the cancel.
+        if (
+            envelope.group_id is not None
+            and await job_state.member_state(conn, envelope.message_id) == "cancelled"
+        ):
+            log.info("group_member_cancelled", group_id=str(envelope.group_id))
+            return Outcome.CANCELLED
+        context = HandlerContext(conn, now, envelope, sink)
+        if self.ttr is None:
+            await self._handler(context, decoded.body)
+        else:
+            deadline = asyncio.timeout(self.ttr)
+            try:
+                async with deadline:
+                    await self._handler(context, decoded.body)
+            except TimeoutError as exc:
+                if deadline.expired():  # ours, not one the handler met on its own
+                    raise TTRExceededError(self.ttr) from exc
+                raise
+        if envelope.address is not None or envelope.group_id is not None:
+            finished = job_state.Finished(
+                envelope.message_id, envelope.address, envelope.group_id, ok=True
+            )
+            await job_state.finish(conn, [finished])
         if self._kill_before_commit:
             os.kill(os.getpid(), signal.SIGKILL)  # crash test: applied, not committed
-        return True
+        return Outcome.ACKED
 
     async def _done_with_blocker(
         self, conn: Conn, message_id: UUID, hold: holds.Hold | None
@@ -363,29 +448,51 @@ class DeliveryPipeline:
             return True
         return hold is not None and hold.blocker is None
 
-    async def _retry_or_bury(
-        self, conn: Conn, decoded: Decoded, raw: RawDelivery, exc: Exception, now: datetime
+    async def _give_up(
+        self,
+        conn: Conn,
+        decoded: Decoded,
+        raw: RawDelivery,
+        exc: Exception,
+        reason: str,
+        first_failed: datetime | None,
     ) -> _Result:
+        """Bury a message that used up its attempts; its user's later messages wait behind it
+        until an operator replays or discards it."""
+        envelope = decoded.envelope
+        attempt = envelope.attempt
+        info = describe(exc)
+        await self._bury(
+            conn, raw, reason, exc, attempts=attempt, first_failed_at=first_failed, decoded=decoded
+        )
+        await self._hold(conn, envelope, "buried", info)
+        log.error("dead_lettered", reason=reason, attempts=attempt, error=info.message)
+        return _Result(Outcome.DEAD_LETTERED, held=envelope.user_id is not None)
+
+    async def _retry_or_bury(
+        self,
+        conn: Conn,
+        decoded: Decoded,
+        raw: RawDelivery,
+        exc: Exception,
+        now: datetime,
+        *,
+        delay: float | None = None,
+    ) -> _Result:
+        """Schedule the next attempt after `delay` s (None: the policy's backoff), or bury the
+        message if this was its last attempt."""
         envelope = decoded.envelope
         attempt = envelope.attempt
         info = describe(exc)
         headers = jsonable(dict(raw.headers))
         first_failed = _first_failed_at(headers)
-        delay = self.policy.delay_after(attempt)
+        backoff = self.policy.delay_after(attempt)
         user = envelope.user_id
-        if delay is None:
-            await self._bury(
-                conn,
-                raw,
-                "max_attempts",
-                exc,
-                attempts=attempt,
-                first_failed_at=first_failed,
-                decoded=decoded,
-            )
-            await self._hold(conn, envelope, "buried", info)
-            log.error("dead_lettered", reason="max_attempts", attempts=attempt, error=info.message)
-            return _Result(Outcome.DEAD_LETTERED, held=user is not None)
+        if backoff is None:
+            return await self._give_up(conn, decoded, raw, exc, "max_attempts", first_failed)
+        if delay is not None:
+            backoff = delay
+        delay = backoff
         retry = outbox.OutboxMessage(
             route=self.route.name,
             message_type=self.route.message_type,
@@ -403,6 +510,8 @@ class DeliveryPipeline:
                 },
             ),
             available_at=now + timedelta(seconds=delay),
+            priority=_priority(headers),
+            expires_at=envelope.expires_at,
             # A replay starts a new generation of attempts, with retries of its own.
             dedup_key=(
                 f"retry:{self.consumer}:{envelope.message_id}:"
@@ -478,20 +587,49 @@ class DeliveryPipeline:
                 first_failed_at=first_failed_at,
             ),
         )
+        address, group = _job_marks(raw, decoded)
+        if (address is not None or group is not None) and message_id is not None:
+            try:
+                finished_id = UUID(str(message_id))
+            except ValueError:
+                return
+            await job_state.finish(
+                conn,
+                [
+                    job_state.Finished(
+                        finished_id, address, group, ok=False, error=f"{reason}: {info.message}"
+                    )
+                ],
+            )
 
     async def release(self, user_id: UUID) -> int:
         """Apply the user's parked messages in order while the hold stays released."""
         applied = 0
         while True:
+            try:
+                if await self._release_one(user_id):
+                    applied += 1
+                    continue
+            except _ParkedTimedOutError as timed_out:
+                # Rolled back, so still parked (it is not on the broker): count the strike,
+                # and bury it once it has struck out.
+                await self._strike_parked(user_id, timed_out.parked, timed_out.raw, timed_out.error)
+                return applied
+            log.info("hold_released_or_blocked", user_id=str(user_id), applied=applied)
+            return applied
+
+    async def _release_one(self, user_id: UUID) -> bool:
+        """Apply the user's first parked message. False: none left (the hold is dropped), or
+        the hold is blocked again."""
+        while True:
             async with self._connection() as conn, conn.transaction():
                 hold = await holds.lock(conn, self.consumer, user_id)
                 if hold is None or hold.blocker is not None:
-                    return applied
+                    return False
                 parked = await holds.pop_parked(conn, self.consumer, user_id)
                 if parked is None:
                     await holds.drop(conn, self.consumer, user_id)
-                    log.info("hold_released", user_id=str(user_id), applied=applied)
-                    return applied
+                    return False
                 raw = RawDelivery(
                     body=parked.body,
                     message_id=str(parked.message_id),
@@ -508,8 +646,12 @@ class DeliveryPipeline:
                 if await inbox.seen(conn, self.consumer, parked.message_id):
                     continue
                 now = await conn.fetchval("SELECT now()")
-                await self._attempt(conn, decoded, raw, hold, now=now)
-                applied += 1
+                try:
+                    result = await self._attempt(conn, decoded, raw, hold, now=now)
+                except TTRExceededError as exc:
+                    raise _ParkedTimedOutError(parked, raw, exc) from exc  # rolls back the pop
+                await transitions.count(conn, _moves(self.route.name, 0, [result.outcome]))
+                return True
 
     async def release_pending(self) -> int:
         """Apply what operators released (a discarded blocker) or a crash left half-released.
@@ -535,6 +677,24 @@ class DeliveryPipeline:
                         await holds.touch(conn, self.consumer, user)
         return total
 
+    async def _strike_parked(
+        self, user_id: UUID, parked: holds.ParkedMessage, raw: RawDelivery, exc: TTRExceededError
+    ) -> None:
+        """A parked message ran past the TTR while being released: the transaction was rolled
+        back (it is still parked); count the strike, and bury it once it has struck out."""
+        async with self._connection() as conn, conn.transaction():
+            strikes = await _strike(conn, self.consumer, parked.message_id)
+            await transitions.count_one(conn, self.route.name, "ttr")
+            if strikes < self.policy.max_attempts:
+                log.warning("ttr_exceeded_parked", user_id=str(user_id), strikes=strikes)
+                return
+            await holds.lock(conn, self.consumer, user_id)  # the lock order of a delivery
+            first = await holds.pop_parked(conn, self.consumer, user_id)
+            if first is None or first.message_id != parked.message_id:
+                return  # released meanwhile by someone else
+            decoded = decode(self.route, raw, max_body_bytes=self._max_body_bytes)
+            await self._give_up(conn, decoded, raw, exc, "ttr", None)
+
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[Conn]:
         """A pooled connection. Waiting too long for one is an outage (the pool is exhausted or
@@ -547,6 +707,63 @@ class DeliveryPipeline:
             yield conn
         finally:
             await self._pool.release(conn)
+
+
+class _ParkedTimedOutError(Exception):
+    def __init__(
+        self, parked: holds.ParkedMessage, raw: RawDelivery, error: TTRExceededError
+    ) -> None:
+        super().__init__(str(error))
+        self.parked = parked
+        self.raw = raw
+        self.error = error
+
+
+class ExpiredError(Exception):
+    """The message was delivered after its TTL ran out."""
+
+    def __init__(self, expires_at: datetime | None) -> None:
+        super().__init__(f"delivered after its TTL ran out at {expires_at}")
+
+
+def _expired(decoded: Decoded, now: datetime) -> bool:
+    expires_at = decoded.envelope.expires_at
+    return expires_at is not None and expires_at <= now
+
+
+def _moves(
+    route: str, taken: int, outcomes: Sequence[Outcome | None]
+) -> dict[tuple[str, str], int]:
+    """Transition counts of a batch (bury and ttl are counted by a trigger on the store)."""
+    acked = sum(1 for o in outcomes if o is Outcome.ACKED)
+    released = sum(1 for o in outcomes if o is Outcome.RETRY_SCHEDULED)
+    return {(route, "take"): taken, (route, "ack"): acked, (route, "release"): released}
+
+
+async def _strike(conn: Conn, consumer: str, message_id: UUID) -> int:
+    strikes: int = await conn.fetchval(
+        """
+        INSERT INTO telecom.ttr_strikes (consumer, message_id) VALUES ($1, $2)
+        ON CONFLICT (consumer, message_id)
+            DO UPDATE SET strikes = ttr_strikes.strikes + 1, last_at = now()
+        RETURNING strikes
+        """,
+        consumer,
+        message_id,
+    )
+    return strikes
+
+
+def _priority(headers: dict[str, Any]) -> int:
+    value = headers.get(H_PRIORITY, 0)
+    return value if isinstance(value, int) and 0 <= value <= 2 else 0
+
+
+def _job_marks(raw: RawDelivery, decoded: Decoded | None) -> tuple[str | None, UUID | None]:
+    """The address and group of a message (from its headers when it did not decode)."""
+    if decoded is not None:
+        return decoded.envelope.address, decoded.envelope.group_id
+    return job_marks(raw.headers)
 
 
 def _free(held: dict[UUID, holds.Hold], user: UUID | None, message_id: UUID) -> bool:

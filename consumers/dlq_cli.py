@@ -290,6 +290,7 @@ def _replay(
     force: bool = False,
     dry_run: bool = False,
     as_json: bool = False,
+    transition: str = "dig",
 ) -> None:
     rows = asyncio.run(_select(settings, which))
     if dry_run:
@@ -301,7 +302,7 @@ def _replay(
     who = by or operator()
 
     async def step(conn: Any, batch: list[int]) -> list[dead_letters.ReplayResult]:
-        return await dead_letters.replay(conn, batch, who, force=force)
+        return await dead_letters.replay(conn, batch, who, force=force, transition=transition)
 
     batches = asyncio.run(_in_batches(settings, [r["id"] for r in rows], step, "replaying"))
     results = [r for batch in batches for r in batch]
@@ -351,7 +352,13 @@ def dig_cmd(
 def plow_cmd(count: int, by: ByOpt = None, as_json: JsonOpt = False) -> None:
     """Replay the COUNT oldest buried dead letters (seed 004's plow)."""
     settings = load_settings()
-    _replay(settings, dead_letters.Filter(status="buried", limit=count), by=by, as_json=as_json)
+    _replay(
+        settings,
+        dead_letters.Filter(status="buried", limit=count),
+        by=by,
+        as_json=as_json,
+        transition="plow",
+    )
 
 
 @dlq_app.command("replay")

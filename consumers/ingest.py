@@ -25,11 +25,13 @@ from events.envelope import (
     H_DEAD_REASON,
     H_DEAD_TRACEBACK,
     H_USER_ID,
+    job_marks,
     jsonable,
 )
 from events.partitioning import route_of_key
 from events.routes import ROUTES
-from infra.postgres import dead_letters
+from infra.postgres import dead_letters, job_state
+from infra.postgres.pool import Conn
 from infra.rabbit.consumer import Outcome, Processor, QueueConsumer
 from infra.rabbit.topology import declare_exchanges
 from infra.settings import Settings
@@ -100,9 +102,10 @@ def to_dead_letter(raw: RawDelivery) -> dead_letters.NewDeadLetter:
 def make_ingester(pool: asyncpg.Pool) -> Processor:
     async def ingest(raw: RawDelivery) -> Outcome:
         dead = to_dead_letter(raw)
-        async with pool.acquire(timeout=10) as conn:
+        async with pool.acquire(timeout=10) as conn, conn.transaction():
             try:
-                dead_id = await dead_letters.bury(conn, dead)
+                async with conn.transaction():  # a savepoint: the fallback below can follow
+                    dead_id = await dead_letters.bury(conn, dead)
             except asyncpg.DataError as exc:
                 # Something in it Postgres will not store as given: keep the message anyway,
                 # with its headers as text, rather than send it round the queue for ever.
@@ -113,6 +116,8 @@ def make_ingester(pool: asyncpg.Pool) -> Processor:
                     error_message=f"{dead.error_message} (headers kept as text: {exc})",
                 )
                 dead_id = await dead_letters.bury(conn, dead)
+            # Addressed and grouped messages have failed for good: say so to waiters and groups.
+            await _finish(conn, raw, dead)
         log.warning(
             "dead_letter_ingested",
             id=dead_id,
@@ -123,6 +128,20 @@ def make_ingester(pool: asyncpg.Pool) -> Processor:
         return Outcome.DEAD_LETTERED
 
     return ingest
+
+
+async def _finish(conn: Conn, raw: RawDelivery, dead: dead_letters.NewDeadLetter) -> None:
+    address, group = job_marks(raw.headers)
+    if address is None and group is None:
+        return
+    try:
+        message_id = UUID(str(dead.message_id))
+    except ValueError:
+        return
+    error = f"{dead.reason}: {dead.error_message}"
+    await job_state.finish(
+        conn, [job_state.Finished(message_id, address, group, ok=False, error=error)]
+    )
 
 
 def ingester(

@@ -34,6 +34,7 @@ def pipeline_for(
         policy or policy_for(settings, route.name),
         max_body_bytes=settings.max_body_bytes,
         kill_before_commit=settings.fault_kill_before_commit == route.name,
+        ttr=settings.ttr_for(route.name),
     )
 
 
@@ -89,6 +90,7 @@ async def run_consumers(
             await consumer.start()
             started.append(consumer)
         log.info("ready", routes=[c.name for c in consumers])
+        await svc.set_routes(c.name for c in consumers)
         systemd.ready(f"consuming {len(consumers)} queue(s)")
         if standby:
             # Single-active-consumer makes the first subscriber of a queue its consumer: the

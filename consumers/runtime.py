@@ -1,14 +1,21 @@
-"""Start-up and shutdown shared by the long-running processes (`pkgq run`, `pkgq relay`)."""
+"""Start-up and shutdown shared by the long-running processes (`pkgq run`, `pkgq relay`).
+
+Every such process is a registered worker (seed 002's permits, infra/postgres/workers.py): it
+has a row in telecom.workers, its Postgres connections carry `application_name = 'pkgq:<id>'`,
+and a background task heartbeats that row and reaps stale peers.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import asyncpg
 import structlog
@@ -23,7 +30,7 @@ from infra.observability import (
     Ready,
     StatusServer,
 )
-from infra.postgres import stats
+from infra.postgres import stats, workers
 from infra.postgres.pool import create_pool
 from infra.rabbit.connection import connect
 from infra.settings import Settings
@@ -36,6 +43,25 @@ log = structlog.get_logger(__name__)
 class Services:
     pool: asyncpg.Pool
     amqp: AbstractRobustConnection
+    worker_id: uuid.UUID = field(default_factory=uuid.uuid4)
+    """This process's row in telecom.workers (registered by `services()`; a Services built by
+    hand, as some tests do, has an id but no row)."""
+    routes: list[str] = field(default_factory=list)
+    """What this process works on, as shown by `pkgq workers` (see set_routes)."""
+    routes_saved: bool = field(default=True, repr=False)
+    """False while `routes` still has to be written to the worker's row."""
+
+    async def set_routes(self, routes: Iterable[str]) -> None:
+        """Record what this worker consumes. Never raises: if Postgres cannot be reached now,
+        the heartbeat task saves the routes once it can."""
+        self.routes = list(dict.fromkeys(routes))
+        self.routes_saved = False
+        try:
+            async with self.pool.acquire(timeout=5) as conn:
+                await workers.set_routes(conn, self.worker_id, self.routes)
+            self.routes_saved = True
+        except Exception as exc:  # noqa: BLE001  (saved later by the heartbeat task)
+            log.warning("worker_routes_not_saved", error=repr(exc))
 
 
 def _startup_retrying(seconds: float) -> AsyncRetrying:
@@ -51,32 +77,145 @@ def _startup_retrying(seconds: float) -> AsyncRetrying:
 async def services(
     settings: Settings, role: str, wait_seconds: float = 60
 ) -> AsyncIterator[Services]:
-    """Connect to Postgres and RabbitMQ, waiting up to `wait_seconds` for them to come up."""
-    name = f"pkgq-{role}@{socket.gethostname()}:{os.getpid()}"
+    """Connect to Postgres and RabbitMQ, waiting up to `wait_seconds` for them to come up, and
+    register this process as a worker that heartbeats until the block exits (then it is marked
+    stopped)."""
+    worker_id = uuid.uuid4()
+    host, pid = socket.gethostname(), os.getpid()
+    name = f"pkgq-{role}@{host}:{pid}"
     async for attempt in _startup_retrying(wait_seconds):
         with attempt:
             pool = await create_pool(
                 settings.postgres_dsn,
                 min_size=settings.pool_min_size,
                 max_size=settings.pool_max_size,
+                application_name=workers.application_name(worker_id),
             )
     try:
         async for attempt in _startup_retrying(wait_seconds):
             with attempt:
+                async with pool.acquire() as conn:
+                    await workers.register(conn, worker_id, name, role, host, pid)
+        async for attempt in _startup_retrying(wait_seconds):
+            with attempt:
                 amqp = await connect(settings.amqp_url, name)
         amqp.reconnect_callbacks.add(lambda *_: RECONNECTS.inc())
+        svc = Services(pool, amqp, worker_id)
+        heartbeat = WorkerHeartbeat(settings, svc, name, role, host, pid)
+        beating = asyncio.create_task(heartbeat.run(), name="worker-heartbeat")
+        reason = "exited"
         try:
             log.info(
                 "connected",
                 role=role,
+                worker=name,
+                worker_id=str(worker_id),
                 postgres=settings.safe_postgres_dsn(),
                 amqp=settings.safe_amqp_url(),
             )
-            yield Services(pool, amqp)
+            yield svc
+        except BaseException as exc:
+            reason = f"exited: {type(exc).__name__}"
+            raise
         finally:
+            beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beating
+            await heartbeat.stop(reason)
             await amqp.close()
     finally:
         await pool.close()
+
+
+class WorkerHeartbeat:
+    """Heartbeats the worker's row every `heartbeat_interval` on a connection of its own (so a
+    busy pool cannot starve it), registers again if the row was reaped meanwhile, and reaps
+    stale peers. It survives any Postgres outage: failures are logged and tried again.
+
+    A process reaps only after its own heartbeats have succeeded for `worker_stale_after`
+    seconds in a row: after an outage every worker's heartbeat is old, and the first one back
+    must give the others time to heartbeat before it judges them.
+    """
+
+    def __init__(
+        self, settings: Settings, svc: Services, name: str, role: str, host: str, pid: int
+    ) -> None:
+        self._settings = settings
+        self._svc = svc
+        self.name = name
+        self._role = role
+        self._host = host
+        self._pid = pid
+        self._conn: asyncpg.Connection | None = None
+        self._healthy_since: float | None = None
+
+    async def run(self) -> None:
+        while True:
+            await self.beat()
+            await asyncio.sleep(self._settings.heartbeat_interval)
+
+    async def beat(self) -> list[uuid.UUID]:
+        """One round: heartbeat (or register again), then reap. Returns the ids reaped."""
+        svc, stale_after = self._svc, self._settings.worker_stale_after
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(max(30.0, 3 * self._settings.heartbeat_interval)):
+                conn = await self._connection()
+                if not await workers.heartbeat(conn, svc.worker_id):
+                    await workers.register(
+                        conn,
+                        svc.worker_id,
+                        self.name,
+                        self._role,
+                        self._host,
+                        self._pid,
+                        svc.routes,
+                    )
+                    svc.routes_saved = True
+                    log.warning(
+                        "worker_reregistered", worker=self.name, worker_id=str(svc.worker_id)
+                    )
+                elif not svc.routes_saved:
+                    await workers.set_routes(conn, svc.worker_id, svc.routes)
+                    svc.routes_saved = True
+                now = loop.time()
+                if self._healthy_since is None:
+                    self._healthy_since = now
+                if now - self._healthy_since < stale_after:
+                    return []
+                reaped = await workers.reap_stale(conn, stale_after, self.name)
+        except Exception as exc:  # noqa: BLE001  (never fatal: the next round tries again)
+            self._healthy_since = None
+            log.warning("worker_heartbeat_failed", worker=self.name, error=repr(exc))
+            await self._drop_connection()
+            return []
+        if reaped:
+            log.warning("worker_reaped", reaped=[str(w) for w in reaped], by=self.name)
+        return reaped
+
+    async def stop(self, reason: str) -> None:
+        """Mark the worker stopped (bounded: Postgres may be down) and close the connection."""
+        try:
+            async with asyncio.timeout(5):
+                conn = await self._connection()
+                await workers.stop(conn, self._svc.worker_id, reason)
+        except Exception as exc:  # noqa: BLE001  (it will be reaped as stale instead)
+            log.warning("worker_stop_not_recorded", worker=self.name, error=repr(exc))
+        await self._drop_connection()
+
+    async def _connection(self) -> asyncpg.Connection:
+        if self._conn is None or self._conn.is_closed():
+            self._conn = await asyncpg.connect(
+                self._settings.postgres_dsn,
+                server_settings={"application_name": workers.application_name(self._svc.worker_id)},
+            )
+        return self._conn
+
+    async def _drop_connection(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            with contextlib.suppress(Exception):
+                await conn.close(timeout=2)
 
 
 def stop_on_signals() -> asyncio.Event:

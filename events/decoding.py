@@ -12,7 +12,10 @@ from pydantic import ValidationError
 
 from events.envelope import (
     CONTENT_TYPE,
+    H_ADDRESS,
     H_ATTEMPT,
+    H_EXPIRES_AT,
+    H_GROUP,
     H_SCHEMA_VERSION,
     H_SEQ,
     H_TRACEPARENT,
@@ -123,8 +126,35 @@ def decode(route: Route, raw: RawDelivery, *, max_body_bytes: int) -> Decoded:
         attempt=_int_header(raw.headers, H_ATTEMPT, 1) or 1,
         timestamp=raw.timestamp or datetime.now(UTC),
         traceparent=_str_header(raw.headers, H_TRACEPARENT),
+        address=_str_header(raw.headers, H_ADDRESS),
+        group_id=_uuid_header(raw.headers, H_GROUP),
+        expires_at=_time_header(raw.headers, H_EXPIRES_AT),
     )
     return Decoded(envelope, body)
+
+
+def _uuid_header(headers: Mapping[str, Any], name: str) -> UUID | None:
+    value = _str_header(headers, name)
+    if value is None:
+        return None
+    try:
+        return UUID(value)
+    except ValueError:
+        raise BadMessageError("invalid_header", f"header {name}={value!r} is not a UUID") from None
+
+
+def _time_header(headers: Mapping[str, Any], name: str) -> datetime | None:
+    value = headers.get(name)
+    if value is None or isinstance(value, datetime):
+        return value.replace(tzinfo=value.tzinfo or UTC) if value is not None else None
+    text = _str_header(headers, name) or ""
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise BadMessageError(
+            "invalid_header", f"header {name}={text!r} is not an ISO 8601 time"
+        ) from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def _summarise(exc: ValidationError) -> str:

@@ -32,6 +32,14 @@ H_LAST_ERROR = "x-pkgq-last-error"
 H_REPLAY_OF = "x-pkgq-replay-of"
 H_REPLAY_GENERATION = "x-pkgq-replay-generation"
 """How many times the message was replayed: each replay has retries of its own."""
+# Job-queue options (seeds 001-004), set by the publishing API (infra/jobs.py).
+H_ADDRESS = "x-pkgq-address"
+"""Addressed work: at most one queued-or-in-flight message per address; `pkgq wait` on it."""
+H_GROUP = "x-pkgq-group"
+"""The group the message is a member of (its end message is published when all are done)."""
+H_EXPIRES_AT = "x-pkgq-expires-at"
+"""TTL: not delivered after this instant (ISO 8601); recorded as expired instead."""
+H_PRIORITY = "x-pkgq-priority"
 BROKER_HEADERS = (
     "x-death",
     "x-first-death-exchange",
@@ -64,6 +72,23 @@ def clean_text(value: str) -> str:
     return value.replace("\x00", "\\0").encode("utf-8", "replace").decode("utf-8")
 
 
+def job_marks(headers: Mapping[str, Any]) -> tuple[str | None, UUID | None]:
+    """The address and group a message's headers name (None where absent or unreadable)."""
+
+    def text(name: str) -> str | None:
+        value = headers.get(name)
+        if isinstance(value, bytes | bytearray):
+            value = bytes(value).decode("utf-8", "replace")
+        return None if value is None else str(value)
+
+    group = text(H_GROUP)
+    try:
+        group_id = UUID(group) if group is not None else None
+    except ValueError:
+        group_id = None
+    return text(H_ADDRESS), group_id
+
+
 def republished_headers(headers: Mapping[str, Any], updates: Mapping[str, Any]) -> dict[str, Any]:
     """The headers a retry or replay carries: the original ones without the failure marks."""
     kept = {
@@ -85,6 +110,9 @@ class Envelope:
     attempt: int = 1
     timestamp: datetime = field(default_factory=lambda: datetime.now(UTC))
     traceparent: str | None = None
+    address: str | None = None
+    group_id: UUID | None = None
+    expires_at: datetime | None = None
 
     def headers(self) -> dict[str, Any]:
         headers: dict[str, Any] = {
@@ -97,4 +125,10 @@ class Envelope:
             headers[H_SEQ] = self.seq
         if self.traceparent is not None:
             headers[H_TRACEPARENT] = self.traceparent
+        if self.address is not None:
+            headers[H_ADDRESS] = self.address
+        if self.group_id is not None:
+            headers[H_GROUP] = str(self.group_id)
+        if self.expires_at is not None:
+            headers[H_EXPIRES_AT] = self.expires_at.isoformat()
         return headers

@@ -116,6 +116,10 @@ class Settings(BaseSettings):
     """The default queue type. Quorum queues are replicated; see the README for the guarantees
     that change with them (no broker-side priorities; requeue goes to the back)."""
 
+    management_url: str | None = None
+    """The RabbitMQ management API (for taken counts in `pkgq stats`); default: the AMQP host on
+    port 15672 with the AMQP credentials."""
+
     heartbeat_interval: float = Field(default=5.0, gt=0)
     """How often a process updates its row in telecom.workers."""
     worker_stale_after: float = Field(default=30.0, gt=0)

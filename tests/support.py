@@ -168,7 +168,9 @@ class InProcess:
         await asyncio.sleep(0.3)  # let them declare and subscribe
 
     async def start_relay(self) -> Relay:
-        relay = Relay(self.settings, self.services.pool, self.services.amqp)
+        relay = Relay(
+            self.settings, self.services.pool, self.services.amqp, self.services.worker_id
+        )
         self.tasks.append(asyncio.create_task(relay.run(self.stop)))
         return relay
 

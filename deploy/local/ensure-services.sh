@@ -59,7 +59,20 @@ ensure_rabbitmq() {
     die "RabbitMQ did not start within 60 s: run 'sudo rabbitmq-server -detached' and check /var/log/rabbitmq/."
 }
 
+ensure_rabbitmq_management() {
+    # `pkgq stats` reads taken (unacknowledged) counts from the management API; the plugin ships
+    # with the server. Without it, stats show those counts as unknown.
+    if rabbitmq-plugins -q is_enabled rabbitmq_management >/dev/null 2>&1; then return; fi
+    if [ "$(id -u)" -eq 0 ]; then
+        say "enabling the RabbitMQ management plugin"
+        rabbitmq-plugins -q enable rabbitmq_management >/dev/null
+    else
+        say "note: run 'sudo rabbitmq-plugins enable rabbitmq_management' for taken counts in pkgq stats"
+    fi
+}
+
 ensure_postgres
 ensure_postgres_access
 ensure_rabbitmq
+ensure_rabbitmq_management
 say "PostgreSQL and RabbitMQ are up"

@@ -28,8 +28,8 @@ import structlog
 from aio_pika.abc import AbstractRobustConnection
 
 from infra.observability import RELAY_LAG, RELAYED
-from infra.outbox.sweep import sweep_overdue_expiries
-from infra.postgres import outbox
+from infra.outbox.housekeeping import housekeeping_forever
+from infra.postgres import job_state, outbox
 from infra.postgres.outbox import ClaimedRow
 from infra.rabbit.publisher import Publisher, build_message
 from infra.rabbit.topology import declare_all, routing_key_for
@@ -44,11 +44,18 @@ NOTIFY_CHANNEL = "pkgq_outbox"
 
 class Relay:
     def __init__(
-        self, settings: Settings, pool: asyncpg.Pool, connection: AbstractRobustConnection
+        self,
+        settings: Settings,
+        pool: asyncpg.Pool,
+        connection: AbstractRobustConnection,
+        worker_id: UUID | None = None,
     ) -> None:
+        """`worker_id`: the registered worker this relay runs in (Services.worker_id); its
+        housekeeping jobs then run under leases (infra/outbox/housekeeping.py)."""
         self._settings = settings
         self._pool = pool
         self._connection = connection
+        self._worker_id = worker_id
         self._wake = asyncio.Event()
         self._publisher: Publisher | None = None
         self._listener: asyncpg.Connection | None = None
@@ -74,7 +81,10 @@ class Relay:
         systemd = Notifier()
         systemd.start_watchdog()
         systemd.ready("relaying")
-        sweeper = asyncio.create_task(self._sweep_forever(stop), name="expiry-sweep")
+        sweeper = asyncio.create_task(
+            housekeeping_forever(self._settings, self._pool, self._worker_id, stop),
+            name="housekeeping",
+        )
         pause = 0.5
         try:
             while not stop.is_set():
@@ -116,6 +126,11 @@ class Relay:
             if not partitions:
                 return 0
             rows = await outbox.claim_due(conn, partitions, self._settings.relay_batch_size)
+            expired = [r for r in rows if r.expires_at is not None and r.ttl_ms == 0]
+            if expired:
+                await job_state.expire_rows(conn, expired)
+                log.warning("expired_unpublished", count=len(expired))
+                rows = [r for r in rows if r not in expired]
             done, failed, error = await self._publish(rows)
             await outbox.mark_published(conn, done)
             await outbox.mark_failed(conn, failed, error)
@@ -140,6 +155,8 @@ class Relay:
                     message_id=row.message_id,
                     message_type=row.message_type,
                     headers=row.headers,
+                    priority=row.priority,
+                    expiration_ms=row.ttl_ms if row.expires_at is not None else None,
                 )
                 try:
                     await self._publisher.publish(
@@ -182,16 +199,6 @@ class Relay:
 
     def _on_notify(self, *_: object) -> None:
         self._wake.set()
-
-    async def _sweep_forever(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                found = await sweep_overdue_expiries(self._pool, self._settings.sweep_grace)
-                if found:
-                    log.warning("sweep_rescheduled_expiries", count=found)
-            except Exception as exc:  # noqa: BLE001  (the next sweep tries again)
-                log.warning("sweep_failed", error=repr(exc))
-            await _wait(stop, self._settings.sweep_interval)
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -25,7 +26,7 @@ from events.envelope import (
     republished_headers,
 )
 from events.routes import ROUTES
-from infra.postgres import outbox
+from infra.postgres import outbox, transitions
 from infra.postgres.pool import Conn
 
 STATUSES = ("buried", "replayed", "discarded")
@@ -262,7 +263,7 @@ def _replay_message(row: Any) -> outbox.OutboxMessage | str:
 
 
 async def replay(
-    conn: Conn, ids: Sequence[int], who: str, *, force: bool = False
+    conn: Conn, ids: Sequence[int], who: str, *, force: bool = False, transition: str = "dig"
 ) -> list[ReplayResult]:
     """Inside a transaction: send the given dead letters again through the outbox, once each.
 
@@ -296,6 +297,15 @@ async def replay(
         replayed.append(row["id"])
         results.append(ReplayResult(row["id"], row["message_id"], True, f"to {message.route}"))
     await outbox.enqueue(conn, messages)
+    # Seed 004's dig (one) or plow (the N oldest): counted per route, and an addressed message
+    # is queued again for its waiters.
+    moves = Counter((m.route, transition) for m in messages)
+    await transitions.count(conn, moves)
+    await conn.execute(
+        "UPDATE telecom.addresses SET state = 'queued', error = NULL, finished_at = NULL "
+        "WHERE message_id = ANY($1::uuid[]) AND state = 'failed'",
+        [m.message_id for m in messages],
+    )
     await conn.execute(
         """
         UPDATE telecom.dead_letters

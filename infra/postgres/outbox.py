@@ -37,6 +37,10 @@ class OutboxMessage:
     cancel_key: str | None = None
     dedup_key: str | None = None
     """Set on retries and replays: a second insert with the same key is ignored."""
+    priority: int = 0
+    """0-2, higher is more urgent: claimed first by the relay, and the AMQP priority."""
+    expires_at: datetime | None = None
+    """TTL: not published after this; recorded as expired instead."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +53,11 @@ class ClaimedRow:
     body: bytes
     headers: dict[str, Any]
     available_at: datetime | None = None
+    priority: int = 0
+    expires_at: datetime | None = None
+    seq: int | None = None
+    ttl_ms: int | None = None
+    """Milliseconds left of the TTL when claimed (0: expired, never published)."""
 
 
 def from_outgoing(
@@ -97,13 +106,16 @@ async def enqueue(conn: Conn, messages: Sequence[OutboxMessage]) -> int:
         """
         INSERT INTO telecom.outbox
             (message_id, route, message_type, schema_version, user_id, seq, body, headers,
-             available_at, cancel_key, dedup_key)
+             available_at, cancel_key, dedup_key, priority, expires_at)
         SELECT m.message_id, m.route, m.message_type, m.schema_version, m.user_id, m.seq, m.body,
-               m.headers::jsonb, coalesce(m.available_at, now()), m.cancel_key, m.dedup_key
+               m.headers::jsonb, coalesce(m.available_at, now()), m.cancel_key, m.dedup_key,
+               m.priority, m.expires_at
         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[], $5::uuid[], $6::bigint[],
-                    $7::bytea[], $8::text[], $9::timestamptz[], $10::text[], $11::text[])
+                    $7::bytea[], $8::text[], $9::timestamptz[], $10::text[], $11::text[],
+                    $12::smallint[], $13::timestamptz[])
              WITH ORDINALITY AS m(message_id, route, message_type, schema_version, user_id, seq,
-                                  body, headers, available_at, cancel_key, dedup_key, ord)
+                                  body, headers, available_at, cancel_key, dedup_key, priority,
+                                  expires_at, ord)
         ORDER BY m.ord
         ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
         """,
@@ -118,6 +130,8 @@ async def enqueue(conn: Conn, messages: Sequence[OutboxMessage]) -> int:
         [m.available_at for m in messages],
         [m.cancel_key for m in messages],
         [m.dedup_key for m in messages],
+        [m.priority for m in messages],
+        [m.expires_at for m in messages],
     )
     return int(status.split()[-1])
 
@@ -166,15 +180,17 @@ async def claim_due(conn: Conn, partitions: Sequence[int], batch_size: int) -> l
     rows = await conn.fetch(
         """
         WITH due AS MATERIALIZED (
-            SELECT id FROM telecom.outbox
+            SELECT id, priority FROM telecom.outbox
             WHERE partition = ANY($1::int[]) AND published_at IS NULL AND available_at <= now()
               AND route NOT IN (SELECT route FROM telecom.route_pauses)
         )
-        SELECT id, message_id, route, message_type, user_id, body, headers, available_at
+        SELECT id, message_id, route, message_type, user_id, body, headers, available_at,
+               priority, expires_at, seq,
+               greatest(0, ceil(extract(epoch FROM expires_at - now()) * 1000))::bigint AS ttl_ms
         FROM telecom.outbox
-        WHERE id IN (SELECT id FROM due ORDER BY id LIMIT $2)
+        WHERE id IN (SELECT id FROM due ORDER BY priority DESC, id LIMIT $2)
           AND published_at IS NULL  -- re-checked after a lock wait, unlike the CTE's filter
-        ORDER BY id
+        ORDER BY priority DESC, id
         FOR UPDATE
         """,
         list(partitions),
@@ -190,6 +206,10 @@ async def claim_due(conn: Conn, partitions: Sequence[int], batch_size: int) -> l
             body=r["body"],
             headers=r["headers"],
             available_at=r["available_at"],
+            priority=r["priority"],
+            expires_at=r["expires_at"],
+            seq=r["seq"],
+            ttl_ms=r["ttl_ms"],
         )
         for r in rows
     ]

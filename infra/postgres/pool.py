@@ -15,14 +15,18 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
-async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+async def create_pool(
+    dsn: str, *, min_size: int = 1, max_size: int = 10, application_name: str = "pkgq"
+) -> asyncpg.Pool:
+    """`application_name` shows in pg_stat_activity; a registered worker's pools carry
+    `pkgq:<worker id>`, so its connections can be found and ended (infra/postgres/workers.py)."""
     pool: Any = await asyncpg.create_pool(
         dsn,
         min_size=min_size,
         max_size=max_size,
         init=_init_connection,
         command_timeout=60,
-        server_settings={"application_name": "pkgq"},
+        server_settings={"application_name": application_name},
     )
     return pool  # type: ignore[no-any-return]  # create_pool is typed as Pool | None
 

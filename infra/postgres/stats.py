@@ -37,7 +37,8 @@ async def backlog(conn: Conn) -> Backlog:
 
 async def per_route(conn: Conn) -> dict[str, dict[str, int]]:
     """Per route: outbox rows scheduled (future) and pending (due, unpublished), parked
-    messages, buried dead letters, and messages applied in the last minute."""
+    messages, buried dead letters (expired ones apart), processed-message records kept
+    (the inbox), and messages applied in the last minute."""
     rows = await conn.fetch(
         """
         SELECT route, 'scheduled' AS what, count(*) AS n FROM telecom.outbox
@@ -48,8 +49,11 @@ async def per_route(conn: Conn) -> dict[str, dict[str, int]]:
         UNION ALL
         SELECT route, 'parked', count(*) FROM telecom.parked GROUP BY route
         UNION ALL
-        SELECT route, 'dead_letters', count(*) FROM telecom.dead_letters
-            WHERE status = 'buried' GROUP BY route
+        SELECT route, CASE WHEN reason = 'expired' THEN 'expired' ELSE 'dead_letters' END,
+               count(*) FROM telecom.dead_letters
+            WHERE status = 'buried' GROUP BY 1, 2
+        UNION ALL
+        SELECT 'telecom.' || consumer, 'kept', count(*) FROM telecom.inbox GROUP BY consumer
         UNION ALL
         SELECT 'telecom.' || consumer, 'processed_1m', count(*) FROM telecom.inbox
             WHERE processed_at > now() - interval '1 minute' GROUP BY consumer

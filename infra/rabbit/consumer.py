@@ -25,6 +25,7 @@ import os
 import signal
 import time
 import traceback
+import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -66,6 +67,12 @@ class Outcome(enum.StrEnum):
     DEAD_LETTERED = "dead_lettered"
     RETRY_SCHEDULED = "retried"
     PARKED = "parked"
+    RELEASED = "released"
+    """Given back to the queue in its place (the handler ran past the route's TTR)."""
+    CANCELLED = "cancelled"
+    """A member of a cancelled group: acknowledged without running the handler."""
+    EXPIRED = "expired"
+    """Delivered after its TTL: recorded as expired in the dead-letter store, not applied."""
 
 
 Processor = Callable[[RawDelivery], Awaitable[Outcome]]
@@ -105,11 +112,15 @@ class QueueConsumer:
         batch: BatchProcessor | None = None,
         batch_size: int = 1,
         linger: float = 0.0,
+        prefetch: int | None = None,
+        lanes: int = 1,
     ) -> None:
         """`name`: the route (or queue) for logs and the DLX routing key; `declare`: makes the
         queue on a channel; `dead_letters`: where the last-resort copy goes (None: requeue after
         a pause instead); `idle`: called between deliveries at least every `idle_every` s;
-        `batch`: processes up to `batch_size` deliveries at once, waiting up to `linger` s."""
+        `batch`: processes up to `batch_size` deliveries at once, waiting up to `linger` s;
+        `lanes`: worker lanes (messages are spread over them by user, so each user's stay in
+        order while different users are processed concurrently)."""
         self.name = name
         self.consumer_name = route_of_key(name).rsplit(".", 1)[-1]
         self._declare = declare
@@ -122,6 +133,14 @@ class QueueConsumer:
         self._batch = batch
         self._batch_size = batch_size
         self._linger = linger
+        self._prefetch = prefetch or settings.prefetch
+        self.lanes = max(1, lanes)
+        self._lane_queues: list[asyncio.Queue[AbstractIncomingMessage]] = []
+        self._giving_back = asyncio.Lock()
+        self.active = 0
+        """Deliveries being processed right now, over all lanes."""
+        self.max_active = 0
+        """The most deliveries ever processed at once (a concurrency limit's witness)."""
         self._buffer: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -144,13 +163,38 @@ class QueueConsumer:
         )
 
     async def start(self) -> None:
-        self._channel = await self._connection.channel(publisher_confirms=False)
-        await self._channel.set_qos(prefetch_count=max(self._settings.prefetch, self._batch_size))
-        self._queue = await self._declare(self._channel)
-        self._consumer_tag = await self._queue.consume(self._buffer.put)
+        await self._subscribe()
         self._worker = asyncio.create_task(self._run(), name=f"consume:{self.name}")
         self._worker.add_done_callback(self._worker_done)
         log.info("consuming", route=self.name, queue=self._queue.name)
+
+    async def _subscribe(self) -> None:
+        self._channel = await self._connection.channel(publisher_confirms=False)
+        await self._channel.set_qos(prefetch_count=max(self._prefetch, self._batch_size))
+        self._queue = await self._declare(self._channel)
+        self._consumer_tag = await self._queue.consume(self._buffer.put)
+
+    async def _give_back(self) -> None:
+        """Return every unacknowledged delivery of this consumer to the queue in its original
+        place, by closing the channel (a nack with requeue would send it to the back of a quorum
+        queue), then subscribe again on a new channel."""
+        async with self._giving_back:
+            old = self._channel
+            self._consumer_tag = None
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(old.close(), timeout=5)
+            # What was buffered came on the closed channel and is back in the queue: drop it.
+            for queue in (self._buffer, *self._lane_queues):
+                kept = []
+                while not queue.empty():
+                    message = queue.get_nowait()
+                    if _channel_open(message):
+                        kept.append(message)
+                for message in kept:
+                    queue.put_nowait(message)
+            if not self._stopping.is_set():
+                await self._subscribe()
+            log.info("given_back", route=self.name)
 
     async def stop(self) -> None:
         """Stop taking deliveries, finish the one in hand, leave the rest to be redelivered."""
@@ -174,13 +218,50 @@ class QueueConsumer:
                 await asyncio.wait_for(self._channel.close(), timeout=2)
 
     async def _run(self) -> None:
-        await self._run_idle()
+        if self.lanes == 1:
+            await self._consume(self._buffer)
+            return
+        self._lane_queues = [asyncio.Queue() for _ in range(self.lanes)]
+        workers = [
+            asyncio.create_task(self._consume(q, idle=k == 0), name=f"lane{k}:{self.name}")
+            for k, q in enumerate(self._lane_queues)
+        ]
+        try:
+            while not self._stopping.is_set():
+                getter = asyncio.ensure_future(self._buffer.get())
+                stopper = asyncio.ensure_future(self._stopping.wait())
+                await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                stopper.cancel()
+                if not getter.done():
+                    getter.cancel()
+                    break
+                message = getter.result()
+                user = (message.headers or {}).get(H_USER_ID)
+                key = user if isinstance(user, bytes) else str(user or "").encode()
+                self._lane_queues[zlib.crc32(key) % self.lanes].put_nowait(message)
+                for worker in workers:
+                    if worker.done():
+                        worker.result()  # a dead lane kills the consumer (raises)
+        finally:
+            results = await asyncio.gather(*workers, return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException) and not isinstance(
+                    result, asyncio.CancelledError
+                ):
+                    raise result
+
+    async def _consume(
+        self, source: asyncio.Queue[AbstractIncomingMessage], *, idle: bool = True
+    ) -> None:
+        """Process deliveries from `source` one by one, or in batches, in order."""
+        if idle:
+            await self._run_idle()
         last_idle = time.monotonic()
         while not self._stopping.is_set():
-            if self._idle is not None and time.monotonic() - last_idle >= self._idle_every:
+            if idle and self._idle is not None and time.monotonic() - last_idle >= self._idle_every:
                 await self._run_idle()
                 last_idle = time.monotonic()
-            getter = asyncio.ensure_future(self._buffer.get())
+            getter = asyncio.ensure_future(source.get())
             stopper = asyncio.ensure_future(self._stopping.wait())
             await asyncio.wait(
                 {getter, stopper},
@@ -195,7 +276,7 @@ class QueueConsumer:
                 break  # a delivery that raced the stop stays unacked: redelivered
             message = getter.result()
             if self._batch is not None and self._batch_size > 1:
-                batch = [m for m in await self._collect(message) if _channel_open(m)]
+                batch = [m for m in await self._collect(source, message) if _channel_open(m)]
                 if len(batch) > 1:
                     await self._handle_batch(batch)
                     continue
@@ -222,14 +303,16 @@ class QueueConsumer:
                         with contextlib.suppress(Exception):
                             await message.nack(requeue=True)
 
-    async def _collect(self, first: AbstractIncomingMessage) -> list[AbstractIncomingMessage]:
+    async def _collect(
+        self, source: asyncio.Queue[AbstractIncomingMessage], first: AbstractIncomingMessage
+    ) -> list[AbstractIncomingMessage]:
         """Up to `batch_size` deliveries: what is buffered, then whatever arrives within the
         linger (so a quiet queue waits at most `linger` seconds for company)."""
         batch = [first]
         deadline = time.monotonic() + self._linger
         while len(batch) < self._batch_size:
             try:
-                batch.append(self._buffer.get_nowait())
+                batch.append(source.get_nowait())
                 continue
             except asyncio.QueueEmpty:
                 pass
@@ -237,7 +320,7 @@ class QueueConsumer:
             if remaining <= 0 or self._stopping.is_set():
                 break
             try:
-                batch.append(await asyncio.wait_for(self._buffer.get(), remaining))
+                batch.append(await asyncio.wait_for(source.get(), remaining))
             except TimeoutError:
                 break
         return batch
@@ -250,6 +333,7 @@ class QueueConsumer:
         batch = self._batch
         in_flight = IN_FLIGHT.labels(route=route_of_key(self.name))
         in_flight.inc(len(messages))
+        self._enter(len(messages))
         failure: Exception | None = None
         try:
             outcomes = await self._process_until_done(lambda: batch(raws))
@@ -261,6 +345,7 @@ class QueueConsumer:
             failure = exc
         finally:
             in_flight.dec(len(messages))
+            self.active -= len(messages)
         if failure is not None:
             # A bug in the batch path: fall back to one delivery at a time, so whatever is
             # wrong is isolated to the message that causes it.
@@ -272,12 +357,13 @@ class QueueConsumer:
             return
         if self._settings.fault_kill_after_commit == route_of_key(self.name):
             os.kill(os.getpid(), signal.SIGKILL)  # crash test: committed, not acked
-        try:
-            # Deliveries are handled in order, so every earlier tag on the channel is acked.
-            await messages[-1].ack(multiple=True)
-        except Exception as exc:  # noqa: BLE001  (channel gone: the inbox absorbs the redelivery)
-            log.warning("ack_failed", error=repr(exc))
-        self.processed += len(messages)
+        given_back = [m for m, o in zip(messages, outcomes, strict=True) if o is Outcome.RELEASED]
+        done = messages[: len(messages) - len(given_back)]  # only a tail is ever given back
+        if done:
+            await self._ack_all(done)
+        if given_back:
+            await self._give_back()
+        self.processed += len(done)
         elapsed = time.perf_counter() - started
         ms = round(elapsed * 1000, 2)
         route = route_of_key(self.name)
@@ -294,6 +380,21 @@ class QueueConsumer:
                 batch=len(messages),
                 ms=ms,
             )
+
+    async def _ack_all(self, messages: list[AbstractIncomingMessage]) -> None:
+        try:
+            if self.lanes == 1:
+                # Deliveries are handled in order, so every earlier tag on the channel is done.
+                await messages[-1].ack(multiple=True)
+            else:  # other lanes hold earlier tags that are not done yet
+                for message in messages:
+                    await message.ack()
+        except Exception as exc:  # noqa: BLE001  (channel gone: the inbox absorbs the redelivery)
+            log.warning("ack_failed", error=repr(exc))
+
+    def _enter(self, count: int) -> None:
+        self.active += count
+        self.max_active = max(self.max_active, self.active)
 
     async def _run_idle(self) -> None:
         if self._idle is None:
@@ -320,6 +421,7 @@ class QueueConsumer:
         if user is not None:
             structlog.contextvars.bind_contextvars(user_id=str(user))
         route = route_of_key(self.name)
+        self._enter(1)
         try:
             with IN_FLIGHT.labels(route=route).track_inprogress():
                 outcome = await self._process_until_done(lambda: self._processor(raw))
@@ -332,8 +434,13 @@ class QueueConsumer:
             await self._dead_letter(message, "handler_error", exc)
             MESSAGES.labels(route=route, outcome=Outcome.DEAD_LETTERED.value).inc()
             return True
+        finally:
+            self.active -= 1
         MESSAGES.labels(route=route, outcome=outcome.value).inc()
         PROCESSING.labels(route=route).observe(time.perf_counter() - started)
+        if outcome is Outcome.RELEASED:
+            await self._give_back()
+            return True
         if self._settings.fault_kill_after_commit == route_of_key(self.name):
             os.kill(os.getpid(), signal.SIGKILL)  # crash test: committed, not acked
         await self._ack(message)
@@ -469,6 +576,8 @@ def route_consumer(
         idle=idle,
         idle_every=settings.release_poll_interval,
         batch=batch,
-        batch_size=settings.batch_size if batch is not None else 1,
+        batch_size=settings.batch_size_for(route.name) if batch is not None else 1,
         linger=settings.batch_linger_ms / 1000,
+        prefetch=settings.prefetch_for(route.name),
+        lanes=settings.concurrency_for(route.name),
     )

@@ -3,7 +3,7 @@ has taken responsibility for the message, and raises if it could not route it.""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -33,7 +33,10 @@ def build_message(
     content_type: str | None = CONTENT_TYPE,
     timestamp: datetime | None = None,
     priority: int | None = None,
+    expiration_ms: int | None = None,
 ) -> aio_pika.Message:
+    """A persistent message. `expiration_ms`: the broker drops it (dead-lettering it with reason
+    `expired`) if it is not delivered within that many milliseconds."""
     return aio_pika.Message(
         body,
         message_id=str(message_id),
@@ -42,6 +45,7 @@ def build_message(
         timestamp=timestamp or datetime.now(UTC),
         headers=headers,
         priority=priority,
+        expiration=timedelta(milliseconds=max(1, expiration_ms)) if expiration_ms else None,
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
     )
 

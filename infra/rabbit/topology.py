@@ -14,15 +14,29 @@ from events.partitioning import partition_key, routing_key
 from events.routes import ROUTES, Route
 from infra.settings import Settings
 
+MAX_PRIORITY = 2
+"""Message priorities are 0-2 (seed 001), higher is more urgent."""
 
-def queue_arguments(settings: Settings) -> dict[str, Any]:
-    """Classic, dead-lettering into the DLX, one active consumer at a time.
+
+def queue_arguments(settings: Settings, route_name: str) -> dict[str, Any]:
+    """Durable, dead-lettering into the DLX, one active consumer at a time.
 
     Single-active-consumer keeps a route's messages in order when several `pkgq run` replicas
     subscribe: one consumes, the others stand by and take over if it goes away.
+
+    Classic queues (the default) honour message priorities 0-2 (`x-max-priority`). Quorum queues
+    (the replicated option, per route) are declared without it: RabbitMQ before 4.0 ignores
+    priorities on them, so only the relay's claim order ranks by priority there.
     """
+    if settings.queue_type_for(route_name) == "quorum":
+        return {
+            "x-dead-letter-exchange": settings.dlx,
+            "x-queue-type": "quorum",
+            "x-single-active-consumer": True,
+        }
     return {
         "x-dead-letter-exchange": settings.dlx,
+        "x-max-priority": MAX_PRIORITY,
         "x-queue-type": "classic",
         "x-single-active-consumer": True,
     }
@@ -70,7 +84,7 @@ def definitions(settings: Settings, vhost: str = "/") -> dict[str, Any]:
     bindings = [binding(settings.dlx, settings.dead_letter_queue, "#")]
     for route in ROUTES.values():
         for name, key in route_queues(settings, route.name):
-            queues.append(queue(name, queue_arguments(settings)))
+            queues.append(queue(name, queue_arguments(settings, route.name)))
             bindings.append(binding(settings.exchange, name, key))
     return {
         "exchanges": [exchange(settings.exchange), exchange(settings.dlx)],
@@ -130,7 +144,9 @@ async def declare_route_queue(
 ) -> AbstractQueue:
     name, key = route_queues(settings, route.name)[partition]
     try:
-        queue = await channel.declare_queue(name, durable=True, arguments=queue_arguments(settings))
+        queue = await channel.declare_queue(
+            name, durable=True, arguments=queue_arguments(settings, route.name)
+        )
     except ChannelPreconditionFailed as exc:
         raise TopologyMismatchError(name, str(exc)) from exc
     await queue.bind(exchange, routing_key=key)

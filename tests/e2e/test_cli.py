@@ -148,7 +148,7 @@ async def test_relay_and_run_serve_health_readiness_and_metrics_on_their_status_
     assert run.terminate() == 0, run.logs()
 
 
-async def test_stats_counts_each_routes_backlog_parked_and_dead_letters(
+async def test_stats_counts_each_routes_ready_waiting_and_buried_messages_and_puts(
     settings: Settings, pool: asyncpg.Pool
 ) -> None:
     user = uuid4()
@@ -175,7 +175,10 @@ async def test_stats_counts_each_routes_backlog_parked_and_dead_letters(
     assert done.returncode == 0, done.stderr
     table = json.loads(done.stdout)
     assert set(table) == set(ROUTES)
-    assert table["telecom.expiry_due"]["scheduled"] == 1
-    assert table["telecom.usage_record"]["pending"] == 1
-    assert table["telecom.usage_record"]["dead_letters"] == 1
-    assert table["telecom.usage_record"]["ready"] == 0
+    assert table["telecom.expiry_due"]["detail"]["scheduled"] == 1
+    assert table["telecom.expiry_due"]["waiting"] == 1
+    assert table["telecom.usage_record"]["detail"]["outbox_pending"] == 1
+    assert table["telecom.usage_record"]["detail"]["broker_ready"] == 0
+    assert table["telecom.usage_record"]["ready"] == 1  # due in the outbox, none on the broker
+    assert table["telecom.usage_record"]["buried"] == 1
+    assert table["telecom.usage_record"]["transitions"]["put"] == 1

@@ -1,6 +1,9 @@
 -- pkgq 0004: job-queue semantics (seeds 001-004): priority, TTL, addressed work, unique windows,
 -- groups, workers with heartbeats, leases for singleton jobs, and transition counters.
 
+-- Retention prunes processed-message records by age.
+CREATE INDEX inbox_processed_at ON telecom.inbox (processed_at);
+
 -- TTL: a row not published by expires_at is never published; it is recorded as expired.
 ALTER TABLE telecom.outbox ADD COLUMN expires_at timestamptz;
 -- Claim order is priority first (higher is more urgent), then id (FIFO within a priority).

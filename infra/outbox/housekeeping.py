@@ -1,0 +1,101 @@
+"""Housekeeping: the singleton jobs that ride along with the relays.
+
+Every `housekeeping_interval` seconds each relay tries, job by job, to take the job's lease
+(telecom.leases) and runs the job only if it holds it, so with several relays running each job
+still runs in one place at a time:
+- `expiry_sweep`: re-send the time-expiry trigger of overdue active items (infra/outbox/sweep.py);
+- `retention`: prune what is past retention (infra/postgres/retention.py).
+A lease lasts three intervals and is renewed on every round by its holder; when the holder stops
+or is reaped, the lease is free at once. A failing job is logged and tried again next round: it is
+never fatal to the relay.
+
+Without a worker id (a relay that was not started by `services()`), the jobs run without a lease:
+both are safe to run concurrently, the lease only saves duplicate work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from uuid import UUID
+
+import asyncpg
+import structlog
+
+from infra.outbox.sweep import sweep_overdue_expiries
+from infra.postgres import leases, retention
+from infra.settings import Settings
+from infra.transient import is_transient
+
+log = structlog.get_logger(__name__)
+
+EXPIRY_SWEEP = "expiry_sweep"
+RETENTION = "retention"
+
+
+async def housekeeping_forever(
+    settings: Settings, pool: asyncpg.Pool, worker_id: UUID | None, stop: asyncio.Event
+) -> None:
+    """Run the lease-guarded jobs every `settings.housekeeping_interval` until `stop` is set."""
+    ttl = 3 * settings.housekeeping_interval
+
+    async def sweep() -> None:
+        found = await sweep_overdue_expiries(pool, settings.sweep_grace)
+        if found:
+            log.warning("sweep_rescheduled_expiries", count=found)
+
+    async def prune() -> None:
+        counts = await retention.prune(pool, settings.retention, settings.prune_batch_size)
+        deleted = {k: v for k, v in counts.items() if v and k != retention.BATCHES}
+        if deleted:
+            log.info("retention_pruned", **deleted)
+
+    jobs: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+        (EXPIRY_SWEEP, sweep),
+        (RETENTION, prune),
+    ]
+    try:
+        while not stop.is_set():
+            for name, job in jobs:
+                if stop.is_set():
+                    break
+                await _run_job(settings, pool, worker_id, name, job, ttl)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=settings.housekeeping_interval)
+    finally:
+        if worker_id is not None:
+            await _release_all(pool, worker_id, [name for name, _ in jobs])
+
+
+async def _run_job(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    worker_id: UUID | None,
+    name: str,
+    job: Callable[[], Awaitable[None]],
+    ttl: float,
+) -> None:
+    try:
+        if worker_id is not None:
+            async with pool.acquire() as conn:
+                held = await leases.acquire(
+                    conn, name, worker_id, ttl, stale_after_s=settings.worker_stale_after
+                )
+            if not held:
+                return
+        await job()
+    except Exception as exc:  # the next round tries again
+        if is_transient(exc):
+            log.warning("housekeeping_failed", job=name, error=repr(exc))
+        else:
+            log.exception("housekeeping_error", job=name)
+
+
+async def _release_all(pool: asyncpg.Pool, worker_id: UUID, names: list[str]) -> None:
+    """Give the leases up on the way out, so another relay takes them over at once."""
+    with contextlib.suppress(Exception):  # bounded and best effort: Postgres may be down
+        async with asyncio.timeout(5):
+            async with pool.acquire() as conn:
+                for name in names:
+                    await leases.release(conn, name, worker_id)

@@ -1,0 +1,117 @@
+"""Retention (seed 004's zombie delay): records kept for audit and dedup, then pruned.
+
+What goes, once it is older than the retention period:
+- inbox rows (processed messages): counted as the `delete` transition of their route;
+- outbox rows published before it;
+- addresses and job groups finished before it (a group's members go with it);
+- TTR strikes last struck before it;
+- workers stopped before it.
+Unique keys go as soon as their window has passed, whatever the retention. Dead letters are never
+pruned here: `pkgq dlq purge` decides about them.
+
+Every table is pruned in batches of at most `batch_size` rows, each batch in its own short
+transaction, until a batch comes back short: no long transaction, no lock held for long.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import asyncpg
+
+from infra.postgres import transitions
+from infra.postgres.pool import Conn
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    key: str
+    table: str
+    row_id: str
+    """The column (or ctid) that identifies a row for the batched delete."""
+    condition: str
+    """`{cutoff}` stands for now() - retention."""
+    returning: str = "1"
+
+
+TARGETS = (
+    Target("inbox", "telecom.inbox", "ctid", "processed_at < {cutoff}", "consumer"),
+    Target("outbox", "telecom.outbox", "id", "published_at < {cutoff}"),
+    Target("addresses", "telecom.addresses", "address", "finished_at < {cutoff}"),
+    Target("job_groups", "telecom.job_groups", "id", "finished_at < {cutoff}"),
+    Target("unique_keys", "telecom.unique_keys", "unique_key", "expires_at < now()"),
+    Target("ttr_strikes", "telecom.ttr_strikes", "ctid", "last_at < {cutoff}"),
+    Target("workers", "telecom.workers", "id", "stopped_at < {cutoff}"),
+)
+BATCHES = "batches"
+"""The key in prune()'s result that counts the delete statements (transactions) it ran."""
+
+
+def _uses_cutoff(t: Target) -> bool:
+    return "{cutoff}" in t.condition
+
+
+def _delete_sql(t: Target) -> str:
+    """Parameters: the cutoff if the condition uses it, then the batch size."""
+    condition = t.condition.format(cutoff="$1")
+    limit = "$2" if _uses_cutoff(t) else "$1"
+    # The condition is checked again on the rows being deleted: a ctid may have been reused.
+    return (
+        f"DELETE FROM {t.table} WHERE {t.row_id} = ANY(ARRAY("
+        f"SELECT {t.row_id} FROM {t.table} WHERE {condition} LIMIT {limit})) "
+        f"AND {condition} RETURNING {t.returning}"
+    )
+
+
+def _count_sql(t: Target) -> str:
+    return f"SELECT count(*) FROM {t.table} WHERE {t.condition.format(cutoff='$1')}"
+
+
+@asynccontextmanager
+async def _connection(source: asyncpg.Pool | Conn) -> AsyncIterator[Conn]:
+    if isinstance(source, asyncpg.Pool):
+        async with source.acquire() as conn:
+            yield conn
+    else:
+        yield source
+
+
+async def prune(
+    source: asyncpg.Pool | Conn,
+    retention_s: float,
+    batch_size: int,
+    *,
+    dry_run: bool = False,
+) -> dict[str, int]:
+    """Delete what is past retention (see the module docstring). Returns rows deleted per
+    table, and under `batches` the number of batches run. `dry_run`: count what would go, and
+    delete nothing."""
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    result = {t.key: 0 for t in TARGETS}
+    batches = 0
+    async with _connection(source) as conn:
+        cutoff = await conn.fetchval("SELECT now() - make_interval(secs => $1)", float(retention_s))
+        for target in TARGETS:
+            args = (cutoff,) if _uses_cutoff(target) else ()
+            if dry_run:
+                result[target.key] = int(await conn.fetchval(_count_sql(target), *args))
+                continue
+            sql = _delete_sql(target)
+            while True:
+                async with conn.transaction():
+                    rows = await conn.fetch(sql, *args, batch_size)
+                    if target.key == "inbox" and rows:
+                        by_route = Counter(f"telecom.{r['consumer']}" for r in rows)
+                        await transitions.count(
+                            conn, {(route, "delete"): n for route, n in by_route.items()}
+                        )
+                batches += 1
+                result[target.key] += len(rows)
+                if len(rows) < batch_size:
+                    break
+    result[BATCHES] = batches
+    return result

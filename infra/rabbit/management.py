@@ -1,0 +1,83 @@
+"""Queue figures from the RabbitMQ management API (the plugin ships with the server).
+
+AMQP tells a client only a queue's ready count; how many deliveries consumers hold unacknowledged
+(seed 004's "taken") is known to the broker's management API. Unreachable or disabled: None,
+and callers show the figure as unknown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from urllib.parse import quote, unquote, urlsplit
+
+from infra.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class QueueFigures:
+    ready: int
+    unacked: int
+    consumers: int
+
+
+def management_base(settings: Settings) -> tuple[str, str, str]:
+    """(base URL, user, password): PKGQ_MANAGEMENT_URL, or the AMQP host on port 15672 with the
+    AMQP credentials."""
+    amqp = urlsplit(settings.amqp_url)
+    if settings.management_url:
+        base = urlsplit(settings.management_url)
+        user = unquote(base.username or amqp.username or "guest")
+        password = unquote(base.password or amqp.password or "guest")
+        netloc = base.hostname or "127.0.0.1"
+        if base.port:
+            netloc = f"{netloc}:{base.port}"
+        return f"{base.scheme or 'http'}://{netloc}{base.path.rstrip('/')}", user, password
+    host = amqp.hostname or "127.0.0.1"
+    return (
+        f"http://{host}:15672",
+        unquote(amqp.username or "guest"),
+        unquote(amqp.password or "guest"),
+    )
+
+
+def _vhost(settings: Settings) -> str:
+    path = urlsplit(settings.amqp_url).path
+    return unquote(path[1:]) if len(path) > 1 else "/"
+
+
+def _fetch(url: str, user: str, password: str, timeout: float) -> object:
+    request = urllib.request.Request(url)  # noqa: S310  (an http(s) URL from settings)
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    request.add_header("Authorization", f"Basic {token}")
+    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+        return json.loads(response.read())
+
+
+COLUMNS = "name,messages_ready,messages_unacknowledged,consumers"
+
+
+async def queue_figures(
+    settings: Settings, names: list[str], wait_s: float = 3.0
+) -> dict[str, QueueFigures] | None:
+    """Figures of the named queues that exist (None: the management API is not reachable)."""
+    base, user, password = management_base(settings)
+    url = f"{base}/api/queues/{quote(_vhost(settings), safe='')}?columns={COLUMNS}"
+    try:
+        rows = await asyncio.to_thread(_fetch, url, user, password, wait_s)
+    except (OSError, urllib.error.URLError, ValueError):
+        return None
+    wanted = set(names)
+    found: dict[str, QueueFigures] = {}
+    for row in rows if isinstance(rows, list) else []:
+        if isinstance(row, dict) and row.get("name") in wanted:
+            found[row["name"]] = QueueFigures(
+                int(row.get("messages_ready") or 0),
+                int(row.get("messages_unacknowledged") or 0),
+                int(row.get("consumers") or 0),
+            )
+    return found

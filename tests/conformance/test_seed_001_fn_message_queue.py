@@ -1,0 +1,237 @@
+"""Seed 001 (the Fn message queue), its contract in its own words, checked on the real services.
+
+- "Priorities are currently 0-2 … call with higher priority always get pulled off the queue
+  first. Within the same priority, jobs should be available in FIFO order."
+- "If the job's Delay value is > 0, the job should NOT be enqueued. The job should only be
+  available in the queue after at least Delay seconds have elapsed."
+- "If Delete() is not called on the call within the timeout, the call should be restored to the
+  queue … for jobs [A, B, C] … B is now permanently erased from the queue. A's timeout occurs
+  before the job is finished. At this point the ordering should be [A, C] and not [C, A]."
+- "MQ implementations MUST NOT lose jobs in case of errors. That is, in case of reservation
+  failure, it should be possible to retrieve the job on a future reservation."
+
+In pkgq a delivery is the reservation, the ack is the delete, and the route's TTR is the timeout.
+"""
+
+from __future__ import annotations
+
+import signal
+import zlib
+from collections.abc import AsyncIterator, Callable
+from uuid import UUID, uuid4
+
+import asyncpg
+import pytest
+from aio_pika.abc import AbstractRobustConnection
+
+from events.envelope import Envelope
+from events.models import PurchasePackage, RecordUsage
+from events.routes import PACKAGE_PURCHASE, USAGE_RECORD
+from infra.jobs import Jobs
+from infra.rabbit.publisher import Publisher, build_message
+from infra.rabbit.topology import declare_all, routing_key_for
+from infra.settings import RouteSettings, Settings
+from tests.conformance.jobs_support import HANG_ONCE, Recorder, recording_pipeline, usage
+from tests.support import InProcess, PkgqProcess, add_package, eventually, send
+
+
+@pytest.fixture
+async def app(
+    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> AsyncIterator[InProcess]:
+    app = InProcess(settings, pool, amqp)
+    yield app
+    await app.close()
+
+
+async def publish_direct(
+    settings: Settings, amqp: AbstractRobustConnection, body: RecordUsage, priority: int = 0
+) -> UUID:
+    """Straight to the exchange, one confirmed publish after another (so arrival order is
+    known), with an AMQP priority."""
+    envelope = Envelope(uuid4(), USAGE_RECORD.message_type, 1, body.user_id)
+    publisher = await Publisher.open(amqp, settings.exchange)
+    try:
+        await publisher.publish(
+            build_message(
+                body.model_dump_json().encode(),
+                message_id=envelope.message_id,
+                message_type=envelope.message_type,
+                headers=envelope.headers(),
+                priority=priority,
+            ),
+            routing_key_for(settings, USAGE_RECORD.name, body.user_id),
+        )
+    finally:
+        await publisher.close()
+    return envelope.message_id
+
+
+async def test_the_relay_publishes_higher_priorities_first_and_fifo_within_a_priority(
+    settings: Settings, pool: asyncpg.Pool, app: InProcess
+) -> None:
+    recorder = Recorder()
+    jobs = Jobs(pool)
+    user = uuid4()  # one user: the relay publishes a user's rows as one chain, in claim order
+    priorities = [0, 2, 1, 0, 2, 1]
+    for upload, priority in enumerate(priorities, start=1):
+        await jobs.publish(USAGE_RECORD, usage(user, upload), priority=priority)
+    await app.start_consumers(
+        [USAGE_RECORD], pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder)}
+    )
+    await app.start_relay()
+
+    async def all_applied() -> bool:
+        return len(recorder.applied) == len(priorities)
+
+    await eventually(all_applied)
+    assert recorder.uploads(recorder.applied) == [2, 5, 3, 6, 1, 4]
+
+
+async def test_the_broker_hands_out_piled_up_messages_by_priority_and_fifo_within_one(
+    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> None:
+    # One at a time, so that the handler sees the broker's order (a batch is applied user by
+    # user, and these are different users).
+    one_by_one = settings.model_copy(update={"batch_size": 1})
+    recorder = Recorder()
+    priorities = [0, 1, 2, 0, 2, 1, 0]
+    for upload, priority in enumerate(priorities, start=1):
+        await publish_direct(one_by_one, amqp, usage(uuid4(), upload), priority)
+    app = InProcess(one_by_one, pool, amqp)
+    try:
+        await app.start_consumers(
+            [USAGE_RECORD], pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder)}
+        )
+
+        async def all_applied() -> bool:
+            return len(recorder.applied) == len(priorities)
+
+        await eventually(all_applied)
+    finally:
+        await app.close()
+    assert recorder.uploads(recorder.applied) == [3, 5, 2, 6, 1, 4, 7]
+
+
+async def test_a_delayed_message_is_not_delivered_before_its_delay_has_passed(
+    settings: Settings, pool: asyncpg.Pool, app: InProcess
+) -> None:
+    recorder = Recorder()
+    jobs = Jobs(pool)
+    await app.start_consumers(
+        [USAGE_RECORD], pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder)}
+    )
+    await app.start_relay()
+    user = uuid4()
+    delayed = await jobs.publish(USAGE_RECORD, usage(user, 1), delay=1.5)
+    at_once = await jobs.publish(USAGE_RECORD, usage(uuid4(), 2))
+
+    async def both_applied() -> bool:
+        return len(recorder.applied) == 2
+
+    await eventually(both_applied)
+    assert recorder.applied == [at_once.message_id, delayed.message_id]
+    assert delayed.available_at is not None
+    async with pool.acquire() as conn:
+        processed_at = await conn.fetchval(
+            "SELECT processed_at FROM telecom.inbox WHERE message_id = $1", delayed.message_id
+        )
+        put_at = await conn.fetchval(
+            "SELECT created_at FROM telecom.outbox WHERE message_id = $1", delayed.message_id
+        )
+    # The database's own clock: applied no earlier than 1.5 s after the put.
+    assert (processed_at - put_at).total_seconds() >= 1.5
+
+
+def lane_of(user: UUID, lanes: int) -> int:
+    return zlib.crc32(str(user).encode()) % lanes
+
+
+def users_in_different_lanes(lanes: int) -> tuple[UUID, UUID]:
+    first = uuid4()
+    while True:
+        second = uuid4()
+        if lane_of(second, lanes) != lane_of(first, lanes):
+            return first, second
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+async def test_a_message_that_times_out_keeps_its_place_a_b_c_becomes_a_c(
+    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection, queue_type: str
+) -> None:
+    """[A, B, C]: A is taken and hangs past the TTR while B is taken and done; A goes back in
+    its place, so what is left is [A, C] and A runs before C, on classic and quorum queues."""
+    config = RouteSettings.model_validate(
+        {"concurrency": 2, "batch_size": 1, "queue_type": queue_type}
+    )
+    scoped = settings.model_copy(update={"route_settings": {USAGE_RECORD.name: config}})
+    channel = await amqp.channel()
+    # The fixture declared the route's queue as classic; a queue's type cannot change in place.
+    await channel.queue_delete(scoped.queue_name(USAGE_RECORD.name))
+    await declare_all(channel, scoped, [USAGE_RECORD])
+    await channel.close()
+    user_a, user_b = users_in_different_lanes(2)  # A and C on one lane, B on the other
+    a = await publish_direct(scoped, amqp, usage(user_a, HANG_ONCE))
+    b = await publish_direct(scoped, amqp, usage(user_b, 2))
+    c = await publish_direct(scoped, amqp, usage(user_a, 3))
+    recorder = Recorder()
+    app = InProcess(scoped, pool, amqp)
+    try:
+        await app.start_consumers(
+            [USAGE_RECORD],
+            pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder, ttr=1.0)},
+        )
+
+        async def all_applied() -> bool:
+            return len(recorder.applied) == 3
+
+        await eventually(all_applied, within=30)
+    finally:
+        await app.close()
+    assert recorder.applied == [b, a, c]
+    second_run_of_a = [i for i, m in enumerate(recorder.started) if m == a][1]
+    assert recorder.started.index(c) > second_run_of_a  # [A, C], not [C, A]
+    async with pool.acquire() as conn:
+        strikes = await conn.fetchval(
+            "SELECT strikes FROM telecom.ttr_strikes WHERE message_id = $1", a
+        )
+    assert strikes == 1
+
+
+@pytest.mark.e2e
+async def test_no_message_is_lost_when_the_consumer_dies_holding_it(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    spawn: Callable[..., PkgqProcess],
+) -> None:
+    package = await add_package(pool, 1000)
+    doomed = spawn(
+        "run",
+        "package_purchase",
+        "--no-ingest",
+        PKGQ_FAULT_KILL_BEFORE_COMMIT=PACKAGE_PURCHASE.name,
+    )
+    user = uuid4()
+    await send(settings, amqp, PACKAGE_PURCHASE, PurchasePackage(user_id=user, package_id=package))
+
+    async def died() -> bool:
+        return doomed.proc.poll() is not None
+
+    await eventually(died)
+    assert doomed.proc.returncode == -signal.SIGKILL  # killed inside its transaction
+    spawn("run", "package_purchase", "--no-ingest")
+
+    async def queued_once() -> bool:
+        async with pool.acquire() as conn:
+            count = await conn.fetchval(
+                "SELECT count(*) FROM telecom.package_queue WHERE user_id = $1", user
+            )
+        return int(count) == 1
+
+    await eventually(queued_once, within=30)
+    async with pool.acquire() as conn:
+        count = await conn.fetchval(
+            "SELECT count(*) FROM telecom.package_queue WHERE user_id = $1", user
+        )
+    assert count == 1

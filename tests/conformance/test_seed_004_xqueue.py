@@ -1,0 +1,182 @@
+"""Seed 004 (xqueue, a Tarantool queue), its contract in its own words, checked on the real
+services through `pkgq stats`.
+
+- "R - ready - task is ready to be taken … deleted after ttl if ttl is enabled"
+- "T - taken - task is taken by consumer. may not be taken by other … turned into R after ttr"
+- "W - waiting - task is not ready to be taken. waiting for its delay"
+- "B - buried - task was temporary discarded from queue by consumer … may be revived using kick
+  by administrator … Without mandatory monitoring (stats.buried) usage of buried is useless"
+- "Z - zombie - task was processed and ack'ed and temporary kept for delay"
+- "D - done - task was processed and ack'ed"
+- methods put, take, ack, release, bury, dig ("dig out task from buried state"), plow ("dig out
+  N oldest tasks from buried state"), and the ttl and ttr timeouts.
+
+Each message is in exactly one state, so for a route: put = R + T + W + B + expired + D; and
+every delivery ends in one move, so take = ack + release + bury.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+from uuid import UUID, uuid4
+
+import asyncpg
+from aio_pika.abc import AbstractRobustConnection
+
+from events.models import AdjustQuota
+from events.routes import QUOTA_ADJUST, USAGE_RECORD
+from infra.jobs import Jobs
+from infra.settings import Settings
+from tests.conformance.jobs_support import (
+    BLOCK,
+    BURY,
+    BURY_ONCE,
+    HANG_ONCE,
+    RETRY_LATER,
+    Recorder,
+    recording_pipeline,
+    usage,
+)
+from tests.support import InProcess, cli, eventually
+
+
+async def stats(settings: Settings) -> dict[str, Any]:
+    done = await cli(settings, "stats", "--json")
+    assert done.returncode == 0, done.stderr
+    table: dict[str, Any] = json.loads(done.stdout)
+    return table
+
+
+async def dead_letter_id(pool: asyncpg.Pool, message_id: UUID) -> int:
+    async def stored() -> bool:
+        async with pool.acquire() as conn:
+            return bool(
+                await conn.fetchval(
+                    "SELECT id FROM telecom.dead_letters WHERE message_id = $1 "
+                    "AND status = 'buried'",
+                    str(message_id),
+                )
+            )
+
+    await eventually(stored)
+    async with pool.acquire() as conn:
+        found: int = await conn.fetchval(
+            "SELECT id FROM telecom.dead_letters WHERE message_id = $1", str(message_id)
+        )
+    return found
+
+
+async def test_every_state_and_transition_shows_in_pkgq_stats_and_the_counts_add_up(
+    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> None:
+    jobs = Jobs(pool)
+    recorder = Recorder()
+    app = InProcess(settings, pool, amqp)
+    route = USAGE_RECORD.name
+    try:
+        # ttl: put while no relay runs, so it is not taken within its TTL.
+        expiring = await jobs.publish(USAGE_RECORD, usage(uuid4(), 1), ttl=0.3)
+        await asyncio.sleep(0.6)
+        await app.start_consumers(
+            [USAGE_RECORD],
+            pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder, ttr=1.0)},
+        )
+        await app.start_relay()
+        plain = [(await jobs.publish(USAGE_RECORD, usage(uuid4(), 2))).message_id for _ in "abc"]
+        delayed = await jobs.publish(USAGE_RECORD, usage(uuid4(), 3), delay=3600)
+        buried = await jobs.publish(USAGE_RECORD, usage(uuid4(), BURY))
+        released = await jobs.publish(USAGE_RECORD, usage(uuid4(), RETRY_LATER))
+        hung = await jobs.publish(USAGE_RECORD, usage(uuid4(), HANG_ONCE))
+        dug = await jobs.publish(USAGE_RECORD, usage(uuid4(), BURY_ONCE))
+        # R on a route nobody consumes here: published, ready on the broker.
+        ready = await jobs.publish(QUOTA_ADJUST, AdjustQuota(user_id=uuid4(), item_id=1, delta=1))
+
+        async def settled() -> bool:
+            return set(plain) | {hung.message_id} <= set(recorder.applied)
+
+        await eventually(settled, within=30)
+        dig = await cli(settings, "dlq", "dig", str(await dead_letter_id(pool, dug.message_id)))
+        assert dig.returncode == 0, dig.stdout + dig.stderr
+
+        async def dug_applied() -> bool:
+            return dug.message_id in recorder.applied
+
+        await eventually(dug_applied)
+        plow = await cli(settings, "dlq", "plow", "1")  # the oldest buried one: `buried`
+        assert plow.returncode == 0, plow.stdout + plow.stderr
+
+        async def buried_again() -> bool:
+            return recorder.started.count(buried.message_id) == 2
+
+        await eventually(buried_again)
+        await dead_letter_id(pool, buried.message_id)
+
+        # T: a message held by its handler is taken (the broker's unacked count).
+        taken = await jobs.publish(USAGE_RECORD, usage(uuid4(), BLOCK))
+        seen_taken: dict[str, Any] = {}
+
+        async def shows_taken() -> bool:
+            seen_taken.update(await stats(settings))
+            return bool(seen_taken[route]["taken"] == 1)
+
+        await eventually(shows_taken, within=40, every=1.0)
+        recorder.gate.set()
+
+        async def taken_done() -> bool:
+            return taken.message_id in recorder.applied
+
+        await eventually(taken_done)
+        final: dict[str, Any] = {}
+
+        async def quiet() -> bool:
+            final.update(await stats(settings))
+            row = final[route]
+            return bool(row["taken"] == 0 and row["ready"] == 0 and row["done"] == 6)
+
+        await eventually(quiet, within=40, every=1.0)
+    finally:
+        await app.close()
+
+    row = final[route]
+    moves = row["transitions"]
+    assert seen_taken[route]["taken"] == 1
+    assert row["waiting"] == 2  # the delayed one, and the released one's retry
+    assert row["detail"]["scheduled"] == 2
+    assert row["buried"] == 1
+    assert row["expired"] == 1
+    assert row["done"] == 6  # three plain, the hung one, the dug one, the taken one
+    assert row["zombie"] == 6  # their processed records, kept for retention
+    assert moves == {
+        "put": 10,
+        "take": 10,
+        "ack": 6,
+        "release": 1,
+        "bury": 3,
+        "dig": 1,
+        "plow": 1,
+        "ttl": 1,
+        "ttr": 1,
+        "delete": 0,
+    }
+    in_states = row["ready"] + row["taken"] + row["waiting"] + row["buried"]
+    assert moves["put"] == in_states + row["expired"] + row["done"]
+    assert moves["take"] == moves["ack"] + moves["release"] + moves["bury"]
+    assert final[QUOTA_ADJUST.name]["ready"] == 1
+    assert final[QUOTA_ADJUST.name]["transitions"]["put"] == 1
+    async with pool.acquire() as conn:
+        reason = await conn.fetchval(
+            "SELECT reason FROM telecom.dead_letters WHERE message_id = $1",
+            str(expiring.message_id),
+        )
+        waiting = {
+            r["message_id"]
+            for r in await conn.fetch(
+                "SELECT message_id FROM telecom.outbox WHERE published_at IS NULL AND route = $1",
+                route,
+            )
+        }
+    assert reason == "expired"
+    assert waiting == {delayed.message_id, released.message_id}
+    assert ready.queued

@@ -1,0 +1,80 @@
+"""The per-route configuration file: what it accepts, and the errors that name what is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from infra.route_config import RouteConfigError, load_routes_file
+from infra.settings import Settings
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "routes.toml"
+    path.write_text(text)
+    return path
+
+
+def test_short_and_full_route_names_both_configure_the_route(tmp_path: Path) -> None:
+    found = load_routes_file(
+        write(
+            tmp_path,
+            "[routes.usage_record]\nconcurrency = 4\nttr = 2.5\n"
+            '[routes."telecom.package_activate"]\npartitions = 3\nqueue_type = "quorum"\n'
+            "[routes.all_expired]\nretry = { max_attempts = 3, backoff = 'fixed', base_s = 5 }\n",
+        )
+    )
+    settings = Settings(route_settings=found)
+    assert settings.concurrency_for("telecom.usage_record") == 4
+    assert settings.ttr_for("telecom.usage_record") == 2.5
+    assert settings.partitions_for("telecom.package_activate") == 3
+    assert settings.queue_type_for("telecom.package_activate") == "quorum"
+    assert settings.retry_for("telecom.all_expired").max_attempts == 3
+    assert settings.concurrency_for("telecom.all_expired") == 1  # unset: the default
+
+
+def test_the_file_wins_over_the_environment_wide_settings(tmp_path: Path) -> None:
+    found = load_routes_file(
+        write(tmp_path, "[routes.usage_record]\npartitions = 2\nprefetch = 7\n")
+    )
+    settings = Settings(partitions={"telecom.usage_record": 8}, prefetch=50, route_settings=found)
+    assert settings.partitions_for("telecom.usage_record") == 2
+    assert settings.prefetch_for("telecom.usage_record") == 7
+    assert settings.prefetch_for("telecom.all_expired") == 50
+
+
+def test_settings_read_the_file_named_by_routes_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "[routes.usage_record]\nbatch_size = 3\n")
+    assert Settings(routes_file=str(path)).batch_size_for("telecom.usage_record") == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[routes.no_such_route]\nconcurrency = 2\n", "unknown route 'no_such_route'"),
+        ("[routes.usage_record]\nworkers = 2\n", "workers: Extra inputs are not permitted"),
+        ("[routes.usage_record]\nconcurrency = 0\n", "concurrency: Input should be greater"),
+        ("[routes.usage_record]\nttr = -1\n", "ttr: Input should be greater than 0"),
+        ('[routes.usage_record]\nqueue_type = "stream"\n', "queue_type: Input should be"),
+        ("[defaults]\nconcurrency = 2\n", "unknown top-level key(s) ['defaults']"),
+        ("[routes.usage_record\n", "not valid TOML"),
+        (
+            '[routes.usage_record]\nconcurrency = 2\n[routes."telecom.usage_record"]\n',
+            "configured twice",
+        ),
+    ],
+)
+def test_a_wrong_file_is_refused_with_an_error_naming_the_file_and_the_problem(
+    tmp_path: Path, text: str, says: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(RouteConfigError) as caught:
+        load_routes_file(path)
+    assert str(path) in str(caught.value)
+    assert says in str(caught.value)
+
+
+def test_a_missing_file_is_refused_with_its_path(tmp_path: Path) -> None:
+    with pytest.raises(RouteConfigError, match="cannot read"):
+        load_routes_file(tmp_path / "absent.toml")
