@@ -181,22 +181,27 @@ class DeliveryPipeline:
         try:
             return await self._process_batch(raws, guarded=True, known=known)
         except _HandlerFailedError as failed:  # only a TTR leaves a guarded run
-            return await self._released(raws, failed.index, failed.error)
+            return await self._released(raws, failed.index, failed.error, known)
 
     async def _released(
-        self, raws: Sequence[RawDelivery], index: int, error: Exception
+        self,
+        raws: Sequence[RawDelivery],
+        index: int,
+        error: Exception,
+        known: dict[int, Exception] | None = None,
     ) -> list[Outcome]:
         """Delivery `index` ran past the TTR (everything was rolled back). The deliveries before
         it are applied again; it and the ones after it go back to the queue in their places
         (seed 001: [A, B, C], A times out while B is done: the queue is [A, C], not [C, A]).
-        After max_attempts strikes it is buried instead (reason `ttr`)."""
+        After max_attempts strikes it is buried instead (reason `ttr`). `known`: failures this
+        delivery attempt already met, recorded again rather than the handler called twice."""
         decoded = decode(self.route, raws[index], max_body_bytes=self._max_body_bytes)
         async with self._connection() as conn, conn.transaction():
             strikes = await _strike(conn, self.consumer, decoded.envelope.message_id)
             await transitions.count_one(conn, self.route.name, "ttr")
         if strikes >= self.policy.max_attempts:
             log.error("ttr_exhausted", strikes=strikes, error=str(error))
-            return await self._guarded(raws, {index: error})
+            return await self._guarded(raws, {**(known or {}), index: error})
         log.warning(
             "ttr_exceeded_released",
             message_id=str(decoded.envelope.message_id),
@@ -204,7 +209,13 @@ class DeliveryPipeline:
             given_back=len(raws) - index,
             error=str(error),
         )
-        head = await self.process_batch(raws[:index]) if index else []
+        earlier = {i: e for i, e in (known or {}).items() if i < index}
+        if not index:
+            head: list[Outcome] = []
+        elif earlier:
+            head = await self._guarded(raws[:index], earlier)
+        else:
+            head = await self.process_batch(raws[:index])
         return head + [Outcome.RELEASED] * (len(raws) - index)
 
     async def _process_batch(

@@ -74,16 +74,15 @@ def put(settings: Settings, route: Route, text: str, options: JobOptions) -> Pub
     try:
         return asyncio.run(go())
     except DuplicateAddress as exc:
-        console.print(f"[red]duplicate address:[/red] {exc}")
+        typer.echo(f"duplicate address: {exc}")
         raise typer.Exit(3) from None
 
 
 def report(result: PublishResult) -> None:
     if not result.queued:
-        console.print(
-            f"[yellow]dropped:[/yellow] the same route and arguments were published within the "
-            f"unique window as {result.duplicate_of}",
-            highlight=False,
+        typer.echo(
+            f"dropped: the same route and arguments were published within the unique window "
+            f"as {result.duplicate_of}"
         )
         raise typer.Exit(4)
     extra = []
@@ -120,10 +119,10 @@ def wait_cmd(
     try:
         state = asyncio.run(go())
     except TimeoutError as exc:
-        console.print(f"[yellow]{exc}[/yellow]")
+        typer.echo(str(exc))
         raise typer.Exit(2) from None
     except UnknownAddressError as exc:
-        console.print(f"[red]{exc.args[0]}[/red]")
+        typer.echo(str(exc.args[0]))
         raise typer.Exit(3) from None
     if as_json:
         print(
@@ -139,9 +138,9 @@ def wait_cmd(
             )
         )
     elif state.state == "done":
-        console.print(f"done: {state.address} ({state.message_id})", highlight=False)
+        typer.echo(f"done: {state.address} ({state.message_id})")
     else:
-        console.print(f"[red]failed:[/red] {state.address}: {state.error}", highlight=False)
+        typer.echo(f"failed: {state.address}: {state.error}")
     raise typer.Exit(0 if state.state == "done" else 1)
 
 
@@ -232,13 +231,12 @@ def group_cancel(group_id: Annotated[str, typer.Argument(help="The group's id.")
         console.print(f"[red]no group {gid}[/red]")
         raise typer.Exit(3)
     if not result.cancelled:
-        console.print(f"[yellow]group {gid} is {result.state}: nothing to cancel[/yellow]")
+        typer.echo(f"group {gid} is {result.state}: nothing to cancel")
         raise typer.Exit(1)
-    console.print(
+    typer.echo(
         f"cancelled {gid}: {result.withdrawn} unpublished member(s) deleted, "
         f"{result.disarmed} on the broker will be no-ops, abort message "
-        f"{result.abort_message_id or 'none'}",
-        highlight=False,
+        f"{result.abort_message_id or 'none'}"
     )
 
 
@@ -290,7 +288,7 @@ def grant_cmd(
             result = await jobs.publish_group(
                 PACKAGE_PURCHASE, bodies, name=group_name, on_complete=end
             )
-            console.print(f"group {result.group_id}: {len(result.message_ids)} purchase(s) queued")
+            typer.echo(f"group {result.group_id}: {len(result.message_ids)} purchase(s) queued")
             if not wait:
                 return {"id": result.group_id, "state": "open"}
             return await _follow(jobs, result.group_id, len(bodies), limit)
@@ -300,10 +298,9 @@ def grant_cmd(
     summary = asyncio.run(go())
     if not wait:
         return
-    console.print(
+    typer.echo(
         f"group {summary['id']} {summary['state']}: {summary.get('done', 0)} done, "
-        f"{summary.get('failed', 0)} failed, {summary.get('cancelled', 0)} cancelled",
-        highlight=False,
+        f"{summary.get('failed', 0)} failed, {summary.get('cancelled', 0)} cancelled"
     )
     if summary["state"] == "open":
         raise typer.Exit(2)

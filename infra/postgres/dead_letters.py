@@ -18,6 +18,7 @@ from uuid import UUID
 
 from events.envelope import (
     H_ATTEMPT,
+    H_EXPIRES_AT,
     H_REPLAY_GENERATION,
     H_REPLAY_OF,
     H_SCHEMA_VERSION,
@@ -255,9 +256,15 @@ def _replay_message(row: Any) -> outbox.OutboxMessage | str:
         user_id=row["user_id"],
         seq=int(seq) if isinstance(seq, int | str) and str(seq).isdigit() else None,
         message_id=message_id,
-        headers=republished_headers(
-            headers, {H_ATTEMPT: 1, H_REPLAY_OF: row["id"], H_REPLAY_GENERATION: replay_no + 1}
-        ),
+        # Revived without its old TTL (seed 004's dig sets a new one, or none).
+        headers={
+            k: v
+            for k, v in republished_headers(
+                headers,
+                {H_ATTEMPT: 1, H_REPLAY_OF: row["id"], H_REPLAY_GENERATION: replay_no + 1},
+            ).items()
+            if k != H_EXPIRES_AT
+        },
         dedup_key=f"replay:{row['id']}:{replay_no}",
     )
 

@@ -3,7 +3,7 @@ request. It serves the usage_record route (any route would do: the semantics und
 messaging layer's, not the package queue's), and the body's `upload` says what to do:
 
 - `HANG_ONCE`: hang past the TTR on the first delivery, succeed after;
-- `BURY`: raise Bury; `BURY_ONCE`: raise Bury the first time only;
+- `BURY`: raise Bury; `BURY_ONCE`: raise Bury unless it was buried before (then replayed);
 - `RETRY_LATER`: raise Retry(delay=3600);
 - `BLOCK`: wait until the test opens `gate`;
 - anything else: succeed (after `pause` seconds).
@@ -43,7 +43,6 @@ class Recorder:
     running: int = 0
     max_running: int = 0
     gate: asyncio.Event = field(default_factory=asyncio.Event)
-    buried_once: set[UUID] = field(default_factory=set)
     hung_once: set[UUID] = field(default_factory=set)
 
     async def handle(self, ctx: HandlerContext, body: RecordUsage) -> None:
@@ -58,8 +57,9 @@ class Recorder:
                 await asyncio.sleep(3600)
             if body.upload == BURY:
                 raise Bury("needs_a_human", "the handler buried it")
-            if body.upload == BURY_ONCE and message_id not in self.buried_once:
-                self.buried_once.add(message_id)
+            if body.upload == BURY_ONCE and not await _was_buried(ctx):
+                # Decided from the database, not from memory: a delivery rolled back (a TTR in
+                # its batch) is not a burial.
                 raise Bury("needs_a_human", "the handler buried it once")
             if body.upload == RETRY_LATER:
                 raise Retry(delay=3600)
@@ -73,6 +73,13 @@ class Recorder:
 
     def uploads(self, ids: list[UUID]) -> list[int]:
         return [self.bodies[i].upload for i in ids]
+
+
+async def _was_buried(ctx: HandlerContext) -> bool:
+    found = await ctx.conn.fetchval(
+        "SELECT 1 FROM telecom.dead_letters WHERE message_id = $1", str(ctx.envelope.message_id)
+    )
+    return found is not None
 
 
 def recording_pipeline(
