@@ -58,6 +58,7 @@ from events.envelope import (
     republished_headers,
 )
 from events.routes import Route
+from infra import tracing
 from infra.postgres import dead_letters, holds, inbox, job_state, outbox, transitions
 from infra.postgres.pool import Conn
 from infra.rabbit.consumer import Outcome
@@ -429,18 +430,22 @@ class DeliveryPipeline:
         ):
             log.info("group_member_cancelled", group_id=str(envelope.group_id))
             return Outcome.CANCELLED
-        context = HandlerContext(conn, now, envelope, sink)
-        if self.ttr is None:
-            await self._handler(context, decoded.body)
-        else:
-            deadline = asyncio.timeout(self.ttr)
-            try:
-                async with deadline:
-                    await self._handler(context, decoded.body)
-            except TimeoutError as exc:
-                if deadline.expired():  # ours, not one the handler met on its own
-                    raise TTRExceededError(self.ttr) from exc
-                raise
+        with tracing.consuming(
+            self.route.name, str(envelope.message_id), envelope.traceparent
+        ) as span:
+            traceparent = tracing.traceparent_of(span, envelope.traceparent)
+            context = HandlerContext(conn, now, envelope, sink, traceparent)
+            if self.ttr is None:
+                await self._handler(context, decoded.body)
+            else:
+                deadline = asyncio.timeout(self.ttr)
+                try:
+                    async with deadline:
+                        await self._handler(context, decoded.body)
+                except TimeoutError as exc:
+                    if deadline.expired():  # ours, not one the handler met on its own
+                        raise TTRExceededError(self.ttr) from exc
+                    raise
         if envelope.address is not None or envelope.group_id is not None:
             finished = job_state.Finished(
                 envelope.message_id, envelope.address, envelope.group_id, ok=True

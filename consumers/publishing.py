@@ -26,7 +26,10 @@ async def publish(
     body: WireModel,
     *,
     message_id: UUID | None = None,
+    traceparent: str | None = None,
 ) -> UUID:
+    """Publish `body` on `route` with a confirm. `traceparent`: the W3C trace context it
+    continues (see infra/tracing.py)."""
     channel = await connection.channel()
     await declare_all(channel, settings)
     await channel.close()
@@ -35,6 +38,7 @@ async def publish(
         message_type=route.message_type,
         schema_version=route.schema_version,
         user_id=body.user_id,
+        traceparent=traceparent,
     )
     publisher = await Publisher.open(connection, settings.exchange)
     try:

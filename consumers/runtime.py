@@ -22,15 +22,18 @@ import structlog
 from aio_pika.abc import AbstractRobustConnection
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
+from infra import tracing
 from infra.observability import (
     DEAD_LETTERS,
+    JOB_STATES,
+    JOB_TRANSITIONS,
     OUTBOX_OLDEST,
     OUTBOX_PENDING,
     RECONNECTS,
     Ready,
     StatusServer,
 )
-from infra.postgres import stats, workers
+from infra.postgres import stats, transitions, workers
 from infra.postgres.pool import create_pool
 from infra.rabbit.connection import connect
 from infra.settings import Settings
@@ -83,6 +86,7 @@ async def services(
     worker_id = uuid.uuid4()
     host, pid = socket.gethostname(), os.getpid()
     name = f"pkgq-{role}@{host}:{pid}"
+    tracing.configure_tracing(role)
     async for attempt in _startup_retrying(wait_seconds):
         with attempt:
             pool = await create_pool(
@@ -125,6 +129,7 @@ async def services(
             await amqp.close()
     finally:
         await pool.close()
+        tracing.shutdown_tracing()
 
 
 class WorkerHeartbeat:
@@ -247,6 +252,22 @@ async def start_status_server(
         DEAD_LETTERS.clear()
         for route, count in figures.buried_by_route.items():
             DEAD_LETTERS.labels(route=route).set(count)
+        async with pool.acquire(timeout=2) as conn:
+            per_route = await stats.per_route(conn)
+            moves = await transitions.totals(conn)
+        for route, found in per_route.items():
+            for state, value in {
+                "ready": found.get("pending", 0),
+                "waiting": found.get("scheduled", 0) + found.get("parked", 0),
+                "buried": found.get("dead_letters", 0),
+                "expired": found.get("expired", 0),
+                "zombie": found.get("kept", 0),
+            }.items():
+                JOB_STATES.labels(route=route, state=state).set(value)
+        for route, counted in moves.items():
+            JOB_STATES.labels(route=route, state="done").set(counted.get("ack", 0))
+            for move, value in counted.items():
+                JOB_TRANSITIONS.labels(route=route, transition=move).set(value)
 
     server = StatusServer(
         settings.http_host,

@@ -25,6 +25,9 @@ class HandlerContext:
     outbox_rows: list[outbox.OutboxMessage] | None = None
     """Where follow-up events go when the caller writes a whole batch's outbox rows in one
     statement before it commits (None: written at once)."""
+    traceparent: str | None = None
+    """The trace context follow-up events carry: the span applying this message (see
+    infra/tracing.py), or the incoming message's."""
 
 
 Handler = Callable[[HandlerContext, Any], Awaitable[None]]
@@ -71,7 +74,7 @@ async def commit(
         elif isinstance(event, PackageExpired):
             await access.set_remaining(ctx.conn, user_id, event.item_id, 0)
     rows = [
-        outbox.from_outgoing(out, seq=seq, traceparent=ctx.envelope.traceparent)
+        outbox.from_outgoing(out, seq=seq, traceparent=ctx.traceparent or ctx.envelope.traceparent)
         for out, seq in zip(messages, seqs, strict=True)
     ]
     if ctx.outbox_rows is not None:

@@ -49,6 +49,18 @@ OUTBOX_OLDEST = Gauge(
     "pkgq_outbox_oldest_pending_seconds", "Age of the oldest due, unpublished outbox row."
 )
 DEAD_LETTERS = Gauge("pkgq_dead_letters", "Buried dead letters, by route.", ["route"])
+JOB_STATES = Gauge(
+    "pkgq_job_messages",
+    "Messages by route and seed-004 state, from Postgres: ready (due in the outbox), waiting "
+    "(scheduled or parked), buried, expired, zombie (processed records kept), done (acks).",
+    ["route", "state"],
+)
+JOB_TRANSITIONS = Gauge(
+    "pkgq_job_transitions",
+    "Transition counts by route (put, take, ack, release, bury, dig, plow, ttl, ttr, delete), "
+    "kept in Postgres; they only grow (until the database is reset).",
+    ["route", "transition"],
+)
 
 HEARTBEAT_EVERY = 1.0
 REFRESH_EVERY = 10.0

@@ -67,7 +67,6 @@ class Settings(BaseSettings):
 
     relay_batch_size: int = Field(default=200, ge=1, le=10_000)
     relay_poll_interval: float = Field(default=1.0, gt=0)
-    sweep_interval: float = Field(default=30.0, gt=0)
     sweep_grace: float = Field(default=60.0, ge=0)
     """A time expiry this many seconds overdue, with no pending or recent trigger, is re-sent."""
 

@@ -46,6 +46,7 @@ from events.envelope import (
     H_DEAD_ERROR,
     H_DEAD_REASON,
     H_DEAD_TRACEBACK,
+    H_TRACEPARENT,
     H_USER_ID,
 )
 from events.partitioning import route_of_key
@@ -54,6 +55,7 @@ from infra.observability import IN_FLIGHT, MESSAGES, PROCESSING
 from infra.rabbit.publisher import Publisher, build_message
 from infra.rabbit.topology import declare_exchanges, declare_route_queue, route_queues
 from infra.settings import Settings
+from infra.tracing import trace_id_of
 from infra.transient import is_outage, transient_retrying
 
 log = structlog.get_logger(__name__)
@@ -376,6 +378,7 @@ class QueueConsumer:
                 route=self.name,
                 message_id=message.message_id,
                 user_id=str(raw.headers.get(H_USER_ID, "")),
+                trace_id=trace_id_of(_text(raw.headers.get(H_TRACEPARENT))),
                 outcome=outcome.value,
                 batch=len(messages),
                 ms=ms,
@@ -414,12 +417,17 @@ class QueueConsumer:
         self.failed.set()
 
     async def _handle(self, message: AbstractIncomingMessage) -> bool:
-        """Process one delivery. False: shutdown began first and it was left unacked."""
-        started = time.perf_counter()
+        """Process one delivery. False: shutdown began first and it was left unacked. Its log
+        lines carry its route, message_id, user_id and trace_id (bound from context)."""
         raw = raw_delivery(message)
-        user = raw.headers.get(H_USER_ID)
-        if user is not None:
-            structlog.contextvars.bind_contextvars(user_id=str(user))
+        with structlog.contextvars.bound_contextvars(
+            user_id=_text(raw.headers.get(H_USER_ID)),
+            trace_id=trace_id_of(_text(raw.headers.get(H_TRACEPARENT))),
+        ):
+            return await self._handle_bound(message, raw)
+
+    async def _handle_bound(self, message: AbstractIncomingMessage, raw: RawDelivery) -> bool:
+        started = time.perf_counter()
         route = route_of_key(self.name)
         self._enter(1)
         try:
@@ -535,6 +543,12 @@ class QueueConsumer:
         log.warning(
             "dead_lettered", outcome=Outcome.DEAD_LETTERED.value, reason=reason, error=str(exc)
         )
+
+
+def _text(value: object) -> str | None:
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    return None if value is None else str(value)
 
 
 def _channel_open(message: AbstractIncomingMessage) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import asyncpg
@@ -16,7 +16,7 @@ from aio_pika.abc import AbstractRobustConnection
 
 from infra.settings import Settings
 from tests.e2e.workload import Workload
-from tests.support import PkgqProcess
+from tests.support import PkgqProcess, eventually, free_port, http_get
 
 pytestmark = pytest.mark.e2e
 
@@ -104,3 +104,35 @@ async def test_sigterm_while_rabbitmq_is_down_still_exits_within_the_drain_timeo
         await asyncio.to_thread(_run, "rabbitmqctl", "await_startup", "--timeout", "60")
     assert code == 0, consumers.logs()
     assert took < 15, f"shutdown took {took:.1f}s"
+
+
+def _postgres(action: str) -> None:
+    version = sorted(p.name for p in Path("/etc/postgresql").iterdir())[-1]
+    _run("pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action)
+
+
+async def test_readyz_turns_not_ready_while_postgres_is_stopped_and_ready_once_it_is_back(
+    settings: Settings, spawn: Callable[..., PkgqProcess]
+) -> None:
+    port = free_port()
+    consumers = spawn("run", "usage_record", PKGQ_HTTP_PORT=str(port), PKGQ_HTTP_HOST="127.0.0.1")
+
+    def readyz_is(code: int) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            try:
+                return (await http_get(port, "/readyz"))[0] == code
+            except OSError:
+                return False
+
+        check.__qualname__ = f"readyz_is_{code}"
+        return check
+
+    await eventually(readyz_is(200), within=30)
+    await asyncio.to_thread(_postgres, "stop")
+    try:
+        await eventually(readyz_is(503), within=30)
+        assert (await http_get(port, "/healthz"))[0] == 200  # alive, only not ready
+    finally:
+        await asyncio.to_thread(_postgres, "start")
+    await eventually(readyz_is(200), within=60)
+    assert consumers.proc.poll() is None, consumers.logs()

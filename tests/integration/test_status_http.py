@@ -35,7 +35,7 @@ async def test_readyz_follows_the_readiness_check_and_turns_not_ready_when_drain
         await server.stop()
 
 
-async def test_a_consumer_process_reports_processed_messages_by_route_and_outcome(
+async def test_a_consumer_process_reports_messages_by_outcome_and_job_states_and_transitions(
     settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
 ) -> None:
     port = free_port()
@@ -64,6 +64,25 @@ async def test_a_consumer_process_reports_processed_messages_by_route_and_outcom
         assert str(user) not in metrics  # label values never carry user or message ids
         assert (await http_get(port, "/healthz"))[0] == 200
 
+        duplicate = await send(
+            served, amqp, USAGE_RECORD, RecordUsage(user_id=user, upload=2, download=0)
+        )
+        await send(  # the same message again: applied once, the second is a duplicate
+            served,
+            amqp,
+            USAGE_RECORD,
+            RecordUsage(user_id=user, upload=2, download=0),
+            message_id=duplicate,
+        )
+
+        async def duplicate_counted() -> bool:
+            _, text = await http_get(port, "/metrics")
+            return (
+                'pkgq_messages_total{outcome="duplicate",route="telecom.usage_record"} 1.0' in text
+            )
+
+        await eventually(duplicate_counted)
+        assert await acked_usage(port) == before + 2
         await send_raw(served, amqp, USAGE_RECORD, b"{not json")  # buried: invalid_json
 
         async def buried_counted() -> bool:
@@ -71,7 +90,13 @@ async def test_a_consumer_process_reports_processed_messages_by_route_and_outcom
             return 'pkgq_dead_letters{route="telecom.usage_record"} 1.0' in text
 
         await eventually(buried_counted)
-        assert "pkgq_outbox_pending " in (await http_get(port, "/metrics"))[1]
+        text = (await http_get(port, "/metrics"))[1]
+        assert "pkgq_outbox_pending " in text
+        # Seed 004's states and transitions, read from Postgres.
+        assert 'pkgq_job_messages{route="telecom.usage_record",state="buried"} 1.0' in text
+        assert 'pkgq_job_messages{route="telecom.usage_record",state="done"} 2.0' in text
+        assert 'pkgq_job_transitions{route="telecom.usage_record",transition="ack"} 2.0' in text
+        assert 'pkgq_job_transitions{route="telecom.usage_record",transition="bury"} 1.0' in text
     finally:
         await app.close()
 

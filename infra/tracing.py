@@ -1,0 +1,111 @@
+"""OpenTelemetry traces across the queue: the W3C `traceparent` travels with every message.
+
+A consumer applies each message in a span that continues the trace in the message's
+`traceparent` header (or starts one). The follow-up events the handler writes to the outbox
+carry that span's `traceparent`, and the relay publishes the row's headers as they are, so one
+purchase's trace runs purchase -> queuing -> activate -> expiring -> all_expired, one span per
+hop, each the child of the one before.
+
+Spans are always made (so every message has a trace id to follow in the logs and in the
+outbox), and exported only when the standard variables ask for it:
+- `OTEL_TRACES_EXPORTER=otlp` (OTLP over HTTP; `OTEL_EXPORTER_OTLP_ENDPOINT`, …) or `console`;
+- or an OTLP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`);
+- `OTEL_SERVICE_NAME` names the service (default `pkgq-<role>`); `OTEL_SDK_DISABLED=true`
+  turns spans off altogether (the incoming `traceparent` is then passed on unchanged).
+Nothing is exported by default.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import structlog
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+log = structlog.get_logger(__name__)
+_PROPAGATOR = TraceContextTextMapPropagator()
+_TRACER = "pkgq"
+_provider: TracerProvider | None = None
+
+
+def _exporter() -> SpanExporter | None:
+    chosen = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    if chosen == "console":
+        return ConsoleSpanExporter()
+    if chosen == "otlp" or (not chosen and endpoint):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter()
+    if chosen not in ("", "none"):
+        log.warning("otel_exporter_unknown", exporter=chosen, supported="otlp, console, none")
+    return None
+
+
+def configure_tracing(role: str, *, extra: SpanProcessor | None = None) -> TracerProvider | None:
+    """Install the tracer provider once per process (later calls only add `extra`)."""
+    global _provider
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    if _provider is None:
+        name = os.environ.get("OTEL_SERVICE_NAME") or f"pkgq-{role}"
+        _provider = TracerProvider(resource=Resource.create({"service.name": name}))
+        exporter = _exporter()
+        if exporter is not None:
+            _provider.add_span_processor(BatchSpanProcessor(exporter))
+            log.info("tracing_exporting", exporter=type(exporter).__name__, service=name)
+        trace.set_tracer_provider(_provider)
+    if extra is not None:
+        _provider.add_span_processor(extra)
+    return _provider
+
+
+def shutdown_tracing() -> None:
+    """Flush what is still buffered for the exporter (at process exit)."""
+    if _provider is not None:
+        _provider.shutdown()
+
+
+@contextmanager
+def consuming(route: str, message_id: str, traceparent: str | None) -> Iterator[Span]:
+    """A CONSUMER span for applying one message, the child of its `traceparent`."""
+    parent = _PROPAGATOR.extract({"traceparent": traceparent}) if traceparent else None
+    tracer = trace.get_tracer(_TRACER)
+    with tracer.start_as_current_span(
+        f"{route} process",
+        context=parent,
+        kind=SpanKind.CONSUMER,
+        attributes={
+            "messaging.system": "rabbitmq",
+            "messaging.operation.type": "process",
+            "messaging.destination.name": route,
+            "messaging.message.id": message_id,
+        },
+    ) as span:
+        yield span
+
+
+def traceparent_of(span: Span, fallback: str | None) -> str | None:
+    """The `traceparent` that follow-up messages carry: the span's, or (no SDK) the incoming."""
+    if not span.get_span_context().is_valid:
+        return fallback
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
+    return carrier.get("traceparent", fallback)
+
+
+def trace_id_of(traceparent: str | None) -> str | None:
+    """The trace id in a `traceparent` header (for log lines)."""
+    if not traceparent:
+        return None
+    parts = traceparent.split("-")
+    return parts[1] if len(parts) == 4 and len(parts[1]) == 32 else None
