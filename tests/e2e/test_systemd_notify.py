@@ -1,5 +1,6 @@
 """Under systemd (Type=notify): READY=1 once consuming, WATCHDOG=1 from the event loop, and
-STOPPING=1 when the graceful drain begins, sent by real `pkgq run` and `pkgq relay` processes."""
+STOPPING=1 when the graceful drain begins, sent by real `pkgq run` and `pkgq relay` processes;
+the message in hand at SIGTERM is applied and acked before the process exits."""
 
 from __future__ import annotations
 
@@ -9,10 +10,16 @@ import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from uuid import uuid4
 
+import asyncpg
 import pytest
+from aio_pika.abc import AbstractRobustConnection
 
-from tests.support import PkgqProcess
+from events.models import RecordUsage
+from events.routes import USAGE_RECORD
+from infra.settings import Settings
+from tests.support import PkgqProcess, eventually, send
 
 pytestmark = pytest.mark.e2e
 
@@ -53,3 +60,61 @@ async def test_the_process_notifies_ready_watchdog_and_stopping(
     process.proc.send_signal(signal.SIGTERM)
     await received(notify_socket, "STOPPING=1", seen)
     assert process.terminate() == 0, process.logs()
+
+
+async def test_sigterm_sends_stopping_and_the_message_in_hand_is_applied_and_acked_before_exit(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    notify_socket: socket.socket,
+    spawn: Callable[..., PkgqProcess],
+) -> None:
+    process = spawn("run", "usage_record", NOTIFY_SOCKET=notify_socket.getsockname())
+    seen: list[str] = []
+    await received(notify_socket, "READY=1", seen)
+    user = uuid4()
+    await send(settings, amqp, USAGE_RECORD, RecordUsage(user_id=user, upload=1, download=0))
+
+    async def user_known() -> bool:
+        async with pool.acquire() as conn:
+            return bool(
+                await conn.fetchval("SELECT 1 FROM telecom.queue_users WHERE user_id = $1", user)
+            )
+
+    await eventually(user_known)
+    blocker = await pool.acquire()
+    try:
+        # Hold the user's row: the next usage record is taken and waits in its transaction.
+        transaction = blocker.transaction()
+        await transaction.start()
+        await blocker.execute(
+            "SELECT 1 FROM telecom.queue_users WHERE user_id = $1 FOR UPDATE", user
+        )
+        await send(settings, amqp, USAGE_RECORD, RecordUsage(user_id=user, upload=10, download=0))
+
+        async def in_flight() -> bool:
+            async with pool.acquire() as conn:
+                waiting = await conn.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()"
+                )
+            return int(waiting) >= 1
+
+        await eventually(in_flight)
+        process.proc.send_signal(signal.SIGTERM)
+        await received(notify_socket, "STOPPING=1", seen)
+        await transaction.rollback()  # let the message in hand finish
+    finally:
+        await pool.release(blocker)
+    assert await asyncio.to_thread(process.proc.wait, 30) == 0, process.logs()
+    async with pool.acquire() as conn:
+        unbilled = await conn.fetchval(
+            "SELECT unbilled_upload FROM telecom.queue_users WHERE user_id = $1", user
+        )
+    assert unbilled == 11  # the message in hand was applied before the exit
+    channel = await amqp.channel()
+    try:
+        queue = await channel.declare_queue(settings.queue_name(USAGE_RECORD.name), passive=True)
+        assert queue.declaration_result.message_count == 0  # and acked: nothing to redeliver
+    finally:
+        await channel.close()
