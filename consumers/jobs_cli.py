@@ -6,8 +6,9 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 from uuid import UUID
 
 import structlog
@@ -22,13 +23,13 @@ from events.models import PurchasePackage
 from events.routes import PACKAGE_PURCHASE, Route
 from infra.jobs import DuplicateAddress, JobOptions, Jobs, PublishResult, UnknownAddressError
 from infra.jobs import end_message as make_end_message
-from infra.postgres import job_state
 from infra.postgres.pool import create_pool
 from infra.settings import Settings
 
 group_app = typer.Typer(help="Groups of messages: their progress, and cancelling them.")
 console = Console()
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 
 def seconds(text: str | None) -> float | None:
@@ -53,26 +54,35 @@ def job_options(
         raise typer.BadParameter(str(exc)) from None
 
 
-def put(settings: Settings, route: Route, text: str, options: JobOptions) -> PublishResult:
-    """`pkgq publish` with job options: one outbox row (the relay publishes it)."""
+def with_jobs(settings: Settings, work: Callable[[Jobs], Awaitable[T]]) -> T:
+    """Run `work` with a small pool on the pkgq database (one CLI command's worth)."""
 
-    async def go() -> PublishResult:
-        pool = await create_pool(settings.postgres_dsn, min_size=1, max_size=1)
+    async def go() -> T:
+        pool = await create_pool(settings.postgres_dsn, min_size=1, max_size=2)
         try:
-            return await Jobs(pool).publish(
-                route,
-                text,
-                priority=options.priority,
-                delay=options.delay,
-                ttl=options.ttl,
-                address=options.address,
-                unique_for=options.unique_for,
-            )
+            return await work(Jobs(pool))
         finally:
             await pool.close()
 
+    return asyncio.run(go())
+
+
+def put(settings: Settings, route: Route, text: str, options: JobOptions) -> PublishResult:
+    """`pkgq publish` with job options: one outbox row (the relay publishes it)."""
+
+    def work(jobs: Jobs) -> Awaitable[PublishResult]:
+        return jobs.publish(
+            route,
+            text,
+            priority=options.priority,
+            delay=options.delay,
+            ttl=options.ttl,
+            address=options.address,
+            unique_for=options.unique_for,
+        )
+
     try:
-        return asyncio.run(go())
+        return with_jobs(settings, work)
     except DuplicateAddress as exc:
         typer.echo(f"duplicate address: {exc}")
         raise typer.Exit(3) from None
@@ -109,15 +119,8 @@ def wait_cmd(
     settings = load_settings()
     limit = seconds(timeout)
 
-    async def go() -> job_state.AddressState:
-        pool = await create_pool(settings.postgres_dsn, min_size=1, max_size=1)
-        try:
-            return await Jobs(pool).wait(address, limit)
-        finally:
-            await pool.close()
-
     try:
-        state = asyncio.run(go())
+        state = with_jobs(settings, lambda jobs: jobs.wait(address, limit))
     except TimeoutError as exc:
         typer.echo(str(exc))
         raise typer.Exit(2) from None
@@ -160,14 +163,7 @@ def group_show(
     settings = load_settings()
     gid = _group_id(group_id)
 
-    async def go() -> dict[str, Any] | None:
-        pool = await create_pool(settings.postgres_dsn, min_size=1, max_size=1)
-        try:
-            return await Jobs(pool).group(gid)
-        finally:
-            await pool.close()
-
-    summary = asyncio.run(go())
+    summary = with_jobs(settings, lambda jobs: jobs.group(gid))
     if summary is None:
         console.print(f"[red]no group {gid}[/red]")
         raise typer.Exit(3)
@@ -188,15 +184,7 @@ def group_list(
     """The most recent groups."""
     settings = load_settings()
 
-    async def go() -> list[dict[str, Any]]:
-        pool = await create_pool(settings.postgres_dsn, min_size=1, max_size=1)
-        try:
-            async with pool.acquire() as conn:
-                return await job_state.list_groups(conn, limit)
-        finally:
-            await pool.close()
-
-    groups = asyncio.run(go())
+    groups = with_jobs(settings, lambda jobs: jobs.groups(limit))
     if as_json:
         print(json.dumps(groups, default=str))
         return
@@ -219,14 +207,7 @@ def group_cancel(group_id: Annotated[str, typer.Argument(help="The group's id.")
     settings = load_settings()
     gid = _group_id(group_id)
 
-    async def go() -> job_state.CancelResult | None:
-        pool = await create_pool(settings.postgres_dsn, min_size=1, max_size=1)
-        try:
-            return await Jobs(pool).cancel_group(gid, operator())
-        finally:
-            await pool.close()
-
-    result = asyncio.run(go())
+    result = with_jobs(settings, lambda jobs: jobs.cancel_group(gid, operator()))
     if result is None:
         console.print(f"[red]no group {gid}[/red]")
         raise typer.Exit(3)
@@ -281,21 +262,16 @@ def grant_cmd(
     group_name = name or f"grant:package={package}:users={len(user_ids)}"
     limit = seconds(timeout) or 600.0
 
-    async def go() -> dict[str, Any]:
-        pool = await create_pool(settings.postgres_dsn, min_size=1, max_size=2)
-        try:
-            jobs = Jobs(pool)
-            result = await jobs.publish_group(
-                PACKAGE_PURCHASE, bodies, name=group_name, on_complete=end
-            )
-            typer.echo(f"group {result.group_id}: {len(result.message_ids)} purchase(s) queued")
-            if not wait:
-                return {"id": result.group_id, "state": "open"}
-            return await _follow(jobs, result.group_id, len(bodies), limit)
-        finally:
-            await pool.close()
+    async def work(jobs: Jobs) -> dict[str, Any]:
+        result = await jobs.publish_group(
+            PACKAGE_PURCHASE, bodies, name=group_name, on_complete=end
+        )
+        typer.echo(f"group {result.group_id}: {len(result.message_ids)} purchase(s) queued")
+        if not wait:
+            return {"id": result.group_id, "state": "open"}
+        return await _follow(jobs, result.group_id, len(bodies), limit)
 
-    summary = asyncio.run(go())
+    summary = with_jobs(settings, work)
     if not wait:
         return
     typer.echo(

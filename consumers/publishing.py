@@ -27,9 +27,10 @@ async def publish(
     *,
     message_id: UUID | None = None,
     traceparent: str | None = None,
+    priority: int | None = None,
 ) -> UUID:
     """Publish `body` on `route` with a confirm. `traceparent`: the W3C trace context it
-    continues (see infra/tracing.py)."""
+    continues (see infra/tracing.py); `priority`: the AMQP priority (0-2)."""
     channel = await connection.channel()
     await declare_all(channel, settings)
     await channel.close()
@@ -49,6 +50,7 @@ async def publish(
                 message_type=envelope.message_type,
                 headers=envelope.headers(),
                 timestamp=envelope.timestamp,
+                priority=priority,
             ),
             routing_key_for(settings, route.name, body.user_id),
         )

@@ -243,6 +243,11 @@ class Jobs:
         async with self._pool.acquire() as conn:
             return await job_state.group_summary(conn, group_id)
 
+    async def groups(self, limit: int = 50) -> list[dict[str, Any]]:
+        """The most recent groups, newest first."""
+        async with self._pool.acquire() as conn:
+            return await job_state.list_groups(conn, limit)
+
     async def wait(self, address: str, timeout: float | None = None) -> AddressState:  # noqa: ASYNC109
         """Return once the addressed message is done or failed (its `error` says why).
         Raises TimeoutError after `timeout` seconds, UnknownAddressError for an unknown one."""

@@ -24,12 +24,11 @@ import asyncpg
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
-from events.envelope import Envelope
+from consumers import publishing
 from events.models import PurchasePackage, RecordUsage
 from events.routes import PACKAGE_PURCHASE, USAGE_RECORD
 from infra.jobs import Jobs
-from infra.rabbit.publisher import Publisher, build_message
-from infra.rabbit.topology import declare_all, routing_key_for
+from infra.rabbit.topology import declare_all
 from infra.settings import RouteSettings, Settings
 from tests.conformance.jobs_support import HANG_ONCE, Recorder, recording_pipeline, usage
 from tests.support import InProcess, PkgqProcess, add_package, eventually, send
@@ -49,22 +48,7 @@ async def publish_direct(
 ) -> UUID:
     """Straight to the exchange, one confirmed publish after another (so arrival order is
     known), with an AMQP priority."""
-    envelope = Envelope(uuid4(), USAGE_RECORD.message_type, 1, body.user_id)
-    publisher = await Publisher.open(amqp, settings.exchange)
-    try:
-        await publisher.publish(
-            build_message(
-                body.model_dump_json().encode(),
-                message_id=envelope.message_id,
-                message_type=envelope.message_type,
-                headers=envelope.headers(),
-                priority=priority,
-            ),
-            routing_key_for(settings, USAGE_RECORD.name, body.user_id),
-        )
-    finally:
-        await publisher.close()
-    return envelope.message_id
+    return await publishing.publish(settings, amqp, USAGE_RECORD, body, priority=priority)
 
 
 async def test_the_relay_publishes_higher_priorities_first_and_fifo_within_a_priority(

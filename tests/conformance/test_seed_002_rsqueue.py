@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -53,26 +53,6 @@ pytestmark = pytest.mark.e2e
 
 FAST_PERMITS = {"PKGQ_HEARTBEAT_INTERVAL": "0.3", "PKGQ_WORKER_STALE_AFTER": "3"}
 """Heartbeats every 0.3 s, stale after 3 s: the same rules as the defaults, sooner."""
-
-
-@pytest.fixture
-def spawn(settings: Settings) -> Iterator[Callable[..., PkgqProcess]]:
-    """Start real `pkgq` processes; whatever still runs at the end is resumed and stopped."""
-    started: list[PkgqProcess] = []
-
-    def start(*args: str, **env: str) -> PkgqProcess:
-        process = PkgqProcess(settings, *args, **env)
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        if process.proc.poll() is None:
-            os.kill(process.proc.pid, signal.SIGCONT)
-        try:
-            process.terminate(timeout=20)
-        except Exception:  # noqa: BLE001  (teardown must stop the rest)
-            process.kill()
 
 
 async def wait_logged(process: PkgqProcess, event: str, within: float = 30) -> None:

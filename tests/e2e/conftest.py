@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -10,7 +12,7 @@ from tests.support import PkgqProcess
 
 @pytest.fixture
 def spawn(settings: Settings) -> Iterator[Callable[..., PkgqProcess]]:
-    """Start real `pkgq` processes; whatever is still running at the end is stopped."""
+    """Start real `pkgq` processes; whatever still runs at the end is resumed and stopped."""
     started: list[PkgqProcess] = []
 
     def start(*args: str, **env: str) -> PkgqProcess:
@@ -20,6 +22,8 @@ def spawn(settings: Settings) -> Iterator[Callable[..., PkgqProcess]]:
 
     yield start
     for process in started:
+        if process.proc.poll() is None:
+            os.kill(process.proc.pid, signal.SIGCONT)  # a test may have frozen it (SIGSTOP)
         try:
             process.terminate(timeout=20)
         except Exception:  # noqa: BLE001  (teardown must stop the rest)
