@@ -226,6 +226,10 @@ class DeliveryPipeline:
         guarded: bool,
         known: dict[int, Exception] | None = None,
     ) -> list[Outcome]:
+        """`known`: failures this delivery attempt already met, by index; a guarded run adds
+        the ones it meets, so that a later re-run (after a TTR) records them again instead of
+        calling their handlers twice."""
+        known = {} if known is None else known
         outcomes: list[Outcome | None] = [None] * len(raws)
         ready: list[tuple[int, Decoded]] = []
         bad: list[tuple[int, BadMessageError]] = []
@@ -268,7 +272,7 @@ class DeliveryPipeline:
             sink: list[outbox.OutboxMessage] | None = None if guarded else []
             for index, decoded in ready:
                 result = await self._one(
-                    conn, now, index, raws[index], decoded, seen, held, known or {}, claimed, sink
+                    conn, now, index, raws[index], decoded, seen, held, known, claimed, sink
                 )
                 outcomes[index] = result.outcome
                 if result.release and decoded.envelope.user_id is not None:
@@ -326,7 +330,9 @@ class DeliveryPipeline:
         if claimed is None:
             failure = known.get(index)
             try:
-                result = await self._attempt(conn, decoded, raw, hold, now=now, failure=failure)
+                result = await self._attempt(
+                    conn, decoded, raw, hold, now=now, failure=failure, met=known, index=index
+                )
             except TTRExceededError as exc:
                 raise _HandlerFailedError(index, exc) from exc  # give it back in its place
         elif message_id not in claimed:  # another consumer claimed it meanwhile
@@ -360,9 +366,12 @@ class DeliveryPipeline:
         *,
         now: datetime,
         failure: Exception | None = None,
+        met: dict[int, Exception] | None = None,
+        index: int = 0,
     ) -> _Result:
         """Apply the message in a savepoint; on failure, retry it later or bury it.
-        `failure`: how this attempt already failed (in an unguarded batch): record that."""
+        `failure`: how this attempt already failed (in an unguarded batch): record that.
+        `met`: where a new failure is noted, as delivery `index` of its batch."""
         if failure is not None:
             return await self._failed(conn, decoded, raw, hold, failure, now)
         try:
@@ -380,6 +389,8 @@ class DeliveryPipeline:
         except Exception as exc:
             if is_outage(exc):
                 raise  # not the message's fault: the whole delivery is tried again
+            if met is not None:
+                met[index] = exc
             return await self._failed(conn, decoded, raw, hold, exc, now)
         message_id = decoded.envelope.message_id
         return _Result(outcome, await self._done_with_blocker(conn, message_id, hold))
@@ -405,7 +416,7 @@ class DeliveryPipeline:
         if isinstance(exc, TTRExceededError):  # struck out: see _released
             return await self._give_up(conn, decoded, raw, exc, "ttr", None)
         delay = exc.delay if isinstance(exc, Retry) else None
-        return await self._retry_or_bury(conn, decoded, raw, exc, now, delay=delay)
+        return await self._retry_or_bury(conn, decoded, raw, exc, now, delay=delay, hold=hold)
 
     async def _apply(
         self,
@@ -494,9 +505,10 @@ class DeliveryPipeline:
         now: datetime,
         *,
         delay: float | None = None,
+        hold: holds.Hold | None = None,
     ) -> _Result:
         """Schedule the next attempt after `delay` s (None: the policy's backoff), or bury the
-        message if this was its last attempt."""
+        message if this was its last attempt (or its next one would come after its TTL)."""
         envelope = decoded.envelope
         attempt = envelope.attempt
         info = describe(exc)
@@ -509,6 +521,15 @@ class DeliveryPipeline:
         if delay is not None:
             backoff = delay
         delay = backoff
+        expires_at = envelope.expires_at
+        if expires_at is not None and now + timedelta(seconds=delay) >= expires_at:
+            # Its next attempt would come after its TTL: it will never be taken in time.
+            expired = ExpiredError(expires_at)
+            await self._bury(conn, raw, "expired", expired, attempts=attempt, decoded=decoded)
+            log.warning("expired", error=f"next attempt would be after the TTL: {info.message}")
+            return _Result(
+                Outcome.EXPIRED, await self._done_with_blocker(conn, envelope.message_id, hold)
+            )
         retry = outbox.OutboxMessage(
             route=self.route.name,
             message_type=self.route.message_type,
@@ -662,6 +683,10 @@ class DeliveryPipeline:
                 if await inbox.seen(conn, self.consumer, parked.message_id):
                     continue
                 now = await conn.fetchval("SELECT now()")
+                if _expired(decoded, now):  # its TTL ran out while it waited
+                    expired = ExpiredError(decoded.envelope.expires_at)
+                    await self._bury(conn, raw, "expired", expired, attempts=1, decoded=decoded)
+                    continue
                 try:
                     result = await self._attempt(conn, decoded, raw, hold, now=now)
                 except TTRExceededError as exc:

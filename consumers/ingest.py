@@ -30,7 +30,7 @@ from events.envelope import (
 )
 from events.partitioning import route_of_key
 from events.routes import ROUTES
-from infra.postgres import dead_letters, job_state
+from infra.postgres import dead_letters, holds, job_state
 from infra.postgres.pool import Conn
 from infra.rabbit.consumer import Outcome, Processor, QueueConsumer
 from infra.rabbit.topology import declare_exchanges
@@ -131,12 +131,14 @@ def make_ingester(pool: asyncpg.Pool) -> Processor:
 
 
 async def _finish(conn: Conn, raw: RawDelivery, dead: dead_letters.NewDeadLetter) -> None:
-    address, group = job_marks(raw.headers)
-    if address is None and group is None:
-        return
     try:
         message_id = UUID(str(dead.message_id))
     except ValueError:
+        return
+    if dead.reason == "expired":  # an expired retry will never come: it blocks nothing more
+        await holds.release_blocked_by(conn, [message_id])
+    address, group = job_marks(raw.headers)
+    if address is None and group is None:
         return
     error = f"{dead.reason}: {dead.error_message}"
     await job_state.finish(

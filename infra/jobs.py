@@ -38,6 +38,7 @@ from events.routes import Route, route_named
 from infra.postgres import job_state, outbox
 from infra.postgres.job_state import AddressState, CancelResult, EndMessage
 from infra.postgres.pool import Conn
+from infra.transient import transient_retrying
 
 
 class DuplicateAddress(Exception):  # noqa: N818  (seed 002's name for it)
@@ -236,8 +237,14 @@ class Jobs:
         return GroupResult(group_id, ids)
 
     async def cancel_group(self, group_id: UUID, who: str) -> CancelResult | None:
-        async with self._pool.acquire() as conn, conn.transaction():
-            return await job_state.cancel_group(conn, group_id, who)
+        """Cancel an open group (see job_state.cancel_group). It locks the group's members in
+        id order while deliveries lock theirs in batch order, so Postgres may pick it as a
+        deadlock victim: that is retried."""
+        async for attempt in transient_retrying():
+            with attempt:
+                async with self._pool.acquire() as conn, conn.transaction():
+                    return await job_state.cancel_group(conn, group_id, who)
+        raise AssertionError("unreachable: transient_retrying re-raises")
 
     async def group(self, group_id: UUID) -> dict[str, Any] | None:
         async with self._pool.acquire() as conn:

@@ -124,7 +124,7 @@ class Settings(BaseSettings):
     worker_stale_after: float = Field(default=30.0, gt=0)
     """A worker whose heartbeat is older than this is stale: its leases and Postgres
     connections are taken from it."""
-    retention: float = Field(default=7 * 86400.0, ge=0)
+    retention: float = Field(default=7 * 86400.0, ge=60)
     """Seconds that processed-message records (the inbox), published outbox rows, finished
     addresses and groups are kept for audit and dedup before they are pruned."""
     prune_batch_size: int = Field(default=5000, ge=1, le=1_000_000)

@@ -313,6 +313,11 @@ async def replay(
         "WHERE message_id = ANY($1::uuid[]) AND state = 'failed'",
         [m.message_id for m in messages],
     )
+    # A revived message has its TTR strikes anew, as it has its attempts.
+    await conn.execute(
+        "DELETE FROM telecom.ttr_strikes WHERE message_id = ANY($1::uuid[])",
+        [m.message_id for m in messages],
+    )
     await conn.execute(
         """
         UPDATE telecom.dead_letters

@@ -9,6 +9,7 @@ the hold is released (blocker NULL) and the consumer applies the parked messages
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -93,6 +94,20 @@ async def release(conn: Conn, consumer: str, user_id: UUID) -> None:
         consumer,
         user_id,
     )
+
+
+async def release_blocked_by(conn: Conn, message_ids: Sequence[UUID]) -> int:
+    """Messages that will never be delivered again (withdrawn by a group cancel, expired before
+    their retry was published) block nothing any more: release the holds they block, so that
+    the consumers' release poll applies what is parked behind them. Returns how many."""
+    if not message_ids:
+        return 0
+    status = await conn.execute(
+        "UPDATE telecom.holds SET blocker = NULL, state = 'releasing', updated_at = now() "
+        "WHERE blocker = ANY($1::uuid[])",
+        list(message_ids),
+    )
+    return int(status.split()[-1])
 
 
 async def drop(conn: Conn, consumer: str, user_id: UUID) -> None:

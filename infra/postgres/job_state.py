@@ -19,7 +19,7 @@ from typing import Any
 from uuid import UUID, uuid4
 
 from events.envelope import H_ADDRESS, H_GROUP, Envelope
-from infra.postgres import dead_letters, outbox
+from infra.postgres import dead_letters, holds, outbox
 from infra.postgres.pool import Conn
 
 
@@ -329,6 +329,8 @@ async def cancel_group(conn: Conn, group_id: UUID, who: str) -> CancelResult | N
         "WHERE message_id = ANY($1::uuid[])",
         pending,
     )
+    # A member waiting for a retry (its retry row was just deleted) blocks its user no more.
+    await holds.release_blocked_by(conn, pending)
     abort_id = uuid4() if group["on_abort"] is not None else None
     await conn.execute(
         "UPDATE telecom.job_groups SET state = 'cancelled', cancelled = $2, finished_at = now(), "
@@ -391,6 +393,8 @@ async def expire_rows(conn: Conn, rows: Sequence[outbox.ClaimedRow]) -> None:
         "WHERE id = ANY($1::bigint[])",
         [r.id for r in rows],
     )
+    # An expired retry will never come: it blocks its user's later messages no more.
+    await holds.release_blocked_by(conn, [r.message_id for r in rows])
     await finish(
         conn,
         [

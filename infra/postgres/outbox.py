@@ -161,6 +161,9 @@ async def lease_partitions(conn: Conn, limit: int) -> list[int]:
                 SELECT 1 FROM telecom.outbox o
                 WHERE o.partition = p AND o.published_at IS NULL AND o.available_at <= now()
                   AND o.route NOT IN (SELECT route FROM telecom.route_pauses)
+            ) OR EXISTS (  -- expired rows are taken out whether paused or scheduled
+                SELECT 1 FROM telecom.outbox o
+                WHERE o.partition = p AND o.published_at IS NULL AND o.expires_at <= now()
             )
             ORDER BY random()
         )
@@ -183,6 +186,9 @@ async def claim_due(conn: Conn, partitions: Sequence[int], batch_size: int) -> l
             SELECT id, priority FROM telecom.outbox
             WHERE partition = ANY($1::int[]) AND published_at IS NULL AND available_at <= now()
               AND route NOT IN (SELECT route FROM telecom.route_pauses)
+            UNION  -- rows whose TTL ran out, even if paused or scheduled later: to be expired
+            SELECT id, priority FROM telecom.outbox
+            WHERE partition = ANY($1::int[]) AND published_at IS NULL AND expires_at <= now()
         )
         SELECT id, message_id, route, message_type, user_id, body, headers, available_at,
                priority, expires_at, seq,

@@ -198,6 +198,17 @@ class QueueConsumer:
                 await self._subscribe()
             log.info("given_back", route=self.name)
 
+    async def _give_back_or_fail(self) -> None:
+        """Give the deliveries back; if that breaks (no new channel), the consumer is failed,
+        so the process exits and is restarted: what it held is back on the queue either way,
+        and is never dead-lettered for it."""
+        try:
+            await self._give_back()
+        except Exception:
+            log.exception("give_back_failed", route=self.name)
+            self.failed.set()
+            raise _StoppingError from None
+
     async def stop(self) -> None:
         """Stop taking deliveries, finish the one in hand, leave the rest to be redelivered."""
         self._stopping.set()
@@ -294,6 +305,8 @@ class QueueConsumer:
                     await self._handle(message)
                 except asyncio.CancelledError:
                     raise
+                except _StoppingError:
+                    return  # it could not subscribe again after a give-back: failed
                 except Exception as exc:
                     log.exception("delivery_failed_unexpectedly")
                     try:
@@ -353,6 +366,8 @@ class QueueConsumer:
             # wrong is isolated to the message that causes it.
             log.error("batch_failed_unexpectedly", size=len(messages), exc_info=failure)
             for message in messages:
+                if not _channel_open(message):
+                    return  # given back (a TTR): the rest went back with it, in order
                 with structlog.contextvars.bound_contextvars(message_id=message.message_id):
                     if not await self._handle(message):
                         return  # stopping: it and the rest stay unacked, redelivered in order
@@ -364,7 +379,7 @@ class QueueConsumer:
         if done:
             await self._ack_all(done)
         if given_back:
-            await self._give_back()
+            await self._give_back_or_fail()
         self.processed += len(done)
         elapsed = time.perf_counter() - started
         ms = round(elapsed * 1000, 2)
@@ -447,7 +462,7 @@ class QueueConsumer:
         MESSAGES.labels(route=route, outcome=outcome.value).inc()
         PROCESSING.labels(route=route).observe(time.perf_counter() - started)
         if outcome is Outcome.RELEASED:
-            await self._give_back()
+            await self._give_back_or_fail()
             return True
         if self._settings.fault_kill_after_commit == route_of_key(self.name):
             os.kill(os.getpid(), signal.SIGKILL)  # crash test: committed, not acked

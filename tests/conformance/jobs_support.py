@@ -6,6 +6,8 @@ messaging layer's, not the package queue's), and the body's `upload` says what t
 - `BURY`: raise Bury; `BURY_ONCE`: raise Bury unless it was buried before (then replayed);
 - `RETRY_LATER`: raise Retry(delay=3600);
 - `BLOCK`: wait until the test opens `gate`;
+- `FAIL_FIRST`: fail (a plain error: retried by the policy) on the first attempt;
+  `FAIL_ALWAYS`: fail on every attempt;
 - anything else: succeed (after `pause` seconds).
 """
 
@@ -29,6 +31,8 @@ BURY = 900_002
 BURY_ONCE = 900_003
 RETRY_LATER = 900_004
 BLOCK = 900_005
+FAIL_FIRST = 900_006
+FAIL_ALWAYS = 900_007
 
 
 @dataclass
@@ -63,6 +67,10 @@ class Recorder:
                 raise Bury("needs_a_human", "the handler buried it once")
             if body.upload == RETRY_LATER:
                 raise Retry(delay=3600)
+            if body.upload == FAIL_ALWAYS or (
+                body.upload == FAIL_FIRST and ctx.envelope.attempt == 1
+            ):
+                raise RuntimeError(f"attempt {ctx.envelope.attempt} fails")
             if body.upload == BLOCK:
                 await self.gate.wait()
             if self.pause:
@@ -88,12 +96,13 @@ def recording_pipeline(
     *,
     ttr: float | None = None,
     max_attempts: int = 5,
+    retry_after: float = 0.2,
 ) -> DeliveryPipeline:
     return DeliveryPipeline(
         pool,
         USAGE_RECORD,
         recorder.handle,
-        RetryPolicy(max_attempts=max_attempts, backoff=lambda attempt: 0.2),
+        RetryPolicy(max_attempts=max_attempts, backoff=lambda attempt: retry_after),
         max_body_bytes=2**20,
         ttr=ttr,
     )

@@ -6,6 +6,8 @@ CREATE INDEX inbox_processed_at ON telecom.inbox (processed_at);
 
 -- TTL: a row not published by expires_at is never published; it is recorded as expired.
 ALTER TABLE telecom.outbox ADD COLUMN expires_at timestamptz;
+CREATE INDEX outbox_expiring ON telecom.outbox (partition, expires_at)
+    WHERE published_at IS NULL AND expires_at IS NOT NULL;
 -- Claim order is priority first (higher is more urgent), then id (FIFO within a priority).
 ALTER TABLE telecom.outbox ADD CONSTRAINT outbox_priority_range CHECK (priority BETWEEN 0 AND 2);
 

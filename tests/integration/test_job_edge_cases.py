@@ -1,0 +1,240 @@
+"""Where job-queue options meet the failure path: holds behind cancelled or expired messages,
+TTLs that run out while a message waits, revived messages, paused routes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+from uuid import UUID, uuid4
+
+import asyncpg
+import pytest
+from aio_pika.abc import AbstractRobustConnection
+
+from events.routes import USAGE_RECORD
+from infra.jobs import Jobs
+from infra.postgres import dead_letters, outbox
+from infra.settings import Settings
+from tests.conformance.jobs_support import (
+    FAIL_ALWAYS,
+    FAIL_FIRST,
+    Recorder,
+    recording_pipeline,
+    usage,
+)
+from tests.support import InProcess, eventually
+
+
+@pytest.fixture
+def fast(settings: Settings) -> Settings:
+    return settings.model_copy(update={"release_poll_interval": 0.2})
+
+
+async def fetch(pool: asyncpg.Pool, sql: str, *args: Any) -> list[dict[str, Any]]:
+    async with pool.acquire() as conn:
+        return [dict(r) for r in await conn.fetch(sql, *args)]
+
+
+async def hold_of(pool: asyncpg.Pool, user: UUID) -> list[dict[str, Any]]:
+    return await fetch(pool, "SELECT blocker, state FROM telecom.holds WHERE user_id = $1", user)
+
+
+async def reason_of(pool: asyncpg.Pool, message_id: UUID) -> str | None:
+    rows = await fetch(
+        pool, "SELECT reason FROM telecom.dead_letters WHERE message_id = $1", str(message_id)
+    )
+    return rows[0]["reason"] if rows else None
+
+
+@pytest.fixture
+async def running(
+    fast: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> AsyncIterator[tuple[InProcess, Recorder]]:
+    recorder = Recorder()
+    app = InProcess(fast, pool, amqp)
+    await app.start_consumers(
+        [USAGE_RECORD],
+        pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder, retry_after=3600)},
+    )
+    await app.start_relay()
+    yield app, recorder
+    await app.close()
+
+
+async def test_cancelling_a_group_frees_the_user_held_behind_a_member_waiting_for_its_retry(
+    pool: asyncpg.Pool, running: tuple[InProcess, Recorder]
+) -> None:
+    _, recorder = running
+    jobs = Jobs(pool)
+    user = uuid4()
+    group = await jobs.publish_group(USAGE_RECORD, [usage(user, FAIL_FIRST)], name="g")
+    (member,) = group.message_ids
+
+    async def held() -> bool:
+        return [h["blocker"] for h in await hold_of(pool, user)] == [member]
+
+    await eventually(held)  # the member failed once; its retry is an hour away
+    later = await jobs.publish(USAGE_RECORD, usage(user, 5))
+
+    async def parked() -> bool:
+        rows = await fetch(pool, "SELECT message_id FROM telecom.parked WHERE user_id = $1", user)
+        return [r["message_id"] for r in rows] == [later.message_id]
+
+    await eventually(parked)
+    result = await jobs.cancel_group(group.group_id, "test")
+    assert result is not None
+    assert result.withdrawn == 1  # the scheduled retry
+
+    async def later_applied() -> bool:
+        return later.message_id in recorder.applied
+
+    await eventually(later_applied)
+    assert member not in recorder.applied
+    assert await hold_of(pool, user) == []
+
+
+async def test_an_expired_retry_frees_its_user_instead_of_holding_it_for_ever(
+    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> None:
+    user, blocker = uuid4(), uuid4()
+    async with pool.acquire() as conn, conn.transaction():
+        # A retry of `blocker` scheduled while its TTL ran out, and the hold it left.
+        await conn.execute(
+            "INSERT INTO telecom.holds (consumer, user_id, blocker, state) "
+            "VALUES ('usage_record', $1, $2, 'retrying')",
+            user,
+            blocker,
+        )
+        await outbox.enqueue(
+            conn,
+            [
+                outbox.OutboxMessage(
+                    route=USAGE_RECORD.name,
+                    message_type=USAGE_RECORD.message_type,
+                    schema_version=1,
+                    body=usage(user, 1).model_dump_json().encode(),
+                    user_id=user,
+                    message_id=blocker,
+                    headers={"x-attempt": 2},
+                    dedup_key=f"retry:usage_record:{blocker}:0:2",
+                )
+            ],
+        )
+        await conn.execute(
+            "UPDATE telecom.outbox SET expires_at = now() - interval '1 second' "
+            "WHERE message_id = $1",
+            blocker,
+        )
+    app = InProcess(settings, pool, amqp)
+    relay = await app.start_relay()
+    try:
+
+        async def released() -> bool:
+            holds = await hold_of(pool, user)
+            return holds == [{"blocker": None, "state": "releasing"}]
+
+        await eventually(released)
+    finally:
+        await app.close()
+    assert relay.published == 0
+    assert await reason_of(pool, blocker) == "expired"
+
+
+async def test_a_retry_that_would_come_after_the_ttl_is_buried_as_expired_at_once(
+    pool: asyncpg.Pool, running: tuple[InProcess, Recorder]
+) -> None:
+    jobs = Jobs(pool)
+    user = uuid4()
+    doomed = await jobs.publish(USAGE_RECORD, usage(user, FAIL_ALWAYS), ttl=60, address="doomed")
+    later = await jobs.publish(USAGE_RECORD, usage(user, 7))
+    _, recorder = running
+
+    async def later_applied() -> bool:
+        return later.message_id in recorder.applied
+
+    await eventually(later_applied)  # nothing held it back: the retry would be an hour away
+    assert await reason_of(pool, doomed.message_id) == "expired"
+    assert (await jobs.wait("doomed", timeout=5)).state == "failed"
+
+
+async def test_a_parked_message_whose_ttl_runs_out_is_buried_as_expired_when_released(
+    fast: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> None:
+    recorder = Recorder()
+    app = InProcess(fast, pool, amqp)
+    jobs = Jobs(pool)
+    user = uuid4()
+    try:
+        await app.start_consumers(
+            [USAGE_RECORD],
+            pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder, retry_after=1.5)},
+        )
+        await app.start_relay()
+        first = await jobs.publish(USAGE_RECORD, usage(user, FAIL_FIRST))
+
+        async def held() -> bool:
+            return len(await hold_of(pool, user)) == 1
+
+        await eventually(held)
+        short = await jobs.publish(USAGE_RECORD, usage(user, 8), ttl=1.0, address="short")
+
+        async def all_done() -> bool:
+            return first.message_id in recorder.applied and await hold_of(pool, user) == []
+
+        await eventually(all_done)
+        state = await jobs.wait("short", timeout=5)
+    finally:
+        await app.close()
+    assert short.message_id not in recorder.applied
+    assert await reason_of(pool, short.message_id) == "expired"
+    assert state.state == "failed"
+
+
+async def test_reviving_a_dead_letter_clears_its_ttr_strikes(pool: asyncpg.Pool) -> None:
+    message_id = uuid4()
+    async with pool.acquire() as conn, conn.transaction():
+        dead_id = await dead_letters.bury(
+            conn,
+            dead_letters.NewDeadLetter(
+                source="consumer",
+                route=USAGE_RECORD.name,
+                consumer="usage_record",
+                message_id=str(message_id),
+                user_id=None,
+                message_type=USAGE_RECORD.message_type,
+                content_type="application/json",
+                body=usage(uuid4(), 1).model_dump_json().encode(),
+                headers={"x-schema-version": 1},
+                reason="ttr",
+                error_type="TTRExceededError",
+                error_message="too slow",
+            ),
+        )
+        await conn.execute(
+            "INSERT INTO telecom.ttr_strikes (consumer, message_id, strikes) "
+            "VALUES ('usage_record', $1, 5)",
+            message_id,
+        )
+        (result,) = await dead_letters.replay(conn, [dead_id], "test")
+    assert result.replayed
+    assert await fetch(pool, "SELECT * FROM telecom.ttr_strikes") == []
+
+
+async def test_a_paused_routes_messages_still_expire_when_their_ttl_runs_out(
+    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> None:
+    jobs = Jobs(pool)
+    async with pool.acquire() as conn:
+        await outbox.pause_route(conn, USAGE_RECORD.name, "test")
+    put = await jobs.publish(USAGE_RECORD, usage(uuid4(), 1), ttl=0.5, address="paused")
+    kept = await jobs.publish(USAGE_RECORD, usage(uuid4(), 2))
+    app = InProcess(settings, pool, amqp)
+    await app.start_relay()
+    try:
+        state = await jobs.wait("paused", timeout=15)
+    finally:
+        await app.close()
+    assert state.state == "failed"
+    assert await reason_of(pool, put.message_id) == "expired"
+    pending = await fetch(pool, "SELECT message_id FROM telecom.outbox WHERE published_at IS NULL")
+    assert pending == [{"message_id": kept.message_id}]  # the rest stays paused
