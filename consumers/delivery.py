@@ -61,7 +61,7 @@ from events.routes import Route
 from infra import tracing
 from infra.postgres import dead_letters, holds, inbox, job_state, outbox, transitions
 from infra.postgres.pool import Conn
-from infra.rabbit.consumer import Outcome
+from infra.rabbit.consumer import MESSAGE_TIMES, Outcome
 from infra.transient import is_outage, is_transient
 
 log = structlog.get_logger(__name__)
@@ -242,10 +242,14 @@ class DeliveryPipeline:
         ready.sort(key=lambda item: (str(item[1].envelope.user_id), item[0]))
         to_release: set[UUID] = set()
         async with self._connection() as conn, conn.transaction():
+            times = MESSAGE_TIMES.get()
             for index, problem in bad:
+                started = time.perf_counter()
                 await self._bury(conn, raws[index], problem.reason, problem, attempts=1)
                 log.warning("dead_lettered", reason=problem.reason, error=str(problem))
                 outcomes[index] = Outcome.DEAD_LETTERED
+                if times is not None:
+                    times[index] = time.perf_counter() - started
             ids = [d.envelope.message_id for _, d in ready]
             users = sorted({d.envelope.user_id for _, d in ready if d.envelope.user_id})
             # One statement each for the whole batch: which were applied, which users are held.
@@ -271,9 +275,12 @@ class DeliveryPipeline:
             # at the end (guarded, each message's are written in its savepoint).
             sink: list[outbox.OutboxMessage] | None = None if guarded else []
             for index, decoded in ready:
+                started = time.perf_counter()
                 result = await self._one(
                     conn, now, index, raws[index], decoded, seen, held, known, claimed, sink
                 )
+                if times is not None:  # this message's own share, for its log line
+                    times[index] = time.perf_counter() - started
                 outcomes[index] = result.outcome
                 if result.release and decoded.envelope.user_id is not None:
                     to_release.add(decoded.envelope.user_id)

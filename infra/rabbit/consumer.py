@@ -27,6 +27,7 @@ import time
 import traceback
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -76,6 +77,10 @@ class Outcome(enum.StrEnum):
     EXPIRED = "expired"
     """Delivered after its TTL: recorded as expired in the dead-letter store, not applied."""
 
+
+MESSAGE_TIMES: ContextVar[dict[int, float] | None] = ContextVar("pkgq_message_times", default=None)
+"""Set by the consumer around a batch: the processor records, by delivery index, the seconds
+each message of the batch took on its own (its log line's `ms`; the batch's is `batch_ms`)."""
 
 Processor = Callable[[RawDelivery], Awaitable[Outcome]]
 BatchProcessor = Callable[[Sequence[RawDelivery]], Awaitable[list[Outcome]]]
@@ -350,6 +355,8 @@ class QueueConsumer:
         in_flight.inc(len(messages))
         self._enter(len(messages))
         failure: Exception | None = None
+        times: dict[int, float] = {}
+        token = MESSAGE_TIMES.set(times)
         try:
             outcomes = await self._process_until_done(lambda: batch(raws))
         except asyncio.CancelledError:
@@ -359,6 +366,7 @@ class QueueConsumer:
         except Exception as exc:  # noqa: BLE001  (handled below, one delivery at a time)
             failure = exc
         finally:
+            MESSAGE_TIMES.reset(token)
             in_flight.dec(len(messages))
             self.active -= len(messages)
         if failure is not None:
@@ -387,7 +395,8 @@ class QueueConsumer:
         for outcome in outcomes:
             MESSAGES.labels(route=route, outcome=outcome.value).inc()
             PROCESSING.labels(route=route).observe(elapsed / len(messages))
-        for message, outcome, raw in zip(messages, outcomes, raws, strict=True):
+        for index, (message, outcome, raw) in enumerate(zip(messages, outcomes, raws, strict=True)):
+            own = times.get(index)
             log.info(
                 "processed",
                 route=self.name,
@@ -396,7 +405,8 @@ class QueueConsumer:
                 trace_id=trace_id_of(_text(raw.headers.get(H_TRACEPARENT))),
                 outcome=outcome.value,
                 batch=len(messages),
-                ms=ms,
+                ms=round(own * 1000, 2) if own is not None else None,
+                batch_ms=ms,
             )
 
     async def _ack_all(self, messages: list[AbstractIncomingMessage]) -> None:
@@ -468,10 +478,17 @@ class QueueConsumer:
             os.kill(os.getpid(), signal.SIGKILL)  # crash test: committed, not acked
         await self._ack(message)
         self.processed += 1
+        elapsed_ms = round((time.perf_counter() - started) * 1000, 2)
         log.info(
             "processed",
+            route=self.name,
+            message_id=message.message_id,
+            user_id=_text(raw.headers.get(H_USER_ID)),
+            trace_id=trace_id_of(_text(raw.headers.get(H_TRACEPARENT))),
             outcome=outcome.value,
-            ms=round((time.perf_counter() - started) * 1000, 2),
+            batch=1,
+            ms=elapsed_ms,
+            batch_ms=elapsed_ms,
         )
         return True
 

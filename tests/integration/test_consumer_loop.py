@@ -143,3 +143,47 @@ async def test_a_bug_in_the_failure_path_itself_sends_a_confirmed_copy_to_the_dl
     assert dead.headers[H_DEAD_REASON] == "handler_error"
     await consumer.stop()
     await connection.close()
+
+
+async def test_each_message_of_a_batch_logs_one_line_with_its_ids_outcome_and_own_time(
+    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> None:
+    from structlog.testing import capture_logs
+
+    from consumers.publishing import publish
+    from tests.support import InProcess
+
+    user = uuid4()
+    trace = uuid4().hex
+    app = InProcess(settings, pool, amqp)
+    with capture_logs() as logs:
+        for upload in (1, 2, 3):
+            await publish(
+                settings,
+                amqp,
+                USAGE_RECORD,
+                RecordUsage(user_id=user, upload=upload, download=0),
+                traceparent=f"00-{trace}-{uuid4().hex[:16]}-01",
+            )
+        await app.start_consumers([USAGE_RECORD])
+        try:
+
+            async def three_logged() -> bool:
+                return sum(1 for e in logs if e["event"] == "processed") == 3
+
+            await eventually(three_logged)
+        finally:
+            await app.close()
+    lines = [e for e in logs if e["event"] == "processed"]
+    for line in lines:
+        assert (
+            line["route"]
+            == settings.queue_name(USAGE_RECORD.name).removeprefix(settings.queue_prefix + ".")
+            or line["route"] == USAGE_RECORD.name
+        )
+        assert line["user_id"] == str(user)
+        assert line["trace_id"] == trace
+        assert line["outcome"] == "acked"
+        assert line["batch"] >= 1  # queued before the consumer started: usually one batch
+        assert 0 <= line["ms"] <= line["batch_ms"]  # its own share of the batch's time
+    assert len({line["message_id"] for line in lines}) == 3
