@@ -450,8 +450,7 @@ class DeliveryPipeline:
             return Outcome.CANCELLED
         with tracing.consuming(
             self.route.name, str(envelope.message_id), envelope.traceparent
-        ) as span:
-            traceparent = tracing.traceparent_of(span, envelope.traceparent)
+        ) as traceparent:
             context = HandlerContext(conn, now, envelope, sink, traceparent)
             if self.ttr is None:
                 await self._handler(context, decoded.body)

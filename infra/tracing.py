@@ -6,8 +6,10 @@ carry that span's `traceparent`, and the relay publishes the row's headers as th
 purchase's trace runs purchase -> queuing -> activate -> expiring -> all_expired, one span per
 hop, each the child of the one before.
 
-Spans are always made (so every message has a trace id to follow in the logs and in the
-outbox), and exported only when the standard variables ask for it:
+Every message gets a trace context to follow in the logs and the outbox. Real spans (the
+OpenTelemetry SDK's) are made only when something receives them; otherwise each hop only takes
+a new span id under the incoming trace (or starts a trace), which costs next to nothing. Spans
+are exported only when the standard variables ask for it:
 - `OTEL_TRACES_EXPORTER=otlp` (OTLP over HTTP; `OTEL_EXPORTER_OTLP_ENDPOINT`, …) or `console`;
 - or an OTLP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`);
 - `OTEL_SERVICE_NAME` names the service (default `pkgq-<role>`); `OTEL_SDK_DISABLED=true`
@@ -18,6 +20,7 @@ Nothing is exported by default.
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -33,6 +36,8 @@ log = structlog.get_logger(__name__)
 _PROPAGATOR = TraceContextTextMapPropagator()
 _TRACER = "pkgq"
 _provider: TracerProvider | None = None
+_recording = False
+"""Whether anything receives spans (an exporter, or a test's processor)."""
 
 
 def _exporter() -> SpanExporter | None:
@@ -53,7 +58,7 @@ def _exporter() -> SpanExporter | None:
 
 def configure_tracing(role: str, *, extra: SpanProcessor | None = None) -> TracerProvider | None:
     """Install the tracer provider once per process (later calls only add `extra`)."""
-    global _provider
+    global _provider, _recording
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return None
     if _provider is None:
@@ -62,10 +67,12 @@ def configure_tracing(role: str, *, extra: SpanProcessor | None = None) -> Trace
         exporter = _exporter()
         if exporter is not None:
             _provider.add_span_processor(BatchSpanProcessor(exporter))
+            _recording = True
             log.info("tracing_exporting", exporter=type(exporter).__name__, service=name)
         trace.set_tracer_provider(_provider)
     if extra is not None:
         _provider.add_span_processor(extra)
+        _recording = True
     return _provider
 
 
@@ -76,8 +83,12 @@ def shutdown_tracing() -> None:
 
 
 @contextmanager
-def consuming(route: str, message_id: str, traceparent: str | None) -> Iterator[Span]:
-    """A CONSUMER span for applying one message, the child of its `traceparent`."""
+def consuming(route: str, message_id: str, traceparent: str | None) -> Iterator[str | None]:
+    """Apply one message in a CONSUMER span, the child of its `traceparent`. Yields the
+    `traceparent` its follow-up messages carry."""
+    if not _recording:
+        yield traceparent if _provider is None else child_traceparent(traceparent)
+        return
     parent = _PROPAGATOR.extract({"traceparent": traceparent}) if traceparent else None
     tracer = trace.get_tracer(_TRACER)
     with tracer.start_as_current_span(
@@ -91,7 +102,16 @@ def consuming(route: str, message_id: str, traceparent: str | None) -> Iterator[
             "messaging.message.id": message_id,
         },
     ) as span:
-        yield span
+        yield traceparent_of(span, traceparent)
+
+
+def child_traceparent(traceparent: str | None) -> str:
+    """A new span id under `traceparent`'s trace (a new trace if it has none)."""
+    trace_id = trace_id_of(traceparent)
+    flags = traceparent.rsplit("-", 1)[-1] if trace_id is not None and traceparent else "01"
+    if trace_id is None:
+        trace_id = f"{random.getrandbits(128) or 1:032x}"
+    return f"00-{trace_id}-{random.getrandbits(64) or 1:016x}-{flags}"
 
 
 def traceparent_of(span: Span, fallback: str | None) -> str | None:
