@@ -7,7 +7,11 @@ from typing import Any
 
 from events.envelope import (
     CONTENT_TYPE,
+    H_ADDRESS,
     H_ATTEMPT,
+    H_EXPIRES_AT,
+    H_GROUP,
+    H_PRIORITY,
     H_SCHEMA_VERSION,
     H_SEQ,
     H_TRACEPARENT,
@@ -28,6 +32,26 @@ HEADERS_SCHEMA: dict[str, Any] = {
         H_SEQ: {"type": "integer", "description": "Per-user event sequence, set by pkgq."},
         H_ATTEMPT: {"type": "integer", "minimum": 1, "description": "Delivery attempt."},
         H_TRACEPARENT: {"type": "string", "description": "W3C trace context."},
+        H_ADDRESS: {
+            "type": "string",
+            "description": "Addressed work: at most one queued or in-flight message per address.",
+        },
+        H_GROUP: {
+            "type": "string",
+            "format": "uuid",
+            "description": "The group the message is a member of.",
+        },
+        H_EXPIRES_AT: {
+            "type": "string",
+            "format": "date-time",
+            "description": "TTL: not applied after this instant; recorded as expired instead.",
+        },
+        H_PRIORITY: {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 2,
+            "description": "0-2, higher is more urgent (also the AMQP priority).",
+        },
     },
 }
 
