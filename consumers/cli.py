@@ -102,6 +102,15 @@ def run_cmd(
             "(PKGQ_REPLICA).",
         ),
     ] = None,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=64,
+            help="Worker lanes per queue for routes the route file does not configure "
+            "(PKGQ_CONCURRENCY; a user's messages always take the same lane).",
+        ),
+    ] = None,
 ) -> None:
     """Run consumers for ROUTES until SIGTERM/SIGINT, then drain gracefully."""
     from consumers.runner import run_consumers
@@ -109,6 +118,8 @@ def run_cmd(
     settings = load_settings()
     if replica is not None:
         settings = Settings.model_validate({**settings.model_dump(), "replica": replica})
+    if concurrency is not None:
+        settings = settings.model_copy(update={"concurrency": concurrency})
     selected = [route_argument(r) for r in routes] if routes else list(ROUTES.values())
     with_ingester = ingest if ingest is not None else not routes
 

@@ -55,6 +55,8 @@ class Settings(BaseSettings):
     queue_prefix: str = "pkgq"
     """Queues are `<queue_prefix>.<route>`; dead letters go to `<queue_prefix>.dead_letters`."""
 
+    concurrency: int = Field(default=1, ge=1, le=64)
+    """Worker lanes per queue, for routes the route file does not configure (`--concurrency`)."""
     prefetch: int = Field(default=32, ge=1, le=10_000)
     """Deliveries the broker sends ahead (raised to batch_size if lower)."""
     batch_size: int = Field(default=32, ge=1, le=1000)
@@ -173,7 +175,7 @@ class Settings(BaseSettings):
         return self.route(route_name).partitions or self.partitions.get(route_name, 1)
 
     def concurrency_for(self, route_name: str) -> int:
-        return self.route(route_name).concurrency or 1
+        return self.route(route_name).concurrency or self.concurrency
 
     def prefetch_for(self, route_name: str) -> int:
         return self.route(route_name).prefetch or self.prefetch

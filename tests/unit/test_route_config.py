@@ -78,3 +78,10 @@ def test_a_wrong_file_is_refused_with_an_error_naming_the_file_and_the_problem(
 def test_a_missing_file_is_refused_with_its_path(tmp_path: Path) -> None:
     with pytest.raises(RouteConfigError, match="cannot read"):
         load_routes_file(tmp_path / "absent.toml")
+
+
+def test_the_process_wide_concurrency_applies_where_the_file_is_silent(tmp_path: Path) -> None:
+    found = load_routes_file(write(tmp_path, "[routes.usage_record]\nconcurrency = 2\n"))
+    settings = Settings(concurrency=5, route_settings=found)
+    assert settings.concurrency_for("telecom.usage_record") == 2
+    assert settings.concurrency_for("telecom.all_expired") == 5
