@@ -98,7 +98,7 @@ def run_cmd(
         str | None,
         typer.Option(
             "--replica",
-            help="I/N: consume partitions k with k %% N == I first, stand by for the others "
+            help="I/N: consume partitions k with k % N == I first, stand by for the others "
             "(PKGQ_REPLICA).",
         ),
     ] = None,
@@ -115,7 +115,7 @@ def run_cmd(
     """Run consumers for ROUTES until SIGTERM/SIGINT, then drain gracefully."""
     from consumers.runner import run_consumers
 
-    settings = load_settings()
+    settings = load_settings(logs_to_stdout=True)
     if replica is not None:
         settings = Settings.model_validate({**settings.model_dump(), "replica": replica})
     if concurrency is not None:
@@ -170,7 +170,7 @@ def stats_cmd(
         print(json.dumps(table, indent=2))
         return
     states = ["ready", "taken", "waiting", "buried", "zombie", "done", "expired"]
-    moves = ["put", "take", "ack", "release", "bury", "dig", "plow", "ttl", "ttr"]
+    moves = ["put", "take", "ack", "release", "bury", "dig", "plow", "ttl", "ttr", "delete"]
     view = Table("route", "R", "T", "W", "B", "Z", "D", "exp", *moves, "/min")
     for route, row in table.items():
         cells = ["?" if row[c] is None else str(row[c]) for c in states]
@@ -185,16 +185,20 @@ def stats_cmd(
 
 @app.command("relay")
 def relay_cmd() -> None:
-    """Run the outbox relay (and the expiry sweep) until SIGTERM/SIGINT."""
+    """Run the outbox relay (with the expiry sweep and retention) until SIGTERM/SIGINT."""
     from infra.outbox.relay import Relay
 
-    settings = load_settings()
+    settings = load_settings(logs_to_stdout=True)
 
     async def go() -> None:
         stop = stop_on_signals()
         async with services(settings, "relay") as svc:
             relay = Relay(settings, svc.pool, svc.amqp, svc.worker_id)
-            status = await start_status_server(settings, relay.ready, svc.pool)
+
+            async def ready() -> bool:
+                return not stop.is_set() and await relay.ready()  # not ready once draining
+
+            status = await start_status_server(settings, ready, svc.pool)
             try:
                 await relay.run(stop)
             finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import getpass
 import socket
+import sys
 
 import typer
 
@@ -13,9 +14,12 @@ from infra.logging import configure_logging
 from infra.settings import Settings
 
 
-def load_settings() -> Settings:
+def load_settings(*, logs_to_stdout: bool = False) -> Settings:
+    """Settings, with logging set up: to stdout for long-running processes, else stderr."""
     settings = Settings.load()
-    configure_logging(settings.log_format, settings.log_level)
+    configure_logging(
+        settings.log_format, settings.log_level, sys.stdout if logs_to_stdout else sys.stderr
+    )
     return settings
 
 

@@ -246,7 +246,13 @@ class DeliveryPipeline:
             for index, problem in bad:
                 started = time.perf_counter()
                 await self._bury(conn, raws[index], problem.reason, problem, attempts=1)
-                log.warning("dead_lettered", reason=problem.reason, error=str(problem))
+                log.warning(
+                    "dead_lettered",
+                    route=self.route.name,
+                    message_id=raws[index].message_id,
+                    reason=problem.reason,
+                    error=str(problem),
+                )
                 outcomes[index] = Outcome.DEAD_LETTERED
                 if times is not None:
                     times[index] = time.perf_counter() - started
@@ -276,9 +282,16 @@ class DeliveryPipeline:
             sink: list[outbox.OutboxMessage] | None = None if guarded else []
             for index, decoded in ready:
                 started = time.perf_counter()
-                result = await self._one(
-                    conn, now, index, raws[index], decoded, seen, held, known, claimed, sink
-                )
+                envelope = decoded.envelope
+                with structlog.contextvars.bound_contextvars(
+                    route=self.route.name,
+                    message_id=str(envelope.message_id),
+                    user_id=str(envelope.user_id) if envelope.user_id else None,
+                    trace_id=tracing.trace_id_of(envelope.traceparent),
+                ):
+                    result = await self._one(
+                        conn, now, index, raws[index], decoded, seen, held, known, claimed, sink
+                    )
                 if times is not None:  # this message's own share, for its log line
                     times[index] = time.perf_counter() - started
                 outcomes[index] = result.outcome

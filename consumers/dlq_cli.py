@@ -447,7 +447,7 @@ def ingest_cmd() -> None:
     from consumers.runner import run_consumers
     from consumers.runtime import services, stop_on_signals
 
-    settings = load_settings()
+    settings = load_settings(logs_to_stdout=True)
 
     async def go() -> int:
         stop = stop_on_signals()

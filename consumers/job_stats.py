@@ -3,7 +3,7 @@
 States (a message is in one of them at a time):
 - R ready: due in the outbox but not yet published, or ready on the broker;
 - T taken: delivered to a consumer and not yet acknowledged (the broker's unacked count, from
-  the management API; None when it cannot be read);
+  the management API; None when it cannot be read, and then ready counts come over AMQP);
 - W waiting: scheduled in the outbox for later (a delay or a retry), or parked behind an earlier
   message of its user;
 - B buried: in the dead-letter store, not replayed or discarded (expired ones apart: `expired`);
@@ -19,11 +19,12 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from consumers.partitions_cli import queue_depths
 from events.routes import ROUTES
 from infra.postgres import stats, transitions
 from infra.postgres.pool import Conn
 from infra.postgres.transitions import TRANSITIONS
-from infra.rabbit.management import queue_figures
+from infra.rabbit.management import QueueFigures, queue_figures
 from infra.rabbit.topology import route_queues
 from infra.settings import Settings
 
@@ -35,15 +36,22 @@ async def route_stats(settings: Settings, conn: Conn) -> dict[str, dict[str, Any
     moves = await transitions.totals(conn)
     queues = {route: [q for q, _ in route_queues(settings, route)] for route in ROUTES}
     broker = await queue_figures(settings, [q for names in queues.values() for q in names])
+    if broker is None:  # no management API: ready and consumers over AMQP, taken unknown
+        broker = {}
+        for route in ROUTES:
+            for depth in await queue_depths(settings, route):
+                if depth["ready"] is not None:
+                    broker[depth["queue"]] = QueueFigures(depth["ready"], -1, depth["consumers"])
     table: dict[str, dict[str, Any]] = {}
     for route in ROUTES:
         db = figures.get(route, {})
         counted: Counter[str] = moves.get(route) or Counter()
-        on_broker = [broker[q] for q in queues[route] if q in broker] if broker is not None else []
-        broker_ready = sum(f.ready for f in on_broker) if broker is not None else None
-        taken = sum(f.unacked for f in on_broker) if broker is not None else None
+        on_broker = [broker[q] for q in queues[route] if q in broker]
+        broker_ready = sum(f.ready for f in on_broker)
+        known = all(f.unacked >= 0 for f in on_broker)
+        taken = sum(f.unacked for f in on_broker) if known else None
         row: dict[str, Any] = {
-            "ready": db.get("pending", 0) + (broker_ready or 0),
+            "ready": db.get("pending", 0) + broker_ready,
             "taken": taken,
             "waiting": db.get("scheduled", 0) + db.get("parked", 0),
             "buried": db.get("dead_letters", 0),
@@ -55,7 +63,7 @@ async def route_stats(settings: Settings, conn: Conn) -> dict[str, dict[str, Any
                 "broker_ready": broker_ready,
                 "scheduled": db.get("scheduled", 0),
                 "parked": db.get("parked", 0),
-                "consumers": sum(f.consumers for f in on_broker) if broker is not None else None,
+                "consumers": sum(f.consumers for f in on_broker),
                 "processed_1m": db.get("processed_1m", 0),
             },
             "transitions": {t: counted.get(t, 0) for t in TRANSITIONS},

@@ -1,32 +1,62 @@
-"""structlog set-up: JSON lines off a TTY, readable output on one; context via contextvars."""
+"""structlog set-up: JSON lines off a TTY, readable output on one; context via contextvars.
+
+Long-running processes (`pkgq run`, `pkgq relay`, `pkgq dlq ingest`) log to stdout, other
+commands to stderr (their stdout is their output, e.g. `--json`). Libraries' own log records
+(aio-pika, asyncpg, OpenTelemetry) go through the same renderer, so the stream stays JSON. Any
+URL password in any string field is masked before a line is written.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
+from typing import Any, TextIO
 
 import structlog
 
+from infra.settings import mask_url
 
-def configure_logging(fmt: str = "auto", level: str = "info") -> None:
-    use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+
+def redact(_logger: object, _method: str, event: MutableMapping[str, Any]) -> Any:
+    """Mask URL passwords in every string value (a last line of defence: call sites log masked
+    URLs already)."""
+    for key, value in event.items():
+        if isinstance(value, str) and ("://" in value or "password=" in value.lower()):
+            event[key] = mask_url(value)
+    return event
+
+
+def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | None = None) -> None:
+    out = stream or sys.stderr
+    use_json = fmt == "json" or (fmt == "auto" and not out.isatty())
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
         if use_json
-        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        else structlog.dev.ConsoleRenderer(colors=out.isatty())
     )
+    threshold = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+    shared: list[structlog.typing.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.StackInfoRenderer(),
+        structlog.processors.format_exc_info,
+        redact,
+    ]
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.StackInfoRenderer(),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
-        ),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        processors=[*shared, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(threshold),
+        logger_factory=structlog.PrintLoggerFactory(file=out),
         cache_logger_on_first_use=False,
     )
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(max(threshold, logging.WARNING))  # libraries: warnings and up

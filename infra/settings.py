@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -110,7 +110,7 @@ class Settings(BaseSettings):
     routes_file: str | None = None
     """A TOML file with per-route settings (concurrency, prefetch, batch_size, partitions, retry,
     ttr, queue_type), e.g. `[routes.usage_record]` then `concurrency = 4`. See RouteSettings and
-    consumers/route_config.py; values in it win over PKGQ_PARTITIONS and PKGQ_RETRY_ROUTES."""
+    infra/route_config.py; values in it win over PKGQ_PARTITIONS and PKGQ_RETRY_ROUTES."""
     route_settings: dict[str, RouteSettings] = Field(default_factory=dict)
     """The per-route settings by full route name (filled from routes_file, or set as JSON)."""
     queue_type: Literal["classic", "quorum"] = "classic"
@@ -246,12 +246,12 @@ class Settings(BaseSettings):
 
 
 def mask_url(url: str) -> str:
-    """Replace the password in a URL with `***` so it can be logged."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    """The URL with its password (in the user part or a `password=` parameter) as `***`, so it
+    can be logged. Never raises: a URL it cannot parse comes back with everything between `//`
+    and `@` masked."""
+    masked = _USERINFO.sub(lambda m: f"{m.group(1)}{m.group(2)}:***@", url)
+    return _PASSWORD_PARAM.sub(lambda m: f"{m.group(1)}***", masked)
+
+
+_USERINFO = re.compile(r"(\w[\w+.-]*://)([^:/@?#]*):[^@/?#]*@")
+_PASSWORD_PARAM = re.compile(r"((?:^|[?&;])password=)[^&;#]*", re.IGNORECASE)

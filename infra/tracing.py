@@ -40,20 +40,33 @@ _recording = False
 """Whether anything receives spans (an exporter, or a test's processor)."""
 
 
-def _exporter() -> SpanExporter | None:
-    chosen = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+def _exporters() -> list[SpanExporter]:
+    """What `OTEL_TRACES_EXPORTER` (a comma-separated list) and the OTLP endpoint variables ask
+    for. OTLP is sent over HTTP/protobuf (the only OTLP exporter installed)."""
+    chosen = [
+        name.strip().lower()
+        for name in os.environ.get("OTEL_TRACES_EXPORTER", "").split(",")
+        if name.strip()
+    ]
     endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
         "OTEL_EXPORTER_OTLP_ENDPOINT"
     )
-    if chosen == "console":
-        return ConsoleSpanExporter()
-    if chosen == "otlp" or (not chosen and endpoint):
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    if not chosen and endpoint:
+        chosen = ["otlp"]
+    found: list[SpanExporter] = []
+    for name in chosen:
+        if name == "console":
+            found.append(ConsoleSpanExporter())
+        elif name == "otlp":
+            protocol = os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+            if protocol != "http/protobuf":
+                log.warning("otel_protocol_unsupported", protocol=protocol, using="http/protobuf")
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        return OTLPSpanExporter()
-    if chosen not in ("", "none"):
-        log.warning("otel_exporter_unknown", exporter=chosen, supported="otlp, console, none")
-    return None
+            found.append(OTLPSpanExporter())
+        elif name != "none":
+            log.warning("otel_exporter_unknown", exporter=name, supported="otlp, console, none")
+    return found
 
 
 def configure_tracing(role: str, *, extra: SpanProcessor | None = None) -> TracerProvider | None:
@@ -64,8 +77,7 @@ def configure_tracing(role: str, *, extra: SpanProcessor | None = None) -> Trace
     if _provider is None:
         name = os.environ.get("OTEL_SERVICE_NAME") or f"pkgq-{role}"
         _provider = TracerProvider(resource=Resource.create({"service.name": name}))
-        exporter = _exporter()
-        if exporter is not None:
+        for exporter in _exporters():
             _provider.add_span_processor(BatchSpanProcessor(exporter))
             _recording = True
             log.info("tracing_exporting", exporter=type(exporter).__name__, service=name)
