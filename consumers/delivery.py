@@ -61,7 +61,7 @@ from events.routes import Route
 from infra import tracing
 from infra.postgres import dead_letters, holds, inbox, job_state, outbox, transitions
 from infra.postgres.pool import Conn
-from infra.rabbit.consumer import MESSAGE_TIMES, Outcome
+from infra.rabbit.consumer import MESSAGE_TIMES, MESSAGE_TRACES, Outcome
 from infra.transient import is_outage, is_transient
 
 log = structlog.get_logger(__name__)
@@ -464,6 +464,10 @@ class DeliveryPipeline:
         with tracing.consuming(
             self.route.name, str(envelope.message_id), envelope.traceparent
         ) as traceparent:
+            traces = MESSAGE_TRACES.get()
+            trace_id = tracing.trace_id_of(traceparent)
+            if traces is not None and trace_id is not None:  # for the message's log line
+                traces[str(envelope.message_id)] = trace_id
             context = HandlerContext(conn, now, envelope, sink, traceparent)
             if self.ttr is None:
                 await self._handler(context, decoded.body)

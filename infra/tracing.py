@@ -23,6 +23,7 @@ import os
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 
 import structlog
 from opentelemetry import trace
@@ -110,6 +111,33 @@ def consuming(route: str, message_id: str, traceparent: str | None) -> Iterator[
         attributes={
             "messaging.system": "rabbitmq",
             "messaging.operation.type": "process",
+            "messaging.destination.name": route,
+            "messaging.message.id": message_id,
+        },
+    ) as span:
+        yield traceparent_of(span, traceparent)
+
+
+@contextmanager
+def publishing(
+    route: str, message_id: str, traceparent: str | None, since: datetime | None
+) -> Iterator[str | None]:
+    """The relay's PRODUCER span for publishing an outbox row, from the moment the row fell due
+    (`since`) to the broker's confirm: the time a message spent in the outbox shows in its trace.
+    Yields the `traceparent` to publish with (unchanged when no span is recorded)."""
+    if not _recording:
+        yield traceparent
+        return
+    parent = _PROPAGATOR.extract({"traceparent": traceparent}) if traceparent else None
+    tracer = trace.get_tracer(_TRACER)
+    with tracer.start_as_current_span(
+        f"{route} publish",
+        context=parent,
+        kind=SpanKind.PRODUCER,
+        start_time=int(since.timestamp() * 1e9) if since is not None else None,
+        attributes={
+            "messaging.system": "rabbitmq",
+            "messaging.operation.type": "publish",
             "messaging.destination.name": route,
             "messaging.message.id": message_id,
         },

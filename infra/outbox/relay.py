@@ -27,6 +27,8 @@ import asyncpg
 import structlog
 from aio_pika.abc import AbstractRobustConnection
 
+from events.envelope import H_TRACEPARENT
+from infra import tracing
 from infra.observability import RELAY_LAG, RELAYED
 from infra.outbox.housekeeping import housekeeping_forever
 from infra.postgres import job_state, outbox
@@ -150,23 +152,35 @@ class Relay:
         async def send_chain(chain: list[ClaimedRow]) -> None:
             assert self._publisher is not None
             for row in chain:
-                message = build_message(
-                    row.body,
-                    message_id=row.message_id,
-                    message_type=row.message_type,
-                    headers=row.headers,
-                    priority=row.priority,
-                    expiration_ms=row.ttl_ms if row.expires_at is not None else None,
-                )
-                try:
-                    await self._publisher.publish(
-                        message, routing_key_for(self._settings, row.route, row.user_id)
+                incoming = row.headers.get(H_TRACEPARENT)
+                with tracing.publishing(
+                    row.route,
+                    str(row.message_id),
+                    incoming if isinstance(incoming, str) else None,
+                    row.available_at,
+                ) as traceparent:
+                    headers = row.headers
+                    if traceparent is not None and traceparent != incoming:
+                        headers = {**row.headers, H_TRACEPARENT: traceparent}
+                    message = build_message(
+                        row.body,
+                        message_id=row.message_id,
+                        message_type=row.message_type,
+                        headers=headers,
+                        priority=row.priority,
+                        expiration_ms=row.ttl_ms if row.expires_at is not None else None,
                     )
-                except Exception as exc:  # noqa: BLE001  (the row stays pending and is retried)
-                    failed.append(row.id)
-                    errors.append(repr(exc))
-                    log.warning("publish_failed", message_id=str(row.message_id), error=repr(exc))
-                    return
+                    try:
+                        await self._publisher.publish(
+                            message, routing_key_for(self._settings, row.route, row.user_id)
+                        )
+                    except Exception as exc:  # noqa: BLE001  (the row stays pending: retried)
+                        failed.append(row.id)
+                        errors.append(repr(exc))
+                        log.warning(
+                            "publish_failed", message_id=str(row.message_id), error=repr(exc)
+                        )
+                        return
                 done.append(row.id)
                 RELAYED.inc()
                 if row.available_at is not None:

@@ -81,6 +81,9 @@ class Outcome(enum.StrEnum):
 MESSAGE_TIMES: ContextVar[dict[int, float] | None] = ContextVar("pkgq_message_times", default=None)
 """Set by the consumer around a batch: the processor records, by delivery index, the seconds
 each message of the batch took on its own (its log line's `ms`; the batch's is `batch_ms`)."""
+MESSAGE_TRACES: ContextVar[dict[str, str] | None] = ContextVar("pkgq_message_traces", default=None)
+"""Set by the consumer around its processing: the processor records, by message_id, the trace
+a message was applied in (one it started, when it came without a `traceparent`)."""
 
 Processor = Callable[[RawDelivery], Awaitable[Outcome]]
 BatchProcessor = Callable[[Sequence[RawDelivery]], Awaitable[list[Outcome]]]
@@ -356,7 +359,9 @@ class QueueConsumer:
         self._enter(len(messages))
         failure: Exception | None = None
         times: dict[int, float] = {}
+        traces: dict[str, str] = {}
         token = MESSAGE_TIMES.set(times)
+        traces_token = MESSAGE_TRACES.set(traces)
         try:
             outcomes = await self._process_until_done(lambda: batch(raws))
         except asyncio.CancelledError:
@@ -367,6 +372,7 @@ class QueueConsumer:
             failure = exc
         finally:
             MESSAGE_TIMES.reset(token)
+            MESSAGE_TRACES.reset(traces_token)
             in_flight.dec(len(messages))
             self.active -= len(messages)
         if failure is not None:
@@ -402,7 +408,8 @@ class QueueConsumer:
                 route=self.name,
                 message_id=message.message_id,
                 user_id=str(raw.headers.get(H_USER_ID, "")),
-                trace_id=trace_id_of(_text(raw.headers.get(H_TRACEPARENT))),
+                trace_id=traces.get(str(message.message_id))
+                or trace_id_of(_text(raw.headers.get(H_TRACEPARENT))),
                 outcome=outcome.value,
                 batch=len(messages),
                 ms=round(own * 1000, 2) if own is not None else None,
@@ -455,6 +462,8 @@ class QueueConsumer:
         started = time.perf_counter()
         route = route_of_key(self.name)
         self._enter(1)
+        traces: dict[str, str] = {}
+        traces_token = MESSAGE_TRACES.set(traces)
         try:
             with IN_FLIGHT.labels(route=route).track_inprogress():
                 outcome = await self._process_until_done(lambda: self._processor(raw))
@@ -469,6 +478,7 @@ class QueueConsumer:
             return True
         finally:
             self.active -= 1
+            MESSAGE_TRACES.reset(traces_token)
         MESSAGES.labels(route=route, outcome=outcome.value).inc()
         PROCESSING.labels(route=route).observe(time.perf_counter() - started)
         if outcome is Outcome.RELEASED:
@@ -484,7 +494,8 @@ class QueueConsumer:
             route=self.name,
             message_id=message.message_id,
             user_id=_text(raw.headers.get(H_USER_ID)),
-            trace_id=trace_id_of(_text(raw.headers.get(H_TRACEPARENT))),
+            trace_id=traces.get(str(message.message_id))
+            or trace_id_of(_text(raw.headers.get(H_TRACEPARENT))),
             outcome=outcome.value,
             batch=1,
             ms=elapsed_ms,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 from collections.abc import Awaitable, Callable
 from uuid import UUID, uuid4
@@ -151,8 +152,10 @@ async def test_each_message_of_a_batch_logs_one_line_with_its_ids_outcome_and_ow
     from structlog.testing import capture_logs
 
     from consumers.publishing import publish
+    from infra.tracing import configure_tracing
     from tests.support import InProcess
 
+    configure_tracing("test")  # what every pkgq process does at start
     user = uuid4()
     trace = uuid4().hex
     app = InProcess(settings, pool, amqp)
@@ -165,16 +168,23 @@ async def test_each_message_of_a_batch_logs_one_line_with_its_ids_outcome_and_ow
                 RecordUsage(user_id=user, upload=upload, download=0),
                 traceparent=f"00-{trace}-{uuid4().hex[:16]}-01",
             )
+        untraced = uuid4()  # published without a traceparent: its first hop starts a trace
+        await publish(
+            settings, amqp, USAGE_RECORD, RecordUsage(user_id=untraced, upload=1, download=0)
+        )
         await app.start_consumers([USAGE_RECORD])
         try:
 
-            async def three_logged() -> bool:
-                return sum(1 for e in logs if e["event"] == "processed") == 3
+            async def four_logged() -> bool:
+                return sum(1 for e in logs if e["event"] == "processed") == 4
 
-            await eventually(three_logged)
+            await eventually(four_logged)
         finally:
             await app.close()
-    lines = [e for e in logs if e["event"] == "processed"]
+    (started,) = [e for e in logs if e["event"] == "processed" and e["user_id"] == str(untraced)]
+    assert re.fullmatch(r"[0-9a-f]{32}", started["trace_id"])
+    assert started["trace_id"] != trace
+    lines = [e for e in logs if e["event"] == "processed" and e["user_id"] == str(user)]
     for line in lines:
         assert (
             line["route"]

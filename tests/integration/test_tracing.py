@@ -2,13 +2,15 @@
 
 The purchase arrives with a W3C `traceparent`. Each consumer applies its message in a span that
 is the child of the message's trace context, and the follow-up events it writes to the outbox
-carry that span's context; the relay publishes them as they are. So every hop of the lifecycle
-(purchase -> queuing -> activate -> expiry timer -> expiring -> all_expired) is one span of the
-same trace, each the child of the one before.
+carry that span's context; the relay publishes each in a span of its own (from the moment the
+row fell due to the broker's confirm), the child of the consumer's and the parent of the next.
+So every hop of the lifecycle (purchase -> queuing -> activate -> expiry timer -> expiring ->
+all_expired) is a consumer span of the same trace, with the relay's publish span between two.
 """
 
 from __future__ import annotations
 
+import itertools
 from datetime import timedelta
 from uuid import uuid4
 
@@ -59,15 +61,28 @@ def span_id(span: ReadableSpan) -> int:
     return context.span_id
 
 
+def hop(span: ReadableSpan) -> str:
+    """`<route> process` (a consumer applying it) or `<route> publish` (the relay sending it)."""
+    attributes = span.attributes or {}
+    route = attributes.get("messaging.destination.name")
+    return f"{route} {attributes.get('messaging.operation.type')}"
+
+
+def all_of_trace(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
+    return [
+        span
+        for span in exporter.get_finished_spans()
+        if (context := span.get_span_context()) is not None
+        and f"{context.trace_id:032x}" == TRACE_ID
+    ]
+
+
 def of_trace(exporter: InMemorySpanExporter) -> dict[str, ReadableSpan]:
-    """This test's spans by route (only the first span of each route)."""
+    """This test's consumer spans by route (the first of each route)."""
     found: dict[str, ReadableSpan] = {}
-    for span in exporter.get_finished_spans():
-        context = span.get_span_context()
-        if context is None or f"{context.trace_id:032x}" != TRACE_ID:
-            continue
-        route = str((span.attributes or {}).get("messaging.destination.name"))
-        found.setdefault(route, span)
+    for span in all_of_trace(exporter):
+        if hop(span).endswith(" process"):
+            found.setdefault(hop(span).removesuffix(" process"), span)
     return found
 
 
@@ -99,21 +114,25 @@ async def test_one_purchases_trace_spans_every_hop_through_the_outbox_to_all_exp
     finally:
         await app.close()
     found = of_trace(spans)
-    by_id = {span_id(span): span for span in found.values()}
-    # Walk from the all_expired span to the root, parent by parent.
+    by_id = {span_id(span): span for span in all_of_trace(spans)}
+    # Walk from the all_expired consumer's span to the root, parent by parent.
     path = []
     span: ReadableSpan | None = found[ALL_EXPIRED.name]
     while span is not None:
-        path.append(str((span.attributes or {}).get("messaging.destination.name")))
+        path.append(hop(span))
         parent = span.parent.span_id if span.parent is not None else None
         if parent == int(ROOT_SPAN, 16):
             break
         assert parent in by_id, f"the parent of {path[-1]} is not a span of this trace"
         span = by_id[parent]
-    assert path[0] == ALL_EXPIRED.name
-    assert path[-1] == PACKAGE_PURCHASE.name  # whose parent is the publisher's span
-    assert PACKAGE_QUEUING.name in path
-    assert EXPIRY_DUE.name in path
+    assert path[0] == f"{ALL_EXPIRED.name} process"
+    assert path[-1] == f"{PACKAGE_PURCHASE.name} process"  # its parent: the publisher's span
+    # Between two consumers, the relay's span for publishing the follow-up from the outbox.
+    for later, earlier in itertools.pairwise(path[:-1]):
+        if later.endswith(" process"):
+            assert earlier == later.replace(" process", " publish"), path
+    assert f"{PACKAGE_QUEUING.name} process" in path
+    assert f"{EXPIRY_DUE.name} publish" in path
     for route in CHAIN:  # every hop is a span of the trace, under a span of the trace
         above = found[route.name].parent
         assert above is not None
