@@ -15,6 +15,7 @@ In pkgq a delivery is the reservation, the ack is the delete, and the route's TT
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import zlib
 from collections.abc import AsyncIterator, Callable
@@ -219,3 +220,40 @@ async def test_no_message_is_lost_when_the_consumer_dies_holding_it(
             "SELECT count(*) FROM telecom.package_queue WHERE user_id = $1", user
         )
     assert count == 1
+
+
+@pytest.mark.e2e
+async def test_a_delay_survives_every_process_being_killed_and_restarted(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    spawn: Callable[..., PkgqProcess],
+) -> None:
+    package = await add_package(pool, 1000)
+    user = uuid4()
+    put = await Jobs(pool).publish(
+        PACKAGE_PURCHASE, PurchasePackage(user_id=user, package_id=package), delay=4
+    )
+    relay = spawn("relay")
+    consumer = spawn("run", "package_purchase", "--no-ingest")
+    await asyncio.sleep(1.0)
+    relay.kill()  # SIGKILL both while the message waits for its delay
+    consumer.kill()
+    spawn("relay")
+    spawn("run", "package_purchase", "--no-ingest")
+
+    async def applied_once() -> bool:
+        async with pool.acquire() as conn:
+            count = await conn.fetchval(
+                "SELECT count(*) FROM telecom.package_queue WHERE user_id = $1", user
+            )
+        return int(count) == 1
+
+    await eventually(applied_once, within=30)
+    async with pool.acquire() as conn:
+        processed_at = await conn.fetchval(
+            "SELECT processed_at FROM telecom.inbox WHERE message_id = $1", put.message_id
+        )
+        put_at = await conn.fetchval(
+            "SELECT created_at FROM telecom.outbox WHERE message_id = $1", put.message_id
+        )
+    assert (processed_at - put_at).total_seconds() >= 4

@@ -185,3 +185,43 @@ async def test_every_state_and_transition_shows_in_pkgq_stats_and_the_counts_add
     assert reason == "expired"  # the dead letter keeps why it was buried
     assert waiting == {delayed.message_id, released.message_id}
     assert ready.queued
+
+
+async def test_a_message_left_on_the_broker_past_its_ttl_is_recorded_as_expired(
+    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> None:
+    """The broker's half of the ttl: published in time, then nobody takes it. RabbitMQ
+    dead-letters it (reason expired) and the ingester files it; its waiters hear it failed."""
+    jobs = Jobs(pool)
+    app = InProcess(settings, pool, amqp)
+    try:
+        await app.start_consumers([], ingest=True)  # no consumer for usage_record
+        await app.start_relay()
+        put = await jobs.publish(USAGE_RECORD, usage(uuid4(), 1), ttl=1.0, address="unread")
+
+        async def published() -> bool:
+            async with pool.acquire() as conn:
+                return bool(
+                    await conn.fetchval(
+                        "SELECT published_at IS NOT NULL FROM telecom.outbox WHERE message_id = $1",
+                        put.message_id,
+                    )
+                )
+
+        await eventually(published)
+        state = await jobs.wait("unread", timeout=30)
+    finally:
+        await app.close()
+    assert state.state == "failed"
+    assert state.error is not None
+    assert "expired" in state.error
+    async with pool.acquire() as conn:
+        row = await conn.fetchrow(
+            "SELECT source, reason FROM telecom.dead_letters WHERE message_id = $1",
+            str(put.message_id),
+        )
+    assert row is not None
+    assert (row["source"], row["reason"]) == ("broker", "expired")
+    table = await stats(settings)
+    assert table[USAGE_RECORD.name]["transitions"]["ttl"] == 1
+    assert table[USAGE_RECORD.name]["ready"] == 0
