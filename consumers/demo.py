@@ -7,7 +7,10 @@ Scenario (three users run at once):
 - carol buys 2 x 1 MiB; the active one is cancelled, the next activates, an admin lowers its
   quota below zero so it is consumed at once, and access ends;
 - a malformed usage record is stored as a dead letter with its reason while everything else
-  flows.
+  flows;
+- then the job-queue options: dave's purchase is put through the outbox with priority 2, a
+  2-second delay and an address, and the demo waits on the address; erin, frank and gina get a
+  bulk grant as one group, followed to completion; `pkgq stats` closes the show.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from consumers import publishing
+from consumers.job_stats import STATES, route_stats
 from events.envelope import H_DEAD_REASON, H_SCHEMA_VERSION
 from events.models import (
     AdjustQuota,
@@ -47,8 +51,9 @@ from events.routes import (
     USAGE_RECORD,
     Route,
 )
+from infra.jobs import Jobs
 from infra.postgres import catalog, queue_repo
-from infra.postgres.pool import database
+from infra.postgres.pool import create_pool, database
 from infra.rabbit.connection import connect
 from infra.rabbit.publisher import Publisher, build_message
 from infra.rabbit.tap import Tap, Tapped
@@ -179,6 +184,64 @@ class Demo:
         raise DemoFailedError("the malformed message was not stored as a dead letter")
 
 
+async def job_scenes(settings: Settings, small: int, users: dict[str, UUID]) -> None:
+    """Addressed, delayed, prioritised work and a group, through the publishing API."""
+    pool = await create_pool(settings.postgres_dsn, min_size=1, max_size=2)
+    try:
+        jobs = Jobs(pool)
+        console.rule("job-queue options: priority, delay, address; then a group")
+        dave = users["dave"]
+        put = await jobs.publish(
+            PACKAGE_PURCHASE,
+            PurchasePackage(user_id=dave, package_id=small),
+            priority=2,
+            delay=2,
+            address=f"demo:{dave}",
+        )
+        console.print(f"dave's purchase put with priority 2, delay 2 s, address demo:{dave}")
+        started = time.monotonic()
+        state = await jobs.wait(f"demo:{dave}", timeout=30)
+        if state.state != "done":
+            raise DemoFailedError(f"dave's purchase {state.state}: {state.error}")
+        console.print(
+            f"waited on the address: {state.state} after {time.monotonic() - started:.1f} s "
+            f"(message {put.message_id})"
+        )
+        members = [users[n] for n in ("erin", "frank", "gina")]
+        group = await jobs.publish_group(
+            PACKAGE_PURCHASE,
+            [PurchasePackage(user_id=u, package_id=small) for u in members],
+            name="demo grant",
+        )
+        console.print(f"bulk grant to erin, frank and gina as group {group.group_id}")
+        summary = None
+        for _ in range(150):  # the group is polled from Postgres for up to 30 s
+            summary = await jobs.group(group.group_id)
+            if summary is None or summary["state"] != "open":
+                break
+            await asyncio.sleep(0.2)
+        if summary is None or summary["state"] != "completed":
+            raise DemoFailedError(f"group did not complete: {summary}")
+        console.print(
+            f"group completed: {summary['done']} done, {summary['failed']} failed "
+            f"(pkgq group show {group.group_id})"
+        )
+        async with pool.acquire() as conn:
+            table = await route_stats(settings, conn)
+        view = Table("route", "R", "T", "W", "B", "Z", "D", "put", "take", "ack", "bury")
+        for route, row in table.items():
+            moves = row["transitions"]
+            view.add_row(
+                route.removeprefix("telecom."),
+                *("?" if row[k] is None else str(row[k]) for k in STATES),
+                *(str(moves[m]) for m in ("put", "take", "ack", "bury")),
+            )
+        console.rule("pkgq stats")
+        console.print(view)
+    finally:
+        await pool.close()
+
+
 class DemoFailedError(Exception):
     pass
 
@@ -238,7 +301,7 @@ async def run_demo(settings: Settings, within: float) -> int:
     await channel.close()
     demo = Demo(settings, amqp)
     await demo.tap.attach(amqp, settings.exchange, settings.dlx)
-    users = {"alice": uuid4(), "bob": uuid4(), "carol": uuid4()}
+    users = {name: uuid4() for name in ("alice", "bob", "carol", "dave", "erin", "frank", "gina")}
     demo.names = {str(u): n for n, u in users.items()}
     console.rule("pkgq demo: starting the relay and the consumers of every route")
     processes = [_spawn(["relay"], settings), _spawn(["run"], settings)]
@@ -251,6 +314,7 @@ async def run_demo(settings: Settings, within: float) -> int:
                 demo.carol(users["carol"], small),
                 demo.malformed(),
             )
+            await job_scenes(settings, small, users)
         seen = _routes_seen(demo.tap, settings)
         console.rule("final state")
         await _final_state(settings, users)
