@@ -183,6 +183,24 @@ async def test_a_message_that_times_out_keeps_its_place_a_b_c_becomes_a_c(
     assert strikes == 1
 
 
+async def applied_exactly_once(pool: asyncpg.Pool, user: UUID) -> None:
+    """The user's one purchase is queued, and stays the only one (no second application)."""
+
+    async def items() -> int:
+        async with pool.acquire() as conn:
+            count: int = await conn.fetchval(
+                "SELECT count(*) FROM telecom.package_queue WHERE user_id = $1", user
+            )
+        return count
+
+    async def queued() -> bool:
+        return await items() >= 1
+
+    await eventually(queued, within=30)
+    await asyncio.sleep(0.5)  # a second application would have landed by now
+    assert await items() == 1
+
+
 @pytest.mark.e2e
 async def test_no_message_is_lost_when_the_consumer_dies_holding_it(
     settings: Settings,
@@ -207,19 +225,7 @@ async def test_no_message_is_lost_when_the_consumer_dies_holding_it(
     assert doomed.proc.returncode == -signal.SIGKILL  # killed inside its transaction
     spawn("run", "package_purchase", "--no-ingest")
 
-    async def queued_once() -> bool:
-        async with pool.acquire() as conn:
-            count = await conn.fetchval(
-                "SELECT count(*) FROM telecom.package_queue WHERE user_id = $1", user
-            )
-        return int(count) == 1
-
-    await eventually(queued_once, within=30)
-    async with pool.acquire() as conn:
-        count = await conn.fetchval(
-            "SELECT count(*) FROM telecom.package_queue WHERE user_id = $1", user
-        )
-    assert count == 1
+    await applied_exactly_once(pool, user)
 
 
 @pytest.mark.e2e
@@ -241,14 +247,7 @@ async def test_a_delay_survives_every_process_being_killed_and_restarted(
     spawn("relay")
     spawn("run", "package_purchase", "--no-ingest")
 
-    async def applied_once() -> bool:
-        async with pool.acquire() as conn:
-            count = await conn.fetchval(
-                "SELECT count(*) FROM telecom.package_queue WHERE user_id = $1", user
-            )
-        return int(count) == 1
-
-    await eventually(applied_once, within=30)
+    await applied_exactly_once(pool, user)
     async with pool.acquire() as conn:
         processed_at = await conn.fetchval(
             "SELECT processed_at FROM telecom.inbox WHERE message_id = $1", put.message_id
