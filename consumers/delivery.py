@@ -120,6 +120,15 @@ def _is_blip(exc: BaseException) -> bool:
 
 
 @dataclass
+class _BatchJobs:
+    """What a batch does for grouped and addressed messages with one statement each: their
+    group members are locked (and read) at the start, and what finished is recorded at the end."""
+
+    members: dict[UUID, str]
+    finished: list[job_state.Finished]
+
+
+@dataclass
 class _Result:
     outcome: Outcome
     release: bool = False
@@ -280,6 +289,12 @@ class DeliveryPipeline:
             # Unguarded, the follow-up events of the whole batch are written in one statement
             # at the end (guarded, each message's are written in its savepoint).
             sink: list[outbox.OutboxMessage] | None = None if guarded else []
+            jobs = _BatchJobs(
+                await job_state.lock_members(
+                    conn, [d.envelope.message_id for _, d in ready if d.envelope.group_id]
+                ),
+                [],
+            )
             for index, decoded in ready:
                 started = time.perf_counter()
                 envelope = decoded.envelope
@@ -290,7 +305,17 @@ class DeliveryPipeline:
                     trace_id=tracing.trace_id_of(envelope.traceparent),
                 ):
                     result = await self._one(
-                        conn, now, index, raws[index], decoded, seen, held, known, claimed, sink
+                        conn,
+                        now,
+                        index,
+                        raws[index],
+                        decoded,
+                        seen,
+                        held,
+                        known,
+                        claimed,
+                        sink,
+                        jobs,
                     )
                 if times is not None:  # this message's own share, for its log line
                     times[index] = time.perf_counter() - started
@@ -299,6 +324,7 @@ class DeliveryPipeline:
                     to_release.add(decoded.envelope.user_id)
             if sink:
                 await outbox.enqueue(conn, sink)
+            await job_state.finish(conn, jobs.finished)  # addresses done, groups completed
             await transitions.count(conn, _moves(self.route.name, len(raws), outcomes))
         for user in sorted(to_release):
             try:
@@ -319,6 +345,7 @@ class DeliveryPipeline:
         known: dict[int, Exception],
         claimed: set[UUID] | None,
         sink: list[outbox.OutboxMessage] | None = None,
+        jobs: _BatchJobs | None = None,
     ) -> _Result:
         """One decoded message of a batch. `seen` and `held` are kept up to date as it goes.
         `claimed`: the inbox claims made for an unguarded run (None: guarded, claim each in
@@ -351,7 +378,15 @@ class DeliveryPipeline:
             failure = known.get(index)
             try:
                 result = await self._attempt(
-                    conn, decoded, raw, hold, now=now, failure=failure, met=known, index=index
+                    conn,
+                    decoded,
+                    raw,
+                    hold,
+                    now=now,
+                    failure=failure,
+                    met=known,
+                    index=index,
+                    jobs=jobs,
                 )
             except TTRExceededError as exc:
                 raise _HandlerFailedError(index, exc) from exc  # give it back in its place
@@ -359,7 +394,7 @@ class DeliveryPipeline:
             result = _Result(Outcome.DUPLICATE)
         else:
             try:
-                outcome = await self._apply(conn, decoded, now, claim=False, sink=sink)
+                outcome = await self._apply(conn, decoded, now, claim=False, sink=sink, jobs=jobs)
             except Exception as exc:
                 if is_outage(exc):
                     raise
@@ -388,6 +423,7 @@ class DeliveryPipeline:
         failure: Exception | None = None,
         met: dict[int, Exception] | None = None,
         index: int = 0,
+        jobs: _BatchJobs | None = None,
     ) -> _Result:
         """Apply the message in a savepoint; on failure, retry it later or bury it.
         `failure`: how this attempt already failed (in an unguarded batch): record that.
@@ -403,7 +439,7 @@ class DeliveryPipeline:
             ):
                 with retrying:
                     async with conn.transaction():  # a savepoint in the delivery's transaction
-                        outcome = await self._apply(conn, decoded, now)
+                        outcome = await self._apply(conn, decoded, now, jobs=jobs)
         except TTRExceededError:
             raise  # given back to the queue by the caller, not failed
         except Exception as exc:
@@ -446,21 +482,26 @@ class DeliveryPipeline:
         *,
         claim: bool = True,
         sink: list[outbox.OutboxMessage] | None = None,
+        jobs: _BatchJobs | None = None,
     ) -> Outcome:
         """Claim the message in the inbox (unless claimed already) and run the handler:
         ACKED, or DUPLICATE (it was applied before), or CANCELLED (a member of a cancelled
-        group: the claim is kept, the handler is not run)."""
+        group: the claim is kept, the handler is not run). `jobs`: the batch's group members,
+        locked, and where what finished is noted (None: locked and recorded here, alone)."""
         envelope = decoded.envelope
         if claim and not await inbox.claim(conn, self.consumer, envelope.message_id):
             return Outcome.DUPLICATE
         # A group member's row is locked until commit: a cancel waits for this delivery, or
         # this delivery sees the cancel.
-        if (
-            envelope.group_id is not None
-            and await job_state.member_state(conn, envelope.message_id) == "cancelled"
-        ):
-            log.info("group_member_cancelled", group_id=str(envelope.group_id))
-            return Outcome.CANCELLED
+        if envelope.group_id is not None:
+            state = (
+                jobs.members.get(envelope.message_id)
+                if jobs is not None
+                else await job_state.member_state(conn, envelope.message_id)
+            )
+            if state == "cancelled":
+                log.info("group_member_cancelled", group_id=str(envelope.group_id))
+                return Outcome.CANCELLED
         with tracing.consuming(
             self.route.name, str(envelope.message_id), envelope.traceparent
         ) as traceparent:
@@ -484,7 +525,10 @@ class DeliveryPipeline:
             finished = job_state.Finished(
                 envelope.message_id, envelope.address, envelope.group_id, ok=True
             )
-            await job_state.finish(conn, [finished])
+            if jobs is not None:
+                jobs.finished.append(finished)  # recorded once for the batch, at its end
+            else:
+                await job_state.finish(conn, [finished])
         if self._kill_before_commit:
             os.kill(os.getpid(), signal.SIGKILL)  # crash test: applied, not committed
         return Outcome.ACKED
