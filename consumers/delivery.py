@@ -692,19 +692,9 @@ class DeliveryPipeline:
             ),
         )
         address, group = _job_marks(raw, decoded)
-        if (address is not None or group is not None) and message_id is not None:
-            try:
-                finished_id = UUID(str(message_id))
-            except ValueError:
-                return
-            await job_state.finish(
-                conn,
-                [
-                    job_state.Finished(
-                        finished_id, address, group, ok=False, error=f"{reason}: {info.message}"
-                    )
-                ],
-            )
+        await job_state.finish_failed(
+            conn, message_id, address, group, error=f"{reason}: {info.message}"
+        )
 
     async def release(self, user_id: UUID) -> int:
         """Apply the user's parked messages in order while the hold stays released."""

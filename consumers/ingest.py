@@ -10,6 +10,7 @@ Each is stored in one statement and then acked; a redelivery updates the same ro
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 from uuid import UUID
@@ -131,19 +132,14 @@ def make_ingester(pool: asyncpg.Pool) -> Processor:
 
 
 async def _finish(conn: Conn, raw: RawDelivery, dead: dead_letters.NewDeadLetter) -> None:
-    try:
-        message_id = UUID(str(dead.message_id))
-    except ValueError:
-        return
-    if dead.reason == "expired":  # an expired retry will never come: it blocks nothing more
-        await holds.release_blocked_by(conn, [message_id])
+    """The message failed for good: its address and group hear so, and an expired retry (it
+    will never come) blocks its user's later messages no more."""
+    if dead.reason == "expired":
+        with contextlib.suppress(ValueError):
+            await holds.release_blocked_by(conn, [UUID(str(dead.message_id))])
     address, group = job_marks(raw.headers)
-    if address is None and group is None:
-        return
     error = f"{dead.reason}: {dead.error_message}"
-    await job_state.finish(
-        conn, [job_state.Finished(message_id, address, group, ok=False, error=error)]
-    )
+    await job_state.finish_failed(conn, dead.message_id, address, group, error)
 
 
 def ingester(

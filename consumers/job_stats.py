@@ -19,12 +19,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from consumers.partitions_cli import queue_depths
 from events.routes import ROUTES
 from infra.postgres import stats, transitions
 from infra.postgres.pool import Conn
 from infra.postgres.transitions import TRANSITIONS
-from infra.rabbit.management import QueueFigures, queue_figures
+from infra.rabbit.management import QueueFigures, queue_depths, queue_figures
 from infra.rabbit.topology import route_queues
 from infra.settings import Settings
 

@@ -13,47 +13,16 @@ import json
 from typing import Annotated, Any
 
 import typer
-from aiormq.exceptions import ChannelNotFoundEntity
 from rich.console import Console
 from rich.table import Table
 
 from consumers.cli_support import load_settings, operator, route_argument
 from infra.postgres import outbox
 from infra.postgres.pool import database
-from infra.rabbit.connection import connect
-from infra.rabbit.topology import route_queues
-from infra.settings import Settings
+from infra.rabbit.management import queue_depths
 
 partitions_app = typer.Typer(help="A route's partition queues; pause/resume its relaying.")
 console = Console()
-
-
-async def queue_depths(settings: Settings, route: str) -> list[dict[str, Any]]:
-    """Ready messages and consumers of each of the route's queues (as configured here)."""
-    connection = await connect(settings.amqp_url, "pkgq-partitions")
-    found: list[dict[str, Any]] = []
-    try:
-        for name, key in route_queues(settings, route):
-            channel = await connection.channel()
-            try:
-                queue = await channel.declare_queue(name, passive=True)
-                result = queue.declaration_result
-                found.append(
-                    {
-                        "queue": name,
-                        "binding": key,
-                        "ready": result.message_count,
-                        "consumers": result.consumer_count,
-                    }
-                )
-            except ChannelNotFoundEntity:
-                found.append({"queue": name, "binding": key, "ready": None, "consumers": None})
-            finally:
-                if not channel.is_closed:
-                    await channel.close()
-    finally:
-        await connection.close()
-    return found
 
 
 @partitions_app.command("status")

@@ -149,26 +149,16 @@ async def put(
         group_id=group_id,
         expires_at=expires_at,
     )
-    headers = envelope.headers()
-    if options.priority:
-        headers[H_PRIORITY] = options.priority
-    await outbox.enqueue(
-        conn,
-        [
-            outbox.OutboxMessage(
-                route=route.name,
-                message_type=route.message_type,
-                schema_version=route.schema_version,
-                body=body.model_dump_json().encode(),
-                user_id=body.user_id,
-                message_id=message_id,
-                headers=headers,
-                available_at=available_at,
-                priority=options.priority,
-                expires_at=expires_at,
-            )
-        ],
+    row = outbox.from_envelope(
+        route.name,
+        envelope,
+        body.model_dump_json().encode(),
+        extra_headers={H_PRIORITY: options.priority} if options.priority else None,
+        available_at=available_at,
+        priority=options.priority,
+        expires_at=expires_at,
     )
+    await outbox.enqueue(conn, [row])
     return PublishResult(message_id, True, None, available_at or now, expires_at)
 
 

@@ -102,20 +102,8 @@ def consuming(route: str, message_id: str, traceparent: str | None) -> Iterator[
     if not _recording:
         yield traceparent if _provider is None else child_traceparent(traceparent)
         return
-    parent = _PROPAGATOR.extract({"traceparent": traceparent}) if traceparent else None
-    tracer = trace.get_tracer(_TRACER)
-    with tracer.start_as_current_span(
-        f"{route} process",
-        context=parent,
-        kind=SpanKind.CONSUMER,
-        attributes={
-            "messaging.system": "rabbitmq",
-            "messaging.operation.type": "process",
-            "messaging.destination.name": route,
-            "messaging.message.id": message_id,
-        },
-    ) as span:
-        yield traceparent_of(span, traceparent)
+    with _span(route, "process", SpanKind.CONSUMER, message_id, traceparent, None) as carried:
+        yield carried
 
 
 @contextmanager
@@ -128,16 +116,30 @@ def publishing(
     if not _recording:
         yield traceparent
         return
+    with _span(route, "publish", SpanKind.PRODUCER, message_id, traceparent, since) as carried:
+        yield carried
+
+
+@contextmanager
+def _span(
+    route: str,
+    operation: str,
+    kind: SpanKind,
+    message_id: str,
+    traceparent: str | None,
+    since: datetime | None,
+) -> Iterator[str | None]:
+    """A recorded messaging span, the child of `traceparent`; yields its own `traceparent`."""
     parent = _PROPAGATOR.extract({"traceparent": traceparent}) if traceparent else None
     tracer = trace.get_tracer(_TRACER)
     with tracer.start_as_current_span(
-        f"{route} publish",
+        f"{route} {operation}",
         context=parent,
-        kind=SpanKind.PRODUCER,
+        kind=kind,
         start_time=int(since.timestamp() * 1e9) if since is not None else None,
         attributes={
             "messaging.system": "rabbitmq",
-            "messaging.operation.type": "publish",
+            "messaging.operation.type": operation,
             "messaging.destination.name": route,
             "messaging.message.id": message_id,
         },

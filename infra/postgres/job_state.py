@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID, uuid4
 
-from events.envelope import H_ADDRESS, H_GROUP, Envelope
+from events.envelope import H_ADDRESS, H_GROUP, H_GROUP_END, Envelope
 from infra.postgres import dead_letters, holds, outbox
 from infra.postgres.pool import Conn
 
@@ -264,6 +264,20 @@ async def finish(conn: Conn, finished: Sequence[Finished]) -> None:
     await _complete_if_done(conn, groups)
 
 
+async def finish_failed(
+    conn: Conn, message_id: str | None, address: str | None, group: UUID | None, error: str
+) -> None:
+    """A message given up on (buried, expired, dead-lettered by the broker): its address and
+    group member fail. Nothing to do for a message without either, or without a usable id."""
+    if address is None and group is None:
+        return
+    try:
+        finished_id = UUID(str(message_id))
+    except ValueError:
+        return
+    await finish(conn, [Finished(finished_id, address, group, ok=False, error=error)])
+
+
 async def _complete_if_done(conn: Conn, groups: Sequence[UUID]) -> None:
     """Complete the open groups (locked by the caller) whose members have all finished, and
     publish their end messages through the outbox."""
@@ -292,16 +306,8 @@ def _end_row(end: EndMessage, message_id: UUID, group_id: UUID, why: str) -> out
         schema_version=end.schema_version,
         user_id=end.user_id,
     )
-    headers = envelope.headers()
-    headers["x-pkgq-group-end"] = f"{group_id}:{why}"
-    return outbox.OutboxMessage(
-        route=end.route,
-        message_type=end.message_type,
-        schema_version=end.schema_version,
-        body=end.body,
-        user_id=end.user_id,
-        message_id=message_id,
-        headers=headers,
+    return outbox.from_envelope(
+        end.route, envelope, end.body, extra_headers={H_GROUP_END: f"{group_id}:{why}"}
     )
 
 

@@ -60,12 +60,39 @@ class ClaimedRow:
     """Milliseconds left of the TTL when claimed (0: expired, never published)."""
 
 
+def from_envelope(
+    route_name: str,
+    envelope: Envelope,
+    body: bytes,
+    *,
+    extra_headers: dict[str, Any] | None = None,
+    available_at: datetime | None = None,
+    cancel_key: str | None = None,
+    priority: int = 0,
+    expires_at: datetime | None = None,
+) -> OutboxMessage:
+    """The outbox row of a new message: ids, type and headers from its envelope."""
+    return OutboxMessage(
+        route=route_name,
+        message_type=envelope.message_type,
+        schema_version=envelope.schema_version,
+        body=body,
+        user_id=envelope.user_id,
+        seq=envelope.seq,
+        message_id=envelope.message_id,
+        headers={**envelope.headers(), **(extra_headers or {})},
+        available_at=available_at,
+        cancel_key=cancel_key,
+        priority=priority,
+        expires_at=expires_at,
+    )
+
+
 def from_outgoing(
     out: Outgoing, *, seq: int | None, attempt: int = 1, traceparent: str | None = None
 ) -> OutboxMessage:
-    message_id = uuid4()
     envelope = Envelope(
-        message_id=message_id,
+        message_id=uuid4(),
         message_type=out.route.message_type,
         schema_version=out.route.schema_version,
         user_id=out.body.user_id,
@@ -73,15 +100,10 @@ def from_outgoing(
         attempt=attempt,
         traceparent=traceparent,
     )
-    return OutboxMessage(
-        route=out.route.name,
-        message_type=out.route.message_type,
-        schema_version=out.route.schema_version,
-        body=out.body.model_dump_json().encode(),
-        user_id=out.body.user_id,
-        seq=seq,
-        message_id=message_id,
-        headers=envelope.headers(),
+    return from_envelope(
+        out.route.name,
+        envelope,
+        out.body.model_dump_json().encode(),
         available_at=out.due_at,
         cancel_key=out.cancel_key,
     )

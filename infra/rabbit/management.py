@@ -1,4 +1,5 @@
-"""Queue figures from the RabbitMQ management API (the plugin ships with the server).
+"""Queue figures from the broker: the management API (the plugin ships with the server), and
+what plain AMQP can tell (ready messages and consumers, by passive declares).
 
 AMQP tells a client only a queue's ready count; how many deliveries consumers hold unacknowledged
 (seed 004's "taken") is known to the broker's management API. Unreachable or disabled: None,
@@ -13,8 +14,13 @@ import json
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
+from aiormq.exceptions import ChannelNotFoundEntity
+
+from infra.rabbit.connection import connect
+from infra.rabbit.topology import route_queues
 from infra.settings import Settings
 
 
@@ -80,4 +86,32 @@ async def queue_figures(
                 int(row.get("messages_unacknowledged") or 0),
                 int(row.get("consumers") or 0),
             )
+    return found
+
+
+async def queue_depths(settings: Settings, route: str) -> list[dict[str, Any]]:
+    """Ready messages and consumers of each of the route's queues (as configured here)."""
+    connection = await connect(settings.amqp_url, "pkgq-partitions")
+    found: list[dict[str, Any]] = []
+    try:
+        for name, key in route_queues(settings, route):
+            channel = await connection.channel()
+            try:
+                queue = await channel.declare_queue(name, passive=True)
+                result = queue.declaration_result
+                found.append(
+                    {
+                        "queue": name,
+                        "binding": key,
+                        "ready": result.message_count,
+                        "consumers": result.consumer_count,
+                    }
+                )
+            except ChannelNotFoundEntity:
+                found.append({"queue": name, "binding": key, "ready": None, "consumers": None})
+            finally:
+                if not channel.is_closed:
+                    await channel.close()
+    finally:
+        await connection.close()
     return found
