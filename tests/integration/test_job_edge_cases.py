@@ -11,9 +11,13 @@ import asyncpg
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
-from events.routes import USAGE_RECORD
-from infra.jobs import Jobs
+from events.models import AdjustQuota
+from events.routes import QUOTA_ADJUST, USAGE_RECORD
+from infra.jobs import Jobs, end_message
 from infra.postgres import dead_letters, outbox
+from infra.rabbit.publisher import Publisher, build_message
+from infra.rabbit.tap import Tap
+from infra.rabbit.topology import routing_key_for
 from infra.settings import Settings
 from tests.conformance.jobs_support import (
     FAIL_ALWAYS,
@@ -238,3 +242,73 @@ async def test_a_paused_routes_messages_still_expire_when_their_ttl_runs_out(
     assert await reason_of(pool, put.message_id) == "expired"
     pending = await fetch(pool, "SELECT message_id FROM telecom.outbox WHERE published_at IS NULL")
     assert pending == [{"message_id": kept.message_id}]  # the rest stays paused
+
+
+async def test_duplicate_deliveries_of_group_members_and_addressed_messages_count_once(
+    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection, tap: Tap
+) -> None:
+    """A relay re-publish or a redelivery after a crash brings a second copy: the inbox drops
+    it, so a group still completes once with its true counts, and an address stays done."""
+    jobs = Jobs(pool)
+    ops = uuid4()
+    group = await jobs.publish_group(
+        USAGE_RECORD,
+        [usage(uuid4(), 1), usage(uuid4(), 2)],
+        name="dups",
+        on_complete=end_message(QUOTA_ADJUST, AdjustQuota(user_id=ops, item_id=1, delta=1)),
+    )
+    addressed = await jobs.publish(USAGE_RECORD, usage(uuid4(), 3), address="dup")
+    # Second copies of a member and of the addressed message reach the broker first.
+    publisher = await Publisher.open(amqp, settings.exchange)
+    try:
+        for message_id in (group.message_ids[0], addressed.message_id):
+            (row,) = await fetch(
+                pool,
+                "SELECT body, headers, message_type, user_id FROM telecom.outbox "
+                "WHERE message_id = $1",
+                message_id,
+            )
+            await publisher.publish(
+                build_message(
+                    bytes(row["body"]),
+                    message_id=message_id,
+                    message_type=row["message_type"],
+                    headers=row["headers"],
+                ),
+                routing_key_for(settings, USAGE_RECORD.name, row["user_id"]),
+            )
+    finally:
+        await publisher.close()
+    recorder = Recorder()
+    app = InProcess(settings, pool, amqp)
+    try:
+        await app.start_consumers(
+            [USAGE_RECORD], pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder)}
+        )
+        await app.start_relay()
+
+        async def completed_and_sent() -> bool:
+            summary = await jobs.group(group.group_id)
+            return bool(summary and summary["state"] == "completed" and tap.on(QUOTA_ADJUST.name))
+
+        await eventually(completed_and_sent)
+        state = await jobs.wait("dup", timeout=10)
+
+        async def copies_taken() -> bool:  # both copies of each were delivered
+            rows = await fetch(
+                pool,
+                "SELECT sum(count) AS n FROM telecom.transition_counts "
+                "WHERE route = $1 AND transition = 'take'",
+                USAGE_RECORD.name,
+            )
+            return int(rows[0]["n"] or 0) == 5
+
+        await eventually(copies_taken)
+    finally:
+        await app.close()
+    summary = await jobs.group(group.group_id)
+    assert summary is not None
+    assert (summary["total"], summary["done"], summary["failed"]) == (2, 2, 0)
+    assert sorted(recorder.applied) == sorted([*group.message_ids, addressed.message_id])
+    assert len(tap.on(QUOTA_ADJUST.name)) == 1  # the end message, once
+    assert state.state == "done"

@@ -64,6 +64,9 @@ async def test_a_consumer_process_reports_messages_by_outcome_and_job_states_and
         assert str(user) not in metrics  # label values never carry user or message ids
         assert (await http_get(port, "/healthz"))[0] == 200
 
+        # The registry is the test process's: other tests' deliveries count there too, so
+        # the counters are compared with what they were before.
+        duplicates_before = await usage_count(port, "duplicate")
         duplicate = await send(
             served, amqp, USAGE_RECORD, RecordUsage(user_id=user, upload=2, download=0)
         )
@@ -76,10 +79,7 @@ async def test_a_consumer_process_reports_messages_by_outcome_and_job_states_and
         )
 
         async def duplicate_counted() -> bool:
-            _, text = await http_get(port, "/metrics")
-            return (
-                'pkgq_messages_total{outcome="duplicate",route="telecom.usage_record"} 1.0' in text
-            )
+            return await usage_count(port, "duplicate") == duplicates_before + 1
 
         await eventually(duplicate_counted)
         assert await acked_usage(port) == before + 2
@@ -102,9 +102,14 @@ async def test_a_consumer_process_reports_messages_by_outcome_and_job_states_and
 
 
 async def acked_usage(port: int) -> float:
+    return await usage_count(port, "acked")
+
+
+async def usage_count(port: int, outcome: str) -> float:
+    """pkgq_messages_total of usage_record deliveries with this outcome."""
     _, metrics = await http_get(port, "/metrics")
     found = re.search(
-        r'^pkgq_messages_total\{outcome="acked",route="telecom.usage_record"\} (\S+)$',
+        rf'^pkgq_messages_total\{{outcome="{outcome}",route="telecom.usage_record"\}} (\S+)$',
         metrics,
         re.MULTILINE,
     )
