@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
@@ -33,7 +34,7 @@ from events.partitioning import route_of_key
 from events.routes import ROUTES
 from infra.postgres import dead_letters, holds, job_state
 from infra.postgres.pool import Conn
-from infra.rabbit.consumer import Outcome, Processor, QueueConsumer
+from infra.rabbit.consumer import Outcome, Processor, QueueConsumer, Result
 from infra.rabbit.topology import declare_exchanges
 from infra.settings import Settings
 
@@ -101,6 +102,9 @@ def to_dead_letter(raw: RawDelivery) -> dead_letters.NewDeadLetter:
 
 
 def make_ingester(pool: asyncpg.Pool) -> Processor:
+    async def ingest_all(raws: Sequence[RawDelivery]) -> list[Result]:
+        return [Result(await ingest(raw)) for raw in raws]
+
     async def ingest(raw: RawDelivery) -> Outcome:
         dead = to_dead_letter(raw)
         async with pool.acquire(timeout=10) as conn, conn.transaction():
@@ -128,7 +132,7 @@ def make_ingester(pool: asyncpg.Pool) -> Processor:
         )
         return Outcome.DEAD_LETTERED
 
-    return ingest
+    return ingest_all
 
 
 async def _finish(conn: Conn, raw: RawDelivery, dead: dead_letters.NewDeadLetter) -> None:

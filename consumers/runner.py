@@ -64,10 +64,9 @@ async def run_consumers(
                 route,
                 settings,
                 svc.amqp,
-                pipeline,
+                pipeline.process_batch,
                 dead_letters,
-                idle=pipeline.release_pending,
-                batch=pipeline.process_batch,
+                idle=pipeline.drain_parked,
                 partition=partition,
             )
             (consumers if settings.preferred(partition) else standby).append(consumer)

@@ -1,36 +1,218 @@
-"""The handler pattern: inbox, user lock, pure transition, write-back, outbox — one transaction."""
+"""The handler's side of a batch: what a handler sees and what it changes, all in memory.
+
+The delivery pipeline (consumers/delivery/) locks and loads every user of a batch with one
+statement each, hands each message's handler a `HandlerContext` over that batch's `UnitOfWork`,
+and writes everything the handlers changed back with one statement per table. A handler only
+describes its transition: it never runs SQL of its own.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from domain.events import DomainEvent, ExpiryUnscheduled, PackageExpired, UsageRemaining
+from domain.model import ItemStatus, Package
 from domain.queue import UserQueue
 from events.envelope import Envelope
 from events.outgoing import expiry_key, outgoing
-from infra.postgres import access, outbox, queue_repo
+from infra.postgres import access, outbox
 from infra.postgres.pool import Conn
+from infra.postgres.queue_repo import LoadedQueue
+
+
+class NotInBatchError(LookupError):
+    """A handler asked for something its batch did not load (a bug in its `Needs`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Needs:
+    """What a message needs loaded besides its user's live items, declared per route so that
+    the pipeline can load a whole batch's needs with one statement each."""
+
+    item_ids: tuple[int, ...] = ()
+    """Items the message targets that may have left the queue (cancelled, consumed)."""
+    package_ids: tuple[int, ...] = ()
+    """Catalog entries it buys."""
+    new_items: int = 0
+    """Item ids it creates."""
+
+
+NO_NEEDS = Needs()
+
+
+@dataclass
+class UnitOfWork:
+    """A batch's locked users in memory, and the changes its messages made to them."""
+
+    now: datetime
+    """The transaction's clock (Postgres `now()`), the same clock the relay schedules by."""
+    queues: dict[UUID, LoadedQueue]
+    packages: dict[int, Package] = field(default_factory=dict)
+    new_ids: list[int] = field(default_factory=list)
+    created_at: datetime | None = None
+    """When the new item ids were taken (the purchased items' created_at)."""
+    outbox_rows: list[outbox.OutboxMessage] = field(default_factory=list)
+    """Follow-up rows in the order they were made (append-only: a rollback cuts the tail)."""
+    withdrawn: list[tuple[str, int]] = field(default_factory=list)
+    """Timers withdrawn: (cancel key, how many outbox rows had been made by then)."""
+    access_changes: dict[UUID, access.Change] = field(default_factory=dict)
+    remaining: dict[UUID, dict[int, int]] = field(default_factory=dict)
+    """Remaining traffic per user and item, for node management."""
+
+    def savepoint(self, user_id: UUID | None) -> Savepoint:
+        """The state one message may change (its user's), to go back to if it fails."""
+        loaded = self.queues.get(user_id) if user_id is not None else None
+        return Savepoint(
+            user_id=user_id,
+            queue=_copy(loaded) if loaded is not None else None,
+            outbox_len=len(self.outbox_rows),
+            withdrawn_len=len(self.withdrawn),
+            access_change=self.access_changes.get(user_id) if user_id is not None else None,
+            remaining=dict(self.remaining.get(user_id, {})) if user_id is not None else {},
+        )
+
+    def rollback(self, point: Savepoint) -> None:
+        """Undo what a failed message changed (its neighbours' changes stay). Item ids it took
+        are not handed back: a gap in the ids is harmless."""
+        del self.outbox_rows[point.outbox_len :]
+        del self.withdrawn[point.withdrawn_len :]
+        user_id = point.user_id
+        if user_id is None:
+            return
+        if point.queue is not None:
+            self.queues[user_id] = point.queue
+        if point.access_change is None:
+            self.access_changes.pop(user_id, None)
+        else:
+            self.access_changes[user_id] = point.access_change
+        self.remaining[user_id] = point.remaining
+
+    def rows_to_write(self) -> list[outbox.OutboxMessage]:
+        """The follow-up rows, less timers withdrawn later in the batch (never written)."""
+        if not self.withdrawn:
+            return self.outbox_rows
+        cut: dict[str, int] = {}
+        for key, made in self.withdrawn:
+            cut[key] = max(cut.get(key, 0), made)
+        return [
+            row
+            for index, row in enumerate(self.outbox_rows)
+            if row.cancel_key is None or index >= cut.get(row.cancel_key, 0)
+        ]
+
+    def remaining_to_write(self) -> dict[tuple[UUID, int], int]:
+        return {(u, i): r for u, items in self.remaining.items() for i, r in items.items()}
+
+    def queue(self, user_id: UUID) -> LoadedQueue:
+        loaded = self.queues.get(user_id)
+        if loaded is None:
+            raise NotInBatchError(f"user {user_id} was not locked by this batch")
+        return loaded
+
+    def record(
+        self,
+        loaded: LoadedQueue,
+        events: list[DomainEvent],
+        envelope: Envelope,
+        traceparent: str | None,
+    ) -> None:
+        """The events of a transition: follow-up rows (numbered from the user's sequence),
+        timers withdrawn, and node management's remaining traffic."""
+        user_id = loaded.queue.user_id
+        withdrawn = [expiry_key(e.item_id) for e in events if isinstance(e, ExpiryUnscheduled)]
+        # A timer scheduled and withdrawn in the same batch (an item activated and consumed at
+        # once) is never written; one written by an earlier transaction is deleted.
+        self.withdrawn.extend((key, len(self.outbox_rows)) for key in withdrawn)
+        messages = [
+            out
+            for event in events
+            if (out := outgoing(event)) is not None and out.cancel_key not in withdrawn
+        ]
+        seqs = loaded.take_seqs(len(messages))
+        for event in events:
+            # Node management sees remaining traffic change in the same transaction as billing.
+            if isinstance(event, UsageRemaining):
+                self.remaining.setdefault(user_id, {})[event.item_id] = event.remaining
+            elif isinstance(event, PackageExpired):
+                self.remaining.setdefault(user_id, {})[event.item_id] = 0
+        self.outbox_rows.extend(
+            outbox.from_outgoing(out, seq=seq, traceparent=traceparent or envelope.traceparent)
+            for out, seq in zip(messages, seqs, strict=True)
+        )
+
+    def change_access(self, change: access.Change) -> None:
+        """Of a user's grants and revokes in a batch, only the newest (highest seq) can stick."""
+        current = self.access_changes.get(change.user_id)
+        if current is None or change.seq > current.seq:
+            self.access_changes[change.user_id] = change
+
+
+@dataclass(frozen=True, slots=True)
+class Savepoint:
+    user_id: UUID | None
+    queue: LoadedQueue | None
+    outbox_len: int
+    withdrawn_len: int
+    access_change: access.Change | None
+    remaining: dict[int, int]
+
+
+def _copy(loaded: LoadedQueue) -> LoadedQueue:
+    queue = loaded.queue
+    return dataclasses.replace(
+        loaded,
+        queue=dataclasses.replace(queue, items=[dataclasses.replace(i) for i in queue.items]),
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class HandlerContext:
     conn: Conn
+    """The batch's connection (read-only for handlers: the pipeline writes)."""
     now: datetime
     """The transaction's clock (Postgres `now()`), the same clock the relay schedules by."""
     envelope: Envelope
-    outbox_rows: list[outbox.OutboxMessage] | None = None
-    """Where follow-up events go when the caller writes a whole batch's outbox rows in one
-    statement before it commits (None: written at once)."""
+    work: UnitOfWork
     traceparent: str | None = None
     """The trace context follow-up events carry: the span applying this message (see
     infra/tracing.py), or the incoming message's."""
 
+    def package(self, package_id: int) -> Package | None:
+        """A catalog entry the message's `Needs` named (None: not in the catalog)."""
+        return self.work.packages.get(package_id)
+
+    def new_item_ids(self, count: int) -> tuple[list[int], datetime]:
+        """`count` item ids the message's `Needs` reserved, and when they were taken."""
+        if count > len(self.work.new_ids) or self.work.created_at is None:
+            raise NotInBatchError(f"{count} new item ids were not reserved for this message")
+        taken, self.work.new_ids[:] = self.work.new_ids[:count], self.work.new_ids[count:]
+        return taken, self.work.created_at
+
+    def grant(self, user_id: UUID, item_id: int) -> None:
+        """Grant access on the item, with its remaining traffic and expiry as they are now."""
+        loaded = self.work.queue(user_id)
+        item = next((i for i in loaded.queue.items if i.id == item_id), None)
+        if item is None:
+            return  # not this user's item: nothing to grant
+        remaining = max(item.remaining, 0) if item.status is ItemStatus.ACTIVE else 0
+        self.work.change_access(
+            access.Change(
+                user_id, self.envelope.seq or 0, item.id, item.package_id, remaining, item.expire_at
+            )
+        )
+
+    def revoke(self, user_id: UUID) -> None:
+        self.work.queue(user_id)  # the user is locked like any other
+        self.work.change_access(access.Change(user_id, self.envelope.seq or 0))
+
 
 Handler = Callable[[HandlerContext, Any], Awaitable[None]]
+NeedsOf = Callable[[Any], Needs]
 
 
 async def transition(
@@ -40,45 +222,10 @@ async def transition(
     *,
     item_ids: Iterable[int] = (),
 ) -> list[DomainEvent]:
-    """Lock and load the user's queue, run `step`, write the new state and its events."""
-    loaded = await queue_repo.load_queue(ctx.conn, user_id, item_ids)
-    return await commit(ctx, loaded, step(loaded.queue))
-
-
-async def commit(
-    ctx: HandlerContext, loaded: queue_repo.LoadedQueue, events: list[DomainEvent]
-) -> list[DomainEvent]:
-    """Write back a loaded queue after its transition, and the events the transition caused.
-
-    The events' sequence numbers come from the locked user row as loaded, and the new sequence
-    is written with the rest of the row: no extra round trip for it."""
-    user_id = loaded.queue.user_id
-    withdrawn = [expiry_key(e.item_id) for e in events if isinstance(e, ExpiryUnscheduled)]
-    # A timer scheduled and withdrawn in the same transaction (an item activated and consumed
-    # at once) is never written; one written by an earlier transaction is deleted.
-    messages = [
-        out
-        for event in events
-        if (out := outgoing(event)) is not None and out.cancel_key not in withdrawn
-    ]
-    seqs = loaded.take_seqs(len(messages))
-    await queue_repo.save_queue(ctx.conn, loaded)
-    if ctx.outbox_rows is not None and withdrawn:
-        # A timer scheduled earlier in the same batch is not written yet: drop it there.
-        ctx.outbox_rows[:] = [m for m in ctx.outbox_rows if m.cancel_key not in withdrawn]
-    await outbox.withdraw(ctx.conn, withdrawn)
-    for event in events:
-        # Node management sees remaining traffic change in the same transaction as billing.
-        if isinstance(event, UsageRemaining):
-            await access.set_remaining(ctx.conn, user_id, event.item_id, event.remaining)
-        elif isinstance(event, PackageExpired):
-            await access.set_remaining(ctx.conn, user_id, event.item_id, 0)
-    rows = [
-        outbox.from_outgoing(out, seq=seq, traceparent=ctx.traceparent or ctx.envelope.traceparent)
-        for out, seq in zip(messages, seqs, strict=True)
-    ]
-    if ctx.outbox_rows is not None:
-        ctx.outbox_rows.extend(rows)
-    else:
-        await outbox.enqueue(ctx.conn, rows)
+    """Run `step` on the user's queue (loaded by the batch, with `item_ids` its Needs named)
+    and record its events. The batch writes the new state back."""
+    del item_ids  # loaded through the route's Needs; kept in the call to say what it targets
+    loaded = ctx.work.queue(user_id)
+    events = step(loaded.queue)
+    ctx.work.record(loaded, events, ctx.envelope, ctx.traceparent)
     return events

@@ -22,7 +22,8 @@ from consumers import publishing
 from consumers.delivery import DeliveryPipeline
 from consumers.runner import run_consumers
 from consumers.runtime import Services
-from events.envelope import CONTENT_TYPE, H_SCHEMA_VERSION
+from events.decoding import RawDelivery
+from events.envelope import CONTENT_TYPE, H_SCHEMA_VERSION, H_SEQ, H_USER_ID
 from events.models import WireModel
 from events.routes import ROUTES, Route
 from infra.outbox.relay import Relay
@@ -42,6 +43,21 @@ async def eventually(
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {within}s: {check.__qualname__}")
         await asyncio.sleep(every)
+
+
+def raw_for(route: Route, body: WireModel, *, seq: int | None = None) -> RawDelivery:
+    """A delivery of `body` on `route` as the broker would hand it over (no AMQP involved)."""
+    headers: dict[str, object] = {H_SCHEMA_VERSION: 1, H_USER_ID: str(body.user_id)}
+    if seq is not None:
+        headers[H_SEQ] = seq
+    return RawDelivery(
+        body=body.model_dump_json().encode(),
+        message_id=str(uuid4()),
+        message_type=route.message_type,
+        content_type=CONTENT_TYPE,
+        timestamp=None,
+        headers=headers,
+    )
 
 
 async def add_package(

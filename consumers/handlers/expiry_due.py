@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from consumers.unit_of_work import HandlerContext, transition
+from consumers.unit_of_work import HandlerContext, Needs, transition
 from events.models import PackageExpiryDue
+
+
+def needs(body: PackageExpiryDue) -> Needs:
+    return Needs(item_ids=(body.item_id,))
 
 
 async def handle(ctx: HandlerContext, body: PackageExpiryDue) -> None:

@@ -6,6 +6,9 @@ Updates carry the per-user event sequence number; an event older than the last o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
 from uuid import UUID
 
 import asyncpg
@@ -13,58 +16,65 @@ import asyncpg
 from infra.postgres.pool import Conn
 
 
-async def grant(conn: Conn, user_id: UUID, item_id: int, seq: int) -> bool:
-    """Grant access on `item_id`, with its remaining traffic and expiry read from the queue."""
-    # Wait for a transaction billing this user to commit, so `remaining` is not read stale.
-    await conn.execute("SELECT 1 FROM telecom.queue_users WHERE user_id = $1 FOR SHARE", user_id)
-    status = await conn.execute(
-        """
-        INSERT INTO telecom.access AS a
-            (user_id, granted, item_id, package_id, remaining, expire_at, seq)
-        SELECT q.user_id, true, q.id, q.package_id,
-               CASE WHEN q.status = 'active'
-                    THEN greatest(p.traffic_limit + q.adjust_quota - q.upload - q.download, 0)
-                    ELSE 0  -- consumed before this (late) activation event was applied
-               END,
-               q.expire_at, $3
-        FROM telecom.package_queue q JOIN telecom.packages p ON p.id = q.package_id
-        WHERE q.id = $2 AND q.user_id = $1
-        ON CONFLICT (user_id) DO UPDATE
-        SET granted = true, item_id = EXCLUDED.item_id, package_id = EXCLUDED.package_id,
-            remaining = EXCLUDED.remaining, expire_at = EXCLUDED.expire_at,
-            seq = EXCLUDED.seq, updated_at = now()
-        WHERE a.seq < EXCLUDED.seq
-        """,
-        user_id,
-        item_id,
-        seq,
-    )
-    return status.endswith(" 1")
+@dataclass(frozen=True, slots=True)
+class Change:
+    """The whole access row a grant (item set) or a revoke (item None) leaves, at `seq`."""
+
+    user_id: UUID
+    seq: int
+    item_id: int | None = None
+    package_id: int | None = None
+    remaining: int | None = None
+    expire_at: datetime | None = None
+
+    @property
+    def granted(self) -> bool:
+        return self.item_id is not None
 
 
-async def revoke(conn: Conn, user_id: UUID, seq: int) -> bool:
-    status = await conn.execute(
-        """
-        INSERT INTO telecom.access AS a (user_id, granted, seq) VALUES ($1, false, $2)
-        ON CONFLICT (user_id) DO UPDATE
-        SET granted = false, item_id = NULL, package_id = NULL, remaining = NULL,
-            expire_at = NULL, seq = EXCLUDED.seq, updated_at = now()
-        WHERE a.seq < EXCLUDED.seq
-        """,
-        user_id,
-        seq,
-    )
-    return status.endswith(" 1")
-
-
-async def set_remaining(conn: Conn, user_id: UUID, item_id: int, remaining: int) -> None:
-    await conn.execute(
-        "UPDATE telecom.access SET remaining = $3, updated_at = now() "
-        "WHERE user_id = $1 AND item_id = $2 AND granted",
-        user_id,
-        item_id,
-        remaining,
-    )
+async def write(
+    conn: Conn, changes: Mapping[UUID, Change], remaining: Mapping[tuple[UUID, int], int]
+) -> set[UUID]:
+    """A batch's access updates, one statement per kind. `changes`: per user, the grant or
+    revoke with the highest seq (applied in order, only the newest of them could stick);
+    `remaining`: new traffic left per (user, item), applied where that item is the granted one.
+    Returns the users whose change was newer than the row's (the others were stale)."""
+    applied: set[UUID] = set()
+    if changes:
+        rows = await conn.fetch(
+            """
+            INSERT INTO telecom.access AS a
+                (user_id, granted, item_id, package_id, remaining, expire_at, seq)
+            SELECT * FROM unnest($1::uuid[], $2::bool[], $3::bigint[], $4::bigint[],
+                                 $5::bigint[], $6::timestamptz[], $7::bigint[])
+            ON CONFLICT (user_id) DO UPDATE
+            SET granted = EXCLUDED.granted, item_id = EXCLUDED.item_id,
+                package_id = EXCLUDED.package_id, remaining = EXCLUDED.remaining,
+                expire_at = EXCLUDED.expire_at, seq = EXCLUDED.seq, updated_at = now()
+            WHERE a.seq < EXCLUDED.seq
+            RETURNING a.user_id
+            """,
+            [c.user_id for c in changes.values()],
+            [c.granted for c in changes.values()],
+            [c.item_id for c in changes.values()],
+            [c.package_id for c in changes.values()],
+            [c.remaining for c in changes.values()],
+            [c.expire_at for c in changes.values()],
+            [c.seq for c in changes.values()],
+        )
+        applied = {r["user_id"] for r in rows}
+    if remaining:
+        await conn.execute(
+            """
+            UPDATE telecom.access a SET remaining = x.remaining, updated_at = now()
+            FROM unnest($1::uuid[], $2::bigint[], $3::bigint[]) AS x(user_id, item_id, remaining)
+            WHERE a.user_id = x.user_id AND a.item_id = x.item_id AND a.granted
+            """,
+            [user for user, _ in remaining],
+            [item for _, item in remaining],
+            list(remaining.values()),
+        )
+    return applied
 
 
 async def get_access(conn: Conn, user_id: UUID) -> asyncpg.Record | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import timedelta
 
 import asyncpg
@@ -17,6 +18,14 @@ def _package(row: asyncpg.Record) -> Package:
 async def get_package(conn: Conn, package_id: int) -> Package | None:
     row = await conn.fetchrow("SELECT * FROM telecom.packages WHERE id = $1", package_id)
     return None if row is None else _package(row)
+
+
+async def get_packages(conn: Conn, package_ids: Iterable[int]) -> dict[int, Package]:
+    """Catalog entries by id, in one statement (ids not in the catalog are left out)."""
+    rows = await conn.fetch(
+        "SELECT * FROM telecom.packages WHERE id = ANY($1::bigint[])", sorted(set(package_ids))
+    )
+    return {r["id"]: _package(r) for r in rows}
 
 
 async def add_package(

@@ -86,7 +86,7 @@ async def hold(
     )
 
 
-async def release(conn: Conn, consumer: str, user_id: UUID) -> None:
+async def lift(conn: Conn, consumer: str, user_id: UUID) -> None:
     """The blocker is done with: its parked messages may now be applied, in order."""
     await conn.execute(
         "UPDATE telecom.holds SET blocker = NULL, state = 'releasing', updated_at = now() "

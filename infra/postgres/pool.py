@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
+from asyncpg.connection import LoggedQuery
 from asyncpg.pool import PoolConnectionProxy
+
+QueryLogger = Callable[[LoggedQuery], None]
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -16,15 +19,27 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
 
 
 async def create_pool(
-    dsn: str, *, min_size: int = 1, max_size: int = 10, application_name: str = "pkgq"
+    dsn: str,
+    *,
+    min_size: int = 1,
+    max_size: int = 10,
+    application_name: str = "pkgq",
+    query_logger: QueryLogger | None = None,
 ) -> asyncpg.Pool:
     """`application_name` shows in pg_stat_activity; a registered worker's pools carry
-    `pkgq:<worker id>`, so its connections can be found and ended (infra/postgres/workers.py)."""
+    `pkgq:<worker id>`, so its connections can be found and ended (infra/postgres/workers.py).
+    `query_logger`: called after every statement of every connection (statement counts)."""
+
+    async def init(conn: asyncpg.Connection) -> None:
+        await _init_connection(conn)
+        if query_logger is not None:
+            conn.add_query_logger(query_logger)
+
     pool: Any = await asyncpg.create_pool(
         dsn,
         min_size=min_size,
         max_size=max_size,
-        init=_init_connection,
+        init=init,
         command_timeout=60,
         server_settings={"application_name": application_name},
     )

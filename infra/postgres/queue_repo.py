@@ -1,10 +1,12 @@
-"""Load and save a user's package queue (the `UserQueue` aggregate) inside a transaction."""
+"""Lock, load and save users' package queues (the `UserQueue` aggregate) inside a transaction:
+one statement each for a whole batch of users, whatever its size."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from uuid import UUID
 
 import asyncpg
@@ -28,11 +30,11 @@ class LoadedQueue:
     items_before: dict[int, QueueItem]
     user_before: tuple[int, int, bool]
     seq: int
-    """The user's event sequence as loaded; `take_seqs` moves it on, `save_queue` writes it."""
+    """The user's event sequence as loaded; `take_seqs` moves it on, `save` writes it."""
     seq_before: int = 0
 
     def take_seqs(self, count: int) -> list[int]:
-        """The next `count` numbers of the user's event sequence (written by save_queue)."""
+        """The next `count` numbers of the user's event sequence (written by save)."""
         first = self.seq + 1
         self.seq += count
         return list(range(first, self.seq + 1))
@@ -56,130 +58,162 @@ def _item(row: asyncpg.Record) -> QueueItem:
     )
 
 
-_LOCK_USER = "SELECT * FROM telecom.queue_users WHERE user_id = $1 FOR UPDATE"
+@dataclass(frozen=True, slots=True)
+class UserRow:
+    """A locked `queue_users` row as it was read."""
+
+    user_id: UUID
+    unbilled_upload: int
+    unbilled_download: int
+    has_access: bool
+    seq: int
 
 
-async def lock_user(conn: Conn, user_id: UUID) -> asyncpg.Record:
-    """Create the user's row if needed and lock it until the transaction ends."""
-    row = await conn.fetchrow(_LOCK_USER, user_id)  # one round trip for a known user
-    if row is None:
-        await conn.execute(
-            "INSERT INTO telecom.queue_users (user_id) VALUES ($1) ON CONFLICT DO NOTHING",
-            user_id,
+# ON CONFLICT DO UPDATE (a no-op update) locks existing rows like FOR UPDATE, waits for rows
+# another transaction is inserting, and returns inserted and existing rows alike; the rows are
+# taken in user_id order, so two batches never lock the same users in opposite orders.
+_LOCK_USERS = """
+    INSERT INTO telecom.queue_users AS u (user_id)
+    SELECT x FROM unnest($1::uuid[]) AS x ORDER BY x
+    ON CONFLICT (user_id) DO UPDATE SET user_id = u.user_id
+    RETURNING u.user_id, u.unbilled_upload, u.unbilled_download, u.has_access, u.seq,
+              now() AS now
+"""
+
+
+async def lock_users(conn: Conn, user_ids: Iterable[UUID]) -> tuple[dict[UUID, UserRow], datetime]:
+    """Create missing user rows and lock all of them until the transaction ends, in one
+    statement. Returns the rows and the transaction's clock."""
+    wanted = sorted(set(user_ids))
+    if not wanted:
+        now: datetime = await conn.fetchval("SELECT now()")
+        return {}, now
+    rows = await conn.fetch(_LOCK_USERS, wanted)
+    users = {
+        r["user_id"]: UserRow(
+            r["user_id"], r["unbilled_upload"], r["unbilled_download"], r["has_access"], r["seq"]
         )
-        row = await conn.fetchrow(_LOCK_USER, user_id)
-    assert row is not None  # inserted above, and user rows are never deleted
-    return row
+        for r in rows
+    }
+    return users, rows[0]["now"]
 
 
-async def load_queue(conn: Conn, user_id: UUID, extra_item_ids: Iterable[int] = ()) -> LoadedQueue:
-    """Lock the user and load their live items plus `extra_item_ids` (targets of a command)."""
-    user = await lock_user(conn, user_id)
+async def lock_user(conn: Conn, user_id: UUID) -> UserRow:
+    """Create the user's row if needed and lock it until the transaction ends."""
+    users, _ = await lock_users(conn, [user_id])
+    return users[user_id]
+
+
+async def load_items(
+    conn: Conn, user_ids: Iterable[UUID], extra_item_ids: Iterable[int] = ()
+) -> dict[UUID, list[QueueItem]]:
+    """The users' live items plus `extra_item_ids` of theirs (targets of commands and events),
+    with their terms, in one statement."""
     rows = await conn.fetch(
         f"""
         SELECT {_ITEM_COLUMNS} FROM telecom.package_queue q
         JOIN telecom.packages p ON p.id = q.package_id
-        WHERE q.user_id = $1 AND q.status IN ('in_queue', 'active')
-        UNION
-        SELECT {_ITEM_COLUMNS} FROM telecom.package_queue q
-        JOIN telecom.packages p ON p.id = q.package_id
-        WHERE q.user_id = $1 AND q.id = ANY($2::bigint[])
+        WHERE q.user_id = ANY($1::uuid[])
+          AND (q.status IN ('in_queue', 'active') OR q.id = ANY($2::bigint[]))
         """,
-        user_id,
-        list(extra_item_ids),
+        sorted(set(user_ids)),
+        sorted(set(extra_item_ids)),
     )
-    items = [_item(r) for r in rows]
+    items: dict[UUID, list[QueueItem]] = {}
+    for row in rows:
+        items.setdefault(row["user_id"], []).append(_item(row))
+    return items
+
+
+def loaded_queue(user: UserRow, items: list[QueueItem]) -> LoadedQueue:
+    """A locked user's queue, with the state it was loaded in."""
     queue = UserQueue(
-        user_id=user_id,
+        user_id=user.user_id,
         items=items,
-        unbilled_upload=user["unbilled_upload"],
-        unbilled_download=user["unbilled_download"],
-        has_access=user["has_access"],
+        unbilled_upload=user.unbilled_upload,
+        unbilled_download=user.unbilled_download,
+        has_access=user.has_access,
     )
     return LoadedQueue(
         queue=queue,
         items_before={i.id: dataclasses.replace(i) for i in items},
-        user_before=(user["unbilled_upload"], user["unbilled_download"], user["has_access"]),
-        seq=user["seq"],
-        seq_before=user["seq"],
+        user_before=(user.unbilled_upload, user.unbilled_download, user.has_access),
+        seq=user.seq,
+        seq_before=user.seq,
     )
 
 
-async def allocate_item_ids(conn: Conn, count: int) -> list[int]:
+async def allocate_item_ids(conn: Conn, count: int) -> tuple[list[int], datetime]:
+    """`count` new item ids, and the moment they were taken (the items' created_at: taken
+    under the users' locks, FIFO order (created_at, id) is the order purchases committed in)."""
     rows = await conn.fetch(
-        "SELECT nextval('telecom.package_queue_id_seq') AS id FROM generate_series(1, $1)", count
+        "SELECT nextval('telecom.package_queue_id_seq') AS id, clock_timestamp() AS at "
+        "FROM generate_series(1, $1)",
+        count,
     )
-    return [r["id"] for r in rows]
+    return [r["id"] for r in rows], rows[0]["at"]
 
 
-async def save_queue(conn: Conn, loaded: LoadedQueue) -> None:
-    """Write back new and changed items and the user's row."""
-    queue = loaded.queue
-    new = [i for i in queue.items if i.id not in loaded.items_before]
-    changed = [
-        i for i in queue.items if i.id in loaded.items_before and i != loaded.items_before[i.id]
-    ]
-    if new:
-        await conn.executemany(
-            """
-            INSERT INTO telecom.package_queue
-                (id, user_id, package_id, by_order, status, created_at, activated_at,
-                 upload, download, adjust_quota, expire_at)
-            VALUES ($1, $2, $3, $4, $5::telecom.package_status, $6, $7, $8, $9, $10, $11)
-            """,
-            [
-                (
-                    i.id,
-                    i.user_id,
-                    i.package_id,
-                    i.by_order,
-                    i.status.value,
-                    i.created_at,
-                    i.activated_at,
-                    i.upload,
-                    i.download,
-                    i.adjust_quota,
-                    i.expire_at,
-                )
-                for i in new
-            ],
-        )
-    if changed:
-        # Items leaving `active` are written before the one entering it, so the partial unique
-        # index (one active item per user) never sees two at once.
-        changed.sort(key=lambda i: i.status is ItemStatus.ACTIVE)
-        await conn.executemany(
-            """
-            UPDATE telecom.package_queue
-            SET status = $2::telecom.package_status, activated_at = $3, upload = $4,
-                download = $5, adjust_quota = $6, expire_at = $7
-            WHERE id = $1
-            """,
-            [
-                (
-                    i.id,
-                    i.status.value,
-                    i.activated_at,
-                    i.upload,
-                    i.download,
-                    i.adjust_quota,
-                    i.expire_at,
-                )
-                for i in changed
-            ],
-        )
-    user_after = (queue.unbilled_upload, queue.unbilled_download, queue.has_access)
-    if user_after != loaded.user_before or loaded.seq != loaded.seq_before:
+async def save(conn: Conn, queues: Iterable[LoadedQueue]) -> None:
+    """Write back new and changed items (one statement) and changed user rows (one more)."""
+    items: list[QueueItem] = []
+    users: list[LoadedQueue] = []
+    for loaded in queues:
+        queue = loaded.queue
+        before = loaded.items_before
+        items.extend(i for i in queue.items if i.id not in before or i != before[i.id])
+        user_after = (queue.unbilled_upload, queue.unbilled_download, queue.has_access)
+        if user_after != loaded.user_before or loaded.seq != loaded.seq_before:
+            users.append(loaded)
+    if items:
+        # Items leaving `active` are written before the ones entering it (the rows go in in
+        # this order), so the partial unique index (one active item per user) never sees two.
+        items.sort(key=lambda i: i.status is ItemStatus.ACTIVE)
         await conn.execute(
             """
-            UPDATE telecom.queue_users
-            SET unbilled_upload = $2, unbilled_download = $3, has_access = $4, seq = $5,
-                updated_at = now()
-            WHERE user_id = $1
+            INSERT INTO telecom.package_queue AS q
+                (id, user_id, package_id, by_order, status, created_at, activated_at,
+                 upload, download, adjust_quota, expire_at)
+            SELECT x.id, x.user_id, x.package_id, x.by_order, x.status::telecom.package_status,
+                   x.created_at, x.activated_at, x.upload, x.download, x.adjust_quota, x.expire_at
+            FROM unnest($1::bigint[], $2::uuid[], $3::bigint[], $4::uuid[], $5::text[],
+                        $6::timestamptz[], $7::timestamptz[], $8::bigint[], $9::bigint[],
+                        $10::bigint[], $11::timestamptz[])
+                 WITH ORDINALITY AS x(id, user_id, package_id, by_order, status, created_at,
+                                      activated_at, upload, download, adjust_quota, expire_at, ord)
+            ORDER BY x.ord
+            ON CONFLICT (id) DO UPDATE SET
+                status = EXCLUDED.status, activated_at = EXCLUDED.activated_at,
+                upload = EXCLUDED.upload, download = EXCLUDED.download,
+                adjust_quota = EXCLUDED.adjust_quota, expire_at = EXCLUDED.expire_at
             """,
-            queue.user_id,
-            *user_after,
-            loaded.seq,
+            [i.id for i in items],
+            [i.user_id for i in items],
+            [i.package_id for i in items],
+            [i.by_order for i in items],
+            [i.status.value for i in items],
+            [i.created_at for i in items],
+            [i.activated_at for i in items],
+            [i.upload for i in items],
+            [i.download for i in items],
+            [i.adjust_quota for i in items],
+            [i.expire_at for i in items],
+        )
+    if users:
+        await conn.execute(
+            """
+            UPDATE telecom.queue_users u
+            SET unbilled_upload = x.up, unbilled_download = x.down, has_access = x.access,
+                seq = x.seq, updated_at = now()
+            FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bool[], $5::bigint[])
+                 AS x(user_id, up, down, access, seq)
+            WHERE u.user_id = x.user_id
+            """,
+            [u.queue.user_id for u in users],
+            [u.queue.unbilled_upload for u in users],
+            [u.queue.unbilled_download for u in users],
+            [u.queue.has_access for u in users],
+            [u.seq for u in users],
         )
 
 

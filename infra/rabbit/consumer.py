@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import os
 import signal
 import time
-import traceback
 import zlib
-from collections.abc import Awaitable, Callable, Sequence
-from contextvars import ContextVar
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable
+from datetime import UTC
 from typing import Any, TypeVar
 
 import structlog
@@ -38,58 +35,29 @@ from aio_pika.abc import (
     AbstractQueue,
     AbstractRobustConnection,
 )
-from aiormq.exceptions import ChannelInvalidStateError
 
 from events.decoding import RawDelivery
-from events.envelope import (
-    H_DEAD_AT,
-    H_DEAD_CONSUMER,
-    H_DEAD_ERROR,
-    H_DEAD_REASON,
-    H_DEAD_TRACEBACK,
-    H_TRACEPARENT,
-    H_USER_ID,
-)
+from events.envelope import H_USER_ID
 from events.partitioning import route_of_key
 from events.routes import Route
-from infra.observability import IN_FLIGHT, MESSAGES, PROCESSING
-from infra.rabbit.publisher import Publisher, build_message
+from infra.observability import IN_FLIGHT, MESSAGES
+from infra.rabbit import settle
+from infra.rabbit.last_resort import channel_open, copy_to_dead_letters
+from infra.rabbit.outcomes import Outcome, Processor, Result
+from infra.rabbit.publisher import Publisher
 from infra.rabbit.topology import declare_exchanges, declare_route_queue, route_queues
 from infra.settings import Settings
-from infra.tracing import trace_id_of
 from infra.transient import is_outage, transient_retrying
 
 log = structlog.get_logger(__name__)
 
 BLOCKED_ALERT_AFTER_S = 300.0
 
-
-class Outcome(enum.StrEnum):
-    ACKED = "acked"
-    DUPLICATE = "duplicate"
-    DEAD_LETTERED = "dead_lettered"
-    RETRY_SCHEDULED = "retried"
-    PARKED = "parked"
-    RELEASED = "released"
-    """Given back to the queue in its place (the handler ran past the route's TTR)."""
-    CANCELLED = "cancelled"
-    """A member of a cancelled group: acknowledged without running the handler."""
-    EXPIRED = "expired"
-    """Delivered after its TTL: recorded as expired in the dead-letter store, not applied."""
-
-
-MESSAGE_TIMES: ContextVar[dict[int, float] | None] = ContextVar("pkgq_message_times", default=None)
-"""Set by the consumer around a batch: the processor records, by delivery index, the seconds
-each message of the batch took on its own (its log line's `ms`; the batch's is `batch_ms`)."""
-MESSAGE_TRACES: ContextVar[dict[str, str] | None] = ContextVar("pkgq_message_traces", default=None)
-"""Set by the consumer around its processing: the processor records, by message_id, the trace
-a message was applied in (one it started, when it came without a `traceparent`)."""
-
-Processor = Callable[[RawDelivery], Awaitable[Outcome]]
-BatchProcessor = Callable[[Sequence[RawDelivery]], Awaitable[list[Outcome]]]
 T = TypeVar("T")
 Declare = Callable[[AbstractChannel], Awaitable[AbstractQueue]]
 Idle = Callable[[], Awaitable[object]]
+
+__all__ = ["Outcome", "Processor", "QueueConsumer", "Result", "raw_delivery", "route_consumer"]
 
 
 def raw_delivery(message: AbstractIncomingMessage) -> RawDelivery:
@@ -119,7 +87,6 @@ class QueueConsumer:
         *,
         idle: Idle | None = None,
         idle_every: float = 2.0,
-        batch: BatchProcessor | None = None,
         batch_size: int = 1,
         linger: float = 0.0,
         prefetch: int | None = None,
@@ -128,7 +95,7 @@ class QueueConsumer:
         """`name`: the route (or queue) for logs and the DLX routing key; `declare`: makes the
         queue on a channel; `dead_letters`: where the last-resort copy goes (None: requeue after
         a pause instead); `idle`: called between deliveries at least every `idle_every` s;
-        `batch`: processes up to `batch_size` deliveries at once, waiting up to `linger` s;
+        `processor` takes up to `batch_size` deliveries at once, waiting up to `linger` s;
         `lanes`: worker lanes (messages are spread over them by user, so each user's stay in
         order while different users are processed concurrently)."""
         self.name = name
@@ -140,8 +107,7 @@ class QueueConsumer:
         self._dead_letters = dead_letters
         self._idle = idle
         self._idle_every = idle_every
-        self._batch = batch
-        self._batch_size = batch_size
+        self._batch_size = max(1, batch_size)
         self._linger = linger
         self._prefetch = prefetch or settings.prefetch
         self.lanes = max(1, lanes)
@@ -198,7 +164,7 @@ class QueueConsumer:
                 kept = []
                 while not queue.empty():
                     message = queue.get_nowait()
-                    if _channel_open(message):
+                    if channel_open(message):
                         kept.append(message)
                 for message in kept:
                     queue.put_nowait(message)
@@ -296,35 +262,11 @@ class QueueConsumer:
             if self._stopping.is_set():
                 break  # a delivery that raced the stop stays unacked: redelivered
             message = getter.result()
-            if self._batch is not None and self._batch_size > 1:
-                batch = [m for m in await self._collect(source, message) if _channel_open(m)]
-                if len(batch) > 1:
-                    await self._handle_batch(batch)
-                    continue
-                if not batch:
-                    continue
-                message = batch[0]
-            if not _channel_open(message):
-                continue  # its channel died; the broker redelivers it on the new one
-            with structlog.contextvars.bound_contextvars(
-                route=self.name, message_id=message.message_id
-            ):
-                try:
-                    await self._handle(message)
-                except asyncio.CancelledError:
-                    raise
-                except _StoppingError:
-                    return  # it could not subscribe again after a give-back: failed
-                except Exception as exc:
-                    log.exception("delivery_failed_unexpectedly")
-                    try:
-                        await self._dead_letter(message, "handler_error", exc)
-                    except Exception:
-                        log.exception("dead_letter_failed_unexpectedly")
-                        # Give it back rather than leave it unacked on the channel, where the
-                        # next batch's multiple-ack would take it along unprocessed.
-                        with contextlib.suppress(Exception):
-                            await message.nack(requeue=True)
+            batch = [m for m in await self._collect(source, message) if channel_open(m)]
+            if not batch:
+                continue  # their channel died; the broker redelivers them on the new one
+            if not await self._deliver(batch):
+                return  # stopping, or failed to subscribe again: the rest stays unacked
 
     async def _collect(
         self, source: asyncio.Queue[AbstractIncomingMessage], first: AbstractIncomingMessage
@@ -348,84 +290,73 @@ class QueueConsumer:
                 break
         return batch
 
-    async def _handle_batch(self, messages: list[AbstractIncomingMessage]) -> None:
-        """One transaction for the batch, then one ack for all of it (`multiple`)."""
-        assert self._batch is not None
+    async def _deliver(self, messages: list[AbstractIncomingMessage]) -> bool:
+        """Process deliveries (one or a batch) and settle them. False: shutdown began first
+        (they stay unacked and are redelivered in order) or the consumer failed."""
         started = time.perf_counter()
         raws = [raw_delivery(m) for m in messages]
-        batch = self._batch
-        in_flight = IN_FLIGHT.labels(route=route_of_key(self.name))
+        route = route_of_key(self.name)
+        in_flight = IN_FLIGHT.labels(route=route)
         in_flight.inc(len(messages))
         self._enter(len(messages))
-        failure: Exception | None = None
-        times: dict[int, float] = {}
-        traces: dict[str, str] = {}
-        token = MESSAGE_TIMES.set(times)
-        traces_token = MESSAGE_TRACES.set(traces)
         try:
-            outcomes = await self._process_until_done(lambda: batch(raws))
+            results = await self._process_until_done(lambda: self._processor(raws))
         except asyncio.CancelledError:
             raise
         except _StoppingError:
-            return  # left unacked: redelivered after the restart
-        except Exception as exc:  # noqa: BLE001  (handled below, one delivery at a time)
-            failure = exc
+            return False
+        except Exception as exc:  # noqa: BLE001  (a bug in the processor: isolated below)
+            return await self._undecided(messages, exc)
         finally:
-            MESSAGE_TIMES.reset(token)
-            MESSAGE_TRACES.reset(traces_token)
             in_flight.dec(len(messages))
             self.active -= len(messages)
-        if failure is not None:
-            # A bug in the batch path: fall back to one delivery at a time, so whatever is
-            # wrong is isolated to the message that causes it.
-            log.error("batch_failed_unexpectedly", size=len(messages), exc_info=failure)
-            for message in messages:
-                if not _channel_open(message):
-                    return  # given back (a TTR): the rest went back with it, in order
-                with structlog.contextvars.bound_contextvars(message_id=message.message_id):
-                    if not await self._handle(message):
-                        return  # stopping: it and the rest stay unacked, redelivered in order
-            return
-        if self._settings.fault_kill_after_commit == route_of_key(self.name):
+        if self._settings.fault_kill_after_commit == route:
             os.kill(os.getpid(), signal.SIGKILL)  # crash test: committed, not acked
-        given_back = [m for m, o in zip(messages, outcomes, strict=True) if o is Outcome.RELEASED]
-        done = messages[: len(messages) - len(given_back)]  # only a tail is ever given back
-        if done:
-            await self._ack_all(done)
+        done, given_back = settle.done_and_given_back(messages, results)
+        await settle.ack(done, in_order=self.lanes == 1)
         if given_back:
-            await self._give_back_or_fail()
+            try:
+                await self._give_back_or_fail()
+            except _StoppingError:
+                return False
         self.processed += len(done)
-        elapsed = time.perf_counter() - started
-        ms = round(elapsed * 1000, 2)
-        route = route_of_key(self.name)
-        for outcome in outcomes:
-            MESSAGES.labels(route=route, outcome=outcome.value).inc()
-            PROCESSING.labels(route=route).observe(elapsed / len(messages))
-        for index, (message, outcome, raw) in enumerate(zip(messages, outcomes, raws, strict=True)):
-            own = times.get(index)
-            log.info(
-                "processed",
-                route=self.name,
-                message_id=message.message_id,
-                user_id=str(raw.headers.get(H_USER_ID, "")),
-                trace_id=traces.get(str(message.message_id))
-                or trace_id_of(_text(raw.headers.get(H_TRACEPARENT))),
-                outcome=outcome.value,
-                batch=len(messages),
-                ms=round(own * 1000, 2) if own is not None else None,
-                batch_ms=ms,
-            )
+        settle.record(self.name, route, raws, results, started)
+        return True
 
-    async def _ack_all(self, messages: list[AbstractIncomingMessage]) -> None:
+    async def _undecided(self, messages: list[AbstractIncomingMessage], exc: Exception) -> bool:
+        """The processor raised (a bug in its failure path): a batch falls back to one
+        delivery at a time, so whatever is wrong is isolated to the message that causes it;
+        a single delivery gets the last resort (a confirmed copy in the dead-letter queue)."""
+        if len(messages) > 1:
+            log.error("batch_failed_unexpectedly", size=len(messages), exc_info=exc)
+            for message in messages:
+                if not channel_open(message):
+                    return True  # given back: the rest went back with it, in order
+                with structlog.contextvars.bound_contextvars(message_id=message.message_id):
+                    if not await self._deliver([message]):
+                        return False
+            return True
+        message = messages[0]
+        log.error("processing_failed_unexpectedly", message_id=message.message_id, exc_info=exc)
         try:
-            if self.lanes == 1:
-                # Deliveries are handled in order, so every earlier tag on the channel is done.
-                await messages[-1].ack(multiple=True)
-            else:  # other lanes hold earlier tags that are not done yet
-                for message in messages:
-                    await message.ack()
-        except Exception as exc:  # noqa: BLE001  (channel gone: the inbox absorbs the redelivery)
-            log.warning("ack_failed", error=repr(exc))
+            await copy_to_dead_letters(
+                message,
+                self._dead_letters,
+                queue_name=self.name,
+                consumer=self.consumer_name,
+                reason="handler_error",
+                exc=exc,
+                stopping=self._stopping,
+            )
+        except Exception:
+            log.exception("dead_letter_failed_unexpectedly")
+            # Give it back rather than leave it unacked on the channel, where the next
+            # batch's multiple-ack would take it along unprocessed.
+            with contextlib.suppress(Exception):
+                await message.nack(requeue=True)
+            return True
+        MESSAGES.labels(route=route_of_key(self.name), outcome=Outcome.DEAD_LETTERED.value).inc()
+        return True
 
     def _enter(self, count: int) -> None:
         self.active += count
@@ -447,61 +378,6 @@ class QueueConsumer:
         error = "cancelled" if task.cancelled() else repr(task.exception())
         log.critical("consumer_worker_died", route=self.name, error=error)
         self.failed.set()
-
-    async def _handle(self, message: AbstractIncomingMessage) -> bool:
-        """Process one delivery. False: shutdown began first and it was left unacked. Its log
-        lines carry its route, message_id, user_id and trace_id (bound from context)."""
-        raw = raw_delivery(message)
-        with structlog.contextvars.bound_contextvars(
-            user_id=_text(raw.headers.get(H_USER_ID)),
-            trace_id=trace_id_of(_text(raw.headers.get(H_TRACEPARENT))),
-        ):
-            return await self._handle_bound(message, raw)
-
-    async def _handle_bound(self, message: AbstractIncomingMessage, raw: RawDelivery) -> bool:
-        started = time.perf_counter()
-        route = route_of_key(self.name)
-        self._enter(1)
-        traces: dict[str, str] = {}
-        traces_token = MESSAGE_TRACES.set(traces)
-        try:
-            with IN_FLIGHT.labels(route=route).track_inprogress():
-                outcome = await self._process_until_done(lambda: self._processor(raw))
-        except asyncio.CancelledError:
-            raise
-        except _StoppingError:
-            return False  # left unacked: redelivered after the restart
-        except Exception as exc:
-            log.exception("processing_failed_unexpectedly")
-            await self._dead_letter(message, "handler_error", exc)
-            MESSAGES.labels(route=route, outcome=Outcome.DEAD_LETTERED.value).inc()
-            return True
-        finally:
-            self.active -= 1
-            MESSAGE_TRACES.reset(traces_token)
-        MESSAGES.labels(route=route, outcome=outcome.value).inc()
-        PROCESSING.labels(route=route).observe(time.perf_counter() - started)
-        if outcome is Outcome.RELEASED:
-            await self._give_back_or_fail()
-            return True
-        if self._settings.fault_kill_after_commit == route_of_key(self.name):
-            os.kill(os.getpid(), signal.SIGKILL)  # crash test: committed, not acked
-        await self._ack(message)
-        self.processed += 1
-        elapsed_ms = round((time.perf_counter() - started) * 1000, 2)
-        log.info(
-            "processed",
-            route=self.name,
-            message_id=message.message_id,
-            user_id=_text(raw.headers.get(H_USER_ID)),
-            trace_id=traces.get(str(message.message_id))
-            or trace_id_of(_text(raw.headers.get(H_TRACEPARENT))),
-            outcome=outcome.value,
-            batch=1,
-            ms=elapsed_ms,
-            batch_ms=elapsed_ms,
-        )
-        return True
 
     async def _process_until_done(self, call: Callable[[], Awaitable[T]]) -> T:
         """Retry blips briefly with tenacity; wait out outages with pauses until it works."""
@@ -531,75 +407,6 @@ class QueueConsumer:
                     await asyncio.wait_for(self._stopping.wait(), timeout=pause)
                 pause = min(pause * 2, 30.0)
 
-    async def _ack(self, message: AbstractIncomingMessage) -> None:
-        try:
-            await message.ack()
-        except Exception as exc:  # noqa: BLE001  (channel gone: the inbox absorbs the redelivery)
-            log.warning("ack_failed", error=repr(exc))
-
-    async def _dead_letter(
-        self, message: AbstractIncomingMessage, reason: str, exc: BaseException
-    ) -> None:
-        if self._dead_letters is None:
-            # The dead-letter queue's own consumer: give it back, after a pause, to try again.
-            log.error("requeued_after_failure", error=repr(exc))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), timeout=5)
-            with contextlib.suppress(Exception):
-                await message.nack(requeue=True)
-            return
-        headers = dict(message.headers or {})
-        headers.update(
-            {
-                H_DEAD_REASON: reason,
-                H_DEAD_ERROR: f"{type(exc).__name__}: {exc}"[:4000],
-                H_DEAD_CONSUMER: self.consumer_name,
-                H_DEAD_AT: datetime.now(UTC).isoformat(),
-                H_DEAD_TRACEBACK: "".join(traceback.format_exception(exc))[-8000:],
-            }
-        )
-        copy = build_message(
-            message.body,
-            message_id=message.message_id or "",
-            message_type=message.type,
-            headers=headers,
-            content_type=message.content_type,
-            timestamp=message.timestamp,
-        )
-        pause = 1.0
-        while True:
-            try:
-                await self._dead_letters.publish(copy, self.name)
-                break
-            except Exception as publish_error:  # noqa: BLE001  (kept unacked, retried)
-                # Never reject or ack a message that has no confirmed copy in the dead-letter
-                # queue: if the DLX is unroutable the broker would drop it.
-                log.error(  # noqa: TRY400  (expected and retried: no traceback wanted)
-                    "dead_letter_publish_failed", error=repr(publish_error), retry_in_s=pause
-                )
-                if self._stopping.is_set() or not _channel_open(message):
-                    return  # unacked: redelivered, and dead-lettered again then
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), timeout=pause)
-                pause = min(pause * 2, 30.0)
-        await self._ack(message)
-        log.warning(
-            "dead_lettered", outcome=Outcome.DEAD_LETTERED.value, reason=reason, error=str(exc)
-        )
-
-
-def _text(value: object) -> str | None:
-    if isinstance(value, bytes | bytearray):
-        return bytes(value).decode("utf-8", "replace")
-    return None if value is None else str(value)
-
-
-def _channel_open(message: AbstractIncomingMessage) -> bool:
-    try:
-        return not message.channel.is_closed
-    except ChannelInvalidStateError:  # aio-pika raises once the channel is closed
-        return False
-
 
 class _StoppingError(Exception):
     """Shutdown began while waiting for the infrastructure to come back."""
@@ -613,7 +420,6 @@ def route_consumer(
     dead_letters: Publisher,
     *,
     idle: Idle | None = None,
-    batch: BatchProcessor | None = None,
     partition: int = 0,
 ) -> QueueConsumer:
     """The consumer of one partition of a route: `pkgq.<route>` or `pkgq.<route>.p<k>`."""
@@ -632,8 +438,7 @@ def route_consumer(
         dead_letters,
         idle=idle,
         idle_every=settings.release_poll_interval,
-        batch=batch,
-        batch_size=settings.batch_size_for(route.name) if batch is not None else 1,
+        batch_size=settings.batch_size_for(route.name),
         linger=settings.batch_linger_ms / 1000,
         prefetch=settings.prefetch_for(route.name),
         lanes=settings.concurrency_for(route.name),

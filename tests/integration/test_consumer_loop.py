@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import subprocess
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from uuid import UUID, uuid4
 
 import asyncpg
@@ -16,7 +16,7 @@ from events.envelope import H_DEAD_REASON
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.rabbit.connection import connect
-from infra.rabbit.consumer import Outcome, QueueConsumer, route_consumer
+from infra.rabbit.consumer import Outcome, Processor, QueueConsumer, Result, route_consumer
 from infra.rabbit.publisher import Publisher
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
@@ -57,7 +57,9 @@ async def test_buffered_deliveries_of_a_closed_connection_are_redelivered_and_al
 
     tuned = settings.model_copy(update={"prefetch": 10})  # deliveries wait in the buffer
     dead_letters = await Publisher.open(connection, settings.dlx)
-    consumer = route_consumer(USAGE_RECORD, tuned, connection, slow_processor, dead_letters)
+    consumer = route_consumer(
+        USAGE_RECORD, tuned, connection, one_at_a_time(slow_processor), dead_letters
+    )
     await consumer.start()
     sent = []
     for _ in range(40):
@@ -79,12 +81,23 @@ async def test_buffered_deliveries_of_a_closed_connection_are_redelivered_and_al
     await connection.close()
 
 
+def one_at_a_time(processor: Callable[[RawDelivery], Awaitable[Outcome]]) -> Processor:
+    """A batch processor made of a single-delivery one (batches here are of one anyway)."""
+
+    async def run(raws: Sequence[RawDelivery]) -> list[Result]:
+        return [Result(await processor(raw)) for raw in raws]
+
+    return run
+
+
 async def _consume_with(
     settings: Settings, processor: Callable[[RawDelivery], Awaitable[Outcome]]
 ) -> tuple[QueueConsumer, AbstractRobustConnection]:
     connection = await connect(settings.amqp_url, f"pkgq-test-consumer-{uuid4().hex[:8]}")
     dead_letters = await Publisher.open(connection, settings.dlx)
-    consumer = route_consumer(USAGE_RECORD, settings, connection, processor, dead_letters)
+    consumer = route_consumer(
+        USAGE_RECORD, settings, connection, one_at_a_time(processor), dead_letters
+    )
     await consumer.start()
     return consumer, connection
 

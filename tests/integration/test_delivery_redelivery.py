@@ -25,8 +25,8 @@ from events.envelope import CONTENT_TYPE, H_ATTEMPT, H_SCHEMA_VERSION, H_USER_ID
 from events.models import PackageQueuePushEvent, PurchasePackage, RecordUsage, WireModel
 from events.routes import EXPIRY_DUE, PACKAGE_PURCHASE, PACKAGE_QUEUING, USAGE_RECORD, Route
 from infra.postgres import dead_letters
-from infra.rabbit.consumer import Outcome
-from tests.support import add_package
+from infra.rabbit.consumer import Outcome, Result
+from tests.support import add_package, raw_for
 
 
 def delivery(
@@ -54,6 +54,10 @@ class Switchable:
             raise RuntimeError(f"upload {body.upload} refused")
         await usage_record.handle(ctx, body)
         self.applied.append(body.upload)
+
+
+def outcomes_of(results: list[Result]) -> list[Outcome]:
+    return [r.outcome for r in results]
 
 
 def pipeline(pool: asyncpg.Pool, handler: Switchable, policy: RetryPolicy) -> DeliveryPipeline:
@@ -149,7 +153,7 @@ async def test_a_release_cut_short_by_a_crash_is_finished_by_the_release_poll(
     async with pool.acquire() as conn:
         await conn.execute("UPDATE telecom.holds SET blocker = NULL, state = 'releasing'")
 
-    assert await process.release_pending() == 2
+    assert await process.drain_parked() == 2
     assert handler.applied == [2, 3]
     assert await rows(pool, "SELECT * FROM telecom.holds") == []
 
@@ -195,7 +199,7 @@ async def test_a_message_without_a_user_header_is_buried_under_its_bodys_user_an
 
     async with pool.acquire() as conn, conn.transaction():
         assert await dead_letters.discard(conn, [dead["id"]], "test") == 1
-    assert await process.release_pending() == 1
+    assert await process.drain_parked() == 1
     assert handler.applied == [2]
 
 
@@ -235,7 +239,7 @@ async def test_the_ingester_keeps_a_message_whose_headers_postgres_refuses_as_te
         headers={"x-death": [{"reason": "expired", "queue": "q"}], "x-note": "a\x00b"},
         routing_key="telecom.usage_record",
     )
-    assert await ingest.make_ingester(pool)(raw) == Outcome.DEAD_LETTERED
+    assert await ingest.make_ingester(pool)([raw]) == [Result(Outcome.DEAD_LETTERED)]
     (dead,) = await rows(
         pool, "SELECT headers::text AS headers, error_message FROM telecom.dead_letters"
     )
@@ -252,7 +256,7 @@ async def test_two_copies_of_a_failing_message_in_one_batch_keep_the_user_held_b
     handler = Switchable(1)
     process = pipeline(pool, handler, RetryPolicy(max_attempts=5, backoff=lambda _: 60.0))
     m, n = delivery(user, 1), delivery(user, 2)
-    outcomes = await process.process_batch([m, m, n])
+    outcomes = outcomes_of(await process.process_batch([m, m, n]))
     assert outcomes == [Outcome.RETRY_SCHEDULED, Outcome.RETRY_SCHEDULED, Outcome.PARKED]
     assert handler.applied == []  # N waits for M's retry
     holds = await rows(pool, "SELECT blocker, state FROM telecom.holds WHERE user_id = $1", user)
@@ -271,8 +275,8 @@ async def test_a_redelivered_attempt_batched_with_its_own_retry_schedules_the_ne
     a1 = delivery(user, 1, message_id=mid, attempt=1)
     a2 = delivery(user, 1, message_id=mid, attempt=2)
     n = delivery(user, 2)
-    assert await process.process_batch([a1]) == [Outcome.RETRY_SCHEDULED]
-    outcomes = await process.process_batch([a1, a2, n])
+    assert outcomes_of(await process.process_batch([a1])) == [Outcome.RETRY_SCHEDULED]
+    outcomes = outcomes_of(await process.process_batch([a1, a2, n]))
     assert outcomes == [Outcome.RETRY_SCHEDULED, Outcome.RETRY_SCHEDULED, Outcome.PARKED]
     retries = await rows(
         pool, "SELECT dedup_key FROM telecom.outbox WHERE message_id = $1 ORDER BY id", mid
@@ -288,7 +292,7 @@ async def test_a_batch_applies_each_users_messages_in_order_and_isolates_a_failu
     handler = Switchable(3)
     process = pipeline(pool, handler, RetryPolicy(max_attempts=5, backoff=lambda _: 60.0))
     batch = [delivery(a, 1), delivery(b, 10), delivery(a, 2), delivery(b, 3), delivery(b, 20)]
-    outcomes = await process.process_batch(batch)
+    outcomes = outcomes_of(await process.process_batch(batch))
     assert outcomes == [
         Outcome.ACKED,
         Outcome.ACKED,
@@ -306,17 +310,6 @@ async def test_a_batch_applies_each_users_messages_in_order_and_isolates_a_failu
     assert {r["user_id"]: r["unbilled_upload"] for r in billed} == {a: 3, b: 10}
     parked = await rows(pool, "SELECT user_id, body FROM telecom.parked")
     assert [(p["user_id"], json.loads(p["body"])["upload"]) for p in parked] == [(b, 20)]
-
-
-def raw_for(route: Route, body: WireModel) -> RawDelivery:
-    return RawDelivery(
-        body=body.model_dump_json().encode(),
-        message_id=str(uuid4()),
-        message_type=route.message_type,
-        content_type=CONTENT_TYPE,
-        timestamp=None,
-        headers={H_SCHEMA_VERSION: 1, H_USER_ID: str(body.user_id)},
-    )
 
 
 async def test_a_timer_scheduled_and_withdrawn_within_one_batch_is_never_written(
@@ -362,7 +355,8 @@ async def test_a_timer_scheduled_and_withdrawn_within_one_batch_is_never_written
 
     # Uses up item 1 (its timer is deleted), then activates item 2 (its timer is scheduled).
     kept, kept_items = await user_with_first_item_active()
-    assert await run(USAGE_RECORD).process_batch([usage(kept, 10), usage(kept, 5)]) == [
+    batch = [usage(kept, 10), usage(kept, 5)]
+    assert outcomes_of(await run(USAGE_RECORD).process_batch(batch)) == [
         Outcome.ACKED,
         Outcome.ACKED,
     ]
@@ -371,5 +365,5 @@ async def test_a_timer_scheduled_and_withdrawn_within_one_batch_is_never_written
     # The same, then a third message uses item 2 up: its timer, still unwritten, must go.
     gone, gone_items = await user_with_first_item_active()
     batch = [usage(gone, 10), usage(gone, 5), usage(gone, 5)]
-    assert await run(USAGE_RECORD).process_batch(batch) == [Outcome.ACKED] * 3
+    assert outcomes_of(await run(USAGE_RECORD).process_batch(batch)) == [Outcome.ACKED] * 3
     assert await pending_timers(gone_items) == []

@@ -1,0 +1,24 @@
+"""TTR strikes: how many times a message ran past its route's TTR (seed 001's timed-out
+reservations). The count survives the rollback of the run that timed out, because it is
+written in a transaction of its own."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from infra.postgres.pool import Conn
+
+
+async def strike(conn: Conn, consumer: str, message_id: UUID) -> int:
+    """Count one more strike; returns the message's strikes so far."""
+    strikes: int = await conn.fetchval(
+        """
+        INSERT INTO telecom.ttr_strikes (consumer, message_id) VALUES ($1, $2)
+        ON CONFLICT (consumer, message_id)
+            DO UPDATE SET strikes = ttr_strikes.strikes + 1, last_at = now()
+        RETURNING strikes
+        """,
+        consumer,
+        message_id,
+    )
+    return strikes

@@ -1,0 +1,93 @@
+"""The last resort for a delivery its processor could not decide (a bug in the failure path
+itself): copy it to the dead-letter exchange with the error in headers, confirmed, then ack it;
+the dead-letter ingester files the copy in the store. If the copy cannot be made, the delivery
+stays unacked and the copy is retried: it is never rejected into a DLX that might drop it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import traceback
+from datetime import UTC, datetime
+
+import structlog
+from aio_pika.abc import AbstractIncomingMessage
+from aiormq.exceptions import ChannelInvalidStateError
+
+from events.envelope import (
+    H_DEAD_AT,
+    H_DEAD_CONSUMER,
+    H_DEAD_ERROR,
+    H_DEAD_REASON,
+    H_DEAD_TRACEBACK,
+)
+from infra.rabbit.outcomes import Outcome
+from infra.rabbit.publisher import Publisher, build_message
+
+log = structlog.get_logger(__name__)
+
+
+def channel_open(message: AbstractIncomingMessage) -> bool:
+    try:
+        return not message.channel.is_closed
+    except ChannelInvalidStateError:  # aio-pika raises once the channel is closed
+        return False
+
+
+async def copy_to_dead_letters(
+    message: AbstractIncomingMessage,
+    publisher: Publisher | None,
+    *,
+    queue_name: str,
+    consumer: str,
+    reason: str,
+    exc: BaseException,
+    stopping: asyncio.Event,
+) -> None:
+    if publisher is None:
+        # The dead-letter queue's own consumer: give it back, after a pause, to try again.
+        log.error("requeued_after_failure", error=repr(exc))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), timeout=5)
+        with contextlib.suppress(Exception):
+            await message.nack(requeue=True)
+        return
+    headers = dict(message.headers or {})
+    headers.update(
+        {
+            H_DEAD_REASON: reason,
+            H_DEAD_ERROR: f"{type(exc).__name__}: {exc}"[:4000],
+            H_DEAD_CONSUMER: consumer,
+            H_DEAD_AT: datetime.now(UTC).isoformat(),
+            H_DEAD_TRACEBACK: "".join(traceback.format_exception(exc))[-8000:],
+        }
+    )
+    copy = build_message(
+        message.body,
+        message_id=message.message_id or "",
+        message_type=message.type,
+        headers=headers,
+        content_type=message.content_type,
+        timestamp=message.timestamp,
+    )
+    pause = 1.0
+    while True:
+        try:
+            await publisher.publish(copy, queue_name)
+            break
+        except Exception as publish_error:  # noqa: BLE001  (kept unacked, retried)
+            # Never reject or ack a message that has no confirmed copy in the dead-letter
+            # queue: if the DLX is unroutable the broker would drop it.
+            log.error(  # noqa: TRY400  (expected and retried: no traceback wanted)
+                "dead_letter_publish_failed", error=repr(publish_error), retry_in_s=pause
+            )
+            if stopping.is_set() or not channel_open(message):
+                return  # unacked: redelivered, and dead-lettered again then
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), timeout=pause)
+            pause = min(pause * 2, 30.0)
+    try:
+        await message.ack()
+    except Exception as ack_error:  # noqa: BLE001  (channel gone: the inbox absorbs it)
+        log.warning("ack_failed", error=repr(ack_error))
+    log.warning("dead_lettered", outcome=Outcome.DEAD_LETTERED.value, reason=reason, error=str(exc))

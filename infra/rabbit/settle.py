@@ -1,0 +1,77 @@
+"""Settling a batch of deliveries once their processor has decided: ack what is done, give
+back what goes back to the queue, count the outcomes and log one line per message. The same
+for a batch of one and a batch of many."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import structlog
+from aio_pika.abc import AbstractIncomingMessage
+
+from events.decoding import RawDelivery
+from events.envelope import H_TRACEPARENT, H_USER_ID
+from infra.observability import MESSAGES, PROCESSING
+from infra.rabbit.outcomes import Outcome, Result
+from infra.tracing import trace_id_of
+
+log = structlog.get_logger(__name__)
+
+
+def done_and_given_back(
+    messages: Sequence[AbstractIncomingMessage], results: Sequence[Result]
+) -> tuple[list[AbstractIncomingMessage], int]:
+    """The deliveries to ack, and how many go back to the queue (only a tail ever does)."""
+    given_back = sum(1 for r in results if r.outcome is Outcome.GIVEN_BACK)
+    return list(messages[: len(messages) - given_back]), given_back
+
+
+async def ack(messages: Sequence[AbstractIncomingMessage], *, in_order: bool) -> None:
+    """Ack the deliveries. `in_order`: every earlier tag on the channel is done too, so one
+    `multiple` ack covers them (with worker lanes, other lanes hold earlier tags)."""
+    if not messages:
+        return
+    try:
+        if in_order:
+            await messages[-1].ack(multiple=True)
+        else:
+            for message in messages:
+                await message.ack()
+    except Exception as exc:  # noqa: BLE001  (channel gone: the inbox absorbs the redelivery)
+        log.warning("ack_failed", error=repr(exc))
+
+
+def record(
+    queue_name: str,
+    route: str,
+    raws: Sequence[RawDelivery],
+    results: Sequence[Result],
+    started: float,
+) -> None:
+    """Metrics and one `processed` line per message."""
+    elapsed = time.perf_counter() - started
+    batch_ms = round(elapsed * 1000, 2)
+    share = elapsed / len(raws)
+    histogram = PROCESSING.labels(route=route)
+    for raw, result in zip(raws, results, strict=True):
+        MESSAGES.labels(route=route, outcome=result.outcome.value).inc()
+        histogram.observe(share)
+        own = result.seconds
+        log.info(
+            "processed",
+            route=queue_name,
+            message_id=raw.message_id,
+            user_id=_text(raw.headers.get(H_USER_ID)),
+            trace_id=result.trace_id or trace_id_of(_text(raw.headers.get(H_TRACEPARENT))),
+            outcome=result.outcome.value,
+            batch=len(raws),
+            ms=round(own * 1000, 2) if own is not None else None,
+            batch_ms=batch_ms,
+        )
+
+
+def _text(value: object) -> str | None:
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    return None if value is None else str(value)

@@ -1,0 +1,184 @@
+"""The set-based hot path: what one batch costs in SQL statements does not grow with its size.
+
+Each batch here is of distinct users, counted with asyncpg's query loggers on the pipeline's own
+pool (BEGIN and COMMIT included). Sizes 8, 32 and 128 must cost the same, and at most 15.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from uuid import UUID, uuid4
+
+import asyncpg
+import pytest
+
+from consumers.delivery import DeliveryPipeline
+from consumers.registry import HANDLERS
+from consumers.retry_policy import RetryPolicy
+from domain.model import ExpiryReason
+from events.models import (
+    PackageActivateEvent,
+    PackageExpiringEvent,
+    PackageQueuePushEvent,
+    PurchasePackage,
+    RecordUsage,
+)
+from events.routes import (
+    PACKAGE_ACTIVATE,
+    PACKAGE_EXPIRING,
+    PACKAGE_PURCHASE,
+    PACKAGE_QUEUING,
+    USAGE_RECORD,
+    Route,
+)
+from infra.postgres.pool import create_pool
+from infra.postgres.statements import StatementLog
+from infra.rabbit.outcomes import Outcome
+from infra.settings import Settings
+from tests.support import add_package, raw_for
+
+SIZES = (8, 32, 128)
+MAX_STATEMENTS = 15
+
+
+@pytest.fixture
+async def counted(settings: Settings) -> AsyncIterator[tuple[asyncpg.Pool, StatementLog]]:
+    log = StatementLog()
+    pool = await create_pool(settings.postgres_dsn, min_size=1, max_size=2, query_logger=log)
+    yield pool, log
+    await pool.close()
+
+
+async def _run(
+    pool: asyncpg.Pool, log: StatementLog, route: Route, raws: list[object]
+) -> tuple[int, list[Outcome]]:
+    pipeline = DeliveryPipeline(
+        pool, route, HANDLERS[route.name], RetryPolicy(), max_body_bytes=2**20
+    )
+    await log.settled()
+    log.clear()
+    results = await pipeline.process_batch(raws)  # type: ignore[arg-type]  # RawDelivery list
+    return await log.settled(), [r.outcome for r in results]
+
+
+async def _lifecycle(
+    pool: asyncpg.Pool, log: StatementLog, package: int, size: int
+) -> dict[str, int]:
+    """One batch per route for `size` fresh users: purchase, queuing (activates), activate
+    (grants access), usage (bills the active item), expiring (consumes it, access ends)."""
+    users = [uuid4() for _ in range(size)]
+    counts: dict[str, int] = {}
+
+    purchases = [
+        raw_for(PACKAGE_PURCHASE, PurchasePackage(user_id=u, package_id=package)) for u in users
+    ]
+    counts["purchase"], outcomes = await _run(pool, log, PACKAGE_PURCHASE, purchases)
+    assert outcomes == [Outcome.ACKED] * size
+    async with pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT user_id, id FROM telecom.package_queue WHERE user_id = ANY($1::uuid[])", users
+        )
+    item: dict[UUID, int] = {r["user_id"]: r["id"] for r in rows}
+    assert len(item) == size
+
+    pushes = [
+        raw_for(
+            PACKAGE_QUEUING,
+            PackageQueuePushEvent(user_id=u, item_ids=[item[u]], package_id=package, pushed_at=1),
+        )
+        for u in users
+    ]
+    counts["queuing"], outcomes = await _run(pool, log, PACKAGE_QUEUING, pushes)
+    assert outcomes == [Outcome.ACKED] * size
+
+    grants = [
+        raw_for(
+            PACKAGE_ACTIVATE,
+            PackageActivateEvent(user_id=u, item_id=item[u], package_id=package, activated_at=1),
+            seq=2,
+        )
+        for u in users
+    ]
+    counts["activate"], outcomes = await _run(pool, log, PACKAGE_ACTIVATE, grants)
+    assert outcomes == [Outcome.ACKED] * size
+
+    usage = [raw_for(USAGE_RECORD, RecordUsage(user_id=u, upload=1, download=0)) for u in users]
+    counts["usage"], outcomes = await _run(pool, log, USAGE_RECORD, usage)
+    assert outcomes == [Outcome.ACKED] * size
+
+    # This one uses the package up: the item is consumed, its timer withdrawn, and an expiring
+    # event written.
+    usage = [raw_for(USAGE_RECORD, RecordUsage(user_id=u, upload=9, download=5)) for u in users]
+    counts["usage_consuming"], outcomes = await _run(pool, log, USAGE_RECORD, usage)
+    assert outcomes == [Outcome.ACKED] * size
+
+    expiring = [
+        raw_for(
+            PACKAGE_EXPIRING,
+            PackageExpiringEvent(
+                user_id=u,
+                item_id=item[u],
+                package_id=package,
+                expired_at=1,
+                reason=ExpiryReason.USAGE,
+            ),
+        )
+        for u in users
+    ]
+    counts["expiring"], outcomes = await _run(pool, log, PACKAGE_EXPIRING, expiring)
+    assert outcomes == [Outcome.ACKED] * size
+
+    async with pool.acquire() as conn:
+        billed = await conn.fetchval(
+            "SELECT count(*) FROM telecom.package_queue "
+            "WHERE user_id = ANY($1::uuid[]) AND upload = 10 AND download = 5 "
+            "AND status = 'consumed'",
+            users,
+        )
+        granted = await conn.fetchval(
+            "SELECT count(*) FROM telecom.access WHERE user_id = ANY($1::uuid[]) "
+            "AND granted AND remaining = 0",
+            users,
+        )
+        owed = await conn.fetchval(
+            "SELECT count(*) FROM telecom.outbox WHERE user_id = ANY($1::uuid[]) "
+            "AND route = 'telecom.all_expired'",
+            users,
+        )
+    assert billed == size  # every user's usage landed, then the item was consumed
+    assert granted == size  # remaining set to 0 with the usage; all_expired not applied yet
+    assert owed == size  # one AllPackageExpiredEvent per user, in the outbox
+    return counts
+
+
+async def test_a_batch_costs_the_same_fixed_number_of_statements_at_8_32_and_128_messages(
+    counted: tuple[asyncpg.Pool, StatementLog],
+) -> None:
+    pool, log = counted
+    package = await add_package(pool, 15, timedelta(days=30))
+    await _lifecycle(pool, log, package, 2)  # warm up: prepared statements, codecs
+    by_size = {size: await _lifecycle(pool, log, package, size) for size in SIZES}
+    for route in ("purchase", "queuing", "activate", "usage", "usage_consuming", "expiring"):
+        counts = {size: by_size[size][route] for size in SIZES}
+        assert len(set(counts.values())) == 1, f"{route}: statements grow with size: {counts}"
+        assert counts[SIZES[0]] <= MAX_STATEMENTS, f"{route}: {counts[SIZES[0]]} statements"
+
+
+async def test_the_statement_log_counts_every_statement_of_a_batch_including_begin_and_commit(
+    counted: tuple[asyncpg.Pool, StatementLog],
+) -> None:
+    pool, log = counted
+    package = await add_package(pool, 1000, None)
+    user = uuid4()
+    count, _ = await _run(
+        pool,
+        log,
+        PACKAGE_PURCHASE,
+        [raw_for(PACKAGE_PURCHASE, PurchasePackage(user_id=user, package_id=package))],
+    )
+    assert log.statements[0] == "BEGIN;"
+    assert "COMMIT;" in log.statements
+    # asyncpg resets a connection it takes back into the pool: a round trip, so it counts
+    assert log.statements[-1].startswith("SELECT pg_advisory_unlock_all()")
+    assert count == len(log.statements) > 3
