@@ -22,7 +22,7 @@ from consumers.retry_policy import RetryPolicy
 from consumers.unit_of_work import HandlerContext
 from events.decoding import RawDelivery
 from events.envelope import CONTENT_TYPE, H_ATTEMPT, H_SCHEMA_VERSION, H_USER_ID
-from events.models import PackageQueuePushEvent, PurchasePackage, RecordUsage, WireModel
+from events.models import PackageQueuePushEvent, PurchasePackage, RecordUsage
 from events.routes import EXPIRY_DUE, PACKAGE_PURCHASE, PACKAGE_QUEUING, USAGE_RECORD, Route
 from infra.postgres import dead_letters
 from infra.rabbit.consumer import Outcome, Result

@@ -6,7 +6,7 @@ pool (BEGIN and COMMIT included). Sizes 8, 32 and 128 must cost the same, and at
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 from uuid import UUID, uuid4
 
@@ -17,6 +17,7 @@ from consumers.delivery import DeliveryPipeline
 from consumers.registry import HANDLERS
 from consumers.retry_policy import RetryPolicy
 from domain.model import ExpiryReason
+from events.decoding import RawDelivery
 from events.models import (
     PackageActivateEvent,
     PackageExpiringEvent,
@@ -51,14 +52,14 @@ async def counted(settings: Settings) -> AsyncIterator[tuple[asyncpg.Pool, State
 
 
 async def _run(
-    pool: asyncpg.Pool, log: StatementLog, route: Route, raws: list[object]
+    pool: asyncpg.Pool, log: StatementLog, route: Route, raws: Sequence[RawDelivery]
 ) -> tuple[int, list[Outcome]]:
     pipeline = DeliveryPipeline(
         pool, route, HANDLERS[route.name], RetryPolicy(), max_body_bytes=2**20
     )
     await log.settled()
     log.clear()
-    results = await pipeline.process_batch(raws)  # type: ignore[arg-type]  # RawDelivery list
+    results = await pipeline.process_batch(raws)
     return await log.settled(), [r.outcome for r in results]
 
 
