@@ -92,7 +92,7 @@ class Applier:
         self._handler = handler
         self._needs = needs
         self._failures = failures
-        self._ttr = ttr
+        self.ttr = ttr
         self._kill_before_commit = kill_before_commit
 
     async def run(
@@ -256,17 +256,17 @@ class Applier:
             context = HandlerContext(conn, work.now, envelope, work, traceparent)
             trace_id = tracing.trace_id_of(traceparent)
             try:
-                if self._ttr is None:
+                if self.ttr is None:
                     await self._handler(context, delivery.decoded.body)
                 else:
-                    deadline = asyncio.timeout(self._ttr)
+                    deadline = asyncio.timeout(self.ttr)
                     try:
                         async with deadline:
                             await self._handler(context, delivery.decoded.body)
                     except TimeoutError as exc:
                         if deadline.expired():  # ours, not one the handler met on its own
                             raise TimedOutError(
-                                delivery.index, TTRExceededError(self._ttr)
+                                delivery.index, TTRExceededError(self.ttr)
                             ) from exc
                         raise
             except TimedOutError:

@@ -77,8 +77,6 @@ class DeliveryPipeline:
         self.route = route
         self.consumer = route.short_name
         self.policy = policy
-        self.ttr = ttr
-        """Seconds a handler may run on one message (None: no limit)."""
         self._max_body_bytes = max_body_bytes
         self.failures = Failures(route, policy)
         self._applier = Applier(
@@ -92,6 +90,15 @@ class DeliveryPipeline:
         self.parking = ParkingLot(
             route, self._applier, self.failures, self._connection, max_body_bytes=max_body_bytes
         )
+
+    @property
+    def ttr(self) -> float | None:
+        """Seconds a handler may run on one message (None: no limit)."""
+        return self._applier.ttr
+
+    @ttr.setter
+    def ttr(self, seconds: float | None) -> None:
+        self._applier.ttr = seconds
 
     async def __call__(self, raw: RawDelivery) -> Outcome:
         (result,) = await self.process_batch([raw])
