@@ -15,8 +15,9 @@ from consumers.registry import HANDLERS
 from consumers.retry_policy import RetryPolicy, policy_for
 from consumers.runtime import Services, start_status_server
 from events.routes import Route
-from infra.rabbit.consumer import QueueConsumer, route_consumer
+from infra.rabbit.consumer import QueueConsumer
 from infra.rabbit.publisher import Publisher
+from infra.rabbit.route_consumer import route_consumer
 from infra.rabbit.topology import declare_exchanges
 from infra.settings import Settings
 from infra.systemd_notify import Notifier

@@ -1,19 +1,16 @@
-"""The consumer loop of one queue: hand each delivery to its processor, then ack.
+"""The consumer loop of one queue: hand deliveries to the processor, then settle them.
 
-Deliveries are handled one at a time, in delivery order (prefetch only fills a local buffer),
-so one user's messages on a route are applied in the order the broker holds them.
+Deliveries are taken in delivery order, one batch at a time per lane (prefetch only fills a local
+buffer), so one user's messages on a route are applied in the order the broker holds them.
 
-The processor (consumers/delivery.py for a route, consumers/ingest.py for the dead-letter queue)
-decides in Postgres what becomes of the message: applied, duplicate, parked, scheduled for a
-retry, or buried in the dead-letter store. Each of those is acked once its transaction commits.
-What is left here:
+The processor (consumers/delivery/ for a route, consumers/ingest.py for the dead-letter queue)
+decides in Postgres what becomes of each message and returns a `Result` per delivery; the loop
+settles them all in one place (infra/rabbit/settle.py). What is left here:
 - an outage (see infra/transient.py): retried in place with growing pauses, never acked, never
   skipped, so the next message cannot overtake it;
 - a blip: retried briefly with tenacity;
-- anything else (a bug in the failure path itself): the message is copied to the dead-letter
-  exchange with the error in headers (confirmed), then acked; the dead-letter ingester files
-  the copy in the store. If the copy cannot be made, the message stays unacked and the copy is
-  retried: it is never rejected into a DLX that might drop it.
+- anything else (a bug in the failure path itself): a batch falls back to one delivery at a
+  time, and a single delivery gets the last resort (infra/rabbit/last_resort.py).
 """
 
 from __future__ import annotations
@@ -25,7 +22,6 @@ import signal
 import time
 import zlib
 from collections.abc import Awaitable, Callable
-from datetime import UTC
 from typing import Any, TypeVar
 
 import structlog
@@ -36,16 +32,14 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
-from events.decoding import RawDelivery
 from events.envelope import H_USER_ID
 from events.partitioning import route_of_key
-from events.routes import Route
 from infra.observability import IN_FLIGHT, MESSAGES
 from infra.rabbit import settle
-from infra.rabbit.last_resort import channel_open, copy_to_dead_letters
+from infra.rabbit.deliveries import channel_open, raw_delivery
+from infra.rabbit.last_resort import copy_to_dead_letters
 from infra.rabbit.outcomes import Outcome, Processor, Result
 from infra.rabbit.publisher import Publisher
-from infra.rabbit.topology import declare_exchanges, declare_route_queue, route_queues
 from infra.settings import Settings
 from infra.transient import is_outage, transient_retrying
 
@@ -57,22 +51,7 @@ T = TypeVar("T")
 Declare = Callable[[AbstractChannel], Awaitable[AbstractQueue]]
 Idle = Callable[[], Awaitable[object]]
 
-__all__ = ["Outcome", "Processor", "QueueConsumer", "Result", "raw_delivery", "route_consumer"]
-
-
-def raw_delivery(message: AbstractIncomingMessage) -> RawDelivery:
-    ts = message.timestamp
-    if ts is not None and ts.tzinfo is None:
-        ts = ts.replace(tzinfo=UTC)
-    return RawDelivery(
-        body=message.body,
-        message_id=message.message_id,
-        message_type=message.type,
-        content_type=message.content_type,
-        timestamp=ts,
-        headers=dict(message.headers or {}),
-        routing_key=message.routing_key,
-    )
+__all__ = ["Outcome", "Processor", "QueueConsumer", "Result"]
 
 
 class QueueConsumer:
@@ -410,36 +389,3 @@ class QueueConsumer:
 
 class _StoppingError(Exception):
     """Shutdown began while waiting for the infrastructure to come back."""
-
-
-def route_consumer(
-    route: Route,
-    settings: Settings,
-    connection: AbstractRobustConnection,
-    processor: Processor,
-    dead_letters: Publisher,
-    *,
-    idle: Idle | None = None,
-    partition: int = 0,
-) -> QueueConsumer:
-    """The consumer of one partition of a route: `pkgq.<route>` or `pkgq.<route>.p<k>`."""
-
-    async def declare(channel: AbstractChannel) -> AbstractQueue:
-        exchange, _ = await declare_exchanges(channel, settings)
-        return await declare_route_queue(channel, settings, exchange, route, partition)
-
-    _, key = route_queues(settings, route.name)[partition]
-    return QueueConsumer(
-        key,
-        declare,
-        settings,
-        connection,
-        processor,
-        dead_letters,
-        idle=idle,
-        idle_every=settings.release_poll_interval,
-        batch_size=settings.batch_size_for(route.name),
-        linger=settings.batch_linger_ms / 1000,
-        prefetch=settings.prefetch_for(route.name),
-        lanes=settings.concurrency_for(route.name),
-    )

@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 
 import structlog
 from aio_pika.abc import AbstractIncomingMessage
-from aiormq.exceptions import ChannelInvalidStateError
 
 from events.envelope import (
     H_DEAD_AT,
@@ -21,17 +20,11 @@ from events.envelope import (
     H_DEAD_REASON,
     H_DEAD_TRACEBACK,
 )
+from infra.rabbit.deliveries import channel_open
 from infra.rabbit.outcomes import Outcome
 from infra.rabbit.publisher import Publisher, build_message
 
 log = structlog.get_logger(__name__)
-
-
-def channel_open(message: AbstractIncomingMessage) -> bool:
-    try:
-        return not message.channel.is_closed
-    except ChannelInvalidStateError:  # aio-pika raises once the channel is closed
-        return False
 
 
 async def copy_to_dead_letters(

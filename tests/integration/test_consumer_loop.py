@@ -16,8 +16,9 @@ from events.envelope import H_DEAD_REASON
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.rabbit.connection import connect
-from infra.rabbit.consumer import Outcome, Processor, QueueConsumer, Result, route_consumer
+from infra.rabbit.consumer import Outcome, Processor, QueueConsumer, Result
 from infra.rabbit.publisher import Publisher
+from infra.rabbit.route_consumer import route_consumer
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
 from tests.support import eventually, send
