@@ -265,9 +265,7 @@ class Applier:
                             await self._handler(context, delivery.decoded.body)
                     except TimeoutError as exc:
                         if deadline.expired():  # ours, not one the handler met on its own
-                            raise TimedOutError(
-                                delivery.index, TTRExceededError(self.ttr)
-                            ) from exc
+                            raise TimedOutError(delivery.index, TTRExceededError(self.ttr)) from exc
                         raise
             except TimedOutError:
                 raise

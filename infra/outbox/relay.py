@@ -1,16 +1,35 @@
 """The outbox relay: publish committed outbox rows to RabbitMQ, in order, at least once.
 
 Each round is one Postgres transaction:
-1. lease every free partition that has due rows (transaction-scoped advisory locks);
+1. lease free partitions that have due rows (transaction-scoped advisory locks), at most
+   LEASE_LIMIT of them, so that another round can lease the rest;
 2. read the due rows of those partitions in id order (a later statement, so it sees the
    previous lease holder's commit);
-3. publish them with confirms and `mandatory`: one user's rows one after another, different
-   users concurrently; a user's chain stops at its first failure so nothing overtakes it;
+3. publish them with confirms and `mandatory`: every user's chain at once, so a round has as
+   many publishes in flight on the channel as it has users, but within a chain a row is sent
+   only after the row before it is confirmed; a chain stops at its first failure;
 4. mark the confirmed rows published, commit (which releases the leases).
+
+While a round waits for its confirms, `run` starts the next one (ROUNDS_IN_FLIGHT), which
+leases other partitions: its claim and publishes overlap the first round's, and the first
+round's mark and commit overlap its publishes.
 
 A crash anywhere before the commit leaves the rows unpublished and they are sent again: the
 consumers' inbox absorbs the duplicates. Rows of one user share a partition, and a partition
-has one holder at a time, so two relays never interleave one user's events.
+has one holder at a time (two rounds of one relay are two transactions, like two relays), so
+nothing ever interleaves one user's events.
+
+Why a user's next row waits for the previous row's confirm, rather than being sent right behind
+it: a publish can fail on its own while a later one on the same channel succeeds. The broker
+returns an unroutable message (`mandatory`) but routes the next one if its route has a queue; a
+queue nacks one message (internal error, a `reject-publish` length limit) and accepts the next
+once it has room; a broker crash can lose an unconfirmed message on one queue but not a later
+one on another. Had the later row been sent, it would be in its queue, consumed and applied
+before the failed row's retry: a user's events applied out of order, which re-sending the later
+row (the inbox drops it) cannot undo. Waiting for the confirm means a row is on the broker,
+durably, before anything after it is sent. The throughput cost is one confirm round trip per
+row of a user (about 1 ms locally); different users' chains, and overlapping rounds, keep the
+channel busy meanwhile.
 """
 
 from __future__ import annotations
@@ -21,6 +40,9 @@ import os
 import signal
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 from uuid import UUID
 
 import asyncpg
@@ -42,6 +64,18 @@ from infra.transient import is_transient
 log = structlog.get_logger(__name__)
 
 NOTIFY_CHANNEL = "pkgq_outbox"
+ROUNDS_IN_FLIGHT = 2
+"""Rounds one relay runs at once while there is a backlog. Each round holds its own leases."""
+LEASE_LIMIT = outbox.PARTITIONS // ROUNDS_IN_FLIGHT
+"""Partitions one round leases at most: the rest stay free for the next round (or relay)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RoundResult:
+    published: int
+    more: bool
+    """The round was full (a whole batch, or LEASE_LIMIT partitions) and nothing in it failed:
+    more rows are probably due, so go on at once rather than wait for a NOTIFY or the poll."""
 
 
 class Relay:
@@ -61,6 +95,7 @@ class Relay:
         self._wake = asyncio.Event()
         self._publisher: Publisher | None = None
         self._listener: asyncpg.Connection | None = None
+        self._confirmed = 0
         self.published = 0
 
     async def open(self) -> None:
@@ -87,28 +122,8 @@ class Relay:
             housekeeping_forever(self._settings, self._pool, self._worker_id, stop),
             name="housekeeping",
         )
-        pause = 0.5
         try:
-            while not stop.is_set():
-                await self._ensure_listener()
-                self._wake.clear()  # before the round: a NOTIFY during it wakes the next one
-                try:
-                    sent = await self.relay_once()
-                    pause = 0.5
-                except Exception as exc:
-                    # The rows are our own data, so there is no poison message to set aside:
-                    # a failing round is logged and retried with back-off, never fatal.
-                    if is_transient(exc):
-                        log.warning("relay_round_failed", error=repr(exc), retry_in_s=pause)
-                    else:
-                        log.exception("relay_round_error", retry_in_s=pause)
-                    await self._drop_listener()
-                    await _wait(stop, pause)
-                    pause = min(pause * 2, 30.0)
-                    continue
-                if sent >= self._settings.relay_batch_size:
-                    continue  # more may be waiting
-                await _wait_any(stop, self._wake, self._settings.relay_poll_interval)
+            await self._relay_until(stop)
         finally:
             systemd.stopping()
             await systemd.stop_watchdog()
@@ -120,14 +135,75 @@ class Relay:
                 with contextlib.suppress(Exception):
                     await self._publisher.close()
 
+    async def _relay_until(self, stop: asyncio.Event) -> None:
+        """Rounds until `stop`: back to back, up to ROUNDS_IN_FLIGHT at once, while rows keep
+        coming; otherwise one, then a wait for a NOTIFY or the poll interval."""
+        in_flight: list[asyncio.Task[RoundResult]] = []
+        more = False
+        pause = 0.5
+        try:
+            while not stop.is_set():
+                if not in_flight:
+                    await self._ensure_listener()
+                    # Cleared before a wave of rounds, not before each: a NOTIFY while any of
+                    # them runs may be for rows none of them saw, and must wake the next wave.
+                    self._wake.clear()
+                    more = False
+                claimed: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+                in_flight.append(asyncio.create_task(self._round(claimed.set_result)))
+                waiters: list[asyncio.Future[Any]] = [claimed, in_flight[-1]]
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                full = claimed.done() and claimed.result()
+                claimed.cancel()  # still pending only if the round failed before its claim
+                if full and len(in_flight) < ROUNDS_IN_FLIGHT:
+                    continue  # a backlog: lease the next partitions while this round publishes
+                # With the newest round busy on a full claim, settle only the oldest.
+                settle, in_flight = (in_flight[:1], in_flight[1:]) if full else (in_flight, [])
+                results = await asyncio.gather(*settle, return_exceptions=True)
+                errors = [r for r in results if isinstance(r, BaseException)]
+                more = more or any(isinstance(r, RoundResult) and r.more for r in results)
+                if errors:
+                    # The rows are our own data, so there is no poison message to set aside:
+                    # a failing round is logged and retried with back-off, never fatal.
+                    await asyncio.gather(*in_flight, return_exceptions=True)
+                    in_flight = []
+                    self._log_round_error(errors[0], pause)
+                    await self._drop_listener()
+                    await _wait(stop, pause)
+                    pause = min(pause * 2, 30.0)
+                    continue
+                pause = 0.5
+                if in_flight or more:
+                    continue
+                await _wait_any(stop, self._wake, self._settings.relay_poll_interval)
+        finally:
+            # A round holds leases and unmarked confirms: let it finish, never abandon it.
+            await asyncio.gather(*in_flight, return_exceptions=True)
+
+    @staticmethod
+    def _log_round_error(error: BaseException, retry_in_s: float) -> None:
+        if is_transient(error):
+            log.warning("relay_round_failed", error=repr(error), retry_in_s=retry_in_s)
+        else:
+            log.error("relay_round_error", exc_info=error, retry_in_s=retry_in_s)
+
     async def relay_once(self) -> int:
         """One round: lease, claim, publish, mark. Returns how many rows were published."""
+        return (await self._round()).published
+
+    async def _round(self, on_claimed: Callable[[bool], object] | None = None) -> RoundResult:
+        """One round. `on_claimed(full)` is called once the round holds its rows: `full` if it
+        claimed a whole batch or leased LEASE_LIMIT partitions (more are probably due)."""
         assert self._publisher is not None
+        batch_size = self._settings.relay_batch_size
         async with self._pool.acquire() as conn, conn.transaction():
-            partitions = await outbox.lease_partitions(conn, outbox.PARTITIONS)
-            if not partitions:
-                return 0
-            rows = await outbox.claim_due(conn, partitions, self._settings.relay_batch_size)
+            partitions = await outbox.lease_partitions(conn, LEASE_LIMIT)
+            rows = await outbox.claim_due(conn, partitions, batch_size) if partitions else []
+            full = len(rows) >= batch_size or len(partitions) >= LEASE_LIMIT
+            if on_claimed is not None:
+                on_claimed(full)
+            if not rows:
+                return RoundResult(0, more=full)
             expired = [r for r in rows if r.expires_at is not None and r.ttl_ms == 0]
             if expired:
                 await job_state.expire_rows(conn, expired)
@@ -137,9 +213,10 @@ class Relay:
             await outbox.mark_published(conn, done)
             await outbox.mark_failed(conn, failed, error)
         if done:
+            RELAYED.inc(len(done))
             log.debug("relayed", published=len(done), failed=len(failed))
         self.published += len(done)
-        return len(done)
+        return RoundResult(len(done), more=full and not failed)
 
     async def _publish(self, rows: list[ClaimedRow]) -> tuple[list[int], list[int], str]:
         chains: dict[UUID | None, list[ClaimedRow]] = defaultdict(list)
@@ -150,49 +227,51 @@ class Relay:
         errors: list[str] = []
 
         async def send_chain(chain: list[ClaimedRow]) -> None:
-            assert self._publisher is not None
             for row in chain:
-                incoming = row.headers.get(H_TRACEPARENT)
-                with tracing.publishing(
-                    row.route,
-                    str(row.message_id),
-                    incoming if isinstance(incoming, str) else None,
-                    row.available_at,
-                ) as traceparent:
-                    headers = row.headers
-                    if traceparent is not None and traceparent != incoming:
-                        headers = {**row.headers, H_TRACEPARENT: traceparent}
-                    message = build_message(
-                        row.body,
-                        message_id=row.message_id,
-                        message_type=row.message_type,
-                        headers=headers,
-                        priority=row.priority,
-                        expiration_ms=row.ttl_ms if row.expires_at is not None else None,
-                    )
-                    try:
-                        await self._publisher.publish(
-                            message, routing_key_for(self._settings, row.route, row.user_id)
-                        )
-                    except Exception as exc:  # noqa: BLE001  (the row stays pending: retried)
-                        failed.append(row.id)
-                        errors.append(repr(exc))
-                        log.warning(
-                            "publish_failed", message_id=str(row.message_id), error=repr(exc)
-                        )
-                        return
+                try:
+                    await self._send(row)
+                except Exception as exc:  # noqa: BLE001  (the row stays pending: retried)
+                    failed.append(row.id)
+                    errors.append(repr(exc))
+                    log.warning("publish_failed", message_id=str(row.message_id), error=repr(exc))
+                    return  # the rest of the chain stays unsent, so nothing overtakes this row
                 done.append(row.id)
-                RELAYED.inc()
                 if row.available_at is not None:
                     RELAY_LAG.observe(max(0.0, time.time() - row.available_at.timestamp()))
-                self._maybe_crash(len(done))
+                self._confirmed += 1
+                self._maybe_crash()
 
         await asyncio.gather(*(send_chain(c) for c in chains.values()))
         return done, failed, "; ".join(errors[:3])
 
-    def _maybe_crash(self, confirmed_in_batch: int) -> None:
+    async def _send(self, row: ClaimedRow) -> None:
+        """Publish one row and return once it is confirmed (raise if it is not)."""
+        assert self._publisher is not None
+        incoming = row.headers.get(H_TRACEPARENT)
+        with tracing.publishing(
+            row.route,
+            str(row.message_id),
+            incoming if isinstance(incoming, str) else None,
+            row.available_at,
+        ) as traceparent:
+            headers = row.headers
+            if traceparent is not None and traceparent != incoming:
+                headers = {**row.headers, H_TRACEPARENT: traceparent}
+            message = build_message(
+                row.body,
+                message_id=row.message_id,
+                message_type=row.message_type,
+                headers=headers,
+                priority=row.priority,
+                expiration_ms=row.ttl_ms if row.expires_at is not None else None,
+            )
+            await self._publisher.publish(
+                message, routing_key_for(self._settings, row.route, row.user_id)
+            )
+
+    def _maybe_crash(self) -> None:
         limit = self._settings.fault_kill_relay_after
-        if limit is not None and self.published + confirmed_in_batch >= limit:
+        if limit is not None and self._confirmed >= limit:
             os.kill(os.getpid(), signal.SIGKILL)  # crash test: confirmed, not marked
 
     async def _ensure_listener(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from uuid import UUID, uuid4
 
@@ -16,9 +17,10 @@ from domain.model import ExpiryReason
 from events.models import PackageExpiringEvent
 from events.outgoing import Outgoing
 from events.routes import PACKAGE_EXPIRING, PACKAGE_QUEUING, Route
-from infra.outbox.relay import Relay
+from infra.outbox.relay import ROUNDS_IN_FLIGHT, Relay, RoundResult
 from infra.postgres import outbox, queue_repo
 from infra.rabbit.tap import Tap
+from infra.rabbit.topology import route_queues
 from infra.settings import Settings
 from tests.support import eventually
 
@@ -42,6 +44,27 @@ async def _relay(settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustCon
     relay = Relay(settings, pool, amqp)
     await relay.open()
     return relay
+
+
+async def _ids_by_message(pool: asyncpg.Pool) -> dict[str, tuple[str, int]]:
+    """message_id -> (user_id, outbox id) of every row."""
+    async with pool.acquire() as conn:
+        rows = await conn.fetch("SELECT message_id, user_id, id FROM telecom.outbox")
+    return {str(r["message_id"]): (str(r["user_id"]), r["id"]) for r in rows}
+
+
+async def _on_broker(amqp: AbstractRobustConnection, settings: Settings, route: Route) -> list[int]:
+    """The item ids of the messages waiting in the route's queue (taken off it)."""
+    channel = await amqp.channel()
+    try:
+        ((name, _),) = route_queues(settings, route.name)
+        queue = await channel.declare_queue(name, passive=True)
+        items = []
+        while (message := await queue.get(no_ack=True, fail=False)) is not None:
+            items.append(PackageExpiringEvent.model_validate_json(message.body).item_id)
+        return items
+    finally:
+        await channel.close()
 
 
 async def _pending(pool: asyncpg.Pool) -> int:
@@ -172,3 +195,110 @@ async def test_relay_is_woken_by_notify_and_publishes_new_rows(
     await eventually(published, within=5)  # far sooner than the 30 s poll
     stop.set()
     await task
+
+
+async def test_two_hundred_rows_of_three_users_are_published_in_each_users_id_order(
+    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection, tap: Tap
+) -> None:
+    users = [uuid4() for _ in range(3)]
+    rng = random.Random(11)
+    written = 0
+    while written < 200:  # small transactions of random users, so the users' ids interleave
+        user = rng.choice(users)
+        batch = [
+            _event(user, written + i + 1) for i in range(min(rng.randint(1, 5), 200 - written))
+        ]
+        await _emit(pool, user, batch)
+        written += len(batch)
+    several_rounds = settings.model_copy(update={"relay_batch_size": 40})
+    stop = asyncio.Event()
+    relay = Relay(several_rounds, pool, amqp)
+    running = asyncio.create_task(relay.run(stop))
+    await tap.wait_for(lambda seen: len(seen) >= 200, within=30)
+    stop.set()
+    await running
+
+    where = await _ids_by_message(pool)
+    arrived: dict[str, list[int]] = defaultdict(list)
+    for t in tap.seen:
+        owner, row_id = where[str(t.message_id)]
+        arrived[owner].append(row_id)
+    assert len(tap.seen) == 200
+    assert set(arrived) == {str(u) for u in users}
+    for owner, ids in arrived.items():
+        assert ids == sorted(ids), f"user {owner}: rows arrived in the order {ids}"
+    assert await _pending(pool) == 0
+
+
+async def test_overlapping_rounds_of_one_relay_publish_each_users_rows_once_and_in_order(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    tap: Tap,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    users = [uuid4() for _ in range(60)]  # enough to be spread over most of the partitions
+    for n in range(1, 5):
+        for user in users:
+            await _emit(pool, user, [_event(user, n)])
+    in_flight, peak = 0, 0
+    whole_round = Relay._round
+
+    async def counted(
+        self: Relay, on_claimed: Callable[[bool], object] | None = None
+    ) -> RoundResult:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        try:
+            return await whole_round(self, on_claimed)
+        finally:
+            in_flight -= 1
+
+    monkeypatch.setattr(Relay, "_round", counted)
+    small = settings.model_copy(update={"relay_batch_size": 10})
+    stop = asyncio.Event()
+    relay = Relay(small, pool, amqp)
+    running = asyncio.create_task(relay.run(stop))
+    await tap.wait_for(lambda seen: len(seen) >= 4 * len(users), within=30)
+    stop.set()
+    await running
+
+    assert 1 < peak <= ROUNDS_IN_FLIGHT  # the rounds did overlap, and no more than that
+    per_user: dict[str, list[int]] = defaultdict(list)
+    for t in tap.seen:
+        per_user[t.json()["user_id"]].append(t.json()["item_id"])
+    assert per_user == {str(u): [1, 2, 3, 4] for u in users}
+    assert await _pending(pool) == 0
+    assert relay.published == 4 * len(users)
+
+
+async def test_an_unroutable_row_mid_chain_keeps_it_and_its_users_later_rows_off_the_broker(
+    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> None:
+    # No tap: a tap binds "#" and would make every routing key routable. The queues are read.
+    stuck, other = uuid4(), uuid4()
+    await _emit(
+        pool,
+        stuck,
+        [
+            _event(stuck, 1),
+            _event(stuck, 2, NOWHERE),
+            _event(stuck, 3),
+            _event(stuck, 4, PACKAGE_QUEUING),
+        ],
+    )
+    await _emit(pool, other, [_event(other, 5), _event(other, 6, PACKAGE_QUEUING)])
+    relay = await _relay(settings, pool, amqp)
+    assert await relay.relay_once() == 3  # the stuck user's first row and both of the other's
+
+    # Sending row 3 before row 2 was confirmed would have put it in its queue ahead of row 2.
+    assert sorted(await _on_broker(amqp, settings, PACKAGE_EXPIRING)) == [1, 5]
+    assert await _on_broker(amqp, settings, PACKAGE_QUEUING) == [6]
+    async with pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT route, publish_attempts FROM telecom.outbox "
+            "WHERE published_at IS NULL ORDER BY id"
+        )
+    assert [r["route"] for r in rows] == [NOWHERE.name, PACKAGE_EXPIRING.name, PACKAGE_QUEUING.name]
+    assert [r["publish_attempts"] for r in rows] == [1, 0, 0]  # the later rows were never sent
