@@ -12,100 +12,45 @@ Measured, all in one run:
 - pkgq: the configured batching, with 10,000 and with 1,000,000 rows already in package_queue;
 - latency (outbox insert -> the consuming transaction) with usage paced at half of the
   measured maximum rate, and peak RSS of each process.
+- a backlog of usage records drained by a consumer written the obvious way (a transaction per
+  message) and by `pkgq run`, and the SQL statements one batch costs (consumers/bench_backlog.py).
 Absolute numbers on a shared machine are noise; the ratios are the result.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import uuid4
 
 import aio_pika
 import asyncpg
-import structlog
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
-from rich.console import Console
 
-from events.envelope import Envelope
+from consumers.bench_backlog import BACKLOG_PHASES, backlog_phases
+from consumers.bench_support import (
+    TABLES,
+    TRAFFIC,
+    RunResult,
+    Scenario,
+    bench_settings,
+    child_env,
+    message,
+    peak_rss_mb,
+    spawn,
+    stop_processes,
+)
 from events.models import PurchasePackage, RecordUsage, WireModel
 from events.routes import ALL_EXPIRED, PACKAGE_PURCHASE, ROUTES, USAGE_RECORD, Route
 from infra.postgres import catalog
 from infra.postgres.migrate import ensure_database, migrate
 from infra.rabbit.connection import connect
-from infra.rabbit.publisher import build_message
 from infra.rabbit.topology import declare_all, delete_all, route_queues, routing_key_for
 from infra.settings import Settings
 
-log = structlog.get_logger(__name__)
-console = Console(stderr=True)
-TRAFFIC = 1000
-"""Each package's traffic limit; each usage record uses exactly one package up."""
-TABLES = (
-    "package_queue",
-    "queue_users",
-    "outbox",
-    "inbox",
-    "access",
-    "dead_letters",
-    "holds",
-    "parked",
-)
-
-
-@dataclass
-class Scenario:
-    users: int = 400
-    packages: int = 5
-    small_rows: int = 10_000
-    large_rows: int = 1_000_000
-    batch_size: int = 32
-    prefetch: int = 64
-    raw_messages: int = 5_000
-    repeat: int = 2
-    """Runs of each batched phase; the fastest counts."""
-    replicas: int = 1
-    """`pkgq run` processes; above 1, every route gets as many partitions, one per replica."""
-    timeout: float = 240.0
-
-
-@dataclass
-class RunResult:
-    label: str
-    events: int
-    seconds: float
-    latencies_ms: list[float] = field(default_factory=list)
-    rss_mb: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def events_per_s(self) -> float:
-        return self.events / self.seconds if self.seconds > 0 else 0.0
-
-    def percentile(self, q: float) -> float:
-        if not self.latencies_ms:
-            return float("nan")
-        ordered = sorted(self.latencies_ms)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def bench_settings(base: Settings) -> Settings:
-    """The benchmark's own database and broker names, next to the configured ones."""
-    server = base.postgres_dsn.rsplit("/", 1)[0]
-    return base.model_copy(
-        update={
-            "postgres_dsn": f"{server}/pkgq_bench",
-            "exchange": "bench.telecom",
-            "queue_prefix": "bench.pkgq",
-            "relay_poll_interval": 0.2,
-        }
-    )
+__all__ = ["PHASES", "Bench", "Scenario", "run_bench"]
 
 
 class Bench:
@@ -145,9 +90,9 @@ class Bench:
         done = asyncio.Event()
         received = 0
 
-        async def on_message(message: AbstractIncomingMessage) -> None:
+        async def on_message(delivery: AbstractIncomingMessage) -> None:
             nonlocal received
-            await message.ack()
+            await delivery.ack()
             received += 1
             if received >= count:
                 done.set()
@@ -162,7 +107,7 @@ class Bench:
             await asyncio.gather(
                 *(
                     channel.default_exchange.publish(
-                        _message(body, USAGE_RECORD, None), routing_key=queue.name
+                        message(body, USAGE_RECORD, None), routing_key=queue.name
                     )
                     for _ in range(first, min(count, first + window))
                 )
@@ -258,12 +203,12 @@ class Bench:
         """Drive the scenario through a real relay and consumer process; wait for the end."""
         assert self.db is not None
         assert self.amqp is not None
-        env = _env(self.settings, batch_size=batch_size, prefetch=prefetch)
+        env = child_env(self.settings, batch_size=batch_size, prefetch=prefetch)
         count = self.scenario.replicas
-        processes = {"relay": _spawn(["relay"], env)}
+        processes = {"relay": spawn(["relay"], env)}
         for i in range(count):
             replica = ["--replica", f"{i}/{count}"] if count > 1 else []
-            processes[f"run{i}" if count > 1 else "run"] = _spawn(
+            processes[f"run{i}" if count > 1 else "run"] = spawn(
                 ["run", "--no-ingest", *replica], env
             )
         try:
@@ -272,7 +217,7 @@ class Bench:
             started = time.perf_counter()
             channel = await self.amqp.channel(publisher_confirms=True)
             exchange = await channel.get_exchange(self.settings.exchange)
-            await self._send_round(
+            await self.send_round(
                 exchange,
                 (
                     PurchasePackage(
@@ -297,7 +242,7 @@ class Bench:
             for _ in range(self.scenario.packages):
                 for first in range(0, len(users), step):
                     slice_started = time.perf_counter()
-                    await self._send_round(
+                    await self.send_round(
                         exchange,
                         (
                             RecordUsage(user_id=u, upload=TRAFFIC, download=0)
@@ -326,16 +271,10 @@ class Bench:
                 """,
                 usage_started,
             )
-            rss = {name: _peak_rss_mb(p.pid) for name, p in processes.items()}
+            rss = {name: peak_rss_mb(p.pid) for name, p in processes.items()}
             return RunResult(label, events, seconds, [float(r["ms"]) for r in latencies], rss)
         finally:
-            for p in processes.values():
-                p.send_signal(signal.SIGTERM)
-            for p in processes.values():
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            stop_processes(processes.values())
 
     async def _wait_consuming(self) -> None:
         """Until the consumer process has subscribed to every route's queue."""
@@ -360,7 +299,7 @@ class Bench:
             await asyncio.sleep(0.2)
         raise TimeoutError("the consumer process did not subscribe within 60 s")
 
-    async def _send_round(
+    async def send_round(
         self, exchange: aio_pika.abc.AbstractExchange, bodies: Iterable[WireModel], route: Route
     ) -> None:
         """One message per user, published concurrently with confirms (a user's messages are
@@ -368,7 +307,7 @@ class Bench:
         await asyncio.gather(
             *(
                 exchange.publish(
-                    _message(body.model_dump_json().encode(), route, body.user_id),
+                    message(body.model_dump_json().encode(), route, body.user_id),
                     routing_key=routing_key_for(self.settings, route.name, body.user_id),
                     mandatory=True,
                 )
@@ -388,56 +327,12 @@ class Bench:
             await asyncio.sleep(0.05)
 
 
-def _message(body: bytes, route: Route, user: UUID | None) -> aio_pika.Message:
-    envelope = Envelope(
-        message_id=uuid4(),
-        message_type=route.message_type,
-        schema_version=route.schema_version,
-        user_id=user,
-    )
-    return build_message(
-        body,
-        message_id=envelope.message_id,
-        message_type=envelope.message_type,
-        headers=envelope.headers(),
-    )
-
-
-def _env(settings: Settings, *, batch_size: int, prefetch: int) -> dict[str, str]:
-    return {
-        **os.environ,
-        **settings.child_env(),
-        "PKGQ_BATCH_SIZE": str(batch_size),
-        "PKGQ_PREFETCH": str(prefetch),
-        "PKGQ_LOG_LEVEL": "warning",
-        "PKGQ_LOG_FORMAT": "json",
-    }
-
-
-def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(  # noqa: S603  (our own entry point)
-        [sys.executable, "-m", "consumers", *args], env=env, stdout=subprocess.DEVNULL
-    )
-
-
-def _peak_rss_mb(pid: int) -> float:
-    """VmHWM: the process's peak resident set size so far."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
-
-
-PHASES = 5
+PHASES = 5 + BACKLOG_PHASES
 
 
 async def run_bench(settings: Settings, scenario: Scenario, say: Callable[[str], None]) -> int:
     """Run every phase; `say` reports each phase's start and result (PHASES starts)."""
-    configured = bench_settings(settings)
+    configured = bench_settings(settings, scenario.namespace)
     if scenario.replicas > 1:
         configured = configured.model_copy(
             update={
@@ -470,6 +365,8 @@ async def run_bench(settings: Settings, scenario: Scenario, say: Callable[[str],
         )
         say(f"  p50 {paced.percentile(0.5):.1f} ms, p99 {paced.percentile(0.99):.1f} ms")
 
+        backlog = await backlog_phases(bench, say)
+
         await bench.reset(scenario.large_rows)
         say(f"pkgq (batch {scenario.batch_size}), {await bench.row_count():,} rows queued")
         large = await bench.best_of("pkgq-large", scenario.repeat)
@@ -479,6 +376,8 @@ async def run_bench(settings: Settings, scenario: Scenario, say: Callable[[str],
 
     rss = max(v for r in (naive, small, paced, large) for v in r.rss_mb.values())
     results = {
+        # First, so the seven figures that came before them stay the last lines.
+        **backlog,
         "events_per_s": round(small.events_per_s, 1),
         "p50_ms": round(paced.percentile(0.5), 1),
         "p99_ms": round(paced.percentile(0.99), 1),

@@ -411,6 +411,12 @@ def catalog_list() -> None:
     console.print(table)
 
 
+def _bench_namespace(value: str) -> str:
+    if not value.replace("_", "").isalnum() or not value.isascii() or not value[:1].isalpha():
+        raise typer.BadParameter("letters, digits and _ only, starting with a letter")
+    return value.lower()
+
+
 @app.command("bench")
 def bench_cmd(
     users: Annotated[int, typer.Option(min=1, help="Users in the scenario.")] = 400,
@@ -430,8 +436,25 @@ def bench_cmd(
     repeat: Annotated[
         int, typer.Option(min=1, max=10, help="Runs of each batched phase; the best counts.")
     ] = 2,
+    backlog_users: Annotated[
+        int, typer.Option(min=1, help="Users of the backlog phase, each with an active package.")
+    ] = 1000,
+    backlog_records: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Usage records queued before the simple consumer and pkgq drain them."
+        ),
+    ] = 20_000,
+    namespace: Annotated[
+        str,
+        typer.Option(
+            help="Its own names: database pkgq_NAME, exchange and queues NAME.*.",
+            callback=_bench_namespace,
+        ),
+    ] = "bench",
 ) -> None:
-    """Benchmark pkgq against the raw broker and its naive mode; prints key=value lines last.
+    """Benchmark pkgq against the raw broker, its naive mode and a simple consumer; prints
+    key=value lines last.
 
     Scale it with --users and --packages (events per run are about users x (3 x packages + 3)).
     It uses its own database (pkgq_bench) and broker names (bench.*) next to the configured ones.
@@ -449,6 +472,9 @@ def bench_cmd(
         raw_messages=raw_messages,
         replicas=replicas,
         repeat=repeat,
+        backlog_users=backlog_users,
+        backlog_records=backlog_records,
+        namespace=namespace,
     )
     err = Console(stderr=True)
     if sys.stderr.isatty():

@@ -1,0 +1,355 @@
+"""`pkgq bench`'s backlog phases: pkgq's consuming hot path against the obvious consumer.
+
+- ratio_vs_simple_consumer: a backlog of usage records (B records over N users, each user with
+  an active package its usage never uses up) is published to the route's queue before any
+  consumer starts, then drained twice from the same state: by a consumer written the obvious way
+  with aio-pika and asyncpg in this process (one transaction per message: inbox claim, lock the
+  user's row, add the usage to the active item; commit, ack; one message at a time, like a
+  pkgq lane, with pkgq's prefetch), and by a real `pkgq run telecom.usage_record` with the
+  configured batching. Each is timed from its consumer's start (for `pkgq run`: its subscription
+  seen on the queue) until every record is in the inbox.
+- statements_per_batch: the SQL statements (BEGIN and COMMIT included) that pkgq's delivery
+  pipeline runs for one batch of 32 usage records from 32 distinct users with active packages,
+  counted in this process by an asyncpg query logger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from uuid import UUID, uuid4
+
+import asyncpg
+from aio_pika.abc import AbstractRobustConnection
+
+from consumers.bench_support import (
+    backlog_rounds,
+    child_env,
+    peak_rss_mb,
+    spawn,
+    statement_kinds,
+    stop_processes,
+)
+from consumers.delivery import DeliveryPipeline
+from consumers.registry import HANDLERS
+from consumers.retry_policy import RetryPolicy
+from events.decoding import RawDelivery
+from events.envelope import CONTENT_TYPE, H_ATTEMPT, H_SCHEMA_VERSION, H_USER_ID
+from events.models import RecordUsage
+from events.routes import USAGE_RECORD
+from infra.postgres import catalog
+from infra.postgres.pool import create_pool
+from infra.postgres.statements import StatementLog
+from infra.rabbit.topology import route_queues
+
+if TYPE_CHECKING:
+    from consumers.bench import Bench
+
+LIMIT = 10**15
+"""The backlog package's traffic limit: far more than any backlog uses."""
+UPLOAD = 1000
+DOWNLOAD = 500
+STATEMENT_BATCH = 32
+POLL = 0.02
+"""Seconds between progress checks: the timing's resolution."""
+
+
+@dataclass(frozen=True)
+class DrainResult:
+    label: str
+    records: int
+    seconds: float
+    rss_mb: float = float("nan")
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.seconds if self.seconds > 0 else 0.0
+
+
+async def simple_consumer(
+    amqp: AbstractRobustConnection, queue_name: str, pool: asyncpg.Pool, prefetch: int
+) -> None:
+    """The baseline, written the obvious way: for each message, in delivery order, one
+    transaction (claim it in the inbox, lock the user's row, add the usage to the active item),
+    commit, ack."""
+    consumer = USAGE_RECORD.short_name
+    channel = await amqp.channel()
+    try:
+        await channel.set_qos(prefetch_count=prefetch)
+        queue = await channel.get_queue(queue_name, ensure=False)
+        async with queue.iterator() as messages:
+            async for message in messages:
+                usage = RecordUsage.model_validate_json(message.body)
+                async with pool.acquire() as conn, conn.transaction():
+                    claimed = await conn.fetchval(
+                        "INSERT INTO telecom.inbox (consumer, message_id) VALUES ($1, $2) "
+                        "ON CONFLICT DO NOTHING RETURNING true",
+                        consumer,
+                        UUID(str(message.message_id)),
+                    )
+                    if claimed:
+                        await conn.execute(
+                            "SELECT user_id FROM telecom.queue_users WHERE user_id = $1 FOR UPDATE",
+                            usage.user_id,
+                        )
+                        await conn.execute(
+                            "UPDATE telecom.package_queue "
+                            "SET upload = upload + $2, download = download + $3 "
+                            "WHERE user_id = $1 AND status = 'active'",
+                            usage.user_id,
+                            usage.upload,
+                            usage.download,
+                        )
+                await message.ack()
+    finally:
+        await channel.close()
+
+
+class BacklogBench:
+    def __init__(self, bench: Bench) -> None:
+        self.bench = bench
+        self.scenario = bench.scenario
+        self.users = [uuid4() for _ in range(self.scenario.backlog_users)]
+        self.package_id = 0
+
+    @property
+    def db(self) -> asyncpg.Connection:
+        assert self.bench.db is not None
+        return self.bench.db
+
+    @property
+    def amqp(self) -> AbstractRobustConnection:
+        assert self.bench.amqp is not None
+        return self.bench.amqp
+
+    @property
+    def prefetch(self) -> int:
+        """pkgq's: the broker sends at least a batch ahead."""
+        return max(self.scenario.prefetch, self.scenario.batch_size)
+
+    async def seed(self, users: list[UUID]) -> None:
+        """Give each user an active package (with its access row), as after its activation."""
+        if not self.package_id:
+            self.package_id = (await catalog.add_package(self.db, "bench-big", LIMIT, None)).id
+        await self.db.execute(
+            """
+            WITH u AS (SELECT unnest($1::uuid[]) AS user_id),
+            queue_users AS (
+                INSERT INTO telecom.queue_users (user_id, seq, has_access)
+                SELECT user_id, 1, true FROM u
+            ),
+            items AS (
+                INSERT INTO telecom.package_queue (user_id, package_id, status, activated_at)
+                SELECT user_id, $2, 'active', now() FROM u
+                RETURNING id, user_id
+            )
+            INSERT INTO telecom.access (user_id, granted, item_id, package_id, remaining, seq)
+            SELECT user_id, true, id, $2, $3, 1 FROM items
+            """,
+            users,
+            self.package_id,
+            LIMIT,
+        )
+
+    async def prepare(self) -> None:
+        """The same state before each drain: the bench's reset, the users, the backlog queued."""
+        await self.bench.reset(self.scenario.small_rows)
+        await self.seed(self.users)
+        await self.bench.settle()
+        channel = await self.amqp.channel(publisher_confirms=True)
+        exchange = await channel.get_exchange(self.bench.settings.exchange)
+        for size in backlog_rounds(len(self.users), self.scenario.backlog_records):
+            await self.bench.send_round(
+                exchange,
+                (
+                    RecordUsage(user_id=u, upload=UPLOAD, download=DOWNLOAD)
+                    for u in self.users[:size]
+                ),
+                USAGE_RECORD,
+            )
+        await channel.close()
+
+    async def wait_applied(self, failure: Callable[[], str | None]) -> None:
+        """Until every record of the backlog is in the inbox; `failure` says why to give up.
+        Gives up when no record has been applied for the scenario's timeout (a large backlog
+        may take longer than that in all)."""
+        target = self.scenario.backlog_records
+        last, moved = -1, time.monotonic()
+        while True:
+            done = await self.db.fetchval(
+                "SELECT count(*) FROM telecom.inbox WHERE consumer = $1", USAGE_RECORD.short_name
+            )
+            if done >= target:
+                return
+            if (why := failure()) is not None:
+                raise RuntimeError(why)
+            if done != last:
+                last, moved = done, time.monotonic()
+            elif time.monotonic() - moved > self.scenario.timeout:
+                raise TimeoutError(f"backlog stuck at {done}/{target}")
+            await asyncio.sleep(POLL)
+
+    async def check_applied(self, users: list[UUID], records: int) -> None:
+        """Every record's usage is on its user's active item, once."""
+        row = await self.db.fetchrow(
+            "SELECT count(*) AS n, coalesce(sum(upload), 0) AS up, "
+            "coalesce(sum(download), 0) AS down FROM telecom.package_queue "
+            "WHERE status = 'active' AND user_id = ANY($1::uuid[])",
+            users,
+        )
+        assert row is not None
+        expected = (len(users), records * UPLOAD, records * DOWNLOAD)
+        if (row["n"], row["up"], row["down"]) != expected:
+            raise RuntimeError(f"usage applied {tuple(row.values())}, expected {expected}")
+
+    async def drain_simple(self) -> DrainResult:
+        await self.prepare()
+        queues = [name for name, _ in route_queues(self.bench.settings, USAGE_RECORD.name)]
+        pool = await asyncpg.create_pool(
+            self.bench.settings.postgres_dsn, min_size=len(queues), max_size=len(queues)
+        )
+        try:
+            started = time.perf_counter()
+            tasks = [
+                asyncio.create_task(simple_consumer(self.amqp, name, pool, self.prefetch))
+                for name in queues
+            ]
+
+            def failure() -> str | None:
+                crashed = [t for t in tasks if t.done()]
+                return f"simple consumer stopped: {crashed[0]!r}" if crashed else None
+
+            try:
+                await self.wait_applied(failure)
+                seconds = time.perf_counter() - started
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            await pool.close()
+        await self.check_applied(self.users, self.scenario.backlog_records)
+        return DrainResult("simple", self.scenario.backlog_records, seconds)
+
+    async def drain_pkgq(self) -> DrainResult:
+        await self.prepare()
+        env = child_env(
+            self.bench.settings,
+            batch_size=self.scenario.batch_size,
+            prefetch=self.scenario.prefetch,
+        )
+        process = spawn(["run", "--no-ingest", USAGE_RECORD.name], env)
+        try:
+            await self.wait_subscribed(process)
+            started = time.perf_counter()
+            await self.wait_applied(lambda: _exited(process))
+            seconds = time.perf_counter() - started
+            rss = peak_rss_mb(process.pid)
+        finally:
+            stop_processes([process])
+        await self.check_applied(self.users, self.scenario.backlog_records)
+        return DrainResult("pkgq", self.scenario.backlog_records, seconds, rss)
+
+    async def wait_subscribed(self, process: subprocess.Popen[bytes]) -> None:
+        """Until the process consumes from every queue of the route (checked every POLL s)."""
+        queues = [name for name, _ in route_queues(self.bench.settings, USAGE_RECORD.name)]
+        deadline = time.monotonic() + 60
+        channel = await self.amqp.channel()
+        try:
+            while time.monotonic() < deadline:
+                counts = []
+                for name in queues:
+                    # Not robust: a robust channel answers a passive declare from its cache.
+                    queue = await channel.declare_queue(name, passive=True, robust=False)
+                    counts.append(queue.declaration_result.consumer_count)
+                if all(counts):
+                    return
+                if (why := _exited(process)) is not None:
+                    raise RuntimeError(why)
+                await asyncio.sleep(POLL / 2)
+        finally:
+            await channel.close()
+        raise TimeoutError("pkgq run did not subscribe within 60 s")
+
+    async def best_of(self, drain: Callable[[], Awaitable[DrainResult]]) -> DrainResult:
+        """The fastest of the scenario's `repeat` drains."""
+        results = [await drain() for _ in range(self.scenario.repeat)]
+        return max(results, key=lambda r: r.records_per_s)
+
+    async def statements_per_batch(self) -> tuple[int, dict[str, int]]:
+        """Statements of one batch of STATEMENT_BATCH usage records (after a warm-up batch)."""
+        await self.bench.reset(0)
+        users = [uuid4() for _ in range(2 * STATEMENT_BATCH)]
+        warm, measured = users[:STATEMENT_BATCH], users[STATEMENT_BATCH:]
+        await self.seed(users)
+        log = StatementLog()
+        pool = await create_pool(self.bench.settings.postgres_dsn, query_logger=log)
+        try:
+            pipeline = DeliveryPipeline(
+                pool, USAGE_RECORD, HANDLERS[USAGE_RECORD.name], RetryPolicy(), max_body_bytes=2**20
+            )
+            await pipeline.process_batch([_raw(u) for u in warm])
+            await log.settled()
+            log.clear()
+            outcomes = await pipeline.process_batch([_raw(u) for u in measured])
+            count = await log.settled()
+            kinds = statement_kinds(log.statements)
+        finally:
+            await pool.close()
+        try:
+            await self.check_applied(measured, len(measured))
+        except RuntimeError as error:
+            raise RuntimeError(f"{error}; outcomes {outcomes}") from None
+        return count, kinds
+
+
+def _raw(user: UUID) -> RawDelivery:
+    return RawDelivery(
+        body=RecordUsage(user_id=user, upload=UPLOAD, download=DOWNLOAD).model_dump_json().encode(),
+        message_id=str(uuid4()),
+        message_type=USAGE_RECORD.message_type,
+        content_type=CONTENT_TYPE,
+        timestamp=None,
+        headers={
+            H_SCHEMA_VERSION: USAGE_RECORD.schema_version,
+            H_USER_ID: str(user),
+            H_ATTEMPT: 1,
+        },
+        routing_key=USAGE_RECORD.name,
+    )
+
+
+def _exited(process: subprocess.Popen[bytes]) -> str | None:
+    code = process.poll()
+    return None if code is None else f"pkgq run exited with status {code}"
+
+
+BACKLOG_PHASES = 3
+
+
+async def backlog_phases(bench: Bench, say: Callable[[str], None]) -> dict[str, float | int]:
+    """Run the backlog phases (BACKLOG_PHASES starts reported to `say`); their key=values."""
+    backlog = BacklogBench(bench)
+    scenario = bench.scenario
+    say(
+        f"simple consumer (a transaction per message): backlog of "
+        f"{scenario.backlog_records:,} usage records, {scenario.backlog_users:,} users"
+    )
+    simple = await backlog.best_of(backlog.drain_simple)
+    say(f"  {simple.records_per_s:,.0f} records/s ({simple.seconds:.1f} s)")
+
+    say(f"pkgq run (batch {scenario.batch_size}) on the same backlog")
+    pkgq = await backlog.best_of(backlog.drain_pkgq)
+    say(f"  {pkgq.records_per_s:,.0f} records/s ({pkgq.seconds:.1f} s), rss {pkgq.rss_mb:.0f} MB")
+
+    say(f"statements of one batch of {STATEMENT_BATCH} usage records, {STATEMENT_BATCH} users")
+    statements, kinds = await backlog.statements_per_batch()
+    say(f"  {statements}: " + ", ".join(f"{k} {v}" for k, v in kinds.items()))
+    return {
+        "ratio_vs_simple_consumer": round(pkgq.records_per_s / simple.records_per_s, 2),
+        "statements_per_batch": statements,
+    }
