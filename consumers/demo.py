@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from consumers import publishing
+from consumers.bench_support import stop_processes
 from consumers.job_stats import STATES, route_stats
 from events.envelope import H_DEAD_REASON, H_SCHEMA_VERSION
 from events.models import (
@@ -325,13 +326,8 @@ async def run_demo(settings: Settings, within: float) -> int:
         console.print(f"[red]demo failed:[/red] {exc or 'timed out'}")
         code = 1
     finally:
+        stop_processes(processes)
         for proc in processes:
-            proc.send_signal(signal.SIGTERM)
-        for proc in processes:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
             if proc.returncode not in (0, -signal.SIGTERM):
                 console.print(f"[red]{proc.args!r} exited with {proc.returncode}[/red]")
                 code = 1
