@@ -18,13 +18,14 @@ from rich.progress import Progress
 from rich.table import Table
 
 from consumers import jobs_cli, publishing, workers_cli
+from consumers.catalog_cli import catalog_app
 from consumers.cli_support import load_settings, route_argument
 from consumers.dlq_cli import dlq_app
 from consumers.partitions_cli import partitions_app
 from consumers.runtime import services, start_status_server, stop_on_signals
-from events.models import AdjustQuota, CancelPackage, WireModel
-from events.routes import ROUTES, Route, route_named
-from infra.postgres import access, catalog, queue_repo
+from consumers.user_cli import user_app
+from events.models import WireModel
+from events.routes import ROUTES, Route
 from infra.postgres.migrate import ensure_database, migrate
 from infra.postgres.pool import database
 from infra.rabbit.connection import connect
@@ -35,8 +36,6 @@ app = typer.Typer(
     help="pkgq: the telecom package queue on RabbitMQ and PostgreSQL.",
     pretty_exceptions_enable=False,  # plain tracebacks: readable in journald and log shippers
 )
-user_app = typer.Typer(help="Inspect and administer one user's package queue.")
-catalog_app = typer.Typer(help="The package catalog.")
 app.add_typer(user_app, name="user")
 app.add_typer(catalog_app, name="catalog")
 app.add_typer(dlq_app, name="dlq")
@@ -250,92 +249,6 @@ def publish_cmd(
     print(_run(_publish(settings, target, model, message_id=message_id)))
 
 
-def _read_body(arg: str) -> str:
-    if arg == "-":
-        return sys.stdin.read()
-    if arg.startswith("@"):
-        return Path(arg[1:]).read_text()
-    return arg
-
-
-@user_app.command("show")
-def user_show(
-    user_id: UUID,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-) -> None:
-    """Current package, access, and all packages of USER_ID."""
-    settings = load_settings()
-
-    async def go() -> tuple[list[Any], Any, Any]:
-        async with database(settings.postgres_dsn) as conn:
-            items = await queue_repo.load_user_items(conn, user_id)
-            grant = await access.get_access(conn, user_id)
-            user = await conn.fetchrow(
-                "SELECT * FROM telecom.queue_users WHERE user_id = $1", user_id
-            )
-            return items, grant, user
-
-    items, grant, user = _run(go())
-    rows = [
-        {
-            "id": i.id,
-            "package": i.package.name,
-            "status": i.status.value,
-            "created_at": i.created_at.isoformat(),
-            "activated_at": i.activated_at.isoformat() if i.activated_at else None,
-            "expire_at": i.expire_at.isoformat() if i.expire_at else None,
-            "upload": i.upload,
-            "download": i.download,
-            "adjust_quota": i.adjust_quota,
-            "remaining": i.remaining,
-        }
-        for i in items
-    ]
-    current = next((r for r in rows if r["status"] == "active"), None)
-    summary = {
-        "user_id": str(user_id),
-        "current": current,
-        "access": dict(grant) if grant else None,
-        "unbilled": (
-            {"upload": user["unbilled_upload"], "download": user["unbilled_download"]}
-            if user
-            else None
-        ),
-        "packages": rows,
-    }
-    if as_json:
-        print(json.dumps(summary, default=str, indent=2))
-        return
-    console.print(f"user [bold]{user_id}[/bold]")
-    console.print(f"current: {current['id'] if current else 'none'}")
-    console.print(f"access: {'granted' if grant and grant['granted'] else 'revoked/none'}")
-    if user:
-        console.print(f"unbilled: up={user['unbilled_upload']} down={user['unbilled_download']}")
-    table = Table("id", "package", "status", "activated_at", "used", "quota", "remaining")
-    for i in items:
-        table.add_row(
-            str(i.id),
-            i.package.name,
-            i.status.value,
-            str(i.activated_at or ""),
-            str(i.used),
-            str(i.quota),
-            str(i.remaining),
-        )
-    console.print(table)
-
-
-async def _item_owner(settings: Settings, item_id: int) -> UUID:
-    async with database(settings.postgres_dsn) as conn:
-        owner: UUID | None = await conn.fetchval(
-            "SELECT user_id FROM telecom.package_queue WHERE id = $1", item_id
-        )
-    if owner is None:
-        console.print(f"[red]no queue item {item_id}[/red]")
-        raise typer.Exit(1)
-    return owner
-
-
 async def _publish(
     settings: Settings, route: Route, body: WireModel, *, message_id: UUID | None = None
 ) -> UUID:
@@ -346,69 +259,12 @@ async def _publish(
         await conn.close()
 
 
-@user_app.command("cancel")
-def user_cancel(item_id: int) -> None:
-    """Cancel queue item ITEM_ID (published to telecom.package_cancel)."""
-    settings = load_settings()
-
-    async def go() -> UUID:
-        body = CancelPackage(user_id=await _item_owner(settings, item_id), item_id=item_id)
-        return await _publish(settings, route_named("package_cancel"), body)
-
-    print(_run(go()))
-
-
-@user_app.command("adjust-quota")
-def user_adjust_quota(
-    item_id: int, delta: Annotated[int, typer.Argument(help="Bytes, may be < 0.")]
-) -> None:
-    """Add DELTA bytes to ITEM_ID's adjust_quota (published to telecom.quota_adjust)."""
-    settings = load_settings()
-
-    async def go() -> UUID:
-        owner = await _item_owner(settings, item_id)
-        body = AdjustQuota(user_id=owner, item_id=item_id, delta=delta)
-        return await _publish(settings, route_named("quota_adjust"), body)
-
-    print(_run(go()))
-
-
-@catalog_app.command("add")
-def catalog_add(
-    name: str,
-    traffic: Annotated[str, typer.Option(help="Traffic limit: bytes or 500MiB, 2GB, ...")],
-    duration: Annotated[str | None, typer.Option(help="Lifetime: 90s, 15m, 12h, 30d.")] = None,
-) -> None:
-    """Add a package to the catalog and print its id."""
-    from consumers.units import parse_duration, parse_size
-
-    settings = load_settings()
-    try:
-        limit = parse_size(traffic)
-        lifetime = parse_duration(duration) if duration is not None else None
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
-
-    async def go() -> int:
-        async with database(settings.postgres_dsn) as conn:
-            return (await catalog.add_package(conn, name, limit, lifetime)).id
-
-    print(_run(go()))
-
-
-@catalog_app.command("list")
-def catalog_list() -> None:
-    """List the catalog."""
-    settings = load_settings()
-
-    async def go() -> list[Any]:
-        async with database(settings.postgres_dsn) as conn:
-            return await catalog.list_packages(conn)
-
-    table = Table("id", "name", "traffic_limit", "duration")
-    for p in _run(go()):
-        table.add_row(str(p.id), p.name, str(p.traffic_limit), str(p.duration or "-"))
-    console.print(table)
+def _read_body(arg: str) -> str:
+    if arg == "-":
+        return sys.stdin.read()
+    if arg.startswith("@"):
+        return Path(arg[1:]).read_text()
+    return arg
 
 
 def _bench_namespace(value: str) -> str:

@@ -42,13 +42,13 @@ from events.models import (
 )
 from events.routes import (
     ALL_EXPIRED,
+    ALL_ROUTES,
     PACKAGE_ACTIVATE,
     PACKAGE_CANCEL,
     PACKAGE_EXPIRING,
     PACKAGE_PURCHASE,
     PACKAGE_QUEUING,
     QUOTA_ADJUST,
-    ROUTES,
     USAGE_RECORD,
     Route,
 )
@@ -278,17 +278,17 @@ async def _final_state(settings: Settings, users: dict[str, UUID]) -> None:
                 table.add_row(
                     name,
                     str(item.id),
-                    item.package.name,
+                    item.terms.package_name,
                     item.status.value,
                     str(item.used),
-                    str(item.quota),
+                    "unlimited" if item.quota is None else str(item.quota),
                 )
         console.print(table)
 
 
 def _routes_seen(tap: Tap, settings: Settings) -> set[str]:
     seen = {t.routing_key for t in tap.seen if t.exchange == settings.exchange}
-    missing = set(ROUTES) - seen
+    missing = set(ALL_ROUTES) - seen
     if missing:
         raise DemoFailedError(f"routes never used: {sorted(missing)}")
     return seen
@@ -319,7 +319,7 @@ async def run_demo(settings: Settings, within: float) -> int:
         seen = _routes_seen(demo.tap, settings)
         console.rule("final state")
         await _final_state(settings, users)
-        console.print(f"[green]every route at work: {len(seen)}/{len(ROUTES)}[/green]")
+        console.print(f"[green]every route at work: {len(seen)}/{len(ALL_ROUTES)}[/green]")
         for name, user in users.items():
             console.print(f"  inspect {name}: pkgq user show {user}")
     except (DemoFailedError, TimeoutError) as exc:

@@ -15,12 +15,18 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from domain.events import DomainEvent, ExpiryUnscheduled, PackageExpired, UsageRemaining
+from domain.events import (
+    DomainEvent,
+    ExpiryUnscheduled,
+    PackageCancelled,
+    PackageExpired,
+    UsageRemaining,
+)
 from domain.model import ItemStatus, Package
 from domain.queue import UserQueue
 from events.envelope import Envelope
 from events.outgoing import expiry_key, outgoing
-from infra.postgres import access, outbox
+from infra.postgres import access, audit, outbox
 from infra.postgres.pool import Conn
 from infra.postgres.queue_repo import LoadedQueue
 
@@ -40,6 +46,8 @@ class Needs:
     """Catalog entries it buys."""
     new_items: int = 0
     """Item ids it creates."""
+    orders: tuple[tuple[UUID, UUID], ...] = ()
+    """(user, by_order) pairs it buys: whether each was bought before is loaded with them."""
 
 
 NO_NEEDS = Needs()
@@ -61,8 +69,12 @@ class UnitOfWork:
     withdrawn: list[tuple[str, int]] = field(default_factory=list)
     """Timers withdrawn: (cancel key, how many outbox rows had been made by then)."""
     access_changes: dict[UUID, access.Change] = field(default_factory=dict)
-    remaining: dict[UUID, dict[int, int]] = field(default_factory=dict)
-    """Remaining traffic per user and item, for node management."""
+    remaining: dict[UUID, dict[int, int | None]] = field(default_factory=dict)
+    """Remaining traffic per user and item, for node management (None: unlimited)."""
+    audit: list[audit.Entry] = field(default_factory=list)
+    """Operators' commands applied, for the item audit (append-only, like outbox_rows)."""
+    duplicate_orders: set[UUID] = field(default_factory=set)
+    """Message ids of purchases that were repeats of an order bought before."""
 
     def savepoint(self, user_id: UUID | None) -> Savepoint:
         """The state one message may change (its user's), to go back to if it fails."""
@@ -72,6 +84,7 @@ class UnitOfWork:
             queue=_copy(loaded) if loaded is not None else None,
             outbox_len=len(self.outbox_rows),
             withdrawn_len=len(self.withdrawn),
+            audit_len=len(self.audit),
             access_change=self.access_changes.get(user_id) if user_id is not None else None,
             remaining=dict(self.remaining.get(user_id, {})) if user_id is not None else {},
         )
@@ -81,6 +94,7 @@ class UnitOfWork:
         are not handed back: a gap in the ids is harmless."""
         del self.outbox_rows[point.outbox_len :]
         del self.withdrawn[point.withdrawn_len :]
+        del self.audit[point.audit_len :]
         user_id = point.user_id
         if user_id is None:
             return
@@ -105,7 +119,7 @@ class UnitOfWork:
             if row.cancel_key is None or index >= cut.get(row.cancel_key, 0)
         ]
 
-    def remaining_to_write(self) -> dict[tuple[UUID, int], int]:
+    def remaining_to_write(self) -> dict[tuple[UUID, int], int | None]:
         return {(u, i): r for u, items in self.remaining.items() for i, r in items.items()}
 
     def queue(self, user_id: UUID) -> LoadedQueue:
@@ -138,7 +152,8 @@ class UnitOfWork:
             # Node management sees remaining traffic change in the same transaction as billing.
             if isinstance(event, UsageRemaining):
                 self.remaining.setdefault(user_id, {})[event.item_id] = event.remaining
-            elif isinstance(event, PackageExpired):
+            elif isinstance(event, PackageExpired | PackageCancelled):
+                # Nothing left on it from now on (applied only where it is the granted item).
                 self.remaining.setdefault(user_id, {})[event.item_id] = 0
         self.outbox_rows.extend(
             outbox.from_outgoing(out, seq=seq, traceparent=traceparent or envelope.traceparent)
@@ -158,15 +173,18 @@ class Savepoint:
     queue: LoadedQueue | None
     outbox_len: int
     withdrawn_len: int
+    audit_len: int
     access_change: access.Change | None
-    remaining: dict[int, int]
+    remaining: dict[int, int | None]
 
 
 def _copy(loaded: LoadedQueue) -> LoadedQueue:
     queue = loaded.queue
     return dataclasses.replace(
         loaded,
-        queue=dataclasses.replace(queue, items=[dataclasses.replace(i) for i in queue.items]),
+        queue=dataclasses.replace(
+            queue, items=[dataclasses.replace(i) for i in queue.items], orders=dict(queue.orders)
+        ),
     )
 
 
@@ -199,7 +217,8 @@ class HandlerContext:
         item = next((i for i in loaded.queue.items if i.id == item_id), None)
         if item is None:
             return  # not this user's item: nothing to grant
-        remaining = max(item.remaining, 0) if item.status is ItemStatus.ACTIVE else 0
+        # None: unlimited traffic (the read model's remaining is NULL for it)
+        remaining = item.remaining if item.status is ItemStatus.ACTIVE else 0
         self.work.change_access(
             access.Change(
                 user_id, self.envelope.seq or 0, item.id, item.package_id, remaining, item.expire_at

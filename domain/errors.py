@@ -52,3 +52,17 @@ class NegativeUsageError(DomainError):
         super().__init__(f"usage must be >= 0, got upload={upload} download={download}")
         self.upload = upload
         self.download = download
+
+
+class PackageRetiredError(DomainError):
+    def __init__(self, package_id: int) -> None:
+        super().__init__(
+            f"package {package_id} is retired: it sells no more (items bought before keep it)"
+        )
+        self.package_id = package_id
+
+
+class UnlimitedTrafficError(DomainError):
+    def __init__(self, item_id: int) -> None:
+        super().__init__(f"queue item {item_id} has unlimited traffic; its quota cannot change")
+        self.item_id = item_id

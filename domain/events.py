@@ -23,8 +23,9 @@ class PackageActivated:
     item_id: int
     package_id: int
     activated_at: datetime
-    quota: int
-    remaining: int
+    quota: int | None
+    """None: unlimited traffic."""
+    remaining: int | None
     expire_at: datetime | None
 
 
@@ -69,7 +70,31 @@ class UsageRemaining:
 
     user_id: UUID
     item_id: int
-    remaining: int
+    remaining: int | None
+    """None: unlimited traffic."""
+
+
+@dataclass(frozen=True, slots=True)
+class PackageCancelled:
+    """An item was cancelled (refunded) while queued or active. Emitted once per item."""
+
+    user_id: UUID
+    item_id: int
+    package_id: int
+    cancelled_at: datetime
+    was_active: bool
+    reason: str | None = None
+    operator: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DuplicateOrder:
+    """A purchase named an order (`by_order`) the user already bought: nothing was queued.
+    `item_ids` are the items the first purchase of that order queued."""
+
+    user_id: UUID
+    by_order: UUID
+    item_ids: tuple[int, ...]
 
 
 DomainEvent = (
@@ -80,4 +105,6 @@ DomainEvent = (
     | ExpiryScheduled
     | ExpiryUnscheduled
     | UsageRemaining
+    | PackageCancelled
+    | DuplicateOrder
 )

@@ -21,13 +21,39 @@ class ExpiryReason(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Terms:
+    """What one purchase bought, fixed when it was bought: a later catalog edit changes the
+    terms of later purchases only, never of items already queued or active."""
+
+    package_id: int
+    package_name: str
+    traffic_limit: int | None
+    """Bytes the item may carry; None: unlimited traffic (a time-only plan)."""
+    duration: timedelta | None
+    """How long the item lasts once active; None: it never expires by time."""
+
+
+@dataclass(frozen=True, slots=True)
 class Package:
-    """A catalog entry. `duration=None` means the package never expires by time."""
+    """A catalog entry. `traffic_limit=None`: unlimited traffic; `duration=None`: never expires
+    by time (not both: such an item would hold the queue forever). A retired entry
+    (`retired_at` set) is refused to new purchases; items bought before keep their terms."""
 
     id: int
     name: str
-    traffic_limit: int
+    traffic_limit: int | None
     duration: timedelta | None = None
+    retired_at: datetime | None = None
+
+    def __post_init__(self) -> None:
+        if self.traffic_limit is None and self.duration is None:
+            raise ValueError(f"package {self.name!r} needs a traffic limit, a duration or both")
+
+    def terms(self) -> Terms:
+        return Terms(self.id, self.name, self.traffic_limit, self.duration)
+
+    def retired(self, now: datetime) -> bool:
+        return self.retired_at is not None and self.retired_at <= now
 
 
 @dataclass(slots=True)
@@ -36,7 +62,7 @@ class QueueItem:
 
     id: int
     user_id: UUID
-    package: Package
+    terms: Terms
     by_order: UUID | None
     status: ItemStatus
     created_at: datetime
@@ -48,26 +74,42 @@ class QueueItem:
 
     @property
     def package_id(self) -> int:
-        return self.package.id
+        return self.terms.package_id
+
+    @property
+    def unlimited(self) -> bool:
+        """Unlimited traffic: the item ends by time (or a cancel), never by usage."""
+        return self.terms.traffic_limit is None
 
     @property
     def used(self) -> int:
         return self.upload + self.download
 
     @property
-    def quota(self) -> int:
-        """Bytes this item may carry: the catalog limit plus the (possibly negative) adjustment."""
-        return self.package.traffic_limit + self.adjust_quota
+    def quota(self) -> int | None:
+        """Bytes this item may carry: the limit bought plus the (possibly negative) adjustment;
+        None: unlimited."""
+        limit = self.terms.traffic_limit
+        return None if limit is None else limit + self.adjust_quota
 
     @property
-    def remaining(self) -> int:
-        return max(self.quota - self.used, 0)
+    def remaining(self) -> int | None:
+        quota = self.quota
+        return None if quota is None else max(quota - self.used, 0)
 
     def traffic_exhausted(self) -> bool:
-        return self.used >= self.quota
+        quota = self.quota
+        return quota is not None and self.used >= quota
 
     def time_exhausted(self, now: datetime) -> bool:
         return self.expire_at is not None and self.expire_at <= now
+
+    def status_at(self, now: datetime) -> ItemStatus:
+        """The status as the clock sees it: an active item past its expire_at is consumed even
+        while its time-expiry timer is still on its way (the stored status lags until then)."""
+        if self.status is ItemStatus.ACTIVE and self.time_exhausted(now):
+            return ItemStatus.CONSUMED
+        return self.status
 
     def queue_order(self) -> tuple[datetime, int]:
         """FIFO order: oldest `created_at` first, then the lower id."""

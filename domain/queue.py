@@ -1,9 +1,10 @@
 """The user's package queue: the aggregate every transition runs on.
 
 A `UserQueue` holds the user's live items (`in_queue` and `active`) plus any item a command
-targets, the unbilled usage, and whether the user currently has access. Every method is a pure
-transition: it mutates the aggregate in memory and returns the domain events it caused. The
-caller persists the new state and the events in one transaction.
+targets, the unbilled usage, whether the user currently has access, and the orders (`by_order`)
+it was asked about: a purchase names an order once, and a repeat of it queues nothing. Every
+method is a pure transition: it mutates the aggregate in memory and returns the domain events
+it caused. The caller persists the new state and the events in one transaction.
 """
 
 from __future__ import annotations
@@ -19,13 +20,17 @@ from domain.errors import (
     ItemNotCancellableError,
     ItemNotFoundError,
     NegativeUsageError,
+    PackageRetiredError,
+    UnlimitedTrafficError,
 )
 from domain.events import (
     AllPackagesExpired,
     DomainEvent,
+    DuplicateOrder,
     ExpiryScheduled,
     ExpiryUnscheduled,
     PackageActivated,
+    PackageCancelled,
     PackageExpired,
     PackagesQueued,
     UsageRemaining,
@@ -41,12 +46,21 @@ class UserQueue:
     unbilled_download: int = 0
     has_access: bool = False
     """True from an activation until the AllPackagesExpired that ends it (emitted exactly once)."""
+    orders: dict[UUID, tuple[int, ...]] = field(default_factory=dict)
+    """Orders already bought, by `by_order`, with the items each queued: those the caller
+    loaded (the ones its commands name) plus those bought since."""
 
     # -- queries (GetCurrentPackage, GetAllMyPackages) -------------------------------------
 
     def current(self) -> QueueItem | None:
-        """GetCurrentPackage: the active item, if any."""
+        """The item stored as active, if any (what the transitions work on)."""
         return next((i for i in self.items if i.status is ItemStatus.ACTIVE), None)
+
+    def current_at(self, now: datetime) -> QueueItem | None:
+        """GetCurrentPackage: the active item whose time is not up at `now`. One past its
+        expire_at is expired already, even before its timer has run."""
+        active = self.current()
+        return None if active is None or active.time_exhausted(now) else active
 
     def all_items(self) -> list[QueueItem]:
         """GetAllMyPackages: every loaded item in queue order."""
@@ -73,17 +87,28 @@ class UserQueue:
         item_ids: list[int],
         now: datetime,
     ) -> list[DomainEvent]:
-        """CreateQueueItem(s): queue `amount` identical items, ids allocated by the caller."""
+        """CreateQueueItem(s): queue `amount` identical items, ids allocated by the caller.
+
+        The items take the package's terms as they are now. An order (`by_order`) is bought
+        once: a repeat, whatever its message id, queues nothing and says so (DuplicateOrder).
+        """
         if amount < 1 or amount > MAX_AMOUNT:
             raise InvalidAmountError(amount)
         if len(item_ids) != amount:
             raise ValueError(f"need {amount} item ids, got {len(item_ids)}")
+        if by_order is not None and by_order in self.orders:
+            return [DuplicateOrder(self.user_id, by_order, self.orders[by_order])]
+        if package.retired(now):
+            raise PackageRetiredError(package.id)
+        terms = package.terms()
+        if by_order is not None:
+            self.orders[by_order] = tuple(item_ids)
         for item_id in item_ids:
             self.items.append(
                 QueueItem(
                     id=item_id,
                     user_id=self.user_id,
-                    package=package,
+                    terms=terms,
                     by_order=by_order,
                     status=ItemStatus.IN_QUEUE,
                     created_at=now,
@@ -169,8 +194,15 @@ class UserQueue:
             item.status = ItemStatus.CONSUMED
         return self.advance(now)
 
-    def cancel(self, item_id: int, now: datetime) -> list[DomainEvent]:
-        """Cancel (refund) an item; cancelling the active one advances the queue."""
+    def cancel(
+        self,
+        item_id: int,
+        now: datetime,
+        reason: str | None = None,
+        operator: str | None = None,
+    ) -> list[DomainEvent]:
+        """Cancel (refund) an item; cancelling the active one advances the queue. Announced
+        once (PackageCancelled, with the operator's reason); a repeat changes nothing."""
         item = self.item(item_id)
         if item.status is ItemStatus.CANCELLED:
             return []
@@ -182,9 +214,13 @@ class UserQueue:
             raise ItemNotCancellableError(item_id, "consumed (its time is up)")
         was_active = item.status is ItemStatus.ACTIVE
         item.status = ItemStatus.CANCELLED
+        events: list[DomainEvent] = [
+            PackageCancelled(
+                self.user_id, item.id, item.package_id, now, was_active, reason, operator
+            )
+        ]
         if not was_active:
-            return []
-        events: list[DomainEvent] = []
+            return events
         if item.expire_at is not None:
             events.append(ExpiryUnscheduled(self.user_id, item.id))
         return events + self.advance(now)
@@ -194,6 +230,8 @@ class UserQueue:
         item = self.item(item_id)
         if item.status not in (ItemStatus.IN_QUEUE, ItemStatus.ACTIVE):
             raise ItemNotAdjustableError(item_id, item.status.value)
+        if item.unlimited:
+            raise UnlimitedTrafficError(item_id)
         item.adjust_quota += delta
         if item.status is ItemStatus.IN_QUEUE:
             return []
@@ -206,7 +244,7 @@ class UserQueue:
     def _activate(self, item: QueueItem, now: datetime) -> PackageActivated:
         item.status = ItemStatus.ACTIVE
         item.activated_at = now
-        duration = item.package.duration
+        duration = item.terms.duration
         item.expire_at = now + duration if duration is not None else None
         item.upload += self.unbilled_upload
         item.download += self.unbilled_download

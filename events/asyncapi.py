@@ -17,7 +17,7 @@ from events.envelope import (
     H_TRACEPARENT,
     H_USER_ID,
 )
-from events.routes import ROUTES, Route
+from events.routes import ALL_ROUTES, SUBSCRIBER_ROUTES, Route
 
 HEADERS_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -86,7 +86,7 @@ def document(exchange: str = "telecom", queue_prefix: str = "pkgq") -> dict[str,
     operations: dict[str, Any] = {}
     messages: dict[str, Any] = {}
     schemas: dict[str, Any] = {}
-    for route in ROUTES.values():
+    for route in ALL_ROUTES.values():
         key = route.short_name
         message = _message(route)
         messages[route.message_type] = message
@@ -114,6 +114,17 @@ def document(exchange: str = "telecom", queue_prefix: str = "pkgq") -> dict[str,
                 }
             },
         }
+        if route.name in SUBSCRIBER_ROUTES:
+            operations[f"publish_{key}"] = {
+                "action": "send",
+                "title": (
+                    f"pkgq publishes {route.name} through its outbox for outside subscribers "
+                    f"(queue {queue_prefix}.{route.name}; pkgq runs no consumer for it)"
+                ),
+                "channel": {"$ref": f"#/channels/{key}"},
+                "messages": [{"$ref": f"#/channels/{key}/messages/{route.message_type}"}],
+            }
+            continue
         operations[f"consume_{key}"] = {
             "action": "receive",
             "title": f"pkgq consumes {route.name} from queue {queue_prefix}.{route.name}",

@@ -17,6 +17,10 @@ from domain.model import ExpiryReason
 PositiveId = Annotated[int, Field(ge=1, le=2**63 - 1)]
 Bytes = Annotated[int, Field(ge=0, le=2**62)]
 UnixSeconds = Annotated[int, Field(ge=0, le=2**40)]
+Reason = Annotated[str, Field(min_length=1, max_length=500)]
+"""Why an operator did it, free text, stored with the item's audit trail."""
+Operator = Annotated[str, Field(min_length=1, max_length=200)]
+"""Who did it (`user@host` from the CLI), stored with the item's audit trail."""
 
 
 class WireModel(BaseModel):
@@ -31,7 +35,8 @@ class WireModel(BaseModel):
 
 
 class PurchasePackage(WireModel):
-    """Shop: queue `amount` identical packages for a user."""
+    """Shop: queue `amount` identical packages for a user. A purchase naming a `by_order`
+    the user bought before is a duplicate, whatever its message id: nothing more is queued."""
 
     package_id: PositiveId
     by_order: UUID | None = None
@@ -49,6 +54,8 @@ class CancelPackage(WireModel):
     """Admin/refunds: cancel one queue item."""
 
     item_id: PositiveId
+    reason: Reason | None = None
+    operator: Operator | None = None
 
 
 class AdjustQuota(WireModel):
@@ -56,6 +63,8 @@ class AdjustQuota(WireModel):
 
     item_id: PositiveId
     delta: Annotated[int, Field(ge=-(2**62), le=2**62)]
+    reason: Reason | None = None
+    operator: Operator | None = None
 
 
 # -- lifecycle events (published by pkgq through the outbox) ------------------------------
@@ -82,6 +91,17 @@ class PackageExpiringEvent(WireModel):
 
 class AllPackageExpiredEvent(WireModel):
     expired_at: UnixSeconds
+
+
+class PackageCancelledEvent(WireModel):
+    """A queued or active item was cancelled (refunded); for outside subscribers."""
+
+    item_id: PositiveId
+    package_id: PositiveId
+    cancelled_at: UnixSeconds
+    was_active: bool
+    reason: Reason | None = None
+    operator: Operator | None = None
 
 
 # -- internal (published and consumed by pkgq only) ---------------------------------------

@@ -10,12 +10,14 @@ from domain.events import (
     DomainEvent,
     ExpiryScheduled,
     PackageActivated,
+    PackageCancelled,
     PackageExpired,
     PackagesQueued,
 )
 from events.models import (
     AllPackageExpiredEvent,
     PackageActivateEvent,
+    PackageCancelledEvent,
     PackageExpiringEvent,
     PackageExpiryDue,
     PackageQueuePushEvent,
@@ -25,6 +27,7 @@ from events.routes import (
     ALL_EXPIRED,
     EXPIRY_DUE,
     PACKAGE_ACTIVATE,
+    PACKAGE_CANCELLED,
     PACKAGE_EXPIRING,
     PACKAGE_QUEUING,
     Route,
@@ -94,6 +97,19 @@ def outgoing(event: DomainEvent) -> Outgoing | None:
                 ),
                 due_at=event.due_at,
                 cancel_key=expiry_key(event.item_id),
+            )
+        case PackageCancelled():
+            return Outgoing(
+                PACKAGE_CANCELLED,
+                PackageCancelledEvent(
+                    user_id=event.user_id,
+                    item_id=event.item_id,
+                    package_id=event.package_id,
+                    cancelled_at=unix(event.cancelled_at),
+                    was_active=event.was_active,
+                    reason=event.reason,
+                    operator=event.operator,
+                ),
             )
         case AllPackagesExpired():
             return Outgoing(

@@ -9,6 +9,7 @@ from events.models import (
     AllPackageExpiredEvent,
     CancelPackage,
     PackageActivateEvent,
+    PackageCancelledEvent,
     PackageExpiringEvent,
     PackageExpiryDue,
     PackageQueuePushEvent,
@@ -48,6 +49,11 @@ EXPIRY_DUE = Route("telecom.expiry_due", PackageExpiryDue)
 only if it is the transaction that expires the item, so a stale timer never reaches the
 public package_expiring route."""
 
+PACKAGE_CANCELLED = Route("telecom.package_cancelled", PackageCancelledEvent)
+"""Published by pkgq through the outbox for outside subscribers (refunds, CRM); pkgq consumes
+none of it. Its queue is declared with the topology all the same, so that the relay's mandatory
+publish is routed and nothing is lost before a subscriber attaches."""
+
 ROUTES: dict[str, Route] = {
     r.name: r
     for r in (
@@ -62,6 +68,15 @@ ROUTES: dict[str, Route] = {
         EXPIRY_DUE,
     )
 }
+
+
+"""The routes pkgq consumes (a consumer each)."""
+
+SUBSCRIBER_ROUTES: dict[str, Route] = {PACKAGE_CANCELLED.name: PACKAGE_CANCELLED}
+"""Routes pkgq only publishes, for outside subscribers."""
+
+ALL_ROUTES: dict[str, Route] = {**ROUTES, **SUBSCRIBER_ROUTES}
+"""Every route on the exchange: the topology and the AsyncAPI document."""
 
 
 class UnknownRouteError(KeyError):

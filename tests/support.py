@@ -61,7 +61,10 @@ def raw_for(route: Route, body: WireModel, *, seq: int | None = None) -> RawDeli
 
 
 async def add_package(
-    pool: asyncpg.Pool, traffic: int, duration: timedelta | None = None, name: str = "test"
+    pool: asyncpg.Pool,
+    traffic: int | None,
+    duration: timedelta | None = None,
+    name: str = "test",
 ) -> int:
     async with pool.acquire() as conn:
         return (await catalog.add_package(conn, name, traffic, duration)).id

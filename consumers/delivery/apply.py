@@ -3,12 +3,14 @@
 1. lock the holds on the batch's users and the users' rows (created if missing), in user_id
    order, and read which messages were applied before: one statement each;
 2. load the users' live items with their terms, and what the route's messages need besides
-   (targeted items, catalog entries, new item ids): one statement each;
+   (targeted items, catalog entries, new item ids, the orders purchases name): one statement
+   each;
 3. run each message's handler on the users' queues in memory, in user order and each user's
    in delivery order; a message that fails is rolled back in memory and goes to the failure
    stage alone, its neighbours go on;
-4. write the batch back set-based: inbox claims, items, user rows, access, withdrawn timers,
-   follow-up events, jobs finished and counters, one statement each.
+4. write the batch back set-based: inbox claims, items, user rows, orders, access, withdrawn
+   timers, follow-up events, the operators' audit, jobs finished and counters, one statement
+   each.
 What a batch costs in statements does not grow with its size; only failures, parking and
 lifted holds (rare, and per message by nature) add statements of their own.
 """
@@ -36,6 +38,7 @@ from events.routes import Route
 from infra import tracing
 from infra.postgres import (
     access,
+    audit,
     catalog,
     holds,
     inbox,
@@ -158,10 +161,15 @@ class Applier:
             item_ids=tuple(i for n in needs for i in n.item_ids),
             package_ids=tuple(p for n in needs for p in n.package_ids),
             new_items=sum(n.new_items for n in needs),
+            orders=tuple(o for n in needs for o in n.orders),
         )
         items = await queue_repo.load_items(conn, users, wanted.item_ids) if users else {}
+        # Orders are looked up by (user, by_order), not found among the loaded items: an old
+        # order's items may all be consumed and so not loaded.
+        orders = await queue_repo.load_orders(conn, wanted.orders)
         work = UnitOfWork(
-            now, {u: queue_repo.loaded_queue(rows[u], items.get(u, [])) for u in users}
+            now,
+            {u: queue_repo.loaded_queue(rows[u], items.get(u, []), orders.get(u)) for u in users},
         )
         if wanted.package_ids:
             work.packages = await catalog.get_packages(conn, wanted.package_ids)
@@ -233,11 +241,20 @@ class Applier:
                         )
                     )
                 drain = await self._failures.done_with_blocker(conn, delivery.message_id, hold)
-                verdict = Verdict(Outcome.ACKED, drain)
+                # A repeat of an order bought before is applied (as nothing) and acked, but
+                # said apart from a new purchase in the metrics and the processed line.
+                repeat = delivery.message_id in work.duplicate_orders
+                verdict = Verdict(Outcome.DUPLICATE_ORDER if repeat else Outcome.ACKED, drain)
         gate.done(
             delivery,
             finished=verdict.outcome
-            in (Outcome.ACKED, Outcome.DUPLICATE, Outcome.CANCELLED, Outcome.EXPIRED),
+            in (
+                Outcome.ACKED,
+                Outcome.DUPLICATE_ORDER,
+                Outcome.DUPLICATE,
+                Outcome.CANCELLED,
+                Outcome.EXPIRED,
+            ),
             holds_user=verdict.holds_user,
         )
         return verdict, trace_id
@@ -297,6 +314,7 @@ class Applier:
             log.info("access_update_stale", user_id=str(user), seq=work.access_changes[user].seq)
         await outbox.withdraw(conn, [key for key, _ in work.withdrawn])
         await outbox.enqueue(conn, work.rows_to_write())
+        await audit.write(conn, work.audit)
         await job_state.finish(conn, finished)  # addresses done, groups completed
         await transitions.count(conn, moves(self.route.name, taken, applied.results.values()))
         if self._kill_before_commit and claims:
@@ -306,7 +324,7 @@ class Applier:
 def moves(route: str, taken: int, results: Iterable[Result]) -> dict[tuple[str, str], int]:
     """Transition counts of a batch (bury and ttl are counted by a trigger on the store)."""
     outcomes = [r.outcome for r in results]
-    acked = sum(1 for o in outcomes if o is Outcome.ACKED)
+    acked = sum(1 for o in outcomes if o in (Outcome.ACKED, Outcome.DUPLICATE_ORDER))
     retried = sum(1 for o in outcomes if o is Outcome.RETRY_SCHEDULED)
     # seed 004's "release": a taken message put back to wait (here: a retry scheduled)
     return {(route, "take"): taken, (route, "ack"): acked, (route, "release"): retried}

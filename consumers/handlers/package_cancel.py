@@ -1,9 +1,12 @@
-"""telecom.package_cancel: cancel an item; cancelling the active one advances the queue."""
+"""telecom.package_cancel: cancel an item; cancelling the active one advances the queue. The
+cancel is announced (PackageCancelledEvent) and recorded in the item audit, with its reason
+and operator."""
 
 from __future__ import annotations
 
 from consumers.unit_of_work import HandlerContext, Needs, transition
 from events.models import CancelPackage
+from infra.postgres import audit
 
 
 def needs(body: CancelPackage) -> Needs:
@@ -12,5 +15,18 @@ def needs(body: CancelPackage) -> Needs:
 
 async def handle(ctx: HandlerContext, body: CancelPackage) -> None:
     await transition(
-        ctx, body.user_id, lambda q: q.cancel(body.item_id, ctx.now), item_ids=[body.item_id]
+        ctx,
+        body.user_id,
+        lambda q: q.cancel(body.item_id, ctx.now, body.reason, body.operator),
+        item_ids=[body.item_id],
+    )
+    ctx.work.audit.append(
+        audit.Entry(
+            body.item_id,
+            body.user_id,
+            "cancel",
+            ctx.envelope.message_id,
+            reason=body.reason,
+            operator=body.operator,
+        )
     )

@@ -1,14 +1,21 @@
-"""telecom.package_purchase: CreateQueueItems, then PackageQueuePushEvent."""
+"""telecom.package_purchase: CreateQueueItems, then PackageQueuePushEvent. A purchase of an
+order (by_order) the user bought before queues nothing: it is acked as a duplicate order."""
 
 from __future__ import annotations
 
+import structlog
+
 from consumers.unit_of_work import HandlerContext, Needs, transition
 from domain.errors import UnknownPackageError
+from domain.events import DuplicateOrder
 from events.models import PurchasePackage
+
+log = structlog.get_logger(__name__)
 
 
 def needs(body: PurchasePackage) -> Needs:
-    return Needs(package_ids=(body.package_id,), new_items=body.amount)
+    orders = ((body.user_id, body.by_order),) if body.by_order is not None else ()
+    return Needs(package_ids=(body.package_id,), new_items=body.amount, orders=orders)
 
 
 async def handle(ctx: HandlerContext, body: PurchasePackage) -> None:
@@ -18,8 +25,18 @@ async def handle(ctx: HandlerContext, body: PurchasePackage) -> None:
     # Ids and created_at are taken under the users' locks, so FIFO order (created_at, id) is
     # the order in which purchases committed, whatever order their transactions began in.
     item_ids, queued_at = ctx.new_item_ids(body.amount)
-    await transition(
+    events = await transition(
         ctx,
         body.user_id,
         lambda q: q.purchase(package, body.by_order, body.amount, item_ids, queued_at),
     )
+    for event in events:
+        if isinstance(event, DuplicateOrder):
+            ctx.work.duplicate_orders.add(ctx.envelope.message_id)
+            log.info(
+                "duplicate_order",
+                by_order=str(event.by_order),
+                item_ids=list(event.item_ids),
+                package_id=body.package_id,
+                amount=body.amount,
+            )

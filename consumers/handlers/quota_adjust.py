@@ -1,9 +1,11 @@
-"""telecom.quota_adjust: change an item's adjust_quota; below use, the active item is consumed."""
+"""telecom.quota_adjust: change an item's adjust_quota; below use, the active item is consumed.
+Recorded in the item audit with its delta, reason and operator."""
 
 from __future__ import annotations
 
 from consumers.unit_of_work import HandlerContext, Needs, transition
 from events.models import AdjustQuota
+from infra.postgres import audit
 
 
 def needs(body: AdjustQuota) -> Needs:
@@ -16,4 +18,15 @@ async def handle(ctx: HandlerContext, body: AdjustQuota) -> None:
         body.user_id,
         lambda q: q.adjust_quota(body.item_id, body.delta, ctx.now),
         item_ids=[body.item_id],
+    )
+    ctx.work.audit.append(
+        audit.Entry(
+            body.item_id,
+            body.user_id,
+            "adjust_quota",
+            ctx.envelope.message_id,
+            delta=body.delta,
+            reason=body.reason,
+            operator=body.operator,
+        )
     )

@@ -25,6 +25,7 @@ class Change:
     item_id: int | None = None
     package_id: int | None = None
     remaining: int | None = None
+    """Traffic left on the granted item; None when granted: unlimited traffic."""
     expire_at: datetime | None = None
 
     @property
@@ -33,7 +34,9 @@ class Change:
 
 
 async def write(
-    conn: Conn, changes: Mapping[UUID, Change], remaining: Mapping[tuple[UUID, int], int]
+    conn: Conn,
+    changes: Mapping[UUID, Change],
+    remaining: Mapping[tuple[UUID, int], int | None],
 ) -> set[UUID]:
     """A batch's access updates, one statement per kind. `changes`: per user, the grant or
     revoke with the highest seq (applied in order, only the newest of them could stick);

@@ -60,8 +60,10 @@ async def ensure_database(dsn: str) -> bool:
     return True
 
 
-async def migrate(conn: asyncpg.Connection) -> list[int]:
-    """Apply every migration not yet recorded. Returns the versions applied by this call."""
+async def migrate(conn: asyncpg.Connection, target: int | None = None) -> list[int]:
+    """Apply every migration not yet recorded, up to version `target` (None: all). Returns the
+    versions applied by this call. A target lets a test build an older schema, fill it in the
+    old shape and then migrate it forward."""
     await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK)
     try:
         await conn.execute(
@@ -80,6 +82,8 @@ async def migrate(conn: asyncpg.Connection) -> list[int]:
         for migration in available_migrations():
             if migration.version in done:
                 continue
+            if target is not None and migration.version > target:
+                break
             async with conn.transaction():
                 await conn.execute(migration.sql)
                 await conn.execute(

@@ -1,5 +1,9 @@
 """Lock, load and save users' package queues (the `UserQueue` aggregate) inside a transaction:
-one statement each for a whole batch of users, whatever its size."""
+one statement each for a whole batch of users, whatever its size.
+
+Items carry the terms they were bought with (package_name, traffic_limit, duration: copied at
+purchase), so loading them never joins the catalog: a catalog edit cannot reach a bought item.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +15,14 @@ from uuid import UUID
 
 import asyncpg
 
-from domain.model import ItemStatus, Package, QueueItem
+from domain.model import ItemStatus, QueueItem, Terms
 from domain.queue import UserQueue
 from infra.postgres.pool import Conn
 
 _ITEM_COLUMNS = """
     q.id, q.user_id, q.package_id, q.by_order, q.status::text AS status, q.created_at,
     q.activated_at, q.upload, q.download, q.adjust_quota, q.expire_at,
-    p.name AS package_name, p.traffic_limit, p.duration
+    q.package_name, q.traffic_limit, q.duration
 """
 
 
@@ -32,6 +36,8 @@ class LoadedQueue:
     seq: int
     """The user's event sequence as loaded; `take_seqs` moves it on, `save` writes it."""
     seq_before: int = 0
+    orders_before: frozenset[UUID] = frozenset()
+    """The orders (by_order) loaded as bought: `save` writes the ones bought since."""
 
     def take_seqs(self, count: int) -> list[int]:
         """The next `count` numbers of the user's event sequence (written by save)."""
@@ -44,9 +50,7 @@ def _item(row: asyncpg.Record) -> QueueItem:
     return QueueItem(
         id=row["id"],
         user_id=row["user_id"],
-        package=Package(
-            row["package_id"], row["package_name"], row["traffic_limit"], row["duration"]
-        ),
+        terms=Terms(row["package_id"], row["package_name"], row["traffic_limit"], row["duration"]),
         by_order=row["by_order"],
         status=ItemStatus(row["status"]),
         created_at=row["created_at"],
@@ -112,7 +116,6 @@ async def load_items(
     rows = await conn.fetch(
         f"""
         SELECT {_ITEM_COLUMNS} FROM telecom.package_queue q
-        JOIN telecom.packages p ON p.id = q.package_id
         WHERE q.user_id = ANY($1::uuid[])
           AND (q.status IN ('in_queue', 'active') OR q.id = ANY($2::bigint[]))
         """,
@@ -125,7 +128,32 @@ async def load_items(
     return items
 
 
-def loaded_queue(user: UserRow, items: list[QueueItem]) -> LoadedQueue:
+async def load_orders(
+    conn: Conn, orders: Iterable[tuple[UUID, UUID]]
+) -> dict[UUID, dict[UUID, tuple[int, ...]]]:
+    """Which of these (user, by_order) pairs were bought, with their items, in one statement.
+    Run under the users' locks: no other transaction can buy one of them meanwhile."""
+    pairs = sorted(set(orders))
+    if not pairs:
+        return {}
+    rows = await conn.fetch(
+        """
+        SELECT o.user_id, o.by_order, o.item_ids FROM telecom.orders o
+        JOIN unnest($1::uuid[], $2::uuid[]) AS x(user_id, by_order)
+          ON o.user_id = x.user_id AND o.by_order = x.by_order
+        """,
+        [u for u, _ in pairs],
+        [o for _, o in pairs],
+    )
+    found: dict[UUID, dict[UUID, tuple[int, ...]]] = {}
+    for row in rows:
+        found.setdefault(row["user_id"], {})[row["by_order"]] = tuple(row["item_ids"])
+    return found
+
+
+def loaded_queue(
+    user: UserRow, items: list[QueueItem], orders: dict[UUID, tuple[int, ...]] | None = None
+) -> LoadedQueue:
     """A locked user's queue, with the state it was loaded in."""
     queue = UserQueue(
         user_id=user.user_id,
@@ -133,6 +161,7 @@ def loaded_queue(user: UserRow, items: list[QueueItem]) -> LoadedQueue:
         unbilled_upload=user.unbilled_upload,
         unbilled_download=user.unbilled_download,
         has_access=user.has_access,
+        orders=dict(orders or {}),
     )
     return LoadedQueue(
         queue=queue,
@@ -140,6 +169,7 @@ def loaded_queue(user: UserRow, items: list[QueueItem]) -> LoadedQueue:
         user_before=(user.unbilled_upload, user.unbilled_download, user.has_access),
         seq=user.seq,
         seq_before=user.seq,
+        orders_before=frozenset(queue.orders),
     )
 
 
@@ -155,11 +185,18 @@ async def allocate_item_ids(conn: Conn, count: int) -> tuple[list[int], datetime
 
 
 async def save(conn: Conn, queues: Iterable[LoadedQueue]) -> None:
-    """Write back new and changed items (one statement) and changed user rows (one more)."""
+    """Write back new and changed items with the orders bought (one statement) and changed
+    user rows (one more)."""
     items: list[QueueItem] = []
     users: list[LoadedQueue] = []
+    orders: list[tuple[UUID, UUID, tuple[int, ...]]] = []
     for loaded in queues:
         queue = loaded.queue
+        orders.extend(
+            (queue.user_id, order, ids)
+            for order, ids in queue.orders.items()
+            if order not in loaded.orders_before
+        )
         before = loaded.items_before
         items.extend(i for i in queue.items if i.id not in before or i != before[i.id])
         user_after = (queue.unbilled_upload, queue.unbilled_download, queue.has_access)
@@ -169,19 +206,34 @@ async def save(conn: Conn, queues: Iterable[LoadedQueue]) -> None:
         # Items leaving `active` are written before the ones entering it (the rows go in in
         # this order), so the partial unique index (one active item per user) never sees two.
         items.sort(key=lambda i: i.status is ItemStatus.ACTIVE)
+        # An order bought comes with its new items, so it rides on their statement (a
+        # data-modifying CTE) instead of costing one of its own. No ON CONFLICT there: under
+        # the users' locks an order is never bought twice, so a conflict would be a bug, and
+        # the key refuses it rather than hide it.
         await conn.execute(
             """
+            WITH bought AS (
+                INSERT INTO telecom.orders (user_id, by_order, item_ids)
+                SELECT o.user_id, o.by_order, array_agg(o.item_id ORDER BY o.item_id)
+                FROM unnest($15::uuid[], $16::uuid[], $17::bigint[])
+                     AS o(user_id, by_order, item_id)
+                GROUP BY o.user_id, o.by_order
+            )
             INSERT INTO telecom.package_queue AS q
                 (id, user_id, package_id, by_order, status, created_at, activated_at,
-                 upload, download, adjust_quota, expire_at)
+                 upload, download, adjust_quota, expire_at, package_name, traffic_limit, duration)
             SELECT x.id, x.user_id, x.package_id, x.by_order, x.status::telecom.package_status,
-                   x.created_at, x.activated_at, x.upload, x.download, x.adjust_quota, x.expire_at
+                   x.created_at, x.activated_at, x.upload, x.download, x.adjust_quota, x.expire_at,
+                   x.package_name, x.traffic_limit, x.duration
             FROM unnest($1::bigint[], $2::uuid[], $3::bigint[], $4::uuid[], $5::text[],
                         $6::timestamptz[], $7::timestamptz[], $8::bigint[], $9::bigint[],
-                        $10::bigint[], $11::timestamptz[])
+                        $10::bigint[], $11::timestamptz[], $12::text[], $13::bigint[],
+                        $14::interval[])
                  WITH ORDINALITY AS x(id, user_id, package_id, by_order, status, created_at,
-                                      activated_at, upload, download, adjust_quota, expire_at, ord)
+                                      activated_at, upload, download, adjust_quota, expire_at,
+                                      package_name, traffic_limit, duration, ord)
             ORDER BY x.ord
+            -- the terms are written once, at purchase, and never updated
             ON CONFLICT (id) DO UPDATE SET
                 status = EXCLUDED.status, activated_at = EXCLUDED.activated_at,
                 upload = EXCLUDED.upload, download = EXCLUDED.download,
@@ -198,6 +250,12 @@ async def save(conn: Conn, queues: Iterable[LoadedQueue]) -> None:
             [i.download for i in items],
             [i.adjust_quota for i in items],
             [i.expire_at for i in items],
+            [i.terms.package_name for i in items],
+            [i.terms.traffic_limit for i in items],
+            [i.terms.duration for i in items],
+            [u for u, _, ids in orders for _ in ids],
+            [o for _, o, ids in orders for _ in ids],
+            [i for _, _, ids in orders for i in ids],
         )
     if users:
         await conn.execute(
@@ -222,9 +280,23 @@ async def load_user_items(conn: Conn, user_id: UUID) -> list[QueueItem]:
     rows = await conn.fetch(
         f"""
         SELECT {_ITEM_COLUMNS} FROM telecom.package_queue q
-        JOIN telecom.packages p ON p.id = q.package_id
         WHERE q.user_id = $1 ORDER BY q.created_at, q.id
         """,
         user_id,
     )
     return [_item(r) for r in rows]
+
+
+async def user_row(conn: Conn, user_id: UUID) -> asyncpg.Record | None:
+    """The user's row as it is, read-only (None: no message for the user yet)."""
+    row: asyncpg.Record | None = await conn.fetchrow(
+        "SELECT * FROM telecom.queue_users WHERE user_id = $1", user_id
+    )
+    return row
+
+
+async def item_owner(conn: Conn, item_id: int) -> UUID | None:
+    owner: UUID | None = await conn.fetchval(
+        "SELECT user_id FROM telecom.package_queue WHERE id = $1", item_id
+    )
+    return owner

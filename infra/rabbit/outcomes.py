@@ -12,6 +12,10 @@ from events.decoding import RawDelivery
 class Outcome(enum.StrEnum):
     ACKED = "acked"
     DUPLICATE = "duplicate"
+    """The same message (message_id) again: the inbox knew it, nothing was run."""
+    DUPLICATE_ORDER = "duplicate_order"
+    """A purchase of an order (by_order) the user bought before, under a new message_id: the
+    handler ran, queued nothing, and the message is acked like an applied one."""
     DEAD_LETTERED = "dead_lettered"
     RETRY_SCHEDULED = "retried"
     PARKED = "parked"

@@ -11,7 +11,7 @@ from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
 from aiormq.exceptions import ChannelPreconditionFailed
 
 from events.partitioning import partition_key, routing_key
-from events.routes import ROUTES, Route
+from events.routes import ALL_ROUTES, SUBSCRIBER_ROUTES, Route
 from infra.settings import Settings
 
 MAX_PRIORITY = 2
@@ -27,7 +27,12 @@ def queue_arguments(settings: Settings, route_name: str) -> dict[str, Any]:
     Classic queues (the default) honour message priorities 0-2 (`x-max-priority`). Quorum queues
     (the replicated option, per route) are declared without it: RabbitMQ before 4.0 ignores
     priorities on them, so only the relay's claim order ranks by priority there.
+
+    A subscriber route's queue (pkgq publishes, outside systems consume) is a plain classic
+    queue: how many consumers take it is the subscriber's choice.
     """
+    if route_name in SUBSCRIBER_ROUTES:
+        return {"x-dead-letter-exchange": settings.dlx, "x-queue-type": "classic"}
     if settings.queue_type_for(route_name) == "quorum":
         return {
             "x-dead-letter-exchange": settings.dlx,
@@ -82,7 +87,7 @@ def definitions(settings: Settings, vhost: str = "/") -> dict[str, Any]:
 
     queues = [queue(settings.dead_letter_queue, DEAD_LETTER_QUEUE_ARGUMENTS)]
     bindings = [binding(settings.dlx, settings.dead_letter_queue, "#")]
-    for route in ROUTES.values():
+    for route in ALL_ROUTES.values():
         for name, key in route_queues(settings, route.name):
             queues.append(queue(name, queue_arguments(settings, route.name)))
             bindings.append(binding(settings.exchange, name, key))
@@ -158,14 +163,14 @@ async def declare_all(
 ) -> None:
     """Declare the exchanges, the dead-letter queue and every route's queue."""
     exchange, _ = await declare_exchanges(channel, settings)
-    for route in routes if routes is not None else ROUTES.values():
+    for route in routes if routes is not None else ALL_ROUTES.values():
         for partition in range(settings.partitions_for(route.name)):
             await declare_route_queue(channel, settings, exchange, route, partition)
 
 
 async def delete_all(channel: AbstractChannel, settings: Settings) -> None:
     """Remove everything `declare_all` made (used by tests to clean up their namespace)."""
-    for route in ROUTES.values():
+    for route in ALL_ROUTES.values():
         for queue, _ in route_queues(settings, route.name):
             await channel.queue_delete(queue)
     await channel.queue_delete(settings.dead_letter_queue)

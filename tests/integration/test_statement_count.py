@@ -71,8 +71,10 @@ async def _lifecycle(
     users = [uuid4() for _ in range(size)]
     counts: dict[str, int] = {}
 
+    # Every purchase names an order: the batch loads and writes orders too (its dearest form).
     purchases = [
-        raw_for(PACKAGE_PURCHASE, PurchasePackage(user_id=u, package_id=package)) for u in users
+        raw_for(PACKAGE_PURCHASE, PurchasePackage(user_id=u, package_id=package, by_order=uuid4()))
+        for u in users
     ]
     counts["purchase"], outcomes = await _run(pool, log, PACKAGE_PURCHASE, purchases)
     assert outcomes == [Outcome.ACKED] * size

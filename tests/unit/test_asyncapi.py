@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from events.asyncapi import document
-from events.routes import ROUTES
+from events.routes import ALL_ROUTES, PACKAGE_CANCELLED, ROUTES
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "asyncapi.json"
 
@@ -21,12 +21,25 @@ def test_the_committed_asyncapi_document_is_current() -> None:
 def test_every_route_is_a_channel_with_its_message_and_a_receive_operation() -> None:
     doc = document()
     assert doc["asyncapi"] == "3.0.0"
-    assert {c["address"] for c in doc["channels"].values()} == set(ROUTES)
-    for route in ROUTES.values():
+    assert {c["address"] for c in doc["channels"].values()} == set(ALL_ROUTES)
+    for route in ALL_ROUTES.values():
         payload = doc["components"]["messages"][route.message_type]["payload"]
         assert "user_id" in payload["required"]
         assert payload["additionalProperties"] is False  # unknown fields are refused
+    for route in ROUTES.values():
         assert doc["operations"][f"consume_{route.short_name}"]["action"] == "receive"
+
+
+def test_the_cancellation_event_is_documented_as_published_for_outside_subscribers() -> None:
+    doc = document()
+
+    operation = doc["operations"][f"publish_{PACKAGE_CANCELLED.short_name}"]
+
+    assert operation["action"] == "send"
+    assert f"consume_{PACKAGE_CANCELLED.short_name}" not in doc["operations"]
+    payload = doc["components"]["messages"]["PackageCancelledEvent"]["payload"]
+    assert {"item_id", "package_id", "cancelled_at", "was_active"} <= set(payload["required"])
+    assert {"reason", "operator"} <= set(payload["properties"])
 
 
 def test_every_reference_in_the_document_resolves() -> None:

@@ -8,6 +8,11 @@ emitted `PackagesQueued` runs the queue push (`advance`), each `PackageExpired` 
 fake relay whose due time-expiry timers fire `expire_due()` (the expiry_due consumer) as time
 advances; whatever a timer emits flows through the consumers in turn.
 
+Purchases come in every kind of plan (traffic and time, traffic only, time only (unlimited
+traffic), zero traffic, zero duration), some name an order that was bought before (a resend:
+nothing is queued), and the catalog entry last bought can be edited and bought again: items
+keep the terms they were bought with, as the reference items keep their own copies.
+
 The relay is not on time: it can lag (the clock moves on while due timers stay pending, so usage,
 adjustments and purchases arrive after the active item's expire_at), it delivers a timer that
 was already due when the domain unscheduled it (it was on its way), and it may deliver a timer
@@ -26,13 +31,15 @@ from uuid import UUID
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.errors import ItemNotAdjustableError, ItemNotCancellableError
+from domain.errors import ItemNotAdjustableError, ItemNotCancellableError, UnlimitedTrafficError
 from domain.events import (
     AllPackagesExpired,
     DomainEvent,
+    DuplicateOrder,
     ExpiryScheduled,
     ExpiryUnscheduled,
     PackageActivated,
+    PackageCancelled,
     PackageExpired,
     PackagesQueued,
 )
@@ -52,9 +59,26 @@ PROPERTY_SETTINGS = settings(max_examples=200, deadline=None, database=None)
 
 @dataclass(frozen=True)
 class Purchase:
-    limit: int
+    limit: int | None  # None = unlimited traffic (a time-only plan)
     duration: int | None  # seconds; None = never expires by time
     amount: int
+    order: int | None = None  # the by_order (from a small set, so that some are resent)
+
+
+@dataclass(frozen=True)
+class EditCatalog:
+    """The catalog entry last bought gets new terms (skipped before any purchase)."""
+
+    limit: int | None
+    duration: int | None
+
+
+@dataclass(frozen=True)
+class Rebuy:
+    """Buy the catalog entry last bought again, on its terms as they are now."""
+
+    amount: int
+    order: int | None = None
 
 
 @dataclass(frozen=True)
@@ -154,6 +178,8 @@ class EarlyTimer:
 
 Op = (
     Purchase
+    | EditCatalog
+    | Rebuy
     | Usage
     | RacingUsage
     | Cancel
@@ -176,16 +202,23 @@ TRIGGER_OPS = (Replay, StaleTrigger, EarlyTrigger, StaleTimer, DuplicateTimer, E
 picks = st.integers(min_value=0, max_value=50)
 seconds = st.integers(min_value=0, max_value=120)
 deltas = st.integers(min_value=-300, max_value=300)
+# large limits and timed items keep an item active long enough for the relay to fall behind
+# its expire_at; small limits run out within a report or two; None is unlimited traffic
+limits = st.one_of(
+    st.integers(min_value=300, max_value=3_000),
+    st.integers(min_value=0, max_value=300),
+    st.just(0),
+    st.none(),
+)
+durations = st.one_of(st.integers(min_value=1, max_value=100), st.none(), st.just(0))
+orders = st.one_of(st.none(), st.integers(min_value=1, max_value=4))
 purchases = st.builds(
     Purchase,
-    # large limits and timed items keep an item active long enough for the relay to fall behind
-    # its expire_at; small limits run out within a report or two
-    limit=st.one_of(
-        st.integers(min_value=300, max_value=3_000), st.integers(min_value=0, max_value=300)
-    ),
-    duration=st.one_of(st.integers(min_value=1, max_value=100), st.none(), st.just(0)),
+    limit=limits,
+    duration=durations,
     amount=st.integers(min_value=1, max_value=3),
-)
+    order=orders,
+).filter(lambda p: p.limit is not None or p.duration is not None)
 usages = st.builds(
     Usage,
     upload=st.integers(min_value=0, max_value=150),
@@ -195,6 +228,13 @@ BRANCHES: list[tuple[int, st.SearchStrategy[Op]]] = [
     # (weight, strategy): the operations that keep a timed item active and let the relay fall
     # behind it weigh more, so that many runs see a time-up while its timer is still pending
     (4, purchases),
+    (
+        1,
+        st.builds(EditCatalog, limit=limits, duration=durations).filter(
+            lambda e: e.limit is not None or e.duration is not None
+        ),
+    ),
+    (1, st.builds(Rebuy, amount=st.integers(min_value=1, max_value=2), order=orders)),
     (3, usages),
     (2, st.builds(Tick, seconds=seconds, twice=st.booleans())),
     # exactly at expire_at (the boundary: time is up) as often as some seconds past it
@@ -238,8 +278,8 @@ class ItemState:
     upload: int
     download: int
     adjust: int
-    quota: int
-    remaining: int
+    quota: int | None
+    remaining: int | None
     activated_at: datetime | None
     expire_at: datetime | None
 
@@ -289,7 +329,7 @@ def real_state(queue: UserQueue) -> State:
 @dataclass
 class RefItem:
     id: int
-    limit: int
+    limit: int | None
     duration: timedelta | None
     created_at: datetime
     status: str = "in_queue"
@@ -313,9 +353,12 @@ class RefQueue:
     unbilled_upload: int = 0
     unbilled_download: int = 0
     access: bool = False
-    activations: list[tuple[int, int, int]] = field(default_factory=list)
+    activations: list[tuple[int, int | None, int | None]] = field(default_factory=list)
     """(item id, quota, remaining) at each activation, in order."""
     access_losses: int = 0
+    orders: set[int] = field(default_factory=set)
+    cancellations: list[tuple[int, bool]] = field(default_factory=list)
+    """(item id, was active) of every item a cancel took out of the queue, in order."""
     expirations: list[tuple[int, str, datetime]] = field(default_factory=list)
     """(item id, reason, expired at) of every item that ran out, in order. Expired at is the
     item's expire_at for time, the moment it happened for usage."""
@@ -327,8 +370,23 @@ class RefQueue:
         return next((item for item in self.items if item.status == "active"), None)
 
     @staticmethod
+    def quota(item: RefItem) -> int | None:
+        return None if item.limit is None else item.limit + item.adjust
+
+    @staticmethod
+    def remaining(item: RefItem) -> int | None:
+        quota = RefQueue.quota(item)
+        return None if quota is None else max(quota - item.upload - item.download, 0)
+
+    @staticmethod
     def out_of_traffic(item: RefItem) -> bool:
-        return item.upload + item.download >= item.limit + item.adjust
+        quota = RefQueue.quota(item)
+        return quota is not None and item.upload + item.download >= quota
+
+    def current(self, now: datetime) -> int | None:
+        """GetCurrentPackage: the active item unless its time is up."""
+        item = self.active()
+        return None if item is None or self.out_of_time(item, now) else item.id
 
     @staticmethod
     def out_of_time(item: RefItem, now: datetime) -> bool:
@@ -351,9 +409,7 @@ class RefQueue:
             item.download += self.unbilled_download
             self.unbilled_upload = self.unbilled_download = 0
             self.access = True
-            quota = item.limit + item.adjust
-            remaining = max(quota - item.upload - item.download, 0)
-            self.activations.append((item.id, quota, remaining))
+            self.activations.append((item.id, self.quota(item), self.remaining(item)))
             if self.out_of_traffic(item):
                 self.run_out(item, "usage", now)
             elif self.out_of_time(item, now):
@@ -373,11 +429,21 @@ class RefQueue:
             item = self.active()
 
     def purchase(
-        self, ids: list[int], limit: int, duration: timedelta | None, now: datetime
-    ) -> None:
+        self,
+        ids: list[int],
+        limit: int | None,
+        duration: timedelta | None,
+        order: int | None,
+        now: datetime,
+    ) -> str:
+        if order is not None:
+            if order in self.orders:
+                return "duplicate"
+            self.orders.add(order)
         for item_id in ids:
             self.items.append(RefItem(item_id, limit, duration, now))
         self.advance(now)
+        return "ok"
 
     def usage(self, upload: int, download: int, now: datetime) -> int | None:
         """Bill the traffic; return the id of the item it went to (None: kept as unbilled)."""
@@ -404,6 +470,7 @@ class RefQueue:
             return "not_cancellable"  # its time is up: as good as consumed, timer or not
         was_active = item.status == "active"
         item.status = "cancelled"
+        self.cancellations.append((item.id, was_active))
         if was_active:
             self.advance(now)
         return "ok"
@@ -412,6 +479,8 @@ class RefQueue:
         item = self.find(item_id)
         if item.status in ("consumed", "cancelled"):
             return "not_adjustable"
+        if item.limit is None:
+            return "unlimited"
         item.adjust += delta
         if item.status != "active":
             return "ok"
@@ -434,8 +503,8 @@ class RefQueue:
                     upload=item.upload,
                     download=item.download,
                     adjust=item.adjust,
-                    quota=item.limit + item.adjust,
-                    remaining=max(item.limit + item.adjust - item.upload - item.download, 0),
+                    quota=self.quota(item),
+                    remaining=self.remaining(item),
                     activated_at=item.activated_at,
                     expire_at=item.expire_at,
                 )
@@ -492,8 +561,12 @@ class Step:
     before: State
     after: State
     ref_after: State
-    ref_activations: list[tuple[int, int, int]]
+    ref_activations: list[tuple[int, int | None, int | None]]
     ref_access_losses: int
+    ref_cancellations: list[tuple[int, bool]]
+    current: int | None
+    """GetCurrentPackage after the step (`current_at` the step's clock)."""
+    ref_current: int | None
     pending: dict[int, datetime]
     recorded: tuple[int, int]
 
@@ -531,6 +604,8 @@ class Driver:
         self.recorded_upload = 0
         self.recorded_download = 0
         self.trace = Trace()
+        self.last_bought: Package | None = None
+        """The catalog entry last bought, as the catalog has it now (EditCatalog changes it)."""
 
     def observe(self) -> None:
         active = len(real_state(self.queue).active_ids())
@@ -631,15 +706,28 @@ class Driver:
     def apply(self, op: Op) -> tuple[str, str, list[DomainEvent]]:
         """Run one operation on both models: (real outcome, reference outcome, events)."""
         queue, ref, now = self.queue, self.ref, self.now
-        if isinstance(op, Purchase):
+        if isinstance(op, EditCatalog):
+            if self.last_bought is None:
+                return "skipped", "skipped", []
+            duration = None if op.duration is None else timedelta(seconds=op.duration)
+            self.last_bought = Package(self.last_bought.id, "edited", op.limit, duration)
+            return "ok", "ok", []
+        if isinstance(op, Purchase | Rebuy):
+            if isinstance(op, Purchase):
+                duration = None if op.duration is None else timedelta(seconds=op.duration)
+                self.last_bought = Package(self.next_id, f"p{self.next_id}", op.limit, duration)
+            elif self.last_bought is None:
+                return "skipped", "skipped", []
+            package = self.last_bought
             ids = list(range(self.next_id, self.next_id + op.amount))
             self.next_id += op.amount
-            duration = None if op.duration is None else timedelta(seconds=op.duration)
-            package = Package(ids[0], f"p{ids[0]}", op.limit, duration)
             for item_id in ids:
                 self.trace.created_at[item_id] = now
-            ref.purchase(ids, op.limit, duration, now)
-            return "ok", "ok", self.settle(queue.purchase(package, None, op.amount, ids, now))
+            ref_outcome = ref.purchase(ids, package.traffic_limit, package.duration, op.order, now)
+            order = None if op.order is None else UUID(int=op.order)
+            events = queue.purchase(package, order, op.amount, ids, now)
+            outcome = "duplicate" if any(isinstance(e, DuplicateOrder) for e in events) else "ok"
+            return outcome, ref_outcome, self.settle(events)
         if isinstance(op, Usage | RacingUsage):
             unsettled: list[DomainEvent] = []
             for usage in (op,) if isinstance(op, Usage) else (op.first, op.second):
@@ -666,6 +754,8 @@ class Driver:
                 return "ok", ref_outcome, self.settle(queue.adjust_quota(item_id, op.delta, now))
             except ItemNotAdjustableError:
                 return "not_adjustable", ref_outcome, []
+            except UnlimitedTrafficError:
+                return "unlimited", ref_outcome, []
         if isinstance(op, Tick):
             self.now = now + timedelta(seconds=op.seconds)
             ref.tick(self.now)
@@ -714,6 +804,7 @@ class Driver:
             before = real_state(self.queue)
             activations_before = len(self.ref.activations)
             losses_before = self.ref.access_losses
+            cancellations_before = len(self.ref.cancellations)
             outcome, ref_outcome, events = self.apply(op)
             self.trace.steps.append(
                 Step(
@@ -727,6 +818,9 @@ class Driver:
                     ref_after=self.ref.state(),
                     ref_activations=self.ref.activations[activations_before:],
                     ref_access_losses=self.ref.access_losses - losses_before,
+                    ref_cancellations=self.ref.cancellations[cancellations_before:],
+                    current=(c.id if (c := self.queue.current_at(self.now)) else None),
+                    ref_current=self.ref.current(self.now),
                     pending=dict(self.pending),
                     recorded=(self.recorded_upload, self.recorded_download),
                 )
@@ -827,6 +921,7 @@ def check_state_quota_and_outcomes_match_the_reference(trace: Trace) -> None:
         assert real_times == ref_times, step.op
         assert step.after.access == step.ref_after.access, step.op
         assert step.after == step.ref_after, step.op
+        assert step.current == step.ref_current, f"GetCurrentPackage differs after {step.op}"
 
 
 def check_each_transition_announced_exactly_once(trace: Trace) -> None:
@@ -837,6 +932,10 @@ def check_each_transition_announced_exactly_once(trace: Trace) -> None:
             if isinstance(e, PackageActivated)
         ]
         assert announced == step.ref_activations, f"PackageActivated mismatch after {step.op}"
+        cancelled = [
+            (e.item_id, e.was_active) for e in step.events if isinstance(e, PackageCancelled)
+        ]
+        assert cancelled == step.ref_cancellations, f"PackageCancelled mismatch after {step.op}"
         lost = [e for e in step.events if isinstance(e, AllPackagesExpired)]
         assert len(lost) == step.ref_access_losses, f"AllPackagesExpired mismatch after {step.op}"
         if lost:
@@ -991,6 +1090,49 @@ def test_late_relay_sequence_reaches_usage_after_expire_at_and_stale_timers() ->
     assert (final.items[4].status, final.items[4].adjust) == ("consumed", 1_000)
     assert (final.items[6].status, final.unbilled, final.access) == ("consumed", (1, 1), False)
     assert [step.outcome for step in trace.steps].count("skipped") == 0
+    check_one_active_item_and_fifo_activation(trace)
+    check_traffic_conserved_and_billed_like_the_reference(trace)
+    check_no_traffic_for_an_item_whose_time_is_up(trace)
+    check_state_quota_and_outcomes_match_the_reference(trace)
+    check_each_transition_announced_exactly_once(trace)
+    check_due_timers_expire_by_time_without_advancing(trace)
+    check_stale_duplicate_and_early_triggers_change_nothing(trace)
+
+
+TERMS_AND_ORDERS: list[Op] = [
+    Purchase(limit=None, duration=30, amount=1, order=1),  # item 1: time only, active
+    Purchase(limit=500, duration=None, amount=1, order=1),  # the same order resent: nothing
+    Purchase(limit=500, duration=None, amount=1, order=2),  # item 3: traffic only
+    EditCatalog(limit=50, duration=5),  # item 3 keeps 500 bytes and no expiry
+    Rebuy(amount=1, order=None),  # item 4: bought on the edited terms
+    Usage(upload=4_000, download=4_000),  # unlimited item 1 takes it all and stays active
+    AdjustActive(delta=-10),  # refused: unlimited traffic
+    Purchase(limit=0, duration=10, amount=1, order=3),  # item 5: zero traffic
+    LagPastExpiry(extra=0),  # item 1's time is up; GetCurrentPackage says none
+    Tick(seconds=0),  # its timer: item 3 activates
+    Usage(upload=300, download=200),  # item 3 used up at its own 500, item 4 activates
+    Cancel(pick=3),  # item 5, queued: announced, not active
+    Rebuy(amount=1, order=2),  # resent again: nothing
+    Tick(seconds=5),  # item 4's 5 s are up: nothing left, access ends
+]
+
+
+def test_resent_orders_catalog_edits_and_plans_without_a_limit_match_the_reference() -> None:
+    trace = run(TERMS_AND_ORDERS)
+
+    outcomes = [step.outcome for step in trace.steps]
+    assert outcomes.count("duplicate") == 2
+    assert outcomes[6] == "unlimited"
+    assert trace.steps[8].current is None
+    assert trace.steps[8].before.active_ids() == [1]
+    final = trace.steps[-1].after
+    assert final.items[1].quota is None
+    assert final.items[1].upload == 4_000
+    assert (final.items[3].quota, final.items[3].expire_at) == (500, None)
+    assert final.items[4].quota == 50
+    assert [i for i, s in final.items.items() if s.status == "cancelled"] == [5]
+    assert sorted(final.items) == [1, 3, 4, 5]  # id 2 went to the resent order, unused
+    assert final.access is False
     check_one_active_item_and_fifo_activation(trace)
     check_traffic_conserved_and_billed_like_the_reference(trace)
     check_no_traffic_for_an_item_whose_time_is_up(trace)

@@ -22,6 +22,7 @@ from domain.events import (
     ExpiryScheduled,
     ExpiryUnscheduled,
     PackageActivated,
+    PackageCancelled,
     PackageExpired,
     PackagesQueued,
     UsageRemaining,
@@ -55,7 +56,7 @@ def queue_with(*packages: Package, now: datetime = T0) -> UserQueue:
     """A queue holding one item per package, ids 1..n in purchase order, nothing active yet."""
     queue = new_queue()
     for item_id, package in enumerate(packages, start=1):
-        queue.purchase(package, ORDER, 1, [item_id], now)
+        queue.purchase(package, None, 1, [item_id], now)
     return queue
 
 
@@ -81,7 +82,7 @@ def test_purchase_rejects_zero_amount() -> None:
     queue = new_queue()
 
     with pytest.raises(InvalidAmountError) as raised:
-        queue.purchase(BASIC, ORDER, 0, [], T0)
+        queue.purchase(BASIC, None, 0, [], T0)
 
     assert raised.value.amount == 0
     assert queue.items == []
@@ -91,7 +92,7 @@ def test_purchase_rejects_negative_amount() -> None:
     queue = new_queue()
 
     with pytest.raises(InvalidAmountError) as raised:
-        queue.purchase(BASIC, ORDER, -3, [], T0)
+        queue.purchase(BASIC, None, -3, [], T0)
 
     assert raised.value.amount == -3
     assert queue.items == []
@@ -102,7 +103,7 @@ def test_purchase_rejects_amount_above_max_amount() -> None:
     ids = list(range(1, MAX_AMOUNT + 2))
 
     with pytest.raises(InvalidAmountError):
-        queue.purchase(BASIC, ORDER, MAX_AMOUNT + 1, ids, T0)
+        queue.purchase(BASIC, None, MAX_AMOUNT + 1, ids, T0)
 
     assert queue.items == []
 
@@ -110,7 +111,7 @@ def test_purchase_rejects_amount_above_max_amount() -> None:
 def test_purchase_accepts_exactly_max_amount() -> None:
     queue = new_queue()
 
-    queue.purchase(BASIC, ORDER, MAX_AMOUNT, list(range(1, MAX_AMOUNT + 1)), T0)
+    queue.purchase(BASIC, None, MAX_AMOUNT, list(range(1, MAX_AMOUNT + 1)), T0)
 
     assert len(queue.items) == MAX_AMOUNT
 
@@ -119,7 +120,7 @@ def test_purchase_rejects_item_id_count_different_from_amount() -> None:
     queue = new_queue()
 
     with pytest.raises(ValueError, match="need 2 item ids"):
-        queue.purchase(BASIC, ORDER, 2, [1], T0)
+        queue.purchase(BASIC, None, 2, [1], T0)
 
     assert queue.items == []
 
@@ -140,7 +141,7 @@ def test_purchase_queues_amount_items_and_emits_one_packages_queued() -> None:
 def test_purchase_alone_does_not_activate_anything() -> None:
     queue = new_queue()
 
-    queue.purchase(BASIC, ORDER, 1, [1], T0)
+    queue.purchase(BASIC, None, 1, [1], T0)
 
     assert queue.current() is None
     assert queue.has_access is False
@@ -151,8 +152,8 @@ def test_purchase_alone_does_not_activate_anything() -> None:
 
 def test_advance_activates_oldest_queued_item_by_created_at_then_id() -> None:
     queue = new_queue()
-    queue.purchase(BASIC, ORDER, 1, [5], at(20))
-    queue.purchase(BASIC, ORDER, 2, [12, 11], at(10))
+    queue.purchase(BASIC, None, 1, [5], at(20))
+    queue.purchase(BASIC, None, 2, [12, 11], at(10))
     now = at(30)
 
     events = queue.advance(now)
@@ -166,8 +167,8 @@ def test_advance_activates_oldest_queued_item_by_created_at_then_id() -> None:
 
 def test_all_items_lists_items_in_queue_order() -> None:
     queue = new_queue()
-    queue.purchase(BASIC, ORDER, 1, [5], at(20))
-    queue.purchase(BASIC, ORDER, 2, [12, 11], at(10))
+    queue.purchase(BASIC, None, 1, [5], at(20))
+    queue.purchase(BASIC, None, 2, [12, 11], at(10))
 
     assert [i.id for i in queue.all_items()] == [11, 12, 5]
 
@@ -366,7 +367,7 @@ def test_usage_while_last_consumed_item_awaits_expire_is_kept_as_unbilled() -> N
 def test_unbilled_usage_is_added_to_next_item_at_activation() -> None:
     queue = new_queue()
     queue.record_usage(30, 70, T0)
-    queue.purchase(BASIC, ORDER, 1, [1], at(1))
+    queue.purchase(BASIC, None, 1, [1], at(1))
 
     events = queue.advance(at(1))
 
@@ -379,7 +380,7 @@ def test_unbilled_usage_is_added_to_next_item_at_activation() -> None:
 def test_unbilled_usage_exhausting_next_item_consumes_it_at_activation() -> None:
     queue = new_queue()
     queue.record_usage(600, 400, T0)
-    queue.purchase(BASIC, ORDER, 2, [1, 2], at(1))
+    queue.purchase(BASIC, None, 2, [1, 2], at(1))
 
     events = queue.advance(at(1))
 
@@ -802,12 +803,12 @@ def test_adjust_quota_exhausting_traffic_after_expire_at_expires_the_item_by_tim
 # -- cancel -----------------------------------------------------------------------------------
 
 
-def test_cancel_in_queue_item_marks_it_cancelled_without_events() -> None:
+def test_cancel_in_queue_item_marks_it_cancelled_and_announces_only_the_cancel() -> None:
     queue = active_queue(BASIC, BASIC)
 
-    events = queue.cancel(2, at(1))
+    events = queue.cancel(2, at(1), "refund", "ops@host")
 
-    assert events == []
+    assert events == [PackageCancelled(USER, 2, BASIC.id, at(1), False, "refund", "ops@host")]
     assert status_of(queue, 2) is ItemStatus.CANCELLED
     assert status_of(queue, 1) is ItemStatus.ACTIVE
 
@@ -817,7 +818,10 @@ def test_cancel_active_item_activates_next_item() -> None:
 
     events = queue.cancel(1, at(1))
 
-    assert events == [PackageActivated(USER, 2, BASIC.id, at(1), 1_000, 1_000, None)]
+    assert events == [
+        PackageCancelled(USER, 1, BASIC.id, at(1), True),
+        PackageActivated(USER, 2, BASIC.id, at(1), 1_000, 1_000, None),
+    ]
     assert status_of(queue, 1) is ItemStatus.CANCELLED
 
 
@@ -826,7 +830,10 @@ def test_cancel_active_timed_item_unschedules_its_time_expiry() -> None:
 
     events = queue.cancel(1, at(1))
 
-    assert events[0] == ExpiryUnscheduled(USER, 1)
+    assert events[:2] == [
+        PackageCancelled(USER, 1, MONTHLY.id, at(1), True),
+        ExpiryUnscheduled(USER, 1),
+    ]
     assert of_type(events, PackageActivated)[0].item_id == 2
 
 
@@ -843,7 +850,10 @@ def test_cancel_last_active_item_emits_all_packages_expired() -> None:
 
     events = queue.cancel(1, at(1))
 
-    assert events == [AllPackagesExpired(USER, at(1))]
+    assert events == [
+        PackageCancelled(USER, 1, BASIC.id, at(1), True),
+        AllPackagesExpired(USER, at(1)),
+    ]
     assert queue.has_access is False
 
 
@@ -992,7 +1002,7 @@ def test_all_packages_expired_is_emitted_only_once_per_loss_of_access() -> None:
 def test_access_is_regained_when_a_new_package_is_bought_after_all_expired() -> None:
     queue = active_queue(BASIC)
     queue.cancel(1, at(1))
-    queue.purchase(BASIC, ORDER, 1, [2], at(2))
+    queue.purchase(BASIC, None, 1, [2], at(2))
 
     events = queue.advance(at(2))
 

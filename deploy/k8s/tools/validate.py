@@ -133,6 +133,9 @@ def _image_tagged(image: str) -> bool:
 
 
 def route_queues(definitions: Path) -> list[str]:
+    """The queues pkgq consumes (single-active-consumer). A subscriber route's queue
+    (telecom.package_cancelled: pkgq publishes, outside systems consume) is a plain queue and
+    needs no Deployment of pkgq's."""
     data = json.loads(definitions.read_text())
     return [
         queue["name"]

@@ -1,0 +1,56 @@
+"""The item audit: who cancelled or adjusted which item, and why (one row per applied command,
+written set-based with the batch that applied it)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+from uuid import UUID
+
+import asyncpg
+
+from infra.postgres.pool import Conn
+
+Action = Literal["cancel", "adjust_quota"]
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    item_id: int
+    user_id: UUID
+    action: Action
+    message_id: UUID
+    delta: int | None = None
+    reason: str | None = None
+    operator: str | None = None
+
+
+async def write(conn: Conn, entries: Sequence[Entry]) -> None:
+    """One statement for a whole batch's entries (none: no statement)."""
+    if not entries:
+        return
+    await conn.execute(
+        """
+        INSERT INTO telecom.item_audit
+            (item_id, user_id, action, delta, reason, operator, message_id)
+        SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bigint[], $5::text[],
+                             $6::text[], $7::uuid[])
+        """,
+        [e.item_id for e in entries],
+        [e.user_id for e in entries],
+        [e.action for e in entries],
+        [e.delta for e in entries],
+        [e.reason for e in entries],
+        [e.operator for e in entries],
+        [e.message_id for e in entries],
+    )
+
+
+async def for_item(conn: Conn, item_id: int) -> list[asyncpg.Record]:
+    """An item's audit trail, oldest first."""
+    return list(
+        await conn.fetch(
+            "SELECT * FROM telecom.item_audit WHERE item_id = $1 ORDER BY at, id", item_id
+        )
+    )
