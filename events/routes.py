@@ -68,8 +68,6 @@ ROUTES: dict[str, Route] = {
         EXPIRY_DUE,
     )
 }
-
-
 """The routes pkgq consumes (a consumer each)."""
 
 SUBSCRIBER_ROUTES: dict[str, Route] = {PACKAGE_CANCELLED.name: PACKAGE_CANCELLED}

@@ -16,6 +16,8 @@ from infra.settings import Settings
 
 MAX_PRIORITY = 2
 """Message priorities are 0-2 (seed 001), higher is more urgent."""
+SUBSCRIBER_QUEUE_MAX_LENGTH = 100_000
+"""Messages a subscriber route's own queue keeps (the newest; older ones are dropped)."""
 
 
 def queue_arguments(settings: Settings, route_name: str) -> dict[str, Any]:
@@ -29,10 +31,17 @@ def queue_arguments(settings: Settings, route_name: str) -> dict[str, Any]:
     priorities on them, so only the relay's claim order ranks by priority there.
 
     A subscriber route's queue (pkgq publishes, outside systems consume) is a plain classic
-    queue: how many consumers take it is the subscriber's choice.
+    queue that keeps the newest SUBSCRIBER_QUEUE_MAX_LENGTH messages: it exists so that the
+    relay's mandatory publish is routed, and must not grow without bound while no subscriber
+    reads it. What it drops is not dead-lettered (the events are announcements; the state they
+    announce is in Postgres). A subscriber that must see every event binds a queue of its own.
     """
     if route_name in SUBSCRIBER_ROUTES:
-        return {"x-dead-letter-exchange": settings.dlx, "x-queue-type": "classic"}
+        return {
+            "x-queue-type": "classic",
+            "x-max-length": SUBSCRIBER_QUEUE_MAX_LENGTH,
+            "x-overflow": "drop-head",
+        }
     if settings.queue_type_for(route_name) == "quorum":
         return {
             "x-dead-letter-exchange": settings.dlx,
