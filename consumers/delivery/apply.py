@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import signal
 import time
 from collections.abc import Iterable, Sequence
@@ -61,6 +62,15 @@ class TimedOutError(Exception):
         super().__init__(str(error))
         self.index = index
         self.error = error
+
+
+BLIP_RETRIES = 3
+"""How often a transaction that met a blip (deadlock, serialization failure, lock or statement
+timeout) is run again at once before the blip counts as the message's own failure."""
+
+
+async def pause_after_blip(attempt: int) -> None:
+    await asyncio.sleep(random.uniform(0.01, 0.05) * attempt)
 
 
 class ClaimRaceError(Exception):
@@ -123,7 +133,7 @@ class Applier:
             applied.results[item.index] = Result(
                 Outcome.DEAD_LETTERED, time.perf_counter() - started
             )
-        work, gate, members = await self._load(conn, ready, admission)
+        work, gate, members = await self._load(conn, ready, admission, known)
         claims: list[UUID] = []
         finished: list[job_state.Finished] = []
         for delivery in ready:
@@ -149,11 +159,21 @@ class Applier:
         return applied
 
     async def _load(
-        self, conn: Conn, ready: Sequence[Delivery], admission: Admission
+        self,
+        conn: Conn,
+        ready: Sequence[Delivery],
+        admission: Admission,
+        known: dict[int, Exception],
     ) -> tuple[UnitOfWork, Gate, dict[UUID, str]]:
         users = sorted({d.user_id for d in ready if d.user_id is not None})
+        # The users' rows first, then their holds (the order every writer of holds takes too),
+        # so a hold another batch made while this one waited for a user is seen. A message
+        # whose failure is known already needs no user row: its run only records the failure,
+        # even while someone else keeps that row locked.
+        rows, now = await queue_repo.lock_users(
+            conn, {d.user_id for d in ready if d.user_id is not None and d.index not in known}
+        )
         held = await holds.lock_many(conn, self.consumer, users) if users else {}
-        rows, now = await queue_repo.lock_users(conn, users)
         ids = [d.message_id for d in ready]
         seen = await inbox.seen_many(conn, self.consumer, ids) if ids else set()
         needs = [self._needs(d.decoded.body) for d in ready if d.message_id not in seen]
@@ -163,13 +183,16 @@ class Applier:
             new_items=sum(n.new_items for n in needs),
             orders=tuple(o for n in needs for o in n.orders),
         )
-        items = await queue_repo.load_items(conn, users, wanted.item_ids) if users else {}
+        items = await queue_repo.load_items(conn, rows, wanted.item_ids) if rows else {}
         # Orders are looked up by (user, by_order), not found among the loaded items: an old
         # order's items may all be consumed and so not loaded.
         orders = await queue_repo.load_orders(conn, wanted.orders)
         work = UnitOfWork(
             now,
-            {u: queue_repo.loaded_queue(rows[u], items.get(u, []), orders.get(u)) for u in users},
+            {
+                u: queue_repo.loaded_queue(row, items.get(u, []), orders.get(u))
+                for u, row in rows.items()
+            },
         )
         if wanted.package_ids:
             work.packages = await catalog.get_packages(conn, wanted.package_ids)

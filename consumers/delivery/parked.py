@@ -14,14 +14,21 @@ from uuid import UUID
 import structlog
 
 from consumers.delivery.admission import Admission
-from consumers.delivery.apply import Applier, TimedOutError
+from consumers.delivery.apply import (
+    BLIP_RETRIES,
+    Applier,
+    ClaimRaceError,
+    TimedOutError,
+    pause_after_blip,
+)
 from consumers.delivery.decode import decode_all
 from consumers.delivery.failures import Failures
 from events.decoding import RawDelivery
 from events.envelope import CONTENT_TYPE
 from events.routes import Route
-from infra.postgres import holds, strikes, transitions
+from infra.postgres import holds, queue_repo, strikes, transitions
 from infra.postgres.pool import Conn
+from infra.transient import is_outage, is_transient
 
 log = structlog.get_logger(__name__)
 
@@ -66,8 +73,30 @@ class ParkingLot:
 
     async def _drain_one(self, user_id: UUID) -> bool:
         """Apply the user's first parked message. False: none left (the hold is dropped), or
-        the hold is blocked again."""
+        the hold is blocked again. A transaction that fails on something other than an outage
+        (a blip that persists, a constraint the write-back broke) makes it the new blocker, as
+        on the queue path: run again with that failure recorded as its own."""
+        known: dict[int, Exception] = {}
+        for attempt in range(BLIP_RETRIES + 1):
+            try:
+                return await self._drain_first(user_id, known)
+            except _ParkedTimedOutError:
+                raise
+            except Exception as exc:
+                if is_outage(exc) or known:
+                    raise
+                if (
+                    is_transient(exc) or isinstance(exc, ClaimRaceError)
+                ) and attempt < BLIP_RETRIES:
+                    await pause_after_blip(attempt + 1)
+                    continue
+                log.warning("parked_failed_alone", user_id=str(user_id), error=repr(exc))
+                known = {0: exc}
+        return await self._drain_first(user_id, known)
+
+    async def _drain_first(self, user_id: UUID, known: dict[int, Exception]) -> bool:
         async with self._connect() as conn, conn.transaction():
+            await queue_repo.lock_user(conn, user_id)  # a batch's lock order: user, then hold
             hold = await holds.lock(conn, self.consumer, user_id)
             if hold is None or hold.blocker is not None:
                 return False
@@ -86,7 +115,7 @@ class ParkingLot:
             # It decoded when parked; a newer pkgq may differ (then it is buried as bad input).
             ready, bad = decode_all(self.route, [(0, raw)], max_body_bytes=self._max_body_bytes)
             try:
-                await self._applier.run(conn, ready, bad, {}, Admission.FROM_PARKING)
+                await self._applier.run(conn, ready, bad, known, Admission.FROM_PARKING)
             except TimedOutError as exc:
                 raise _ParkedTimedOutError(parked, raw, exc) from exc  # rolls back the pop
             return True
@@ -126,7 +155,8 @@ class ParkingLot:
             if count < self._failures.policy.max_attempts:
                 log.warning("ttr_exceeded_parked", user_id=str(user_id), strikes=count)
                 return
-            await holds.lock(conn, self.consumer, user_id)  # the lock order of a delivery
+            await queue_repo.lock_user(conn, user_id)  # the lock order of a batch: user, hold
+            await holds.lock(conn, self.consumer, user_id)
             first = await holds.pop_parked(conn, self.consumer, user_id)
             if first is None or first.message_id != parked.message_id:
                 return  # drained meanwhile by someone else

@@ -28,7 +28,14 @@ from uuid import UUID
 import asyncpg
 import structlog
 
-from consumers.delivery.apply import Applied, Applier, ClaimRaceError, TimedOutError
+from consumers.delivery.apply import (
+    BLIP_RETRIES,
+    Applied,
+    Applier,
+    ClaimRaceError,
+    TimedOutError,
+    pause_after_blip,
+)
 from consumers.delivery.decode import decode_all
 from consumers.delivery.failures import Failures
 from consumers.delivery.parked import ParkingLot
@@ -40,7 +47,7 @@ from events.routes import Route
 from infra.postgres import strikes, transitions
 from infra.postgres.pool import Conn
 from infra.rabbit.outcomes import Outcome, Result
-from infra.transient import is_transient
+from infra.transient import is_outage, is_transient
 
 log = structlog.get_logger(__name__)
 
@@ -112,7 +119,7 @@ class DeliveryPipeline:
         runs again (after a TTR), not met a second time by calling the handler twice."""
         end = len(raws)
         mode = Mode.SET_BASED
-        races = 0
+        races = blips = 0
         drain: set[UUID] = set()
         while pending := [i for i in range(end) if i not in results]:
             try:
@@ -129,8 +136,12 @@ class DeliveryPipeline:
                 if races > CLAIM_RACE_RETRIES:
                     raise
             except Exception as exc:
-                if is_transient(exc) or mode is Mode.ONE_BY_ONE:
-                    raise
+                if is_outage(exc) or mode is Mode.ONE_BY_ONE:
+                    raise  # an outage is waited out by the consumer, then the batch runs again
+                if is_transient(exc) and blips < BLIP_RETRIES:
+                    blips += 1
+                    await pause_after_blip(blips)
+                    continue
                 log.warning("batch_failed_one_by_one_next", size=len(pending), error=repr(exc))
                 mode = Mode.ONE_BY_ONE
         await self._drain(drain)
@@ -153,21 +164,33 @@ class DeliveryPipeline:
         results: dict[int, Result],
         drain: set[UUID],
     ) -> None:
-        """Each delivery alone. One whose transaction fails (not an outage) has that failure
-        recorded as its own, in a new transaction, without its handler called again."""
         for index in indexes:
+            applied = await self._alone(raws, index, known)
+            results.update(applied.results)
+            drain |= applied.drain
+
+    async def _alone(
+        self, raws: Sequence[RawDelivery], index: int, known: dict[int, Exception]
+    ) -> Applied:
+        """One delivery in a transaction of its own. If that transaction fails on something
+        other than an outage (a blip that persists, a constraint the write-back broke), the
+        failure is the message's own: it is recorded in a new transaction (retry and hold, or
+        bury), without its handler called again."""
+        for attempt in range(BLIP_RETRIES + 1):
             try:
-                applied = await self._in_one_transaction(raws, [index], known)
+                return await self._in_one_transaction(raws, [index], known)
             except (TimedOutError, ClaimRaceError):
                 raise
             except Exception as exc:
-                if is_transient(exc):
+                if is_outage(exc):
                     raise
+                if is_transient(exc) and attempt < BLIP_RETRIES:
+                    await pause_after_blip(attempt + 1)
+                    continue
                 known.setdefault(index, exc)
                 log.warning("delivery_failed_alone", index=index, error=repr(exc))
-                applied = await self._in_one_transaction(raws, [index], known)
-            results.update(applied.results)
-            drain |= applied.drain
+                break
+        return await self._in_one_transaction(raws, [index], known)
 
     async def _timed_out(
         self,

@@ -326,6 +326,14 @@ class CancelResult:
 
 async def cancel_group(conn: Conn, group_id: UUID, who: str) -> CancelResult | None:
     """Inside a transaction: cancel an open group. None: no such group."""
+    # The holds its members block first, then the members: the order a consuming batch takes
+    # them in (users, holds, group members), so a cancel and a batch never deadlock.
+    await conn.execute(
+        "SELECT 1 FROM telecom.holds WHERE blocker IN "
+        "(SELECT message_id FROM telecom.group_members WHERE group_id = $1) "
+        "ORDER BY consumer, user_id FOR UPDATE",
+        group_id,
+    )
     members = await conn.fetch(
         "SELECT message_id, state FROM telecom.group_members WHERE group_id = $1 "
         "ORDER BY message_id FOR UPDATE",

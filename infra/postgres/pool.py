@@ -25,10 +25,12 @@ async def create_pool(
     max_size: int = 10,
     application_name: str = "pkgq",
     query_logger: QueryLogger | None = None,
+    command_timeout: float = 60,
 ) -> asyncpg.Pool:
     """`application_name` shows in pg_stat_activity; a registered worker's pools carry
     `pkgq:<worker id>`, so its connections can be found and ended (infra/postgres/workers.py).
-    `query_logger`: called after every statement of every connection (statement counts)."""
+    `query_logger`: called after every statement of every connection (statement counts).
+    `command_timeout`: seconds a statement may take (a lock wait included) before it fails."""
 
     async def init(conn: asyncpg.Connection) -> None:
         await _init_connection(conn)
@@ -40,7 +42,7 @@ async def create_pool(
         min_size=min_size,
         max_size=max_size,
         init=init,
-        command_timeout=60,
+        command_timeout=command_timeout,
         server_settings={"application_name": application_name},
     )
     return pool  # type: ignore[no-any-return]  # create_pool is typed as Pool | None

@@ -269,9 +269,13 @@ class QueueConsumer:
                 break
         return batch
 
-    async def _deliver(self, messages: list[AbstractIncomingMessage]) -> bool:
+    async def _deliver(
+        self, messages: list[AbstractIncomingMessage], *, alone: bool = False
+    ) -> bool:
         """Process deliveries (one or a batch) and settle them. False: shutdown began first
-        (they stay unacked and are redelivered in order) or the consumer failed."""
+        (they stay unacked and are redelivered in order) or the consumer failed. `alone`: one
+        of a failed batch's deliveries, acked by itself (an earlier one of the batch may be
+        left unacked, and a `multiple` ack would take it along)."""
         started = time.perf_counter()
         raws = [raw_delivery(m) for m in messages]
         route = route_of_key(self.name)
@@ -292,7 +296,7 @@ class QueueConsumer:
         if self._settings.fault_kill_after_commit == route:
             os.kill(os.getpid(), signal.SIGKILL)  # crash test: committed, not acked
         done, given_back = settle.done_and_given_back(messages, results)
-        await settle.ack(done, in_order=self.lanes == 1)
+        await settle.ack(done, in_order=self.lanes == 1 and not alone)
         if given_back:
             try:
                 await self._give_back_or_fail()
@@ -309,16 +313,18 @@ class QueueConsumer:
         if len(messages) > 1:
             log.error("batch_failed_unexpectedly", size=len(messages), exc_info=exc)
             for message in messages:
+                if self._stopping.is_set():
+                    return False  # the rest stays unacked: redelivered, in order
                 if not channel_open(message):
                     return True  # given back: the rest went back with it, in order
                 with structlog.contextvars.bound_contextvars(message_id=message.message_id):
-                    if not await self._deliver([message]):
+                    if not await self._deliver([message], alone=True):
                         return False
             return True
         message = messages[0]
         log.error("processing_failed_unexpectedly", message_id=message.message_id, exc_info=exc)
         try:
-            await copy_to_dead_letters(
+            copied = await copy_to_dead_letters(
                 message,
                 self._dead_letters,
                 queue_name=self.name,
@@ -334,6 +340,8 @@ class QueueConsumer:
             with contextlib.suppress(Exception):
                 await message.nack(requeue=True)
             return True
+        if not copied:  # left unacked (redelivered): stopping, or its channel is gone
+            return not self._stopping.is_set()
         MESSAGES.labels(route=route_of_key(self.name), outcome=Outcome.DEAD_LETTERED.value).inc()
         return True
 

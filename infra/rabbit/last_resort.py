@@ -36,7 +36,9 @@ async def copy_to_dead_letters(
     reason: str,
     exc: BaseException,
     stopping: asyncio.Event,
-) -> None:
+) -> bool:
+    """True once the confirmed copy is made and the delivery acked; False if it was left
+    unacked (shutdown, or its channel closed): it is redelivered and dead-lettered then."""
     if publisher is None:
         # The dead-letter queue's own consumer: give it back, after a pause, to try again.
         log.error("requeued_after_failure", error=repr(exc))
@@ -44,7 +46,7 @@ async def copy_to_dead_letters(
             await asyncio.wait_for(stopping.wait(), timeout=5)
         with contextlib.suppress(Exception):
             await message.nack(requeue=True)
-        return
+        return False
     headers = dict(message.headers or {})
     headers.update(
         {
@@ -75,7 +77,7 @@ async def copy_to_dead_letters(
                 "dead_letter_publish_failed", error=repr(publish_error), retry_in_s=pause
             )
             if stopping.is_set() or not channel_open(message):
-                return  # unacked: redelivered, and dead-lettered again then
+                return False  # unacked: redelivered, and dead-lettered again then
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), timeout=pause)
             pause = min(pause * 2, 30.0)
@@ -84,3 +86,4 @@ async def copy_to_dead_letters(
     except Exception as ack_error:  # noqa: BLE001  (channel gone: the inbox absorbs it)
         log.warning("ack_failed", error=repr(ack_error))
     log.warning("dead_lettered", outcome=Outcome.DEAD_LETTERED.value, reason=reason, error=str(exc))
+    return True

@@ -211,3 +211,49 @@ async def test_each_message_of_a_batch_logs_one_line_with_its_ids_outcome_and_ow
         assert line["batch"] >= 1  # queued before the consumer started: usually one batch
         assert 0 <= line["ms"] <= line["batch_ms"]  # its own share of the batch's time
     assert len({line["message_id"] for line in lines}) == 3
+
+
+async def test_a_poison_message_whose_dead_letter_copy_fails_is_not_acked_with_its_batch(
+    settings: Settings, amqp: AbstractRobustConnection
+) -> None:
+    # A batch [poison, good] fails, so its deliveries are taken one at a time. The poison's
+    # last-resort copy cannot be made (its exchange is gone) and the consumer is stopped
+    # meanwhile: the poison must stay unacked and go back to the queue, not be taken along by
+    # an ack of the good one.
+    poison = uuid4()
+    seen: list[UUID] = []
+
+    async def batch_breaks_on_poison(raws: Sequence[RawDelivery]) -> list[Result]:
+        seen.extend(UUID(str(r.message_id)) for r in raws)
+        if any(r.message_id == str(poison) for r in raws):
+            raise RuntimeError("a bug in the failure path")
+        return [Result(Outcome.ACKED) for _ in raws]
+
+    gone = f"{settings.exchange}.gone"
+    channel = await amqp.channel()
+    await channel.declare_exchange(gone, durable=False, auto_delete=False)
+    connection = await connect(settings.amqp_url, f"pkgq-test-consumer-{uuid4().hex[:8]}")
+    broken_dlx = await Publisher.open(connection, gone)
+    await channel.exchange_delete(gone)
+    body = RecordUsage(user_id=uuid4(), upload=1, download=1)
+    await send(settings, amqp, USAGE_RECORD, body, message_id=poison)
+    good = await send(settings, amqp, USAGE_RECORD, body)
+    batched = settings.model_copy(update={"batch_size": 2, "batch_linger_ms": 500})
+    consumer = route_consumer(USAGE_RECORD, batched, connection, batch_breaks_on_poison, broken_dlx)
+    await consumer.start()
+
+    async def poison_taken_alone() -> bool:
+        return seen.count(poison) >= 2  # in the batch, then alone
+
+    await eventually(poison_taken_alone, within=15)
+    await consumer.stop()
+    await connection.close()
+    queue = await channel.declare_queue(
+        f"{settings.queue_prefix}.{USAGE_RECORD.name}", passive=True
+    )
+    left = []
+    while (message := await queue.get(fail=False, no_ack=True)) is not None:
+        left.append(UUID(str(message.message_id)))
+    await channel.close()
+    assert poison in left  # back in the queue: neither lost nor dead-lettered
+    assert set(left) <= {poison, good}

@@ -25,7 +25,9 @@ from events.envelope import CONTENT_TYPE, H_ATTEMPT, H_SCHEMA_VERSION, H_USER_ID
 from events.models import PackageQueuePushEvent, PurchasePackage, RecordUsage
 from events.routes import EXPIRY_DUE, PACKAGE_PURCHASE, PACKAGE_QUEUING, USAGE_RECORD, Route
 from infra.postgres import dead_letters
+from infra.postgres.pool import create_pool
 from infra.rabbit.consumer import Outcome, Result
+from infra.settings import Settings
 from tests.support import add_package, raw_for
 
 
@@ -367,3 +369,60 @@ async def test_a_timer_scheduled_and_withdrawn_within_one_batch_is_never_written
     batch = [usage(gone, 10), usage(gone, 5), usage(gone, 5)]
     assert outcomes_of(await run(USAGE_RECORD).process_batch(batch)) == [Outcome.ACKED] * 3
     assert await pending_timers(gone_items) == []
+
+
+async def test_a_parked_message_whose_write_back_fails_becomes_the_new_blocker_not_a_wedge(
+    pool: asyncpg.Pool,
+) -> None:
+    # Two usage records of 2**62 each overflow the user's bigint unbilled traffic: the second
+    # one's write-back fails while it is drained from the parking lot. It must become the
+    # user's new blocker (a retry, and a hold naming it), not stay parked behind a hold that
+    # no dead letter explains.
+    user = uuid4()
+    handler = Switchable(1)
+    process = pipeline(pool, handler, RetryPolicy(max_attempts=5, backoff=lambda _: 60.0))
+    m1 = delivery(user, 1)
+    assert await process(m1) == Outcome.RETRY_SCHEDULED
+    big1, big2 = delivery(user, 2**62), delivery(user, 2**62)
+    assert outcomes_of(await process.process_batch([big1, big2])) == [Outcome.PARKED] * 2
+    handler.failing.clear()
+    retry = delivery(user, 1, message_id=UUID(m1.message_id), attempt=2)
+    assert await process(retry) == Outcome.ACKED  # lifts the hold and drains the lot
+
+    # The second one's handler ran in memory too; its write-back is what failed.
+    assert handler.applied == [1, 2**62, 2**62]
+    (billed,) = await rows(
+        pool, "SELECT unbilled_upload FROM telecom.queue_users WHERE user_id = $1", user
+    )
+    assert billed["unbilled_upload"] == 1 + 2**62  # the first big one is applied, once
+    assert await rows(pool, "SELECT * FROM telecom.parked") == []
+    holds = await rows(pool, "SELECT blocker, state FROM telecom.holds WHERE user_id = $1", user)
+    assert [(h["blocker"], h["state"]) for h in holds] == [(UUID(big2.message_id), "retrying")]
+    (retried,) = await rows(
+        pool, "SELECT headers FROM telecom.outbox WHERE message_id = $1", UUID(big2.message_id)
+    )
+    assert retried["headers"]["x-attempt"] == 2
+
+
+async def test_a_user_row_locked_elsewhere_past_the_statement_timeout_is_the_messages_failure(
+    settings: Settings,
+) -> None:
+    # A lock wait that outlasts the statement timeout is a blip that persists: after a few
+    # quick tries the message is retried later and holds its user, as a handler failure does,
+    # rather than leave the pipeline for the consumer's last resort (which holds nothing).
+    user = uuid4()
+    impatient = await create_pool(settings.postgres_dsn, max_size=2, command_timeout=0.5)
+    blocker = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        await blocker.execute("INSERT INTO telecom.queue_users (user_id) VALUES ($1)", user)
+        async with blocker.transaction():
+            await blocker.execute(
+                "SELECT 1 FROM telecom.queue_users WHERE user_id = $1 FOR UPDATE", user
+            )
+            process = pipeline(impatient, Switchable(), RetryPolicy(max_attempts=5))
+            assert await process(delivery(user, 7)) == Outcome.RETRY_SCHEDULED
+        holds = await rows(impatient, "SELECT state FROM telecom.holds WHERE user_id = $1", user)
+        assert [h["state"] for h in holds] == ["retrying"]
+    finally:
+        await blocker.close()
+        await impatient.close()
