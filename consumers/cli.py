@@ -20,6 +20,7 @@ from rich.table import Table
 from consumers import jobs_cli, publishing, workers_cli
 from consumers.catalog_cli import catalog_app
 from consumers.cli_support import load_settings, route_argument
+from consumers.cli_support import text as literal
 from consumers.dlq_cli import dlq_app
 from consumers.partitions_cli import partitions_app
 from consumers.runtime import services, start_status_server, stop_on_signals
@@ -237,7 +238,7 @@ def publish_cmd(
     try:
         model = publishing.parse_body(target, text)
     except ValidationError as exc:
-        console.print(f"[red]invalid {target.message_type}:[/red] {exc}")
+        console.print(f"[red]invalid {target.message_type}:[/red]", literal(exc))
         raise typer.Exit(2) from None
     options = jobs_cli.job_options(priority, delay, ttl, address, unique_for)
     if options is not None:
