@@ -195,10 +195,10 @@ def relay_cmd() -> None:
         async with services(settings, "relay") as svc:
             relay = Relay(settings, svc.pool, svc.amqp, svc.worker_id)
 
-            async def ready() -> bool:
-                return not stop.is_set() and await relay.ready()  # not ready once draining
+            def ready() -> bool:
+                return not stop.is_set() and relay.ready()  # not ready once draining
 
-            status = await start_status_server(settings, ready, svc.pool)
+            status = await start_status_server(settings, ready, svc)
             try:
                 await relay.run(stop)
             finally:

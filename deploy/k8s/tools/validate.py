@@ -213,6 +213,10 @@ def rule_errors(docs: list[Doc], queues: list[str]) -> list[str]:
             if doc["kind"] != "Deployment":
                 continue
             port = int(settings.get("PKGQ_HTTP_PORT", "0"))
+            # pkgq binds the status port to 127.0.0.1 unless told otherwise, out of the
+            # kubelet's reach: its probes would fail and every pod would be restarted.
+            if settings.get("PKGQ_HTTP_HOST") not in ("0.0.0.0", "::"):  # noqa: S104
+                errors.append(f"{cwhere}: PKGQ_HTTP_HOST must be 0.0.0.0 for the probes")
             ports = {p.get("name"): p["containerPort"] for p in container.get("ports", [])}
             if not port or port not in ports.values():
                 errors.append(f"{cwhere}: PKGQ_HTTP_PORT ({port}) is not a containerPort")
@@ -327,7 +331,7 @@ def _first(docs: list[Doc], kind: str, pick: str = "") -> tuple[int, Doc]:
     raise LookupError(kind)
 
 
-SELF_TESTS = 8
+SELF_TESTS = 9
 
 
 def self_tests(docs: list[Doc], checker: Checker, queues: list[str]) -> Iterator[str]:
@@ -364,6 +368,12 @@ def self_tests(docs: list[Doc], checker: Checker, queues: list[str]) -> Iterator
         yield "a writable root filesystem passed pkgq's rules"
     if not any("terminationGracePeriodSeconds" in e for e in found):
         yield "a grace period equal to the drain passed pkgq's rules"
+    i, doc = _first(docs, "ConfigMap")
+    doc["data"].pop("PKGQ_HTTP_HOST")
+    if not any(
+        "PKGQ_HTTP_HOST" in e for e in rule_errors([*docs[:i], doc, *docs[i + 1 :]], queues)
+    ):
+        yield "a status port left on loopback passed pkgq's rules"
     i, doc = _first(docs, "ScaledObject")
     doc["spec"]["triggers"][0]["metadata"]["queueName"] = "pkgq.telecom.nowhere"
     if not rule_errors([*docs[:i], doc, *docs[i + 1 :]], queues):
