@@ -4,7 +4,6 @@ an operator is, and how data from messages is shown on a terminal."""
 from __future__ import annotations
 
 import getpass
-import re
 import socket
 import sys
 
@@ -14,6 +13,7 @@ from rich.text import Text
 from events.routes import Route, UnknownRouteError, route_named
 from infra.logging import configure_logging
 from infra.settings import Settings
+from infra.terminal import printable
 
 
 def load_settings(*, logs_to_stdout: bool = False) -> Settings:
@@ -42,22 +42,10 @@ def operator() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-# C0 controls but tab and newline, DEL, C1 controls, and the Unicode bidi overrides and isolates:
-# each can rewrite or hide what an operator sees (ESC starts ANSI sequences, CR overwrites a
-# line, U+202E reverses text), so a message must never get them to the terminal.
-_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-def _visible(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
-
 def clean(value: object) -> str:
     """Data from a message or another process (type, route, error text, traceback) as printable
-    text: every control character but tab and newline is shown as its escape (`\\x1b`), so it
-    can neither drive the terminal nor vanish from what the operator reads."""
-    return _CONTROLS.sub(_visible, "" if value is None else str(value))
+    text: control characters shown as their escapes (infra/terminal.py)."""
+    return printable(value)
 
 
 def text(value: object, style: str = "") -> Text:
