@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from consumers.cli_support import load_settings
+from consumers.cli_support import load_settings, text
 from consumers.units import parse_duration, parse_size
 from domain.model import Package
 from infra.postgres import catalog
@@ -101,7 +101,7 @@ def catalog_list() -> None:
     for p in asyncio.run(go()):
         table.add_row(
             str(p.id),
-            p.name,
+            text(p.name),
             UNLIMITED if p.traffic_limit is None else str(p.traffic_limit),
             str(p.duration) if p.duration is not None else UNLIMITED,
             str(p.retired_at or "-"),

@@ -20,6 +20,7 @@ from rich.table import Table
 from consumers import jobs_cli, publishing, workers_cli
 from consumers.catalog_cli import catalog_app
 from consumers.cli_support import load_settings, route_argument
+from consumers.cli_support import text as literal
 from consumers.dlq_cli import dlq_app
 from consumers.partitions_cli import partitions_app
 from consumers.runtime import services, start_status_server, stop_on_signals
@@ -194,10 +195,10 @@ def relay_cmd() -> None:
         async with services(settings, "relay") as svc:
             relay = Relay(settings, svc.pool, svc.amqp, svc.worker_id)
 
-            async def ready() -> bool:
-                return not stop.is_set() and await relay.ready()  # not ready once draining
+            def ready() -> bool:
+                return not stop.is_set() and relay.ready()  # not ready once draining
 
-            status = await start_status_server(settings, ready, svc.pool)
+            status = await start_status_server(settings, ready, svc)
             try:
                 await relay.run(stop)
             finally:
@@ -237,7 +238,7 @@ def publish_cmd(
     try:
         model = publishing.parse_body(target, text)
     except ValidationError as exc:
-        console.print(f"[red]invalid {target.message_type}:[/red] {exc}")
+        console.print(f"[red]invalid {target.message_type}:[/red]", literal(exc))
         raise typer.Exit(2) from None
     options = jobs_cli.job_options(priority, delay, ttl, address, unique_for)
     if options is not None:

@@ -1,5 +1,5 @@
-"""What every `pkgq` command group shares: settings with logging set up, route arguments, and
-who an operator is."""
+"""What every `pkgq` command group shares: settings with logging set up, route arguments, who
+an operator is, and how data from messages is shown on a terminal."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import socket
 import sys
 
 import typer
+from rich.text import Text
 
 from events.routes import Route, UnknownRouteError, route_named
 from infra.logging import configure_logging
 from infra.settings import Settings
+from infra.terminal import printable
 
 
 def load_settings(*, logs_to_stdout: bool = False) -> Settings:
@@ -38,3 +40,15 @@ def operator() -> str:
     except (KeyError, OSError):
         user = "unknown"
     return f"{user}@{socket.gethostname()}"
+
+
+def clean(value: object) -> str:
+    """Data from a message or another process (type, route, error text, traceback) as printable
+    text: control characters shown as their escapes (infra/terminal.py)."""
+    return printable(value)
+
+
+def text(value: object, style: str = "") -> Text:
+    """`clean(value)` as a rich Text: printed literally, never parsed as rich markup (a message
+    type of `[/]` would otherwise crash the command, and `[bold]` would restyle the output)."""
+    return Text(clean(value), style=style)

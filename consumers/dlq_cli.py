@@ -2,7 +2,9 @@
 
 Replays go through the outbox, in the transaction that marks the dead letter `replayed`, so a
 bulk replay interrupted half-way and run again sends each message once. Long operations show a
-progress bar on a terminal and log one structured line per batch otherwise.
+progress bar on a terminal and log one structured line per batch otherwise. Everything taken
+from a message (type, route, error text, traceback, headers, body) is printed as literal text
+through `cli_support.text`: never as rich markup, never with terminal control characters.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
+from rich.text import Text
 
-from consumers.cli_support import load_settings, operator
+from consumers.cli_support import load_settings, operator, text
 from infra.postgres import dead_letters, holds
 from infra.postgres.pool import database
 from infra.settings import Settings
@@ -85,9 +88,10 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 ByOpt = Annotated[str | None, typer.Option("--by", help="Who does it (default: user@host).")]
 
 
-def _short(text: str | None, width: int) -> str:
-    text = (text or "").replace("\n", " ")
-    return text if len(text) <= width else text[: width - 1] + "…"
+def _short(value: str | None, width: int) -> Text:
+    """One table cell of message data: one line, at most `width` characters, literal."""
+    line = (value or "").replace("\n", " ")
+    return text(line if len(line) <= width else line[: width - 1] + "…")
 
 
 @dlq_app.command("list")
@@ -123,9 +127,9 @@ def list_cmd(
     for r in rows:
         table.add_row(
             str(r["id"]),
-            r["status"],
-            r["route"],
-            r["reason"],
+            text(r["status"]),
+            text(r["route"]),
+            text(r["reason"]),
             _short(f"{r['error_type']}: {r['error_message']}", 60),
             str(r["attempts"]),
             r["first_failed_at"].strftime("%Y-%m-%d %H:%M:%S"),
@@ -160,6 +164,7 @@ def show_cmd(dead_letter_id: int, as_json: JsonOpt = False) -> None:
         "route",
         "consumer",
         "message_id",
+        "message_type",
         "user_id",
         "reason",
         "error_type",
@@ -176,14 +181,15 @@ def show_cmd(dead_letter_id: int, as_json: JsonOpt = False) -> None:
         "discarded_by",
         "held_back",
     ):
-        console.print(f"[bold]{key:>15}[/bold]  {row.get(key)}", highlight=False)
+        console.print(Text.assemble((f"{key:>15}", "bold"), "  ", text(row.get(key))))
+    # JSON escapes every control character (ESC as \u001b); printed as text, not markup.
     console.print("[bold]headers[/bold]")
-    console.print_json(json.dumps(row["headers"], default=str))
+    console.print(text(json.dumps(row["headers"], indent=2, default=str)))
     console.print("[bold]body[/bold]")
-    console.print(json.dumps(row["body"], indent=2, default=str), highlight=False)
+    console.print(text(json.dumps(row["body"], indent=2, default=str)))
     if row.get("traceback"):
         console.print("[bold]traceback[/bold]")
-        console.print(row["traceback"], highlight=False, markup=False)
+        console.print(text(row["traceback"]))
 
 
 @dlq_app.command("holds")
@@ -201,9 +207,9 @@ def holds_cmd(
     table = Table("consumer", "user", "state", "blocker", "tries", "parked", "since", "last error")
     for r in rows:
         table.add_row(
-            r["consumer"],
+            text(r["consumer"]),
             str(r["user_id"]),
-            r["state"],
+            text(r["state"]),
             str(r["blocker"] or ""),
             str(r["attempts"]),
             str(r["parked"]),
@@ -232,12 +238,12 @@ def groups_cmd(
     table = Table("group", "count", "reason", "error type", "raised at", "routes", "first", "last")
     for r in rows:
         table.add_row(
-            r["group_key"],
+            text(r["group_key"]),
             str(r["count"]),
-            r["reason"],
-            r["error_type"],
+            text(r["reason"]),
+            text(r["error_type"]),
             _short(r["error_location"], 40),
-            ", ".join(r["routes"]),
+            text(", ".join(r["routes"])),
             r["first_seen"].strftime("%m-%d %H:%M:%S"),
             r["last_seen"].strftime("%m-%d %H:%M:%S"),
         )
@@ -313,7 +319,7 @@ def _replay(
     else:
         console.print(f"replayed {replayed} dead letter(s) through the outbox")
         for r in skipped:
-            console.print(f"[yellow]not replayed {r.id}: {r.detail}[/yellow]")
+            console.print(text(f"not replayed {r.id}: {r.detail}", style="yellow"))
     if skipped:
         raise typer.Exit(1)
 
@@ -337,10 +343,13 @@ def dig_cmd(
     if status and rows[0]["status"] != status:
         r = rows[0]
         console.print(
-            f"[yellow]dead letter {dead_letter_id} is {r['status']} "
-            f"({r['replayed_by'] or r['discarded_by']} at {r['replayed_at'] or r['discarded_at']})"
-            f"; use --force to replay it again (the inbox still drops it if it was applied)"
-            "[/yellow]"
+            text(
+                f"dead letter {dead_letter_id} is {r['status']} "
+                f"({r['replayed_by'] or r['discarded_by']} at "
+                f"{r['replayed_at'] or r['discarded_at']}); use --force to replay it again "
+                "(the inbox still drops it if it was applied)",
+                style="yellow",
+            )
         )
         raise typer.Exit(1)
     _replay(

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from consumers.cli_support import load_settings, operator, route_argument
+from consumers.cli_support import clean, load_settings, operator, route_argument, text
 from consumers.units import parse_duration
 from events.models import PurchasePackage
 from events.routes import PACKAGE_PURCHASE, Route
@@ -143,7 +143,7 @@ def wait_cmd(
     elif state.state == "done":
         typer.echo(f"done: {state.address} ({state.message_id})")
     else:
-        typer.echo(f"failed: {state.address}: {state.error}")
+        typer.echo(clean(f"failed: {state.address}: {state.error}"))
     raise typer.Exit(0 if state.state == "done" else 1)
 
 
@@ -172,7 +172,7 @@ def group_show(
         return
     table = Table("field", "value")
     for key, value in summary.items():
-        table.add_row(key, str(value))
+        table.add_row(key, text(value))
     console.print(table)
 
 
@@ -192,8 +192,8 @@ def group_list(
     for g in groups:
         table.add_row(
             str(g["id"]),
-            g["name"],
-            g["state"],
+            text(g["name"]),
+            text(g["state"]),
             *(str(g[k]) for k in ("total", "done", "failed", "cancelled")),
             g["created_at"].isoformat(timespec="seconds"),
         )

@@ -13,7 +13,7 @@ import os
 import signal
 import socket
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -30,11 +30,10 @@ from infra.observability import (
     OUTBOX_OLDEST,
     OUTBOX_PENDING,
     RECONNECTS,
-    Ready,
     StatusServer,
 )
 from infra.postgres import stats, transitions, workers
-from infra.postgres.pool import create_pool
+from infra.postgres.pool import answers, create_pool
 from infra.rabbit.connection import connect
 from infra.settings import Settings
 from infra.transient import is_transient
@@ -238,11 +237,31 @@ def _request_stop(stop: asyncio.Event, sig: signal.Signals) -> None:
 
 
 async def start_status_server(
-    settings: Settings, ready: Ready, pool: asyncpg.Pool
+    settings: Settings, ready: Callable[[], bool], svc: Services
 ) -> StatusServer | None:
-    """The process's /metrics, /healthz and /readyz port, if `PKGQ_HTTP_PORT` is set."""
+    """The process's /metrics, /healthz and /readyz port, if `PKGQ_HTTP_PORT` is set.
+
+    `ready`: the process's own state (consuming, publishing), without I/O. /readyz adds that
+    Postgres answers, asked on a pool of the port's own, as the metrics refresh is: a probe
+    never takes a connection a consumer's batch waits for, and a consumers' pool busy with a
+    burst does not make the process look unready. The pool opens no connection before a
+    probe or refresh needs one, and carries the worker's application_name (reaped with it).
+    """
     if not settings.http_port:
         return None
+    pool = await create_pool(
+        settings.postgres_dsn,
+        min_size=0,
+        max_size=2,
+        application_name=workers.application_name(svc.worker_id),
+        command_timeout=10,  # the refresh is cut off after 10 s anyway
+    )
+
+    async def readiness() -> bool:
+        if not ready():
+            return False
+        async with pool.acquire(timeout=2) as conn:
+            return await answers(conn)
 
     async def refresh() -> None:
         async with pool.acquire(timeout=2) as conn:
@@ -272,9 +291,14 @@ async def start_status_server(
     server = StatusServer(
         settings.http_host,
         settings.http_port,
-        ready,
+        readiness,
         refresh,
         refresh_every=settings.metrics_refresh_interval,
+        on_stop=pool.close,
     )
-    await server.start()
+    try:
+        await server.start()
+    except BaseException:
+        await pool.close()
+        raise
     return server

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from consumers import publishing
-from consumers.cli_support import load_settings, operator
+from consumers.cli_support import load_settings, operator, text
 from domain.model import QueueItem
 from domain.queue import UserQueue
 from events.models import AdjustQuota, CancelPackage, WireModel
@@ -102,7 +102,7 @@ def user_show(
     for i, row in zip(items, rows, strict=True):
         table.add_row(
             str(i.id),
-            i.terms.package_name,
+            text(i.terms.package_name),
             row["status"] + (" (timer pending)" if row["expired_by_time_pending_timer"] else ""),
             str(i.activated_at or ""),
             str(i.expire_at or ""),

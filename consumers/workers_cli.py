@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from consumers.cli_support import load_settings
+from consumers.cli_support import load_settings, text
 from infra.postgres import retention, workers
 from infra.postgres.pool import database
 
@@ -45,15 +45,15 @@ def workers_cmd(
     table = Table("name", "role", "host", "pid", "routes", "started", "heartbeat", "state")
     for w in rows:
         state = w["state"]
-        shown = f"[{_STATE_STYLE[state]}]{state}[/]"
+        shown = text(state, style=_STATE_STYLE[state])
         if w["stop_reason"]:
-            shown += f" ({w['stop_reason']})"
+            shown.append(text(f" ({w['stop_reason']})"))
         table.add_row(
-            w["name"],
-            w["role"],
-            w["host"],
+            text(w["name"]),
+            text(w["role"]),
+            text(w["host"]),
             str(w["pid"]),
-            ", ".join(r.removeprefix("telecom.") for r in w["routes"]) or "-",
+            text(", ".join(r.removeprefix("telecom.") for r in w["routes"]) or "-"),
             w["started_at"][:19].replace("T", " "),
             f"{w['heartbeat_age_s']:.1f} s ago",
             shown,

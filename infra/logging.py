@@ -3,7 +3,9 @@
 Long-running processes (`pkgq run`, `pkgq relay`, `pkgq dlq ingest`) log to stdout, other
 commands to stderr (their stdout is their output, e.g. `--json`). Libraries' own log records
 (aio-pika, asyncpg, OpenTelemetry) go through the same renderer, so the stream stays JSON. Any
-URL password in any string field is masked before a line is written.
+URL password in any string field is masked before a line is written, and on a console every
+control character in a string field is shown as its escape (infra/terminal.py): messages' data
+reaches the log, and must not drive the operator's terminal.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any, TextIO
 import structlog
 
 from infra.settings import mask_url
+from infra.terminal import printable
 
 
 def redact(_logger: object, _method: str, event: MutableMapping[str, Any]) -> Any:
@@ -24,6 +27,14 @@ def redact(_logger: object, _method: str, event: MutableMapping[str, Any]) -> An
     for key, value in event.items():
         if isinstance(value, str) and ("://" in value or "password=" in value.lower()):
             event[key] = mask_url(value)
+    return event
+
+
+def escape_controls(_logger: object, _method: str, event: MutableMapping[str, Any]) -> Any:
+    """For console output only: JSON already escapes control characters."""
+    for key, value in event.items():
+        if isinstance(value, str):
+            event[key] = printable(value)
     return event
 
 
@@ -44,6 +55,8 @@ def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | N
         structlog.processors.format_exc_info,
         redact,
     ]
+    if not use_json:
+        shared.append(escape_controls)
     structlog.configure(
         processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(threshold),

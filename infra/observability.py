@@ -4,10 +4,12 @@
   message ids.
 - `/healthz`: 200 while the event loop's heartbeat task keeps beating (a stuck loop stops it),
   503 otherwise.
-- `/readyz`: 200 while the process's readiness check passes (consuming every assigned queue, the
-  Postgres pool usable), 503 during start-up and once a graceful drain has begun.
+- `/readyz`: 200 while the process's readiness check passes (consuming every assigned queue,
+  Postgres answering), 503 during start-up and once a graceful drain has begun. Why a check
+  failed is logged, never answered: exception text can name hosts, users and queries.
 
-Off by default (`PKGQ_HTTP_PORT=0`); one port per process.
+Off by default (`PKGQ_HTTP_PORT=0`); one port per process, bound to 127.0.0.1 unless
+`PKGQ_HTTP_HOST` says otherwise.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ STALE_AFTER = 5.0
 
 Ready = Callable[[], Awaitable[bool]]
 Refresh = Callable[[], Awaitable[None]]
+Close = Callable[[], Awaitable[None]]
 
 
 class StatusServer:
@@ -80,13 +83,16 @@ class StatusServer:
         ready: Ready,
         refresh: Refresh | None = None,
         refresh_every: float = REFRESH_EVERY,
+        on_stop: Close | None = None,
     ) -> None:
-        """`refresh`: updates gauges that come from the database, every `refresh_every` s."""
+        """`refresh`: updates gauges that come from the database, every `refresh_every` s.
+        `on_stop`: releases what `ready` and `refresh` use (their own connections)."""
         self._host = host
         self._port = port
         self._ready = ready
         self._refresh = refresh
         self._refresh_every = refresh_every
+        self._on_stop = on_stop
         self._server: asyncio.Server | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._refresher: asyncio.Task[None] | None = None
@@ -118,6 +124,15 @@ class StatusServer:
             self._server.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), timeout=2)
+        if self._on_stop is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._on_stop(), timeout=5)
+
+    def bound_hosts(self) -> list[str]:
+        """The addresses the port listens on."""
+        if self._server is None:
+            return []
+        return [str(sock.getsockname()[0]) for sock in self._server.sockets]
 
     def healthy(self) -> bool:
         return time.monotonic() - self._beat < STALE_AFTER
@@ -168,8 +183,9 @@ class StatusServer:
                 return "503 Service Unavailable", b"draining\n", text
             try:
                 ready = await asyncio.wait_for(self._ready(), timeout=3)
-            except Exception as exc:  # noqa: BLE001  (not ready, and why)
-                return "503 Service Unavailable", f"not ready: {exc!r}\n".encode(), text
+            except Exception as exc:  # noqa: BLE001  (not ready; why goes to the log only)
+                log.warning("readiness_check_failed", error=repr(exc))
+                return "503 Service Unavailable", b"not ready\n", text
             if ready:
                 return "200 OK", b"ready\n", text
             return "503 Service Unavailable", b"not ready\n", text

@@ -81,9 +81,11 @@ class Settings(BaseSettings):
     release_poll_interval: float = Field(default=2.0, gt=0)
     """How often a consumer looks for holds an operator released (a discarded dead letter)."""
 
-    http_host: str = "0.0.0.0"  # noqa: S104  (a status port is meant to be scraped)
     http_port: int = Field(default=0, ge=0, le=65535)
     """/metrics, /healthz and /readyz of this process (infra/observability.py); 0: off."""
+    http_host: str = "127.0.0.1"
+    """The status port's bind address: loopback unless a deployment says otherwise (the k8s
+    manifests set 0.0.0.0, for the kubelet's probes and the scraper)."""
     metrics_refresh_interval: float = Field(default=10.0, gt=0)
     """How often the outbox backlog and dead-letter gauges are read from Postgres."""
 

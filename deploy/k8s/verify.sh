@@ -45,8 +45,23 @@ for overlay in dev prod; do
             exit 1; }
 done
 
+# The memory check's defaults come from pkgq's own code, so they cannot drift from it.
+(cd "$repo" && "$repo/.venv/bin/python" -c '
+import json
+from events.routes import ROUTES
+from infra.outbox.relay import ROUNDS_IN_FLIGHT
+from infra.settings import Settings
+fields = Settings.model_fields
+print(json.dumps({
+    "prefetch": fields["prefetch"].default,
+    "batch_size": fields["batch_size"].default,
+    "relay_batch_size": fields["relay_batch_size"].default,
+    "relay_rounds": ROUNDS_IN_FLIGHT,
+    "routes": sorted(ROUTES),
+}))') >"$work/pkgq-defaults.json"
 summary=$("$tools/bin/python" "$here/tools/validate.py" --repo "$repo" \
     --k8s-version "$k8s_version" --commands-out "$work/commands" \
+    --pkgq-defaults "$work/pkgq-defaults.json" \
     "dev=$work/dev.yaml" "prod=$work/prod.yaml")
 
 # Every command line in the manifests must parse: `pkgq ARGS --help` fails on an unknown

@@ -52,6 +52,11 @@ Conn = asyncpg.Connection | PoolConnectionProxy
 """A connection, whether held directly or borrowed from the pool."""
 
 
+async def answers(conn: Conn) -> bool:
+    """Whether Postgres runs a statement on this connection (readiness probes)."""
+    return bool(await conn.fetchval("SELECT true"))
+
+
 @asynccontextmanager
 async def database(dsn: str) -> AsyncIterator[asyncpg.Connection]:
     """One short-lived connection, for CLI commands that run a query or two."""

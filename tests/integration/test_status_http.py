@@ -8,9 +8,11 @@ from uuid import uuid4
 import asyncpg
 from aio_pika.abc import AbstractRobustConnection
 
+from consumers.runtime import Services, start_status_server
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.observability import StatusServer
+from infra.postgres.pool import create_pool
 from infra.settings import Settings
 from tests.support import InProcess, eventually, free_port, http_get, send, send_raw
 
@@ -33,6 +35,56 @@ async def test_readyz_follows_the_readiness_check_and_turns_not_ready_when_drain
         assert (await http_get(server.port, "/nowhere"))[0] == 404
     finally:
         await server.stop()
+
+
+async def test_readyz_says_not_ready_without_the_exception_text_of_a_failed_check() -> None:
+    async def check() -> bool:
+        raise ConnectionError("postgresql://pkgq:SECRET@db.internal:5432/pkgq refused")
+
+    server = StatusServer("127.0.0.1", 0, check)
+    await server.start()
+    try:
+        assert await http_get(server.port, "/readyz") == (503, "not ready\n")
+    finally:
+        await server.stop()
+
+
+async def test_the_status_port_binds_loopback_unless_a_host_is_configured(
+    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> None:
+    assert Settings.model_fields["http_host"].default == "127.0.0.1"
+    port = free_port()
+    loopback = Settings.model_validate(
+        {**settings.model_dump(exclude={"http_host"}), "http_port": port}
+    )
+    server = await start_status_server(loopback, lambda: True, Services(pool, amqp))
+    assert server is not None
+    try:
+        assert server.bound_hosts() == ["127.0.0.1"]
+        assert (await http_get(port, "/readyz"))[0] == 200
+    finally:
+        await server.stop()
+
+
+async def test_readyz_answers_while_the_consumers_pool_has_no_free_connection(
+    settings: Settings, amqp: AbstractRobustConnection
+) -> None:
+    port = free_port()
+    served = settings.model_copy(update={"http_port": port, "http_host": "127.0.0.1"})
+    consumers_pool = await create_pool(settings.postgres_dsn, min_size=1, max_size=1)
+    app = InProcess(served, consumers_pool, amqp)
+    try:
+        await app.start_consumers([USAGE_RECORD])
+
+        async def ready() -> bool:
+            return (await http_get(port, "/readyz"))[0] == 200
+
+        await eventually(ready)
+        async with consumers_pool.acquire():  # its only connection, as a long batch would
+            assert await http_get(port, "/readyz") == (200, "ready\n")
+    finally:
+        await app.close()
+        await consumers_pool.close()
 
 
 async def test_a_consumer_process_reports_messages_by_outcome_and_job_states_and_transitions(

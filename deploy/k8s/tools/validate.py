@@ -12,7 +12,8 @@ in the project's own. Offline. Three layers, every one of which fails the run:
    deploy/rabbitmq/definitions.json, the relay, the dead-letter ingester and the migrate Job;
    probes on the status port; a grace period longer than the drain; non-root, read-only,
    no privilege escalation, all capabilities dropped; requests and limits; references to the
-   ConfigMap, the Secret, the TriggerAuthentication and the scaled Deployments resolve.
+   ConfigMap, the Secret, the TriggerAuthentication and the scaled Deployments resolve; every
+   pod's memory limit holds its in-flight message bodies (memory_budget.py).
 3. Self-tests: deliberately broken copies of rendered documents must be rejected by 1 and 2.
 
 Also checks the Dockerfile and .dockerignore statically (multi-stage, non-root numeric USER,
@@ -35,6 +36,7 @@ from typing import Any
 import jsonschema
 import yaml
 from kubernetes_validate import utils as kv
+from memory_budget import broker_max_message_size, memory_errors
 
 Doc = dict[str, Any]
 
@@ -213,6 +215,10 @@ def rule_errors(docs: list[Doc], queues: list[str]) -> list[str]:
             if doc["kind"] != "Deployment":
                 continue
             port = int(settings.get("PKGQ_HTTP_PORT", "0"))
+            # pkgq binds the status port to 127.0.0.1 unless told otherwise, out of the
+            # kubelet's reach: its probes would fail and every pod would be restarted.
+            if settings.get("PKGQ_HTTP_HOST") not in ("0.0.0.0", "::"):  # noqa: S104
+                errors.append(f"{cwhere}: PKGQ_HTTP_HOST must be 0.0.0.0 for the probes")
             ports = {p.get("name"): p["containerPort"] for p in container.get("ports", [])}
             if not port or port not in ports.values():
                 errors.append(f"{cwhere}: PKGQ_HTTP_PORT ({port}) is not a containerPort")
@@ -327,12 +333,18 @@ def _first(docs: list[Doc], kind: str, pick: str = "") -> tuple[int, Doc]:
     raise LookupError(kind)
 
 
-SELF_TESTS = 8
+SELF_TESTS = 10
 
 
-def self_tests(docs: list[Doc], checker: Checker, queues: list[str]) -> Iterator[str]:
+def self_tests(
+    docs: list[Doc], checker: Checker, queues: list[str], max_message_size: int, pkgq: Doc
+) -> Iterator[str]:
     """Yield a description of each of the SELF_TESTS deliberately broken documents that the
     checks failed to reject."""
+    i, doc = _first(docs, "Deployment", "usage-record")
+    doc["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"] = "128Mi"
+    if not memory_errors([*docs[:i], doc, *docs[i + 1 :]], max_message_size, pkgq):
+        yield "a consumer pod with no room for its prefetch passed the memory check"
     i, doc = _first(docs, "ScaledObject")
     doc["spec"]["triggers"][0]["metadataa"] = doc["spec"]["triggers"][0]["metadata"]
     if not checker.schema_errors(doc):
@@ -364,6 +376,12 @@ def self_tests(docs: list[Doc], checker: Checker, queues: list[str]) -> Iterator
         yield "a writable root filesystem passed pkgq's rules"
     if not any("terminationGracePeriodSeconds" in e for e in found):
         yield "a grace period equal to the drain passed pkgq's rules"
+    i, doc = _first(docs, "ConfigMap")
+    doc["data"].pop("PKGQ_HTTP_HOST")
+    if not any(
+        "PKGQ_HTTP_HOST" in e for e in rule_errors([*docs[:i], doc, *docs[i + 1 :]], queues)
+    ):
+        yield "a status port left on loopback passed pkgq's rules"
     i, doc = _first(docs, "ScaledObject")
     doc["spec"]["triggers"][0]["metadata"]["queueName"] = "pkgq.telecom.nowhere"
     if not rule_errors([*docs[:i], doc, *docs[i + 1 :]], queues):
@@ -432,11 +450,20 @@ def main() -> int:
     parser.add_argument("--repo", type=Path, required=True)
     parser.add_argument("--k8s-version", required=True)
     parser.add_argument("--commands-out", type=Path, help="write the pkgq command lines here")
+    parser.add_argument(
+        "--pkgq-defaults",
+        type=Path,
+        required=True,
+        help="JSON from pkgq's own code: prefetch, batch_size, relay_batch_size, relay_rounds, "
+        "routes (the memory check's defaults)",
+    )
     parser.add_argument("rendered", nargs="+", help="NAME=FILE: kustomize output of an overlay")
     opts = parser.parse_args()
 
     checker = Checker(opts.k8s_version)
     queues = route_queues(opts.repo / "deploy/rabbitmq/definitions.json")
+    max_message_size = broker_max_message_size(opts.repo / "deploy/rabbitmq/rabbitmq.conf")
+    pkgq_defaults = json.loads(opts.pkgq_defaults.read_text())
     failures: list[str] = []
     counts: list[str] = []
     all_commands: set[tuple[str, ...]] = set()
@@ -451,10 +478,13 @@ def main() -> int:
             failures += [f"{name}: {e}" for e in checker.schema_errors(doc)]
             keda += doc.get("apiVersion") == KEDA_GROUP
         failures += [f"{overlay}: {e}" for e in rule_errors(docs, queues)]
+        failures += [
+            f"{overlay}: {e}" for e in memory_errors(docs, max_message_size, pkgq_defaults)
+        ]
         all_commands |= commands(docs)
         counts.append(f"{overlay} {len(docs)} documents ({keda} KEDA)")
     assert first_docs is not None
-    missed = list(self_tests(first_docs, checker, queues))
+    missed = list(self_tests(first_docs, checker, queues, max_message_size, pkgq_defaults))
     failures += [f"self-test: {m}" for m in missed]
     failures += dockerfile_errors(opts.repo)
     if opts.commands_out:
@@ -466,7 +496,8 @@ def main() -> int:
     print(
         f"{', '.join(counts)}: strict against Kubernetes {opts.k8s_version} and KEDA "
         f"{dist_version('cloudcoil.models.keda')} schemas, {len(queues)} route queues covered, "
-        f"{SELF_TESTS} broken variants rejected; Dockerfile rules ok"
+        f"{SELF_TESTS} broken variants rejected, every pod's memory limit holds its in-flight "
+        f"bodies at max_message_size {max_message_size // 1024} KiB; Dockerfile rules ok"
     )
     return 0
 
