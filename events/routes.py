@@ -80,6 +80,10 @@ SUBSCRIBER_ROUTES: dict[str, Route] = {PACKAGE_CANCELLED.name: PACKAGE_CANCELLED
 INBOUND_ROUTES: dict[str, Route] = {r.name: r for r in ROUTES.values() if r.inbound}
 """The commands outsiders publish; every other route is published by pkgq only."""
 
+UNTRUSTED_PUBLISHER = "untrusted_publisher"
+"""The reason a message is buried with when it came on a route that is not inbound from
+anyone but pkgq (consumers/delivery/decode.py). Such dead letters are never replayed."""
+
 ALL_ROUTES: dict[str, Route] = {**ROUTES, **SUBSCRIBER_ROUTES}
 """Every route on the exchange: the topology and the AsyncAPI document."""
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from events.decoding import BadMessageError, Decoded, RawDelivery, decode
-from events.routes import Route
+from events.routes import UNTRUSTED_PUBLISHER, Route
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +40,6 @@ class BadDelivery:
     index: int
     raw: RawDelivery
     problem: BadMessageError
-
-
-UNTRUSTED_PUBLISHER = "untrusted_publisher"
 
 
 def check_publisher(route: Route, raw: RawDelivery, trusted: str) -> None:

@@ -26,7 +26,7 @@ from events.envelope import (
     clean_text,
     republished_headers,
 )
-from events.routes import ROUTES
+from events.routes import ROUTES, UNTRUSTED_PUBLISHER
 from infra.postgres import outbox, transitions
 from infra.postgres.pool import Conn
 
@@ -237,6 +237,9 @@ def _replay_message(row: Any) -> outbox.OutboxMessage | str:
     route = ROUTES.get(row["route"])
     if route is None:
         return f"route {row['route']!r} is not a pkgq route"
+    if row["reason"] == UNTRUSTED_PUBLISHER:
+        # The relay publishes as pkgq: a replay would launder a forgery into pkgq's own event.
+        return "not published by pkgq on a pkgq-only route: never replayed"
     try:
         message_id = UUID(row["message_id"] or "")
     except ValueError:
@@ -283,7 +286,7 @@ async def replay(
     rows = await conn.fetch(
         """
         SELECT id, route, message_id, user_id, message_type, body, headers::text AS headers,
-               replay_count
+               replay_count, reason
         FROM telecom.dead_letters
         WHERE id = ANY($1::bigint[]) AND status::text = ANY($2::text[])
         ORDER BY first_failed_at, id

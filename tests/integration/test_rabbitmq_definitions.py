@@ -22,7 +22,7 @@ from infra.rabbit.roles import RoleUsers
 from infra.rabbit.topology import declare_all, definitions, route_queues
 from infra.settings import Settings
 from tests.broker_users import rabbitmqctl, unique_role_users, url_for
-from tests.support import InProcess, add_package, eventually, send
+from tests.support import InProcess, add_package, cli, eventually, send
 
 COMMITTED = Path(__file__).resolve().parents[2] / "deploy" / "rabbitmq" / "definitions.json"
 
@@ -145,3 +145,20 @@ async def delete_provisioned(settings: Settings, users: RoleUsers) -> None:
         await connection.close()
     for user in (users.runtime, users.publisher, users.operator, users.autoscaler):
         await rabbitmqctl("delete_user", user)
+
+
+async def test_pkgq_definitions_lists_the_roles_without_passwords_and_no_users_leaves_them_out(
+    settings: Settings,
+) -> None:
+    full = await cli(settings, "definitions")
+    topology = await cli(settings, "definitions", "--no-users")
+    assert (full.returncode, topology.returncode) == (0, 0), full.stderr + topology.stderr
+    users = json.loads(full.stdout)["users"]
+    assert [u["name"] for u in users] == [
+        "pkgq",
+        "pkgq-publisher",
+        "pkgq-operator",
+        "pkgq-autoscaler",
+    ]
+    assert not any("password" in key for user in users for key in user)
+    assert json.loads(topology.stdout) == definitions(settings, users=None)

@@ -24,7 +24,7 @@ from events.models import (
     WireModel,
 )
 from events.routes import ALL_EXPIRED, PACKAGE_ACTIVATE, PACKAGE_PURCHASE, USAGE_RECORD, Route
-from infra.postgres import access
+from infra.postgres import access, dead_letters
 from infra.rabbit.connection import connect
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
@@ -225,6 +225,13 @@ async def test_pkgq_buries_lifecycle_events_another_broker_user_published_as_unt
             [UUID(m) for m in [*forged, revoking]],
         )
     assert applied == 0
+
+    # An operator cannot launder them into pkgq's own events by a replay.
+    async with w.pool.acquire() as conn, conn.transaction():
+        ids = [r["id"] for r in await conn.fetch("SELECT id FROM telecom.dead_letters")]
+        results = await dead_letters.replay(conn, ids, "ops", force=True)
+    assert len(results) == 3
+    assert not any(r.replayed for r in results)
 
     # Inbound commands from the same outsider are taken, and genuine events still apply.
     await publish_as(connection, w.settings, PACKAGE_PURCHASE, purchase(consumed, w.package))

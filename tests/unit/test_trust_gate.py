@@ -7,10 +7,16 @@ from uuid import uuid4
 
 import pytest
 
-from consumers.delivery.decode import UNTRUSTED_PUBLISHER, decode_all
+from consumers.delivery.decode import decode_all
 from events.decoding import RawDelivery
 from events.models import AllPackageExpiredEvent, RecordUsage
-from events.routes import ALL_EXPIRED, ALL_ROUTES, INBOUND_ROUTES, USAGE_RECORD
+from events.routes import (
+    ALL_EXPIRED,
+    ALL_ROUTES,
+    INBOUND_ROUTES,
+    UNTRUSTED_PUBLISHER,
+    USAGE_RECORD,
+)
 from infra.rabbit.roles import DEFAULT_USERS, inbound_keys_pattern, role_definitions
 from infra.settings import Settings
 from tests.support import raw_for
