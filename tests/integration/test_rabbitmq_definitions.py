@@ -19,7 +19,7 @@ from events.routes import ALL_ROUTES, PACKAGE_PURCHASE
 from infra.postgres import access
 from infra.rabbit.connection import connect
 from infra.rabbit.roles import RoleUsers
-from infra.rabbit.topology import declare_all, definitions, route_queues
+from infra.rabbit.topology import TopologyMissingError, declare_all, definitions, route_queues
 from infra.settings import Settings
 from tests.broker_users import rabbitmqctl, unique_role_users, url_for
 from tests.support import InProcess, add_package, cli, eventually, send
@@ -162,3 +162,13 @@ async def test_pkgq_definitions_lists_the_roles_without_passwords_and_no_users_l
     ]
     assert not any("password" in key for user in users for key in user)
     assert json.loads(topology.stdout) == definitions(settings, users=None)
+
+
+async def test_without_declaring_a_missing_topology_is_reported_with_how_to_provision_it(
+    settings: Settings, amqp: AbstractRobustConnection
+) -> None:
+    missing = settings.model_copy(
+        update={"exchange": settings.exchange + ".absent", "declare_topology": False}
+    )
+    with pytest.raises(TopologyMissingError, match="import_definitions"):
+        await declare_all(await amqp.channel(), missing)
