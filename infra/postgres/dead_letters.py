@@ -55,9 +55,12 @@ class NewDeadLetter:
     first_failed_at: datetime | None = None
 
     def dedup_key(self) -> str:
-        """One row per dead message: a redelivered failure updates it instead of adding one."""
+        """One row per dead message: a redelivered failure updates it instead of adding one.
+        An untrusted publisher's messages have keys of their own: it chose the message_id, and
+        must not overwrite the dead letter of pkgq's own message with that id."""
         if self.source == "consumer" and self.message_id:
-            return f"{self.consumer}:{self.message_id}"
+            untrusted = "untrusted:" if self.reason == UNTRUSTED_PUBLISHER else ""
+            return f"{untrusted}{self.consumer}:{self.message_id}"
         raw = json.dumps(self.headers, sort_keys=True).encode() + b"\0" + self.body
         return f"{self.source}:{self.consumer}:{hashlib.sha256(raw).hexdigest()}"
 

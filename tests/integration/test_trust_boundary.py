@@ -5,7 +5,7 @@ a loosely provisioned broker let through, and telecom.access stays as pkgq left 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -15,7 +15,10 @@ import pytest
 from aio_pika.abc import AbstractRobustConnection
 from aiormq.exceptions import ChannelAccessRefused, ChannelPreconditionFailed
 
-from events.envelope import CONTENT_TYPE, H_SCHEMA_VERSION, H_SEQ, H_USER_ID
+from consumers.delivery import DeliveryPipeline
+from consumers.registry import HANDLERS
+from consumers.retry_policy import RetryPolicy
+from events.envelope import CONTENT_TYPE, H_ADDRESS, H_SCHEMA_VERSION, H_SEQ, H_USER_ID
 from events.models import (
     AllPackageExpiredEvent,
     PackageActivateEvent,
@@ -23,13 +26,21 @@ from events.models import (
     RecordUsage,
     WireModel,
 )
-from events.routes import ALL_EXPIRED, PACKAGE_ACTIVATE, PACKAGE_PURCHASE, USAGE_RECORD, Route
-from infra.postgres import access, dead_letters
+from events.routes import (
+    ALL_EXPIRED,
+    PACKAGE_ACTIVATE,
+    PACKAGE_PURCHASE,
+    UNTRUSTED_PUBLISHER,
+    USAGE_RECORD,
+    Route,
+)
+from infra.jobs import Jobs
+from infra.postgres import access, dead_letters, job_state
 from infra.rabbit.connection import connect
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
 from tests.broker_users import broker_user, grant, rabbitmqctl, unique_role_users, url_for
-from tests.support import InProcess, add_package, eventually, send
+from tests.support import InProcess, add_package, eventually, raw_for, send
 
 FROZEN_SEQ = 2**62
 """The x-seq of the forgery in the issue: taken on trust, it would make every later genuine
@@ -263,3 +274,46 @@ async def test_the_relays_lifecycle_events_carry_pkgqs_user_id_and_are_applied(w
     ]
     assert [t.publisher for t in activations] == [w.settings.amqp_user]
     assert await w.untrusted(PACKAGE_ACTIVATE) == []
+
+
+async def test_an_untrusted_message_neither_fails_pkgqs_job_nor_overwrites_its_dead_letter(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    # Without the broker: deliveries as the consumer receives them, with their user_id.
+    pipeline = DeliveryPipeline(
+        pool,
+        PACKAGE_ACTIVATE,
+        HANDLERS[PACKAGE_ACTIVATE.name],
+        RetryPolicy(max_attempts=1),
+        max_body_bytes=2**20,
+        trusted_publisher=settings.amqp_user,
+    )
+    user = uuid4()
+    queued = await Jobs(pool).publish(ALL_EXPIRED, forged_all_expired(user), address="ops:42")
+    genuine = replace(
+        raw_for(PACKAGE_ACTIVATE, forged_activation(user)),
+        headers={H_SCHEMA_VERSION: 99},  # pkgq's own, but undecodable: buried as bad input
+        publisher=settings.amqp_user,
+    )
+    await pipeline.process_batch([genuine])
+    forged = replace(
+        raw_for(PACKAGE_ACTIVATE, forged_activation(user)),
+        message_id=genuine.message_id,
+        headers={H_SCHEMA_VERSION: 1, H_ADDRESS: "ops:42", H_USER_ID: str(user)},
+        publisher="mallory",
+    )
+    forged_for_job = replace(forged, message_id=str(queued.message_id), body=forged.body + b" ")
+    await pipeline.process_batch([forged, forged_for_job])
+
+    async with pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT message_id, reason FROM telecom.dead_letters ORDER BY id",
+        )
+        state = await job_state.address_state(conn, "ops:42")
+    assert [(r["message_id"], r["reason"]) for r in rows] == [
+        (genuine.message_id, "unsupported_version"),
+        (genuine.message_id, UNTRUSTED_PUBLISHER),
+        (str(queued.message_id), UNTRUSTED_PUBLISHER),
+    ]
+    assert state is not None
+    assert state.state == "queued"
