@@ -98,3 +98,15 @@ def test_the_roles_keep_the_dlx_and_the_queues_to_the_runtime_which_configures_n
     autoscaler = permissions[DEFAULT_USERS.autoscaler]
     assert (autoscaler["configure"], autoscaler["write"], autoscaler["read"]) == ("^$",) * 3
     assert not any("password" in key for user in roles["users"] for key in user)
+
+
+@pytest.mark.parametrize(
+    ("url", "user"),
+    [
+        ("amqp://pkgq:secret@rabbit:5672/", "pkgq"),
+        ("amqps://svc%2Fpkgq:secret@rabbit/prod", "svc/pkgq"),
+        ("amqp://rabbit/", "guest"),  # AMQP's default login, as aio-pika uses it
+    ],
+)
+def test_pkgqs_own_user_is_the_user_of_its_amqp_url(url: str, user: str) -> None:
+    assert Settings(amqp_url=url).amqp_user == user
