@@ -134,12 +134,22 @@ def run_cmd(
 @app.command("definitions")
 def definitions_cmd(
     vhost: Annotated[str, typer.Option(help="The vhost to provision.")] = "/",
+    users: Annotated[
+        bool,
+        typer.Option(
+            help="Include the roles' users and permissions (no passwords). Re-importing a "
+            "user clears its password: use --no-users to re-provision the topology alone."
+        ),
+    ] = True,
 ) -> None:
-    """Print the broker topology as RabbitMQ definitions JSON (for rabbitmqctl
-    import_definitions). deploy/rabbitmq/definitions.json is this, with default settings."""
+    """Print the broker topology and the roles' users and permissions as RabbitMQ definitions
+    JSON (for rabbitmqctl import_definitions). deploy/rabbitmq/definitions.json is this, with
+    default settings."""
+    from infra.rabbit.roles import DEFAULT_USERS
     from infra.rabbit.topology import definitions
 
-    print(json.dumps(definitions(Settings.load(), vhost), indent=2))
+    document = definitions(Settings.load(), vhost, DEFAULT_USERS if users else None)
+    print(json.dumps(document, indent=2))
 
 
 @app.command("asyncapi")

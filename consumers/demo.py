@@ -153,7 +153,9 @@ class Demo:
         await self.expect(ALL_EXPIRED, user)
 
     async def malformed(self) -> None:
-        publisher = await Publisher.open(self.amqp, self.settings.exchange)
+        publisher = await Publisher.open(
+            self.amqp, self.settings.exchange, user_id=self.settings.amqp_user
+        )
         message_id = uuid4()
         try:
             message = build_message(

@@ -41,7 +41,7 @@ async def publish(
         user_id=body.user_id,
         traceparent=traceparent,
     )
-    publisher = await Publisher.open(connection, settings.exchange)
+    publisher = await Publisher.open(connection, settings.exchange, user_id=settings.amqp_user)
     try:
         await publisher.publish(
             build_message(

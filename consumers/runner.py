@@ -36,6 +36,7 @@ def pipeline_for(
         max_body_bytes=settings.max_body_bytes,
         kill_before_commit=settings.fault_kill_before_commit == route.name,
         ttr=settings.ttr_for(route.name),
+        trusted_publisher=settings.amqp_user,
     )
 
 
@@ -55,7 +56,7 @@ async def run_consumers(
     channel = await svc.amqp.channel()
     await declare_exchanges(channel, settings)
     await channel.close()
-    dead_letters = await Publisher.open(svc.amqp, settings.dlx)
+    dead_letters = await Publisher.open(svc.amqp, settings.dlx, user_id=settings.amqp_user)
     consumers: list[QueueConsumer] = []
     standby: list[QueueConsumer] = []
     for route in routes:

@@ -44,6 +44,9 @@ class RawDelivery:
     timestamp: datetime | None
     headers: Mapping[str, Any]
     routing_key: str | None = None
+    publisher: str | None = None
+    """The AMQP user_id property: the broker refuses a publish whose user_id is not the
+    publishing connection's user, so when present it names who published the message."""
 
 
 @dataclass(frozen=True, slots=True)

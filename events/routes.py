@@ -25,6 +25,10 @@ class Route:
     """The routing key on the `telecom` topic exchange, e.g. `telecom.package_purchase`."""
     model: type[WireModel]
     schema_version: int = 1
+    inbound: bool = False
+    """Whether outsiders (shop, billing, admin tools) may publish on it. The others are pkgq's
+    own lifecycle and internal routes: their consumers accept only messages that pkgq itself
+    published (the broker-validated AMQP user_id; see consumers/delivery/decode.py)."""
 
     @property
     def message_type(self) -> str:
@@ -36,10 +40,10 @@ class Route:
         return self.name.removeprefix("telecom.")
 
 
-PACKAGE_PURCHASE = Route("telecom.package_purchase", PurchasePackage)
-USAGE_RECORD = Route("telecom.usage_record", RecordUsage)
-PACKAGE_CANCEL = Route("telecom.package_cancel", CancelPackage)
-QUOTA_ADJUST = Route("telecom.quota_adjust", AdjustQuota)
+PACKAGE_PURCHASE = Route("telecom.package_purchase", PurchasePackage, inbound=True)
+USAGE_RECORD = Route("telecom.usage_record", RecordUsage, inbound=True)
+PACKAGE_CANCEL = Route("telecom.package_cancel", CancelPackage, inbound=True)
+QUOTA_ADJUST = Route("telecom.quota_adjust", AdjustQuota, inbound=True)
 PACKAGE_QUEUING = Route("telecom.package_queuing", PackageQueuePushEvent)
 PACKAGE_ACTIVATE = Route("telecom.package_activate", PackageActivateEvent)
 PACKAGE_EXPIRING = Route("telecom.package_expiring", PackageExpiringEvent)
@@ -72,6 +76,13 @@ ROUTES: dict[str, Route] = {
 
 SUBSCRIBER_ROUTES: dict[str, Route] = {PACKAGE_CANCELLED.name: PACKAGE_CANCELLED}
 """Routes pkgq only publishes, for outside subscribers."""
+
+INBOUND_ROUTES: dict[str, Route] = {r.name: r for r in ROUTES.values() if r.inbound}
+"""The commands outsiders publish; every other route is published by pkgq only."""
+
+UNTRUSTED_PUBLISHER = "untrusted_publisher"
+"""The reason a message is buried with when it came on a route that is not inbound from
+anyone but pkgq (consumers/delivery/decode.py). Such dead letters are never replayed."""
 
 ALL_ROUTES: dict[str, Route] = {**ROUTES, **SUBSCRIBER_ROUTES}
 """Every route on the exchange: the topology and the AsyncAPI document."""

@@ -49,6 +49,10 @@ class Settings(BaseSettings):
 
     postgres_dsn: str = "postgresql://postgres@127.0.0.1:5432/pkgq"
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
+    declare_topology: bool = True
+    """Declare the exchanges and queues at start-up. False: only check that they exist (the
+    broker was provisioned from `pkgq definitions`), so the AMQP user needs no configure
+    permission."""
 
     exchange: str = "telecom"
     """The topic exchange; its dead-letter exchange is `<exchange>.dlx`."""
@@ -216,6 +220,7 @@ class Settings(BaseSettings):
         env = {
             "PKGQ_POSTGRES_DSN": self.postgres_dsn,
             "PKGQ_AMQP_URL": self.amqp_url,
+            "PKGQ_DECLARE_TOPOLOGY": str(self.declare_topology).lower(),
             "PKGQ_EXCHANGE": self.exchange,
             "PKGQ_QUEUE_PREFIX": self.queue_prefix,
             "PKGQ_RELAY_POLL_INTERVAL": str(self.relay_poll_interval),
@@ -245,6 +250,14 @@ class Settings(BaseSettings):
 
     def safe_amqp_url(self) -> str:
         return mask_url(self.amqp_url)
+
+    @property
+    def amqp_user(self) -> str:
+        """The RabbitMQ user pkgq connects as (AMQP's default, guest, when the URL names none):
+        the user_id pkgq's messages carry, and the only one its lifecycle consumers trust."""
+        from yarl import URL  # aio-pika's own URL parser, so both read the URL alike
+
+        return URL(self.amqp_url).user or "guest"
 
 
 def mask_url(url: str) -> str:

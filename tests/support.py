@@ -114,7 +114,7 @@ async def send_raw(
             headers if headers is not None else {H_SCHEMA_VERSION: route.schema_version},
         )
         return None
-    publisher = await Publisher.open(amqp, settings.exchange)
+    publisher = await Publisher.open(amqp, settings.exchange, user_id=settings.amqp_user)
     try:
         message = build_message(
             body,
@@ -147,7 +147,11 @@ def _publish_without_message_id(
             routing_key,
             body,
             properties=pika.BasicProperties(
-                content_type=content_type, type=message_type, headers=headers, delivery_mode=2
+                content_type=content_type,
+                type=message_type,
+                headers=headers,
+                delivery_mode=2,
+                user_id=settings.amqp_user,  # as pkgq's own publishers do: trusted everywhere
             ),
             mandatory=True,
         )

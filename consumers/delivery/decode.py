@@ -1,4 +1,12 @@
-"""The decode stage: raw deliveries become decoded ones, or bad input with its reason."""
+"""The decode stage: raw deliveries become decoded ones, or bad input with its reason.
+
+It is also the trust gate. Lifecycle events and internal messages (every route that is not
+`inbound`) are published by pkgq only; a consumer of such a route takes a delivery only when
+its AMQP user_id is pkgq's own user. RabbitMQ refuses a publish whose user_id differs from the
+publishing connection's user, so the property cannot be forged (short of the `impersonator`
+tag, which no role has). Anything else is buried as `untrusted_publisher` like bad input:
+before its body is believed, with nothing held back behind it.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +15,7 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from events.decoding import BadMessageError, Decoded, RawDelivery, decode
-from events.routes import Route
+from events.routes import UNTRUSTED_PUBLISHER, Route
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,16 +42,39 @@ class BadDelivery:
     problem: BadMessageError
 
 
+def check_publisher(route: Route, raw: RawDelivery, trusted: str) -> None:
+    """Raise BadMessageError(untrusted_publisher) unless `raw` may be taken on `route`: anyone
+    may publish on an inbound route (pkgq's own retries and replays of a command come back on
+    it too); only `trusted` on the others."""
+    if route.inbound or raw.publisher == trusted:
+        return
+    who = "no user_id" if raw.publisher is None else f"user_id {raw.publisher!r}"
+    raise BadMessageError(
+        UNTRUSTED_PUBLISHER,
+        f"{route.name} is published by pkgq ({trusted!r}) only; this message has {who}",
+    )
+
+
 def decode_all(
-    route: Route, raws: Sequence[tuple[int, RawDelivery]], *, max_body_bytes: int
+    route: Route,
+    raws: Sequence[tuple[int, RawDelivery]],
+    *,
+    max_body_bytes: int,
+    trusted_publisher: str | None = None,
 ) -> tuple[list[Delivery], list[BadDelivery]]:
     """Decode (index, delivery) pairs. The good ones come back in the order they are applied
     in: user by user (in user_id order, the order their rows are locked in), each user's in
-    delivery order."""
+    delivery order.
+
+    `trusted_publisher`: pkgq's AMQP user, checked on deliveries from the broker (see the
+    module docstring). None for deliveries that passed the check already (parked ones, which
+    Postgres keeps without their AMQP properties)."""
     ready: list[Delivery] = []
     bad: list[BadDelivery] = []
     for index, raw in raws:
         try:
+            if trusted_publisher is not None:
+                check_publisher(route, raw, trusted_publisher)
             ready.append(Delivery(index, raw, decode(route, raw, max_body_bytes=max_body_bytes)))
         except BadMessageError as problem:
             bad.append(BadDelivery(index, raw, problem))

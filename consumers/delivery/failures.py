@@ -36,7 +36,7 @@ from events.envelope import (
     jsonable,
     republished_headers,
 )
-from events.routes import Route
+from events.routes import UNTRUSTED_PUBLISHER, Route
 from infra.postgres import dead_letters, holds, job_state, outbox
 from infra.postgres.pool import Conn
 from infra.rabbit.outcomes import Outcome
@@ -291,6 +291,8 @@ class Failures:
                 first_failed_at=first_failed_at,
             ),
         )
+        if reason == UNTRUSTED_PUBLISHER:
+            return  # its address and group headers are an outsider's word: no job fails by it
         address, group = (
             (decoded.envelope.address, decoded.envelope.group_id)
             if decoded is not None

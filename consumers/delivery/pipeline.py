@@ -79,8 +79,13 @@ class DeliveryPipeline:
         kill_before_commit: bool = False,
         ttr: float | None = None,
         needs: NeedsOf | None = None,
+        trusted_publisher: str | None = None,
     ) -> None:
+        """`trusted_publisher`: pkgq's AMQP user (Settings.amqp_user). Given, the consumer of a
+        route that is not inbound buries what anyone else published (untrusted_publisher);
+        None turns the check off (tests that feed deliveries without the broker)."""
         self._pool = pool
+        self._trusted_publisher = trusted_publisher
         self.route = route
         self.consumer = route.short_name
         self.policy = policy
@@ -151,7 +156,10 @@ class DeliveryPipeline:
         self, raws: Sequence[RawDelivery], indexes: list[int], known: dict[int, Exception]
     ) -> Applied:
         ready, bad = decode_all(
-            self.route, [(i, raws[i]) for i in indexes], max_body_bytes=self._max_body_bytes
+            self.route,
+            [(i, raws[i]) for i in indexes],
+            max_body_bytes=self._max_body_bytes,
+            trusted_publisher=self._trusted_publisher,
         )
         async with self._connection() as conn, conn.transaction():
             return await self._applier.run(conn, ready, bad, known)

@@ -103,7 +103,9 @@ class Relay:
         channel = await self._connection.channel()
         await declare_all(channel, self._settings)
         await channel.close()
-        self._publisher = await Publisher.open(self._connection, self._settings.exchange)
+        self._publisher = await Publisher.open(
+            self._connection, self._settings.exchange, user_id=self._settings.amqp_user
+        )
 
     def ready(self) -> bool:
         """Publishing channel open (for /readyz, which asks Postgres on connections of its

@@ -26,7 +26,7 @@ from events.envelope import (
     clean_text,
     republished_headers,
 )
-from events.routes import ROUTES
+from events.routes import ROUTES, UNTRUSTED_PUBLISHER
 from infra.postgres import outbox, transitions
 from infra.postgres.pool import Conn
 
@@ -55,9 +55,12 @@ class NewDeadLetter:
     first_failed_at: datetime | None = None
 
     def dedup_key(self) -> str:
-        """One row per dead message: a redelivered failure updates it instead of adding one."""
+        """One row per dead message: a redelivered failure updates it instead of adding one.
+        An untrusted publisher's messages have keys of their own: it chose the message_id, and
+        must not overwrite the dead letter of pkgq's own message with that id."""
         if self.source == "consumer" and self.message_id:
-            return f"{self.consumer}:{self.message_id}"
+            untrusted = "untrusted:" if self.reason == UNTRUSTED_PUBLISHER else ""
+            return f"{untrusted}{self.consumer}:{self.message_id}"
         raw = json.dumps(self.headers, sort_keys=True).encode() + b"\0" + self.body
         return f"{self.source}:{self.consumer}:{hashlib.sha256(raw).hexdigest()}"
 
@@ -237,6 +240,9 @@ def _replay_message(row: Any) -> outbox.OutboxMessage | str:
     route = ROUTES.get(row["route"])
     if route is None:
         return f"route {row['route']!r} is not a pkgq route"
+    if row["reason"] == UNTRUSTED_PUBLISHER:
+        # The relay publishes as pkgq: a replay would launder a forgery into pkgq's own event.
+        return "not published by pkgq on a pkgq-only route: never replayed"
     try:
         message_id = UUID(row["message_id"] or "")
     except ValueError:
@@ -283,7 +289,7 @@ async def replay(
     rows = await conn.fetch(
         """
         SELECT id, route, message_id, user_id, message_type, body, headers::text AS headers,
-               replay_count
+               replay_count, reason
         FROM telecom.dead_letters
         WHERE id = ANY($1::bigint[]) AND status::text = ANY($2::text[])
         ORDER BY first_failed_at, id

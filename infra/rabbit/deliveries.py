@@ -22,6 +22,7 @@ def raw_delivery(message: AbstractIncomingMessage) -> RawDelivery:
         timestamp=ts,
         headers=dict(message.headers or {}),
         routing_key=message.routing_key,
+        publisher=message.user_id,
     )
 
 

@@ -52,17 +52,28 @@ def build_message(
 
 
 class Publisher:
-    """A confirming, mandatory publisher on one exchange."""
+    """A confirming, mandatory publisher on one exchange.
 
-    def __init__(self, channel: AbstractChannel, exchange: AbstractExchange) -> None:
+    `user_id`: the AMQP user_id property of every message it publishes, which must be the
+    connection's own user (the broker refuses any other and closes the channel). pkgq's
+    lifecycle consumers take only messages with pkgq's user_id (see consumers/delivery/
+    decode.py), so pkgq's own publishers (the relay, the last-resort copy, `pkgq publish`)
+    pass Settings.amqp_user."""
+
+    def __init__(
+        self, channel: AbstractChannel, exchange: AbstractExchange, user_id: str | None = None
+    ) -> None:
         self._channel = channel
         self._exchange = exchange
+        self._user_id = user_id
 
     @classmethod
-    async def open(cls, connection: AbstractRobustConnection, exchange_name: str) -> Publisher:
+    async def open(
+        cls, connection: AbstractRobustConnection, exchange_name: str, user_id: str | None = None
+    ) -> Publisher:
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         exchange = await channel.get_exchange(exchange_name, ensure=True)
-        return cls(channel, exchange)
+        return cls(channel, exchange, user_id)
 
     async def publish(self, message: aio_pika.Message, routing_key: str) -> None:
         """Return once the broker has confirmed the message; raise PublishFailedError if it
@@ -74,12 +85,15 @@ class Publisher:
         # not held until they reach the socket. Holding it cost the relay about 15% of its CPU
         # per message with many publishes in flight. The confirm is awaited all the same.
         channel = cast(aiormq.Channel, await self._channel.get_underlay_channel())
+        properties = message.properties
+        if self._user_id is not None:
+            properties.user_id = self._user_id
         try:
             confirmation = await channel.basic_publish(
                 message.body,
                 exchange=self._exchange.name,
                 routing_key=routing_key,
-                properties=message.properties,
+                properties=properties,
                 mandatory=True,
                 timeout=30,
                 wait=False,

@@ -30,6 +30,8 @@ class Tapped:
     message_type: str | None
     headers: dict[str, Any]
     body: bytes
+    publisher: str | None = None
+    """The AMQP user_id property (validated by the broker): who published it."""
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -64,6 +66,7 @@ class Tap:
             message_type=message.type,
             headers=dict(message.headers or {}),
             body=message.body,
+            publisher=message.user_id,
         )
         self.seen.append(tapped)
         if self._on_message is not None:

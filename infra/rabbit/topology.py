@@ -8,10 +8,11 @@ from uuid import UUID
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
-from aiormq.exceptions import ChannelPreconditionFailed
+from aiormq.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
 
 from events.partitioning import partition_key, routing_key
 from events.routes import ALL_ROUTES, SUBSCRIBER_ROUTES, Route
+from infra.rabbit.roles import DEFAULT_USERS, RoleUsers, role_definitions
 from infra.settings import Settings
 
 MAX_PRIORITY = 2
@@ -59,10 +60,14 @@ def queue_arguments(settings: Settings, route_name: str) -> dict[str, Any]:
 DEAD_LETTER_QUEUE_ARGUMENTS: dict[str, Any] = {"x-queue-type": "classic"}
 
 
-def definitions(settings: Settings, vhost: str = "/") -> dict[str, Any]:
+def definitions(
+    settings: Settings, vhost: str = "/", users: RoleUsers | None = DEFAULT_USERS
+) -> dict[str, Any]:
     """The topology `declare_all` makes, as a RabbitMQ definitions document (for
     `rabbitmqctl import_definitions` or the management plugin's load_definitions), so that
-    operators can provision the broker ahead of the processes."""
+    operators can provision the broker ahead of the processes. With `users`, also the roles'
+    users (without passwords) and their permissions (infra/rabbit/roles.py); None: the
+    topology alone."""
 
     def exchange(name: str) -> dict[str, Any]:
         return {
@@ -100,16 +105,31 @@ def definitions(settings: Settings, vhost: str = "/") -> dict[str, Any]:
         for name, key in route_queues(settings, route.name):
             queues.append(queue(name, queue_arguments(settings, route.name)))
             bindings.append(binding(settings.exchange, name, key))
-    return {
-        "exchanges": [exchange(settings.exchange), exchange(settings.dlx)],
-        "queues": queues,
-        "bindings": bindings,
-    }
+    document: dict[str, Any] = {}
+    if users is not None:
+        document.update(role_definitions(settings, vhost, users))
+    document.update(
+        {
+            "exchanges": [exchange(settings.exchange), exchange(settings.dlx)],
+            "queues": queues,
+            "bindings": bindings,
+        }
+    )
+    return document
 
 
 async def declare_exchanges(
     channel: AbstractChannel, settings: Settings
 ) -> tuple[AbstractExchange, AbstractExchange]:
+    if not settings.declare_topology:
+        # Provisioned from the definitions: passive checks need no configure permission.
+        try:
+            exchange = await channel.get_exchange(settings.exchange, ensure=True)
+            dlx = await channel.get_exchange(settings.dlx, ensure=True)
+            await channel.declare_queue(settings.dead_letter_queue, passive=True)
+        except ChannelNotFoundEntity as exc:
+            raise TopologyMissingError(str(exc)) from exc
+        return exchange, dlx
     exchange = await channel.declare_exchange(
         settings.exchange, aio_pika.ExchangeType.TOPIC, durable=True
     )
@@ -132,6 +152,20 @@ class TopologyMismatchError(Exception):
             f"start again so that pkgq declares it anew."
         )
         self.queue = queue
+
+
+class TopologyMissingError(TopologyMismatchError):
+    """PKGQ_DECLARE_TOPOLOGY is false and an exchange or queue the broker should have been
+    provisioned with is missing."""
+
+    def __init__(self, detail: str) -> None:
+        Exception.__init__(
+            self,
+            f"the broker lacks pkgq's topology ({detail}). With PKGQ_DECLARE_TOPOLOGY=false "
+            f"pkgq only checks it: provision it first with `pkgq definitions > defs.json` and "
+            f"`rabbitmqctl import_definitions defs.json` (or declare it once as the operator).",
+        )
+        self.queue = ""
 
 
 def route_queues(settings: Settings, route_name: str) -> list[tuple[str, str]]:
@@ -157,6 +191,11 @@ async def declare_route_queue(
     partition: int = 0,
 ) -> AbstractQueue:
     name, key = route_queues(settings, route.name)[partition]
+    if not settings.declare_topology:
+        try:  # passive: provisioned with its binding from the definitions
+            return await channel.declare_queue(name, passive=True)
+        except ChannelNotFoundEntity as exc:
+            raise TopologyMissingError(str(exc)) from exc
     try:
         queue = await channel.declare_queue(
             name, durable=True, arguments=queue_arguments(settings, route.name)

@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
+from uuid import uuid4
 
+import asyncpg
+import pytest
 from aio_pika.abc import AbstractRobustConnection
-from aiormq.exceptions import ChannelNotFoundEntity
+from aiormq.exceptions import ChannelAccessRefused, ChannelNotFoundEntity
 
+from events.models import PurchasePackage
+from events.routes import ALL_ROUTES, PACKAGE_PURCHASE
+from infra.postgres import access
 from infra.rabbit.connection import connect
-from infra.rabbit.topology import declare_all, definitions
+from infra.rabbit.roles import RoleUsers
+from infra.rabbit.topology import TopologyMissingError, declare_all, definitions, route_queues
 from infra.settings import Settings
-from tests.support import eventually
+from tests.broker_users import rabbitmqctl, unique_role_users, url_for
+from tests.support import InProcess, add_package, cli, eventually, send
 
 COMMITTED = Path(__file__).resolve().parents[2] / "deploy" / "rabbitmq" / "definitions.json"
 
@@ -32,42 +39,136 @@ def test_the_committed_definitions_are_what_the_code_declares_with_default_setti
 async def test_a_broker_provisioned_from_the_definitions_accepts_every_process_declaration(
     settings: Settings, amqp: AbstractRobustConnection
 ) -> None:
-    # The test's own names, provisioned the way an operator would, then declared the way every
-    # pkgq process does at start-up: any argument that differs fails with PRECONDITION_FAILED.
+    # The test's own names (and users), provisioned the way an operator would, then declared
+    # the way every pkgq process does at start-up: any argument that differs fails with
+    # PRECONDITION_FAILED.
     parted = settings.model_copy(
         update={"queue_prefix": settings.queue_prefix + ".prov", "partitions": {}}
     )
-    with tempfile.NamedTemporaryFile("w", suffix=".json") as document:
-        json.dump(definitions(parted), document)
-        document.flush()
-        os.chmod(document.name, 0o644)  # rabbitmqctl reads it as the broker's own user
-        await asyncio.to_thread(
-            subprocess.run,
-            ["rabbitmqctl", "-q", "import_definitions", document.name],
-            check=True,
-            capture_output=True,
-            timeout=60,
+    users = unique_role_users()
+    document = definitions(parted, users=users)
+    try:
+        await import_definitions(document)
+        connection = await connect(parted.amqp_url, "pkgq-test-definitions")
+        try:
+            await eventually(lambda: provisioned(connection, document), within=30)
+            channel = await connection.channel()
+            await declare_all(channel, parted)  # raises TopologyMismatchError on any drift
+        finally:
+            await connection.close()
+    finally:
+        await delete_provisioned(parted, users)
+
+
+async def test_the_runtime_user_runs_pkgq_without_configure_permission_on_a_provisioned_broker(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    parted = settings.model_copy(
+        update={"queue_prefix": settings.queue_prefix + ".prov", "partitions": {}}
+    )
+    users = unique_role_users()
+    document = definitions(parted, users=users)
+    try:
+        await import_definitions(document)
+        password = uuid4().hex  # the definitions carry no passwords: the operator sets them
+        await rabbitmqctl("change_password", users.runtime, password)
+        runtime = parted.model_copy(
+            update={
+                "amqp_url": url_for(parted, users.runtime, password),
+                "declare_topology": False,
+            }
         )
-    connection = await connect(parted.amqp_url, "pkgq-test-definitions")
+        connection = await connect(runtime.amqp_url, "pkgq-test-runtime")
+        try:
+            await eventually(lambda: provisioned(connection, document), within=30)
+            # Declaring is configuring: refused to the runtime user, so pkgq must not do it.
+            with pytest.raises(ChannelAccessRefused):
+                await declare_all(await connection.channel(), parted)
+            app = InProcess(runtime, pool, connection)
+            await app.start_consumers()
+            await app.start_relay()
+            try:
+                package = await add_package(pool, 1000)
+                user = uuid4()
+                await send(
+                    runtime,
+                    connection,
+                    PACKAGE_PURCHASE,
+                    PurchasePackage(user_id=user, package_id=package),
+                )
+
+                async def granted() -> bool:
+                    async with pool.acquire() as conn:
+                        row = await access.get_access(conn, user)
+                    return row is not None and bool(row["granted"])
+
+                await eventually(granted)  # purchase, queuing and activate, as the runtime user
+            finally:
+                await app.close()
+        finally:
+            await connection.close()
+    finally:
+        await delete_provisioned(parted, users)
+
+
+async def import_definitions(document: dict[str, Any]) -> None:
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
+        json.dump(document, file)
+        file.flush()
+        os.chmod(file.name, 0o644)  # rabbitmqctl reads it as the broker's own user
+        await rabbitmqctl("import_definitions", file.name)
+
+
+async def provisioned(connection: AbstractRobustConnection, document: dict[str, Any]) -> bool:
+    """Whether every queue of the document exists (the import finishes asynchronously)."""
+    probe = await connection.channel()
+    try:
+        for queue in document["queues"]:
+            await probe.declare_queue(queue["name"], passive=True)
+    except ChannelNotFoundEntity:
+        return False
+    finally:
+        if not probe.is_closed:
+            await probe.close()
+    return True
+
+
+async def delete_provisioned(settings: Settings, users: RoleUsers) -> None:
+    connection = await connect(settings.amqp_url, "pkgq-test-definitions-cleanup")
     try:
         channel = await connection.channel()
-        names = [q["name"] for q in definitions(parted)["queues"]]
-
-        async def imported() -> bool:  # the import finishes asynchronously
-            probe = await connection.channel()
-            try:
-                for name in names:
-                    await probe.declare_queue(name, passive=True)
-            except ChannelNotFoundEntity:
-                return False
-            finally:
-                if not probe.is_closed:
-                    await probe.close()
-            return True
-
-        await eventually(imported, within=30)
-        await declare_all(channel, parted)  # raises TopologyMismatchError on any drift
-        for name in names:
+        for name, _ in [
+            q for route in ALL_ROUTES.values() for q in route_queues(settings, route.name)
+        ]:
             await channel.queue_delete(name)
     finally:
         await connection.close()
+    for user in (users.runtime, users.publisher, users.operator, users.autoscaler):
+        await rabbitmqctl("delete_user", user)
+
+
+async def test_pkgq_definitions_lists_the_roles_without_passwords_and_no_users_leaves_them_out(
+    settings: Settings,
+) -> None:
+    full = await cli(settings, "definitions")
+    topology = await cli(settings, "definitions", "--no-users")
+    assert (full.returncode, topology.returncode) == (0, 0), full.stderr + topology.stderr
+    users = json.loads(full.stdout)["users"]
+    assert [u["name"] for u in users] == [
+        "pkgq",
+        "pkgq-publisher",
+        "pkgq-operator",
+        "pkgq-autoscaler",
+    ]
+    assert not any("password" in key for user in users for key in user)
+    assert json.loads(topology.stdout) == definitions(settings, users=None)
+
+
+async def test_without_declaring_a_missing_topology_is_reported_with_how_to_provision_it(
+    settings: Settings, amqp: AbstractRobustConnection
+) -> None:
+    missing = settings.model_copy(
+        update={"exchange": settings.exchange + ".absent", "declare_topology": False}
+    )
+    with pytest.raises(TopologyMissingError, match="import_definitions"):
+        await declare_all(await amqp.channel(), missing)
