@@ -537,12 +537,58 @@ def test_a_last_resort_copy_without_consumer_header_uses_the_route_short_name() 
     assert dead.traceback is None
 
 
-def test_a_last_resort_copy_wins_over_an_x_death_header() -> None:
+def test_pkgq_dead_headers_on_a_broker_dead_letter_are_not_believed() -> None:
+    # The broker adds x-death; pkgq's last-resort copy has none (it strips any it carried), so
+    # x-pkgq-dead-* next to x-death were written by whoever published the original message.
     headers = {**x_death(reason="expired", queue="q1"), H_DEAD_REASON: "handler_error"}
     dead = to_dead_letter(delivery(headers))
+    assert dead.source == "broker"
+    assert dead.reason == "expired"
+
+
+def test_an_integer_dead_traceback_header_is_filed_as_text() -> None:
+    dead = to_dead_letter(delivery({H_DEAD_REASON: "handler_error", H_DEAD_TRACEBACK: 42}))
+    assert dead.traceback == "42"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"a": {"b": {"c": 1}}},
+        12,
+        ["x"] * 3,
+        "x" * 100_000,
+        None,
+        True,
+    ],
+)
+def test_a_last_resort_copy_with_any_type_of_pkgq_header_is_filed_with_bounded_text(
+    value: object,
+) -> None:
+    headers = {
+        H_DEAD_REASON: value if value is not None else "r",
+        H_DEAD_ERROR: value,
+        H_DEAD_CONSUMER: value,
+        H_DEAD_TRACEBACK: value,
+    }
+    dead = to_dead_letter(delivery(headers))
     assert dead.source == "consumer"
-    assert dead.reason == "handler_error"
-    assert dead.error_type == "Error"
+    assert len(dead.reason) <= 200
+    assert len(dead.consumer) <= 300
+    assert len(dead.error_message) <= 5000
+    assert dead.traceback is None or len(dead.traceback) <= 17000
+
+
+def test_a_header_table_nested_600_deep_is_kept_to_a_bounded_depth() -> None:
+    deep: object = "bottom"
+    for _ in range(600):
+        deep = {"a": deep}
+    dead = to_dead_letter(delivery({"deep": deep, H_USER_ID: 7}))
+    depth, level = 0, dead.headers["deep"]
+    while isinstance(level, dict):
+        depth, level = depth + 1, level["a"]
+    assert depth < 20
+    assert "too deep" in str(level)
 
 
 def test_the_x_user_id_header_is_parsed_into_a_uuid() -> None:
