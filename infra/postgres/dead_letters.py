@@ -24,6 +24,7 @@ from events.envelope import (
     H_SCHEMA_VERSION,
     H_SEQ,
     clean_text,
+    preview,
     republished_headers,
 )
 from events.routes import ROUTES
@@ -251,10 +252,10 @@ def _replay_message(row: Any) -> outbox.OutboxMessage | str:
     if size is not None and size > len(row["body"]):
         return f"only the first {len(row['body'])} of its {size} bytes were kept"
     headers = as_dict(row["headers"])
-    try:
-        schema_version = int(headers.get(H_SCHEMA_VERSION) or route.schema_version)
-    except (TypeError, ValueError):
-        return f"header {H_SCHEMA_VERSION}={headers.get(H_SCHEMA_VERSION)!r} is not a version"
+    version = headers.get(H_SCHEMA_VERSION) or route.schema_version
+    schema_version = _natural(version, 2**15)
+    if not schema_version:
+        return f"header {H_SCHEMA_VERSION}={preview(version)} is not a version"
     replay_no = row["replay_count"]
     seq = headers.get(H_SEQ)
     return outbox.OutboxMessage(
@@ -263,7 +264,7 @@ def _replay_message(row: Any) -> outbox.OutboxMessage | str:
         schema_version=schema_version,
         body=bytes(row["body"]),
         user_id=row["user_id"],
-        seq=int(seq) if isinstance(seq, int | str) and str(seq).isdigit() else None,
+        seq=_natural(seq, 2**53),
         message_id=message_id,
         # Revived without its old TTL (seed 004's dig sets a new one, or none).
         headers={
@@ -276,6 +277,15 @@ def _replay_message(row: Any) -> outbox.OutboxMessage | str:
         },
         dedup_key=f"replay:{row['id']}:{replay_no}",
     )
+
+
+def _natural(value: Any, below: int) -> int | None:
+    """A stored header as a number in [0, below), whether stored as a number or as digits."""
+    if isinstance(value, str) and value.isdigit() and len(value) <= len(str(below)):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 0 <= value < below else None
 
 
 async def replay(

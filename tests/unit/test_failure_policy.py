@@ -895,6 +895,17 @@ def test_replay_refuses_rather_than_crashes_on_a_non_numeric_schema_version_head
     assert isinstance(result, str)
 
 
+@pytest.mark.parametrize("version", [10**12, "9" * 4000, -1, {"v": 1}])
+def test_replay_refuses_a_schema_version_no_column_can_hold(version: object) -> None:
+    result = _replay_message(replay_row(headers={H_SCHEMA_VERSION: version}))
+    assert isinstance(result, str)
+    assert len(result) < 200
+
+
+def test_replay_drops_a_seq_beyond_what_a_bigint_holds() -> None:
+    assert replayed(replay_row(headers={H_SEQ: "9" * 4000})).seq is None
+
+
 # --- events/envelope.py: jsonable and republished_headers -------------------------------------
 
 
