@@ -194,7 +194,7 @@ async def _finish(conn: Conn, raw: RawDelivery, dead: dead_letters.NewDeadLetter
     will never come) blocks its user's later messages no more."""
     if dead.reason == "expired":
         with contextlib.suppress(ValueError):
-            await holds.release_blocked_by(conn, [UUID(str(dead.message_id))])
+            await holds.release_expired_retry(conn, UUID(str(dead.message_id)))
     address, group = job_marks(raw.headers)
     error = f"{dead.reason}: {dead.error_message}"
     await job_state.finish_failed(conn, dead.message_id, address, group, error)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -18,10 +19,12 @@ import asyncpg
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
+from consumers import ingest
 from consumers.delivery import DeliveryPipeline
 from consumers.handlers import usage_record
 from consumers.retry_policy import RetryPolicy
 from consumers.unit_of_work import HandlerContext
+from events.decoding import RawDelivery
 from events.envelope import (
     H_ADDRESS,
     H_ATTEMPT,
@@ -39,7 +42,7 @@ from events.envelope import (
 )
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
-from infra.postgres import dead_letters
+from infra.postgres import dead_letters, outbox
 from infra.settings import Settings
 from tests.support import InProcess, eventually, send_raw
 
@@ -360,3 +363,54 @@ async def test_a_dead_letter_body_over_64_kib_keeps_its_head_size_and_sha256(
             (result,) = await dead_letters.replay(conn, [dead_id], "test")
         assert not result.replayed  # a cut body is never sent on as if it were whole
         assert "first 65536 of its 262144 bytes" in result.detail
+
+
+def expired_on_the_broker(message_id: UUID, marker: str) -> RawDelivery:
+    return RawDelivery(
+        body=marker.encode(),
+        message_id=str(message_id),
+        message_type=USAGE_RECORD.message_type,
+        content_type="application/json",
+        timestamp=None,
+        headers={"x-death": [{"reason": "expired", "queue": "q", "count": 1}]},
+        routing_key=USAGE_RECORD.name,
+    )
+
+
+async def test_only_pkgqs_own_expired_retry_releases_the_hold_its_message_id_blocks(
+    pool: asyncpg.Pool,
+) -> None:
+    user, blocker = uuid4(), uuid4()
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "INSERT INTO telecom.holds (consumer, user_id, blocker, state) "
+            "VALUES ('usage_record', $1, $2, 'retrying')",
+            user,
+            blocker,
+        )
+    ingester = ingest.make_ingester(pool)
+    # Anyone can publish a message with the blocker's id that expires on the broker.
+    await ingester([expired_on_the_broker(blocker, "forged")])
+    held = await fetch(pool, "SELECT blocker FROM telecom.holds WHERE user_id = $1", user)
+    assert held == [{"blocker": blocker}]
+    # pkgq's own retry of it, sent with a TTL that ran out: it will never come.
+    async with pool.acquire() as conn:
+        await outbox.enqueue(
+            conn,
+            [
+                outbox.OutboxMessage(
+                    route=USAGE_RECORD.name,
+                    message_type=USAGE_RECORD.message_type,
+                    schema_version=1,
+                    body=usage_body(user, 1),
+                    user_id=user,
+                    message_id=blocker,
+                    headers={H_ATTEMPT: 2},
+                    expires_at=datetime.now(UTC) - timedelta(seconds=1),
+                    dedup_key=f"retry:usage_record:{blocker}:0:2",
+                )
+            ],
+        )
+    await ingester([expired_on_the_broker(blocker, "honest")])
+    held = await fetch(pool, "SELECT blocker, state FROM telecom.holds WHERE user_id = $1", user)
+    assert held == [{"blocker": None, "state": "releasing"}]
