@@ -149,7 +149,11 @@ def safe_form(raw: RawDelivery, why: str) -> dead_letters.NewDeadLetter:
         message_type=_optional(raw.message_type),
         content_type=_optional(raw.content_type),
         body=raw.body,
-        headers={"x-pkgq-unstorable-headers": bounded_text(why, 500)},
+        # The message_id keeps two refused messages with the same body apart (the key hashes it).
+        headers={
+            "x-pkgq-unstorable-headers": bounded_text(why, 500),
+            "message_id": _optional(raw.message_id),
+        },
         reason="unstorable",
         error_type="UnstorableDeadLetter",
         error_message=f"filed without its headers: {why}",

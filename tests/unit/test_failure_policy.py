@@ -18,7 +18,7 @@ import pytest
 import typer
 from pydantic import ValidationError
 
-from consumers import retry_policy
+from consumers import ingest, retry_policy
 from consumers.delivery import describe
 from consumers.dlq_cli import parse_duration, parse_since
 from consumers.ingest import to_dead_letter
@@ -577,6 +577,20 @@ def test_a_last_resort_copy_with_any_type_of_pkgq_header_is_filed_with_bounded_t
     assert len(dead.consumer) <= 300
     assert len(dead.error_message) <= 5000
     assert dead.traceback is None or len(dead.traceback) <= 17000
+
+
+def test_a_dead_letter_whose_headers_cannot_be_read_is_filed_in_its_safe_form(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def unreadable(*_: object) -> object:
+        raise RecursionError("deeper than anything expected")
+
+    monkeypatch.setattr(ingest, "jsonable", unreadable)
+    first = to_dead_letter(delivery({"x": 1}, message_id="m-1"))
+    second = to_dead_letter(delivery({"x": 1}, message_id="m-2"))
+    assert (first.reason, first.source, first.body) == ("unstorable", "broker", b'{"x": 1}')
+    assert "RecursionError" in first.error_message
+    assert first.dedup_key() != second.dedup_key()  # same body, two messages: two rows
 
 
 def test_a_header_table_nested_600_deep_is_kept_to_a_bounded_depth() -> None:
