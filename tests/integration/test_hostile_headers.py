@@ -44,7 +44,7 @@ from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.postgres import dead_letters, outbox
 from infra.settings import Settings
-from tests.support import InProcess, eventually, send_raw
+from tests.support import InProcess, cli, eventually, send_raw
 
 HUGE = "h" * (100 * 1024)
 
@@ -331,7 +331,7 @@ async def test_a_forged_x_attempt_neither_skips_nor_multiplies_retries(
 
 
 async def test_a_dead_letter_body_over_64_kib_keeps_its_head_size_and_sha256(
-    pool: asyncpg.Pool,
+    settings: Settings, pool: asyncpg.Pool
 ) -> None:
     body = bytes(range(256)) * 1024  # 256 KiB
     async with pool.acquire() as conn:
@@ -363,6 +363,10 @@ async def test_a_dead_letter_body_over_64_kib_keeps_its_head_size_and_sha256(
             (result,) = await dead_letters.replay(conn, [dead_id], "test")
         assert not result.replayed  # a cut body is never sent on as if it were whole
         assert "first 65536 of its 262144 bytes" in result.detail
+    shown = await cli(settings, "dlq", "show", str(dead_id))
+    assert shown.returncode == 0, shown.stderr
+    assert "262144" in shown.stdout
+    assert hashlib.sha256(body).hexdigest() in shown.stdout
 
 
 def expired_on_the_broker(message_id: UUID, marker: str) -> RawDelivery:
