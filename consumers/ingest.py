@@ -5,13 +5,16 @@ Two kinds of message arrive on the dead-letter queue:
   quorum queue's delivery limit): the reason and the queue come from the `x-death` header;
 - last-resort copies a pkgq consumer made when even its failure path broke (see
   infra/rabbit/consumer.py): the reason and error come from the `x-pkgq-dead-*` headers.
-Each is stored in one statement and then acked; a redelivery updates the same row.
+Each is stored in one statement and then acked; a redelivery updates the same row (never its
+body). Headers are data: whatever their type, size or depth, a dead letter is filed, in a safe
+form (no headers) if Postgres refuses it as it is, and acked. The ingester never requeues a
+message because of what it carries.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import json
 from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
@@ -27,6 +30,7 @@ from events.envelope import (
     H_DEAD_REASON,
     H_DEAD_TRACEBACK,
     H_USER_ID,
+    bounded_text,
     job_marks,
     jsonable,
 )
@@ -37,14 +41,15 @@ from infra.postgres.pool import Conn
 from infra.rabbit.consumer import Outcome, Processor, QueueConsumer, Result
 from infra.rabbit.topology import declare_exchanges
 from infra.settings import Settings
+from infra.transient import is_outage
 
 log = structlog.get_logger(__name__)
 
 
 def _user(headers: dict[str, Any]) -> UUID | None:
+    value = headers.get(H_USER_ID)
     try:
-        value = headers.get(H_USER_ID)
-        return UUID(str(value)) if value is not None else None
+        return UUID(value) if isinstance(value, str) else None
     except ValueError:
         return None
 
@@ -55,38 +60,64 @@ def _consumer_of(route: str, queue: str | None) -> str:
     return queue or route
 
 
+def _text(value: Any, limit: int = 500) -> str:
+    """A header field that should be text, as text: whatever type it came as, bounded."""
+    if isinstance(value, str):
+        return bounded_text(value, limit)
+    return bounded_text(json.dumps(value), limit)  # already jsonable: no deep walk left
+
+
 def to_dead_letter(raw: RawDelivery) -> dead_letters.NewDeadLetter:
+    """What to file for a delivery on the dead-letter queue. Total: any header, of any type,
+    size or depth, gives a bounded, storable dead letter (the ingester must never loop).
+
+    The `x-pkgq-dead-*` headers are believed only on a message the broker did not dead-letter
+    (no `x-death`): pkgq's last-resort copy goes straight to the dead-letter exchange, so on a
+    broker dead letter they are whatever its original publisher wrote."""
+    try:
+        return _to_dead_letter(raw)
+    except Exception as exc:  # noqa: BLE001  (a bug here must not requeue it for ever)
+        log.error("dead_letter_unreadable", error=repr(exc)[:500])  # noqa: TRY400
+        return safe_form(raw, f"its headers could not be read ({type(exc).__name__})")
+
+
+def _to_dead_letter(raw: RawDelivery) -> dead_letters.NewDeadLetter:
     headers = jsonable(dict(raw.headers))
-    route = route_of_key(raw.routing_key or "")
+    route = route_of_key(bounded_text(raw.routing_key or "", 255))
     common: dict[str, Any] = {
-        "message_id": raw.message_id,
+        "message_id": _optional(raw.message_id),
         "user_id": _user(headers),
-        "message_type": raw.message_type,
-        "content_type": raw.content_type,
+        "message_type": _optional(raw.message_type),
+        "content_type": _optional(raw.content_type),
         "body": raw.body,
         "headers": headers,
     }
-    if H_DEAD_REASON in headers:
-        error = str(headers.get(H_DEAD_ERROR) or "")
+    deaths = headers.get("x-death")
+    if H_DEAD_REASON in headers and deaths is None:
+        error = _text(headers.get(H_DEAD_ERROR) or "", 4000)
         error_type, _, message = error.partition(": ")
+        consumer = headers.get(H_DEAD_CONSUMER)
         return dead_letters.NewDeadLetter(
             source="consumer",
             route=route,
-            consumer=str(headers.get(H_DEAD_CONSUMER) or _consumer_of(route, None)),
-            reason=str(headers[H_DEAD_REASON]),
-            error_type=error_type or "Error",
+            consumer=_text(consumer, 255) if consumer else _consumer_of(route, None),
+            reason=_text(headers[H_DEAD_REASON], 100),
+            error_type=error_type[:500] or "Error",
             error_message=message or error_type or error or "(no message)",
             error_location="consumer failure path",
-            traceback=headers.get(H_DEAD_TRACEBACK),
+            traceback=_text(headers[H_DEAD_TRACEBACK], 16000)
+            if headers.get(H_DEAD_TRACEBACK) is not None
+            else None,
             **common,
         )
-    deaths = headers.get("x-death")
-    death: dict[str, Any] = deaths[0] if isinstance(deaths, list) and deaths else {}
-    reason = str(death.get("reason") or headers.get("x-first-death-reason") or "unknown")
-    queue = str(death.get("queue") or headers.get("x-first-death-queue") or "")
+    death: dict[str, Any] = {}
+    if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
+        death = deaths[0]
+    reason = _text(death.get("reason") or headers.get("x-first-death-reason") or "unknown", 100)
+    queue = _text(death.get("queue") or headers.get("x-first-death-queue") or "", 255)
     keys = death.get("routing-keys")
     if isinstance(keys, list) and keys:
-        route = route_of_key(str(keys[0]))
+        route = route_of_key(_text(keys[0], 255))
     count = death.get("count", 1)
     return dead_letters.NewDeadLetter(
         source="broker",
@@ -96,8 +127,37 @@ def to_dead_letter(raw: RawDelivery) -> dead_letters.NewDeadLetter:
         error_type="BrokerDeadLetter",
         error_message=f"RabbitMQ dead-lettered it from queue {queue!r}: {reason}",
         error_location=f"queue {queue}",
-        attempts=int(count) if isinstance(count, int) else 1,
+        attempts=count if isinstance(count, int) and not isinstance(count, bool) else 1,
         **common,
+    )
+
+
+def _optional(value: Any) -> str | None:
+    return bounded_text(value, 255) if isinstance(value, str) else None
+
+
+def safe_form(raw: RawDelivery, why: str) -> dead_letters.NewDeadLetter:
+    """The last form a dead letter is filed in: its body (bounded by the store) and plain text
+    only, none of its headers. Stored under a key of its own (source `broker`, hashed), so it
+    can never replace another row."""
+    return dead_letters.NewDeadLetter(
+        source="broker",
+        route=route_of_key(bounded_text(raw.routing_key or "", 255)),
+        consumer="dead_letters",
+        message_id=_optional(raw.message_id),
+        user_id=None,
+        message_type=_optional(raw.message_type),
+        content_type=_optional(raw.content_type),
+        body=raw.body,
+        # The message_id keeps two refused messages with the same body apart (the key hashes it).
+        headers={
+            "x-pkgq-unstorable-headers": bounded_text(why, 500),
+            "message_id": _optional(raw.message_id),
+        },
+        reason="unstorable",
+        error_type="UnstorableDeadLetter",
+        error_message=f"filed without its headers: {why}",
+        error_location="dead-letter ingester",
     )
 
 
@@ -111,18 +171,16 @@ def make_ingester(pool: asyncpg.Pool) -> Processor:
             try:
                 async with conn.transaction():  # a savepoint: the fallback below can follow
                     dead_id = await dead_letters.bury(conn, dead)
-            except asyncpg.DataError as exc:
+                    # Addressed and grouped messages failed for good: waiters and groups hear.
+                    await _finish(conn, raw, dead)
+            except Exception as exc:
+                if is_outage(exc):
+                    raise  # waited out by the consumer, then filed as it is
                 # Something in it Postgres will not store as given: keep the message anyway,
-                # with its headers as text, rather than send it round the queue for ever.
-                log.error("dead_letter_stored_degraded", error=repr(exc))  # noqa: TRY400
-                dead = dataclasses.replace(
-                    dead,
-                    headers={"x-pkgq-unstorable-headers": repr(raw.headers)[:16000]},
-                    error_message=f"{dead.error_message} (headers kept as text: {exc})",
-                )
+                # in its safe form, rather than send it round the queue for ever.
+                log.error("dead_letter_stored_degraded", error=repr(exc)[:500])  # noqa: TRY400
+                dead = safe_form(raw, f"Postgres refused it: {type(exc).__name__}")
                 dead_id = await dead_letters.bury(conn, dead)
-            # Addressed and grouped messages have failed for good: say so to waiters and groups.
-            await _finish(conn, raw, dead)
         log.warning(
             "dead_letter_ingested",
             id=dead_id,
@@ -140,7 +198,7 @@ async def _finish(conn: Conn, raw: RawDelivery, dead: dead_letters.NewDeadLetter
     will never come) blocks its user's later messages no more."""
     if dead.reason == "expired":
         with contextlib.suppress(ValueError):
-            await holds.release_blocked_by(conn, [UUID(str(dead.message_id))])
+            await holds.release_expired_retry(conn, UUID(str(dead.message_id)))
     address, group = job_marks(raw.headers)
     error = f"{dead.reason}: {dead.error_message}"
     await job_state.finish_failed(conn, dead.message_id, address, group, error)

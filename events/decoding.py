@@ -20,7 +20,10 @@ from events.envelope import (
     H_SEQ,
     H_TRACEPARENT,
     H_USER_ID,
+    MAX_ADDRESS,
     Envelope,
+    header_text,
+    preview,
 )
 from events.models import WireModel
 from events.routes import Route
@@ -59,21 +62,29 @@ def _int_header(headers: Mapping[str, Any], name: str, default: int | None) -> i
     value = headers.get(name)
     if value is None:
         return default
-    if isinstance(value, bytes):
-        value = value.decode("ascii", "replace")
+    if isinstance(value, bytes | bytearray):
+        value = bytes(value[:40]).decode("ascii", "replace")
+    readable = not isinstance(value, bool) and isinstance(value, int | str)
     try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise BadMessageError(
-            "invalid_header", f"header {name}={value!r} is not an integer"
-        ) from None
+        if readable and len(str(value)) <= 30:
+            return int(value)
+    except ValueError:
+        pass
+    raise BadMessageError("invalid_header", f"header {name}={preview(value)} is not an integer")
 
 
-def _str_header(headers: Mapping[str, Any], name: str) -> str | None:
+MAX_SEQ = 2**53
+"""A sequence number beyond this is no counter anyone keeps (nor exact in JSON): ignored."""
+
+
+def _bounded_header(headers: Mapping[str, Any], name: str, low: int, high: int) -> int | None:
+    """An integer header pkgq only informs itself with: None unless an int in [low, high).
+    Outsiders set these (x-seq, x-attempt), so a bad one is ignored, never fatal, never
+    trusted: the attempt that counts is the one in Postgres."""
     value = headers.get(name)
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return None if value is None else str(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if low <= value < high else None
 
 
 def decode(route: Route, raw: RawDelivery, *, max_body_bytes: int) -> Decoded:
@@ -115,7 +126,7 @@ def decode(route: Route, raw: RawDelivery, *, max_body_bytes: int) -> Decoded:
     except ValidationError as exc:
         kind = "invalid_json" if exc.errors()[0]["type"] == "json_invalid" else "schema_invalid"
         raise BadMessageError(kind, _summarise(exc)) from None
-    header_user = _str_header(raw.headers, H_USER_ID)
+    header_user = header_text(raw.headers, H_USER_ID, 64)
     if header_user is not None and header_user != str(body.user_id):
         raise BadMessageError(
             "schema_invalid", f"{H_USER_ID}={header_user} differs from body user_id {body.user_id}"
@@ -125,11 +136,11 @@ def decode(route: Route, raw: RawDelivery, *, max_body_bytes: int) -> Decoded:
         message_type=route.message_type,
         schema_version=version,
         user_id=body.user_id,
-        seq=_int_header(raw.headers, H_SEQ, None),
-        attempt=_int_header(raw.headers, H_ATTEMPT, 1) or 1,
+        seq=_bounded_header(raw.headers, H_SEQ, 0, MAX_SEQ),
+        attempt=_bounded_header(raw.headers, H_ATTEMPT, 1, 2**31) or 1,
         timestamp=raw.timestamp or datetime.now(UTC),
-        traceparent=_str_header(raw.headers, H_TRACEPARENT),
-        address=_str_header(raw.headers, H_ADDRESS),
+        traceparent=header_text(raw.headers, H_TRACEPARENT, 256),
+        address=header_text(raw.headers, H_ADDRESS, MAX_ADDRESS),
         group_id=_uuid_header(raw.headers, H_GROUP),
         expires_at=_time_header(raw.headers, H_EXPIRES_AT),
     )
@@ -137,25 +148,27 @@ def decode(route: Route, raw: RawDelivery, *, max_body_bytes: int) -> Decoded:
 
 
 def _uuid_header(headers: Mapping[str, Any], name: str) -> UUID | None:
-    value = _str_header(headers, name)
+    value = headers.get(name)
     if value is None:
         return None
     try:
-        return UUID(value)
+        return UUID(header_text(headers, name, 64) or "")
     except ValueError:
-        raise BadMessageError("invalid_header", f"header {name}={value!r} is not a UUID") from None
+        raise BadMessageError(
+            "invalid_header", f"header {name}={preview(value)} is not a UUID"
+        ) from None
 
 
 def _time_header(headers: Mapping[str, Any], name: str) -> datetime | None:
     value = headers.get(name)
     if value is None or isinstance(value, datetime):
         return value.replace(tzinfo=value.tzinfo or UTC) if value is not None else None
-    text = _str_header(headers, name) or ""
+    text = header_text(headers, name, 64) or ""
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:
         raise BadMessageError(
-            "invalid_header", f"header {name}={text!r} is not an ISO 8601 time"
+            "invalid_header", f"header {name}={preview(value)} is not an ISO 8601 time"
         ) from None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 

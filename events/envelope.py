@@ -50,23 +50,86 @@ BROKER_HEADERS = (
 )
 
 
-def jsonable(value: Any) -> Any:
-    """AMQP header values (bytes, datetimes, decimals, nested tables) as plain JSON values."""
+MAX_HEADER_DEPTH = 16
+"""Deeper header tables are kept as a marker: nothing pkgq reads is nested, and walking an
+outsider's 600-deep table (in repr, json, Postgres) is how a consumer dies."""
+MAX_HEADER_TEXT = 4096
+"""Longer header strings are cut to this many characters (the length is said)."""
+MAX_HEADER_ITEMS = 256
+"""Entries kept per header table or array."""
+
+
+def jsonable(value: Any, depth: int = 0) -> Any:
+    """AMQP header values (bytes, datetimes, decimals, nested tables) as plain JSON values,
+    bounded in depth, width and text size: total for any value an outsider can send."""
     if isinstance(value, dict):
-        return {clean_text(str(k)): jsonable(v) for k, v in value.items()}
+        if depth >= MAX_HEADER_DEPTH:
+            return "(table nested too deep, dropped)"
+        items = list(value.items())
+        kept = {
+            bounded_text(k if isinstance(k, str) else _scalar_text(k), 255): jsonable(v, depth + 1)
+            for k, v in items[:MAX_HEADER_ITEMS]
+        }
+        if len(items) > MAX_HEADER_ITEMS:
+            kept["(dropped)"] = f"{len(items) - MAX_HEADER_ITEMS} more entries"
+        return kept
     if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
+        if depth >= MAX_HEADER_DEPTH:
+            return "(array nested too deep, dropped)"
+        kept_list = [jsonable(v, depth + 1) for v in value[:MAX_HEADER_ITEMS]]
+        if len(value) > MAX_HEADER_ITEMS:
+            kept_list.append(f"({len(value) - MAX_HEADER_ITEMS} more entries dropped)")
+        return kept_list
     if isinstance(value, bytes | bytearray):
-        return clean_text(bytes(value).decode("utf-8", "replace"))
+        return bounded_text(bytes(value[: MAX_HEADER_TEXT * 4]).decode("utf-8", "replace"))
     if isinstance(value, datetime):
         return value.isoformat()
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)  # JSON (and Postgres jsonb) has no NaN or Infinity
-    if isinstance(value, str):
-        return clean_text(value)
-    if value is None or isinstance(value, bool | int | float):
+    if isinstance(value, bool) or value is None:
         return value
-    return clean_text(str(value))
+    if isinstance(value, int):
+        # Beyond 64 bits it is no AMQP integer, and huge ints do not even print as text.
+        return value if -(2**63) <= value < 2**64 else "(integer out of range)"
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)  # JSON has no NaN or Infinity
+    if isinstance(value, str):
+        return bounded_text(value)
+    return bounded_text(_scalar_text(value))
+
+
+def _scalar_text(value: Any) -> str:
+    """A scalar (a Decimal, a UUID) as text; a container's type only (its str would walk it)."""
+    if isinstance(value, tuple | frozenset | set):
+        return type(value).__name__
+    try:
+        return str(value)
+    except Exception:  # noqa: BLE001  (a str() that fails is reported, not raised)
+        return type(value).__name__
+
+
+def bounded_text(value: str, limit: int = MAX_HEADER_TEXT) -> str:
+    """`value` cleaned for Postgres and cut to `limit` characters, saying how long it was."""
+    if len(value) > limit:
+        value = f"{value[:limit]}... ({len(value)} characters)"
+    return clean_text(value)
+
+
+def header_text(headers: Mapping[str, Any], name: str, limit: int = MAX_HEADER_TEXT) -> str | None:
+    """A header that should be text: None when absent or of another type (a table, a number),
+    cut to `limit` characters. Never the repr of an outsider's value."""
+    value = headers.get(name)
+    if isinstance(value, bytes | bytearray):
+        value = bytes(value[: limit * 4]).decode("utf-8", "replace")
+    return bounded_text(value, limit) if isinstance(value, str) else None
+
+
+def preview(value: Any, limit: int = 80) -> str:
+    """A short, safe description of a header value for an error message."""
+    if isinstance(value, int) and not -(2**64) < value < 2**64:
+        return "an integer out of range"
+    if isinstance(value, str | bytes | bytearray | int | float | bool):
+        text = value.decode("utf-8", "replace") if isinstance(value, bytes | bytearray) else value
+        return repr(bounded_text(str(text)[: limit + 1], limit))
+    return f"a {type(value).__name__}"
 
 
 def clean_text(value: str) -> str:
@@ -76,19 +139,16 @@ def clean_text(value: str) -> str:
 
 def job_marks(headers: Mapping[str, Any]) -> tuple[str | None, UUID | None]:
     """The address and group a message's headers name (None where absent or unreadable)."""
-
-    def text(name: str) -> str | None:
-        value = headers.get(name)
-        if isinstance(value, bytes | bytearray):
-            value = bytes(value).decode("utf-8", "replace")
-        return None if value is None else str(value)
-
-    group = text(H_GROUP)
+    group = header_text(headers, H_GROUP, 64)
     try:
         group_id = UUID(group) if group is not None else None
     except ValueError:
         group_id = None
-    return text(H_ADDRESS), group_id
+    return header_text(headers, H_ADDRESS, MAX_ADDRESS), group_id
+
+
+MAX_ADDRESS = 500
+"""Addresses are names an API caller chose; longer ones are cut (and will match nothing)."""
 
 
 def republished_headers(headers: Mapping[str, Any], updates: Mapping[str, Any]) -> dict[str, Any]:

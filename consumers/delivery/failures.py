@@ -2,11 +2,15 @@
 
 - a broken domain rule or a `Bury` from the handler: buried at once, holding nothing back;
 - anything else (`Retry` with its own delay): the same message is scheduled again through the
-  outbox at now + backoff(attempt), with the attempt count in `x-attempt`, and the user's later
+  outbox at now + backoff(attempt), and the user's later
   messages are held behind it; after the policy's last attempt (or when the next attempt would
   come after its TTL) it is buried, and a buried message keeps holding its user until an
   operator replays or discards it.
 Every statement here runs in the delivery's transaction: a rollback undoes the verdict too.
+
+The attempt is the count in Postgres (infra/postgres/attempts.py), one more per failure of the
+message in its replay generation; `x-attempt` on a retry is for people to read, and is never
+believed, since whoever publishes can set it.
 """
 
 from __future__ import annotations
@@ -32,12 +36,13 @@ from events.envelope import (
     H_REPLAY_GENERATION,
     H_USER_ID,
     Envelope,
+    header_text,
     job_marks,
     jsonable,
     republished_headers,
 )
 from events.routes import UNTRUSTED_PUBLISHER, Route
-from infra.postgres import dead_letters, holds, job_state, outbox
+from infra.postgres import attempts, dead_letters, holds, job_state, outbox
 from infra.postgres.pool import Conn
 from infra.rabbit.outcomes import Outcome
 
@@ -114,17 +119,22 @@ class Failures:
     ) -> Verdict:
         """The handler failed this attempt: bury a broken domain rule or a `Bury`, retry
         anything else (`Retry` with its own delay)."""
+        envelope = decoded.envelope
+        attempt = await attempts.count_failure(
+            conn, self.consumer, envelope.message_id, _generation(raw.headers), envelope.attempt
+        )
         if isinstance(exc, DomainError | Bury):
             reason = exc.reason if isinstance(exc, Bury) else "domain_rule"
-            attempt = decoded.envelope.attempt
             await self.bury(conn, raw, reason, exc, attempts=attempt, decoded=decoded)
             log.warning("dead_lettered", reason=reason, error=str(exc))
             drain = await self.done_with_blocker(conn, decoded.envelope.message_id, hold)
             return Verdict(Outcome.DEAD_LETTERED, drain)
         if isinstance(exc, TTRExceededError):  # struck out: see the pipeline's TTR loop
-            return await self.give_up(conn, decoded, raw, exc, "ttr", None)
+            return await self.give_up(conn, decoded, raw, exc, "ttr", None, attempt)
         delay = exc.delay if isinstance(exc, Retry) else None
-        return await self._retry_or_bury(conn, decoded, raw, exc, now, delay=delay, hold=hold)
+        return await self._retry_or_bury(
+            conn, decoded, raw, exc, now, attempt, delay=delay, hold=hold
+        )
 
     async def expired(
         self, conn: Conn, decoded: Decoded, raw: RawDelivery, hold: holds.Hold | None
@@ -144,16 +154,16 @@ class Failures:
         exc: Exception,
         reason: str,
         first_failed: datetime | None,
+        attempt: int,
     ) -> Verdict:
         """Bury a message that used up its attempts; its user's later messages wait behind it
         until an operator replays or discards it."""
         envelope = decoded.envelope
-        attempt = envelope.attempt
         info = describe(exc)
         await self.bury(
             conn, raw, reason, exc, attempts=attempt, first_failed_at=first_failed, decoded=decoded
         )
-        await self._hold(conn, envelope, "buried", info)
+        await self._hold(conn, envelope, "buried", info, attempt)
         log.error("dead_lettered", reason=reason, attempts=attempt, error=info.message)
         return Verdict(Outcome.DEAD_LETTERED, holds_user=envelope.user_id is not None)
 
@@ -164,6 +174,7 @@ class Failures:
         raw: RawDelivery,
         exc: Exception,
         now: datetime,
+        attempt: int,
         *,
         delay: float | None,
         hold: holds.Hold | None,
@@ -171,14 +182,15 @@ class Failures:
         """Schedule the next attempt after `delay` s (None: the policy's backoff), or bury the
         message if this was its last attempt (or its next one would come after its TTL)."""
         envelope = decoded.envelope
-        attempt = envelope.attempt
         info = describe(exc)
         headers = jsonable(dict(raw.headers))
         first_failed = _first_failed_at(headers)
         backoff = self.policy.delay_after(attempt)
         user = envelope.user_id
         if backoff is None:
-            return await self.give_up(conn, decoded, raw, exc, "max_attempts", first_failed)
+            return await self.give_up(
+                conn, decoded, raw, exc, "max_attempts", first_failed, attempt
+            )
         wait = backoff if delay is None else delay
         expires_at = envelope.expires_at
         if expires_at is not None and now + timedelta(seconds=wait) >= expires_at:
@@ -210,7 +222,7 @@ class Failures:
             # A replay starts a new generation of attempts, with retries of its own.
             dedup_key=(
                 f"retry:{self.consumer}:{envelope.message_id}:"
-                f"{headers.get(H_REPLAY_GENERATION, 0)}:{attempt + 1}"
+                f"{_generation(raw.headers)}:{attempt + 1}"
             ),
         )
         if not await outbox.enqueue(conn, [retry]):
@@ -218,7 +230,7 @@ class Failures:
             # a crash before the ack): the hold is as that first failure left it.
             log.info("retry_already_scheduled", attempt=attempt)
             return Verdict(Outcome.RETRY_SCHEDULED, holds_user=user is not None)
-        await self._hold(conn, envelope, "retrying", info)
+        await self._hold(conn, envelope, "retrying", info, attempt)
         log.warning(
             "retry_scheduled",
             attempt=attempt,
@@ -237,7 +249,9 @@ class Failures:
             return True
         return hold is not None and hold.blocker is None
 
-    async def _hold(self, conn: Conn, envelope: Envelope, state: str, info: ErrorInfo) -> None:
+    async def _hold(
+        self, conn: Conn, envelope: Envelope, state: str, info: ErrorInfo, attempt: int
+    ) -> None:
         """The message holds its user's later messages back while it is `state`."""
         if envelope.user_id is not None:
             await holds.hold(
@@ -246,7 +260,7 @@ class Failures:
                 envelope.user_id,
                 envelope.message_id,
                 state=state,
-                attempts=envelope.attempt,
+                attempts=attempt,
                 error=f"{info.error_type}: {info.message}",
             )
 
@@ -303,17 +317,22 @@ class Failures:
         )
 
 
+def _generation(headers: Any) -> int:
+    """The replay generation a message is in (set by `pkgq dlq dig`); 0 if none or unreadable."""
+    value = headers.get(H_REPLAY_GENERATION, 0)
+    readable = isinstance(value, int) and not isinstance(value, bool)
+    return value if readable and 0 <= value < 2**31 else 0
+
+
 def _priority(headers: dict[str, Any]) -> int:
     value = headers.get(H_PRIORITY, 0)
     return value if isinstance(value, int) and 0 <= value <= 2 else 0
 
 
 def _user_of(raw: RawDelivery) -> UUID | None:
-    value = raw.headers.get(H_USER_ID)
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
+    value = header_text(raw.headers, H_USER_ID, 64)
     try:
-        return UUID(str(value)) if value is not None else None
+        return UUID(value) if value is not None else None
     except ValueError:
         return None
 

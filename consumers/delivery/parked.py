@@ -161,7 +161,7 @@ class ParkingLot:
             if first is None or first.message_id != parked.message_id:
                 return  # drained meanwhile by someone else
             ready, _ = decode_all(self.route, [(0, raw)], max_body_bytes=self._max_body_bytes)
-            await self._failures.give_up(conn, ready[0].decoded, raw, exc.error, "ttr", None)
+            await self._failures.give_up(conn, ready[0].decoded, raw, exc.error, "ttr", None, count)
 
 
 class _ParkedTimedOutError(Exception):

@@ -24,6 +24,7 @@ from events.envelope import (
     H_SCHEMA_VERSION,
     H_SEQ,
     clean_text,
+    preview,
     republished_headers,
 )
 from events.routes import ROUTES, UNTRUSTED_PUBLISHER
@@ -31,6 +32,8 @@ from infra.postgres import outbox, transitions
 from infra.postgres.pool import Conn
 
 STATUSES = ("buried", "replayed", "discarded")
+MAX_STORED_BODY = 64 * 1024
+"""A longer body is stored as its first 64 KiB, with its full size and sha256."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +72,10 @@ async def bury(conn: Conn, dead: NewDeadLetter) -> int:
     """Store a dead letter, or refresh the row of the same message. Returns its id.
 
     A message that fails again after a replay goes back to `buried` with its new error. A broker
-    dead letter delivered twice to the ingester is the same event, and keeps its status.
+    dead letter delivered twice to the ingester is the same event, and keeps its status. A later
+    filing never replaces the stored body and headers (the message as first buried is what a
+    replay sends): a message_id is no proof of identity, and anyone can publish one they know.
+    It is counted in `repeats`.
     """
     return int(
         await conn.fetchval(
@@ -77,12 +83,11 @@ async def bury(conn: Conn, dead: NewDeadLetter) -> int:
             INSERT INTO telecom.dead_letters
                 (dedup_key, source, route, consumer, message_id, user_id, message_type,
                  content_type, body, headers, reason, error_type, error_message, error_location,
-                 traceback, attempts, first_failed_at)
+                 traceback, attempts, first_failed_at, body_size, body_sha256)
             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::text::jsonb, $11, $12, $13, $14,
-                    $15, $16, coalesce($17, now()))
+                    $15, $16, coalesce($17, now()), $18, $19)
             ON CONFLICT (dedup_key) DO UPDATE SET
-                body = excluded.body,
-                headers = excluded.headers,
+                repeats = dead_letters.repeats + 1,
                 reason = excluded.reason,
                 error_type = excluded.error_type,
                 error_message = excluded.error_message,
@@ -102,15 +107,17 @@ async def bury(conn: Conn, dead: NewDeadLetter) -> int:
             dead.user_id,
             _clean(dead.message_type),
             _clean(dead.content_type),
-            dead.body,
+            dead.body[:MAX_STORED_BODY],
             json.dumps(dead.headers),
             clean_text(dead.reason),
             clean_text(dead.error_type[:500]),
             clean_text(dead.error_message[:4000]),
             clean_text(dead.error_location[:500]),
             _clean(dead.traceback[-16000:] if dead.traceback else None),
-            dead.attempts,
+            max(-(2**31), min(dead.attempts, 2**31 - 1)),
             dead.first_failed_at,
+            len(dead.body),
+            hashlib.sha256(dead.body).hexdigest(),
         )
     )
 
@@ -247,11 +254,14 @@ def _replay_message(row: Any) -> outbox.OutboxMessage | str:
         message_id = UUID(row["message_id"] or "")
     except ValueError:
         return f"message_id {row['message_id']!r} is not a UUID; republish it with `pkgq publish`"
+    size = row.get("body_size")
+    if size is not None and size > len(row["body"]):
+        return f"only the first {len(row['body'])} of its {size} bytes were kept"
     headers = as_dict(row["headers"])
-    try:
-        schema_version = int(headers.get(H_SCHEMA_VERSION) or route.schema_version)
-    except (TypeError, ValueError):
-        return f"header {H_SCHEMA_VERSION}={headers.get(H_SCHEMA_VERSION)!r} is not a version"
+    version = headers.get(H_SCHEMA_VERSION) or route.schema_version
+    schema_version = _natural(version, 2**15)
+    if not schema_version:
+        return f"header {H_SCHEMA_VERSION}={preview(version)} is not a version"
     replay_no = row["replay_count"]
     seq = headers.get(H_SEQ)
     return outbox.OutboxMessage(
@@ -260,7 +270,7 @@ def _replay_message(row: Any) -> outbox.OutboxMessage | str:
         schema_version=schema_version,
         body=bytes(row["body"]),
         user_id=row["user_id"],
-        seq=int(seq) if isinstance(seq, int | str) and str(seq).isdigit() else None,
+        seq=_natural(seq, 2**53),
         message_id=message_id,
         # Revived without its old TTL (seed 004's dig sets a new one, or none).
         headers={
@@ -273,6 +283,15 @@ def _replay_message(row: Any) -> outbox.OutboxMessage | str:
         },
         dedup_key=f"replay:{row['id']}:{replay_no}",
     )
+
+
+def _natural(value: Any, below: int) -> int | None:
+    """A stored header as a number in [0, below), whether stored as a number or as digits."""
+    if isinstance(value, str) and value.isdigit() and len(value) <= len(str(below)):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 0 <= value < below else None
 
 
 async def replay(
@@ -289,7 +308,7 @@ async def replay(
     rows = await conn.fetch(
         """
         SELECT id, route, message_id, user_id, message_type, body, headers::text AS headers,
-               replay_count, reason
+               replay_count, reason, body_size
         FROM telecom.dead_letters
         WHERE id = ANY($1::bigint[]) AND status::text = ANY($2::text[])
         ORDER BY first_failed_at, id

@@ -110,6 +110,24 @@ async def release_blocked_by(conn: Conn, message_ids: Sequence[UUID]) -> int:
     return int(status.split()[-1])
 
 
+async def release_expired_retry(conn: Conn, message_id: UUID) -> int:
+    """The broker dead-lettered `message_id` as expired: if it is a retry pkgq itself sent with
+    a TTL that has run out, it will never come, so the holds it blocks are released. Only then:
+    anyone can publish a message that expires on the broker, and its message_id proves nothing.
+    Returns how many holds were released."""
+    status = await conn.execute(
+        """
+        UPDATE telecom.holds SET blocker = NULL, state = 'releasing', updated_at = now()
+        WHERE blocker = $1
+          -- (a minute of slack: the broker's clock ran the TTL, not this one)
+          AND EXISTS (SELECT 1 FROM telecom.outbox o
+                      WHERE o.message_id = $1 AND o.expires_at <= now() + interval '1 minute')
+        """,
+        message_id,
+    )
+    return int(status.split()[-1])
+
+
 async def drop(conn: Conn, consumer: str, user_id: UUID) -> None:
     await conn.execute(
         "DELETE FROM telecom.holds WHERE consumer = $1 AND user_id = $2", consumer, user_id

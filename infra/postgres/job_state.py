@@ -18,7 +18,14 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID, uuid4
 
-from events.envelope import H_ADDRESS, H_GROUP, H_GROUP_END, Envelope
+from events.envelope import (
+    H_ADDRESS,
+    H_GROUP,
+    H_GROUP_END,
+    MAX_ADDRESS,
+    Envelope,
+    header_text,
+)
 from infra.postgres import dead_letters, holds, outbox
 from infra.postgres.pool import Conn
 
@@ -428,8 +435,9 @@ async def expire_rows(conn: Conn, rows: Sequence[outbox.ClaimedRow]) -> None:
         [
             Finished(
                 r.message_id,
-                r.headers.get(H_ADDRESS),
-                _uuid_or_none(r.headers.get(H_GROUP)),
+                # A retry carries its sender's headers: text only, whatever they sent.
+                header_text(r.headers, H_ADDRESS, MAX_ADDRESS),
+                _uuid_or_none(header_text(r.headers, H_GROUP, 64)),
                 ok=False,
                 error="expired",
             )

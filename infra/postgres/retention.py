@@ -44,6 +44,9 @@ TARGETS = (
     Target("job_groups", "telecom.job_groups", "id", "finished_at < {cutoff}"),
     Target("unique_keys", "telecom.unique_keys", "unique_key", "expires_at < now()"),
     Target("ttr_strikes", "telecom.ttr_strikes", "ctid", "last_at < {cutoff}"),
+    # A message's failed attempts, last counted before the retention: its retries are long over
+    # (the longest backoff is days shorter), and a replay counts in a new generation anyway.
+    Target("attempts", "telecom.attempts", "ctid", "last_at < {cutoff}"),
     Target("workers", "telecom.workers", "id", "stopped_at < {cutoff}"),
 )
 BATCHES = "batches"

@@ -32,7 +32,7 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
-from events.envelope import H_USER_ID
+from events.envelope import H_USER_ID, header_text
 from events.partitioning import route_of_key
 from infra.observability import IN_FLIGHT, MESSAGES
 from infra.rabbit import settle
@@ -202,8 +202,8 @@ class QueueConsumer:
                     getter.cancel()
                     break
                 message = getter.result()
-                user = (message.headers or {}).get(H_USER_ID)
-                key = user if isinstance(user, bytes) else str(user or "").encode()
+                user = header_text(message.headers or {}, H_USER_ID, 64)  # never a table's str
+                key = (user or "").encode()
                 self._lane_queues[zlib.crc32(key) % self.lanes].put_nowait(message)
                 for worker in workers:
                     if worker.done():

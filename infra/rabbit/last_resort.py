@@ -19,6 +19,7 @@ from events.envelope import (
     H_DEAD_ERROR,
     H_DEAD_REASON,
     H_DEAD_TRACEBACK,
+    republished_headers,
 )
 from infra.rabbit.deliveries import channel_open
 from infra.rabbit.outcomes import Outcome
@@ -47,7 +48,9 @@ async def copy_to_dead_letters(
         with contextlib.suppress(Exception):
             await message.nack(requeue=True)
         return False
-    headers = dict(message.headers or {})
+    # Without any x-death or x-pkgq-dead-* it came with: the ingester believes the dead-letter
+    # headers only on a message without x-death, and these must be pkgq's own, not a sender's.
+    headers = republished_headers(message.headers or {}, {})
     headers.update(
         {
             H_DEAD_REASON: reason,

@@ -11,7 +11,7 @@ import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
 from events.decoding import RawDelivery
-from events.envelope import H_TRACEPARENT, H_USER_ID
+from events.envelope import H_TRACEPARENT, H_USER_ID, header_text
 from infra.observability import MESSAGES, PROCESSING
 from infra.rabbit.outcomes import Outcome, Result
 from infra.tracing import trace_id_of
@@ -62,16 +62,11 @@ def record(
             "processed",
             route=queue_name,
             message_id=raw.message_id,
-            user_id=_text(raw.headers.get(H_USER_ID)),
-            trace_id=result.trace_id or trace_id_of(_text(raw.headers.get(H_TRACEPARENT))),
+            # Headers are an outsider's data: text only, bounded (never a table's repr).
+            user_id=header_text(raw.headers, H_USER_ID, 64),
+            trace_id=result.trace_id or trace_id_of(header_text(raw.headers, H_TRACEPARENT, 256)),
             outcome=result.outcome.value,
             batch=len(raws),
             ms=round(own * 1000, 2) if own is not None else None,
             batch_ms=batch_ms,
         )
-
-
-def _text(value: object) -> str | None:
-    if isinstance(value, bytes | bytearray):
-        return bytes(value).decode("utf-8", "replace")
-    return None if value is None else str(value)

@@ -25,6 +25,7 @@ EXPECTED = {
     "job_groups": 1,
     "unique_keys": 3,
     "ttr_strikes": 2,
+    "attempts": 2,
     "workers": 1,
 }
 """What _populate leaves past retention, per table."""
@@ -100,6 +101,13 @@ async def _populate(pool: asyncpg.Pool) -> None:
                 f"VALUES ('usage_record', $1, {when})",
                 uuid4(),
             )
+        # attempts: 2 last counted long ago, 1 recently
+        for when in (OLD, OLD, RECENT):
+            await conn.execute(
+                "INSERT INTO telecom.attempts (consumer, message_id, attempts, last_claim, "
+                f"last_at) VALUES ('usage_record', $1, 3, 3, {when})",
+                uuid4(),
+            )
         # workers: 1 stopped long ago, 1 stopped recently, 1 alive with an old heartbeat
         for name, stopped, heartbeat in (
             ("gone", OLD, OLD),
@@ -143,8 +151,8 @@ async def test_prune_deletes_only_what_is_past_retention_in_bounded_batches(
     counts = await retention.prune(pool, RETENTION, batch_size=10)
 
     assert {k: v for k, v in counts.items() if k != retention.BATCHES} == EXPECTED
-    # inbox 10+10+8, outbox 10+2, then one short batch for each of the five other tables
-    assert counts[retention.BATCHES] == 3 + 2 + 5
+    # inbox 10+10+8, outbox 10+2, then one short batch for each of the six other tables
+    assert counts[retention.BATCHES] == 3 + 2 + 6
     after = await _table_counts(pool)
     for table, gone in EXPECTED.items():
         assert after[table] == before[table] - gone, table

@@ -8,7 +8,17 @@ from uuid import uuid4
 import pytest
 
 from events.decoding import BadMessageError, RawDelivery, decode
-from events.envelope import CONTENT_TYPE, H_ATTEMPT, H_SCHEMA_VERSION, H_SEQ, H_USER_ID
+from events.envelope import (
+    CONTENT_TYPE,
+    H_ADDRESS,
+    H_ATTEMPT,
+    H_EXPIRES_AT,
+    H_GROUP,
+    H_SCHEMA_VERSION,
+    H_SEQ,
+    H_TRACEPARENT,
+    H_USER_ID,
+)
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 
@@ -68,3 +78,51 @@ def test_each_bad_delivery_is_refused_with_its_own_reason(
         decode(USAGE_RECORD, delivery, max_body_bytes=1024)
     assert refused.value.reason == reason
     assert refused.value.detail
+
+
+def nested_table(depth: int) -> dict[str, object]:
+    table: dict[str, object] = {"bottom": 1}
+    for _ in range(depth - 1):
+        table = {"a": table}
+    return table
+
+
+@pytest.mark.parametrize(
+    ("seq", "attempt"),
+    [(-1, -(10**6)), (2**53, 0), (2**62, 10**12), ("7", "2"), (True, True), ({"t": 1}, [1])],
+)
+def test_an_out_of_range_or_mistyped_seq_or_attempt_is_ignored_not_fatal(
+    seq: object, attempt: object
+) -> None:
+    headers = {H_SCHEMA_VERSION: 1, H_USER_ID: str(USER), H_SEQ: seq, H_ATTEMPT: attempt}
+    decoded = decode(USAGE_RECORD, raw(headers=headers), max_body_bytes=1024)
+    assert (decoded.envelope.seq, decoded.envelope.attempt) == (None, 1)
+
+
+@pytest.mark.parametrize("value", [nested_table(600), "x" * 100_000, 12, [1, 2], b"\xff" * 10])
+def test_any_value_of_a_text_header_decodes_or_is_refused_with_a_short_reason(
+    value: object,
+) -> None:
+    refusals: list[BadMessageError] = []
+    for name in (H_USER_ID, H_TRACEPARENT, H_ADDRESS, H_GROUP, H_EXPIRES_AT):
+        headers = {H_SCHEMA_VERSION: 1, name: value}
+        try:
+            decoded = decode(USAGE_RECORD, raw(headers=headers), max_body_bytes=1024)
+        except BadMessageError as refused:
+            refusals.append(refused)
+            continue
+        assert decoded.envelope.user_id == USER
+        assert len(decoded.envelope.address or "") <= 600
+        assert len(decoded.envelope.traceparent or "") <= 300
+    # A user id that is text but not the body's is a schema error; anything else unreadable is
+    # a bad header. Either way the reason is short: never the repr of what was sent.
+    assert {r.reason for r in refusals} <= {"invalid_header", "schema_invalid"}
+    assert all(len(r.detail) < 300 for r in refusals)
+
+
+def test_a_600_deep_schema_version_header_is_refused_with_a_short_reason() -> None:
+    headers = {H_SCHEMA_VERSION: nested_table(600)}
+    with pytest.raises(BadMessageError) as refused:
+        decode(USAGE_RECORD, raw(headers=headers), max_body_bytes=1024)
+    assert refused.value.reason == "invalid_header"
+    assert "a dict" in refused.value.detail

@@ -18,7 +18,7 @@ import pytest
 import typer
 from pydantic import ValidationError
 
-from consumers import retry_policy
+from consumers import ingest, retry_policy
 from consumers.delivery import describe
 from consumers.dlq_cli import parse_duration, parse_since
 from consumers.ingest import to_dead_letter
@@ -537,12 +537,72 @@ def test_a_last_resort_copy_without_consumer_header_uses_the_route_short_name() 
     assert dead.traceback is None
 
 
-def test_a_last_resort_copy_wins_over_an_x_death_header() -> None:
+def test_pkgq_dead_headers_on_a_broker_dead_letter_are_not_believed() -> None:
+    # The broker adds x-death; pkgq's last-resort copy has none (it strips any it carried), so
+    # x-pkgq-dead-* next to x-death were written by whoever published the original message.
     headers = {**x_death(reason="expired", queue="q1"), H_DEAD_REASON: "handler_error"}
     dead = to_dead_letter(delivery(headers))
+    assert dead.source == "broker"
+    assert dead.reason == "expired"
+
+
+def test_an_integer_dead_traceback_header_is_filed_as_text() -> None:
+    dead = to_dead_letter(delivery({H_DEAD_REASON: "handler_error", H_DEAD_TRACEBACK: 42}))
+    assert dead.traceback == "42"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"a": {"b": {"c": 1}}},
+        12,
+        ["x"] * 3,
+        "x" * 100_000,
+        None,
+        True,
+    ],
+)
+def test_a_last_resort_copy_with_any_type_of_pkgq_header_is_filed_with_bounded_text(
+    value: object,
+) -> None:
+    headers = {
+        H_DEAD_REASON: value if value is not None else "r",
+        H_DEAD_ERROR: value,
+        H_DEAD_CONSUMER: value,
+        H_DEAD_TRACEBACK: value,
+    }
+    dead = to_dead_letter(delivery(headers))
     assert dead.source == "consumer"
-    assert dead.reason == "handler_error"
-    assert dead.error_type == "Error"
+    assert len(dead.reason) <= 200
+    assert len(dead.consumer) <= 300
+    assert len(dead.error_message) <= 5000
+    assert dead.traceback is None or len(dead.traceback) <= 17000
+
+
+def test_a_dead_letter_whose_headers_cannot_be_read_is_filed_in_its_safe_form(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def unreadable(*_: object) -> object:
+        raise RecursionError("deeper than anything expected")
+
+    monkeypatch.setattr(ingest, "jsonable", unreadable)
+    first = to_dead_letter(delivery({"x": 1}, message_id="m-1"))
+    second = to_dead_letter(delivery({"x": 1}, message_id="m-2"))
+    assert (first.reason, first.source, first.body) == ("unstorable", "broker", b'{"x": 1}')
+    assert "RecursionError" in first.error_message
+    assert first.dedup_key() != second.dedup_key()  # same body, two messages: two rows
+
+
+def test_a_header_table_nested_600_deep_is_kept_to_a_bounded_depth() -> None:
+    deep: object = "bottom"
+    for _ in range(600):
+        deep = {"a": deep}
+    dead = to_dead_letter(delivery({"deep": deep, H_USER_ID: 7}))
+    depth, level = 0, dead.headers["deep"]
+    while isinstance(level, dict):
+        depth, level = depth + 1, level["a"]
+    assert depth < 20
+    assert "too deep" in str(level)
 
 
 def test_the_x_user_id_header_is_parsed_into_a_uuid() -> None:
@@ -847,6 +907,17 @@ def test_replay_drops_a_seq_header_that_is_not_a_natural_number(seq: object) -> 
 def test_replay_refuses_rather_than_crashes_on_a_non_numeric_schema_version_header() -> None:
     result = _replay_message(replay_row(headers={H_SCHEMA_VERSION: "v1"}))
     assert isinstance(result, str)
+
+
+@pytest.mark.parametrize("version", [10**12, "9" * 4000, -1, {"v": 1}])
+def test_replay_refuses_a_schema_version_no_column_can_hold(version: object) -> None:
+    result = _replay_message(replay_row(headers={H_SCHEMA_VERSION: version}))
+    assert isinstance(result, str)
+    assert len(result) < 200
+
+
+def test_replay_drops_a_seq_beyond_what_a_bigint_holds() -> None:
+    assert replayed(replay_row(headers={H_SEQ: "9" * 4000})).seq is None
 
 
 # --- events/envelope.py: jsonable and republished_headers -------------------------------------
