@@ -4,6 +4,10 @@ Two tiers:
 - an *outage* (the database or broker is unreachable, shutting down, out of disk, failing over,
   or not migrated yet) says nothing about the message: it is retried in place for as long as it
   lasts, never dead-lettered;
+  A permission error (SQLSTATE 42501, a grant revoked from the runtime role or never given) is
+  an outage too: the message is fine and the deployment is not, so burying it would lose work
+  an operator can restore with one GRANT. It is logged as an error at once (`needs_operator`):
+  unlike a restarting server, it will not clear on its own;
 - a *blip* (serialization failure, deadlock, lock or statement timeout, a cached plan
   invalidated by a migration) is retried a few times, briefly; if it persists it is treated as
   the message's own failure, so one message can never block its route forever.
@@ -36,8 +40,11 @@ OUTAGE_SQLSTATES = frozenset(
         "25006",  # read-only transaction: a failover in progress
         "3F000",  # schema missing: consumers started before `pkgq migrate`
         "42P01",  # table missing: the same
+        "42501",  # insufficient privilege: a grant missing from the runtime role
     }
 )
+OPERATOR_SQLSTATES = frozenset({"42501", "3F000", "42P01"})
+"""Outages that only an operator ends (a grant, a migration): alert at once, never bury."""
 BLIP_SQLSTATES = frozenset({"55P03", "57014"})  # lock not available; statement timeout
 
 
@@ -69,6 +76,11 @@ def is_outage(exc: BaseException) -> bool:
             ChannelInvalidStateError,
         ),
     )
+
+
+def needs_operator(exc: BaseException) -> bool:
+    """An outage that will not clear by itself: log it as an error from the first time."""
+    return isinstance(exc, asyncpg.PostgresError) and _sqlstate(exc) in OPERATOR_SQLSTATES
 
 
 def is_transient(exc: BaseException) -> bool:
