@@ -166,7 +166,7 @@ def stats_cmd(
     settings = load_settings()
 
     async def go() -> dict[str, dict[str, Any]]:
-        async with database(settings.postgres_dsn) as conn:
+        async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
             return await route_stats(settings, conn)
 
     table = _run(go())
