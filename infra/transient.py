@@ -3,11 +3,10 @@
 Two tiers:
 - an *outage* (the database or broker is unreachable, shutting down, out of disk, failing over,
   or not migrated yet) says nothing about the message: it is retried in place for as long as it
-  lasts, never dead-lettered;
-  A permission error (SQLSTATE 42501, a grant revoked from the runtime role or never given) is
-  an outage too: the message is fine and the deployment is not, so burying it would lose work
-  an operator can restore with one GRANT. It is logged as an error at once (`needs_operator`):
-  unlike a restarting server, it will not clear on its own;
+  lasts, never dead-lettered. A permission error (SQLSTATE 42501, a grant revoked from the
+  runtime role or never given) is one too: the message is fine and the deployment is not, so
+  burying it would lose work an operator restores with one GRANT. Unlike a restarting server
+  it does not clear on its own, so it is logged as an error at once (`needs_operator`);
 - a *blip* (serialization failure, deadlock, lock or statement timeout, a cached plan
   invalidated by a migration) is retried a few times, briefly; if it persists it is treated as
   the message's own failure, so one message can never block its route forever.
@@ -43,8 +42,9 @@ OUTAGE_SQLSTATES = frozenset(
         "42501",  # insufficient privilege: a grant missing from the runtime role
     }
 )
-OPERATOR_SQLSTATES = frozenset({"42501", "3F000", "42P01"})
-"""Outages that only an operator ends (a grant, a migration): alert at once, never bury."""
+OPERATOR_SQLSTATES = frozenset({"42501"})
+"""Outages that only an operator ends: alert at once. (A missing schema is not here: consumers
+starting just before `pkgq migrate` is a normal race, so it turns loud only if it lasts.)"""
 BLIP_SQLSTATES = frozenset({"55P03", "57014"})  # lock not available; statement timeout
 
 

@@ -383,7 +383,7 @@ class QueueConsumer:
                 blocked_for = time.monotonic() - blocked_since
                 # Loud after a while: an outage that lasts may be a deployment mistake (a
                 # schema never migrated), and every later message on the route waits behind it.
-                # A missing grant or schema is one from the start: an operator must act.
+                # A missing grant is one from the start: it never clears by itself.
                 loud = blocked_for > BLOCKED_ALERT_AFTER_S or needs_operator(exc)
                 level = log.error if loud else log.warning
                 level(
