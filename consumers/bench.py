@@ -62,9 +62,10 @@ class Bench:
         self.package_id = 0
 
     async def open(self) -> None:
-        await ensure_database(self.settings.postgres_dsn)
-        self.db = await asyncpg.connect(self.settings.postgres_dsn)
-        await migrate(self.db)
+        # As the owner: the bench migrates and truncates its own database.
+        await ensure_database(self.settings.owner_dsn())
+        self.db = await asyncpg.connect(self.settings.owner_dsn())
+        await migrate(self.db, runtime_role=self.settings.grantee())
         self.amqp = await connect(self.settings.amqp_url, "pkgq-bench")
 
     async def close(self) -> None:

@@ -75,9 +75,11 @@ class RunResult:
 def bench_settings(base: Settings, namespace: str = "bench") -> Settings:
     """The benchmark's own database and broker names, next to the configured ones."""
     server = base.postgres_dsn.rsplit("/", 1)[0]
+    owner_server = base.owner_dsn().rsplit("/", 1)[0]
     return base.model_copy(
         update={
             "postgres_dsn": f"{server}/pkgq_{namespace}",
+            "migrate_dsn": f"{owner_server}/pkgq_{namespace}",
             "exchange": f"{namespace}.telecom",
             "queue_prefix": f"{namespace}.pkgq",
             "relay_poll_interval": 0.2,

@@ -52,7 +52,7 @@ def catalog_add(name: str, traffic: Traffic, duration: Duration = None) -> None:
     limit, lifetime = _terms(traffic, duration)
 
     async def go() -> int:
-        async with database(settings.postgres_dsn) as conn:
+        async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
             return (await catalog.add_package(conn, name, limit, lifetime)).id
 
     print(asyncio.run(go()))
@@ -65,7 +65,7 @@ def catalog_edit(package_id: int, name: str, traffic: Traffic, duration: Duratio
     limit, lifetime = _terms(traffic, duration)
 
     async def go() -> Package | None:
-        async with database(settings.postgres_dsn) as conn:
+        async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
             return await catalog.edit_package(conn, package_id, name, limit, lifetime)
 
     if asyncio.run(go()) is None:
@@ -80,7 +80,7 @@ def catalog_retire(package_id: int) -> None:
     settings = load_settings()
 
     async def go() -> Package | None:
-        async with database(settings.postgres_dsn) as conn:
+        async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
             return await catalog.retire_package(conn, package_id)
 
     if asyncio.run(go()) is None:
@@ -94,7 +94,7 @@ def catalog_list() -> None:
     settings = load_settings()
 
     async def go() -> list[Any]:
-        async with database(settings.postgres_dsn) as conn:
+        async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
             return await catalog.list_packages(conn)
 
     table = Table("id", "name", "traffic_limit", "duration", "retired_at")

@@ -27,7 +27,7 @@ from consumers.runtime import services, start_status_server, stop_on_signals
 from consumers.user_cli import user_app
 from events.models import WireModel
 from events.routes import ROUTES, Route
-from infra.postgres.migrate import ensure_database, migrate
+from infra.postgres.migrate import RuntimeRoleMissingError, ensure_database, migrate
 from infra.postgres.pool import database
 from infra.rabbit.connection import connect
 from infra.rabbit.topology import TopologyMismatchError
@@ -59,16 +59,21 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 def migrate_cmd(
     create_db: Annotated[bool, typer.Option(help="Create the database if missing.")] = True,
 ) -> None:
-    """Create the database if needed and apply pending SQL migrations."""
+    """Create the database if needed and apply pending SQL migrations, as the schema's owner
+    (PKGQ_MIGRATE_DSN); grant the runtime role (PKGQ_RUNTIME_ROLE) what it needs."""
     settings = load_settings()
 
     async def go() -> list[int]:
         if create_db:
-            await ensure_database(settings.postgres_dsn)
-        async with database(settings.postgres_dsn) as conn:
-            return await migrate(conn)
+            await ensure_database(settings.owner_dsn())
+        async with database(settings.owner_dsn(), settings.postgres_session()) as conn:
+            return await migrate(conn, runtime_role=settings.grantee())
 
-    applied = _run(go())
+    try:
+        applied = _run(go())
+    except RuntimeRoleMissingError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     console.print(f"migrations applied: {applied or 'none (up to date)'}")
 
 
@@ -172,7 +177,7 @@ def stats_cmd(
     settings = load_settings()
 
     async def go() -> dict[str, dict[str, Any]]:
-        async with database(settings.postgres_dsn) as conn:
+        async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
             return await route_stats(settings, conn)
 
     table = _run(go())

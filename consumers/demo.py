@@ -167,7 +167,7 @@ class Demo:
             await publisher.publish(message, USAGE_RECORD.name)
         finally:
             await publisher.close()
-        async with database(self.settings.postgres_dsn) as conn:
+        async with database(self.settings.postgres_dsn, self.settings.postgres_session()) as conn:
             for _ in range(300):
                 row = await conn.fetchrow(
                     "SELECT id, reason, error_message FROM telecom.dead_letters "
@@ -189,7 +189,9 @@ class Demo:
 
 async def job_scenes(settings: Settings, small: int, users: dict[str, UUID]) -> None:
     """Addressed, delayed, prioritised work and a group, through the publishing API."""
-    pool = await create_pool(settings.postgres_dsn, min_size=1, max_size=2)
+    pool = await create_pool(
+        settings.postgres_dsn, min_size=1, max_size=2, session=settings.postgres_session()
+    )
     try:
         jobs = Jobs(pool)
         console.rule("job-queue options: priority, delay, address; then a group")
@@ -260,7 +262,7 @@ def _spawn(args: list[str], settings: Settings) -> subprocess.Popen[bytes]:
 async def _catalog(settings: Settings) -> tuple[int, int]:
     """The demo's two packages, added on the first run and reused after."""
     wanted = {"demo 1 MiB": (MIB, None), "demo 3 s": (2**30, timedelta(seconds=3))}
-    async with database(settings.postgres_dsn) as conn:
+    async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
         existing = {
             p.name: p.id
             for p in await catalog.list_packages(conn)
@@ -273,7 +275,7 @@ async def _catalog(settings: Settings) -> tuple[int, int]:
 
 
 async def _final_state(settings: Settings, users: dict[str, UUID]) -> None:
-    async with database(settings.postgres_dsn) as conn:
+    async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
         table = Table("user", "item", "package", "status", "used", "quota")
         for name, user in users.items():
             for item in await queue_repo.load_user_items(conn, user):

@@ -65,7 +65,7 @@ def _query(settings: Settings, call: Callable[[Any], Awaitable[T]]) -> T:
     """Run one read or write on a short-lived connection of its own."""
 
     async def go() -> T:
-        async with database(settings.postgres_dsn) as conn:
+        async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
             return await call(conn)
 
     return asyncio.run(go())
@@ -269,7 +269,7 @@ async def _in_batches(
     if progress:
         progress.start()
     try:
-        async with database(settings.postgres_dsn) as conn:
+        async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
             for batch in batches:
                 async for attempt in transient_retrying():
                     with attempt:
@@ -287,7 +287,7 @@ async def _in_batches(
 
 
 async def _select(settings: Settings, which: dead_letters.Filter) -> list[dict[str, Any]]:
-    async with database(settings.postgres_dsn) as conn:
+    async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
         return await dead_letters.find(conn, which)
 
 

@@ -58,7 +58,9 @@ def with_jobs(settings: Settings, work: Callable[[Jobs], Awaitable[T]]) -> T:
     """Run `work` with a small pool on the pkgq database (one CLI command's worth)."""
 
     async def go() -> T:
-        pool = await create_pool(settings.postgres_dsn, min_size=1, max_size=2)
+        pool = await create_pool(
+            settings.postgres_dsn, min_size=1, max_size=2, session=settings.postgres_session()
+        )
         try:
             return await work(Jobs(pool))
         finally:

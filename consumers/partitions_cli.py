@@ -34,7 +34,7 @@ def status_cmd(
     name = route_argument(route).name
 
     async def go() -> dict[str, Any]:
-        async with database(settings.postgres_dsn) as conn:
+        async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
             state = await outbox.route_status(conn, name)
         state["queues"] = await queue_depths(settings, name)
         state["partitions"] = settings.partitions_for(name)
@@ -67,7 +67,7 @@ def pause_cmd(route: str, by: Annotated[str | None, typer.Option("--by")] = None
     name = route_argument(route).name
 
     async def go() -> bool:
-        async with database(settings.postgres_dsn) as conn:
+        async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
             return await outbox.pause_route(conn, name, by or operator())
 
     console.print(f"{name}: {'paused' if asyncio.run(go()) else 'was paused already'}")
@@ -80,7 +80,7 @@ def resume_cmd(route: str) -> None:
     name = route_argument(route).name
 
     async def go() -> bool:
-        async with database(settings.postgres_dsn) as conn:
+        async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
             return await outbox.resume_route(conn, name)
 
     console.print(f"{name}: {'resumed' if asyncio.run(go()) else 'was not paused'}")

@@ -93,6 +93,7 @@ async def services(
                 min_size=settings.pool_min_size,
                 max_size=settings.pool_max_size,
                 application_name=workers.application_name(worker_id),
+                session=settings.postgres_session(),
             )
     try:
         async for attempt in _startup_retrying(wait_seconds):
@@ -211,7 +212,10 @@ class WorkerHeartbeat:
         if self._conn is None or self._conn.is_closed():
             self._conn = await asyncpg.connect(
                 self._settings.postgres_dsn,
-                server_settings={"application_name": workers.application_name(self._svc.worker_id)},
+                server_settings={
+                    **self._settings.postgres_session(),
+                    "application_name": workers.application_name(self._svc.worker_id),
+                },
             )
         return self._conn
 

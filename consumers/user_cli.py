@@ -68,7 +68,7 @@ def user_show(
     settings = load_settings()
 
     async def go() -> tuple[list[QueueItem], Any, Any, datetime]:
-        async with database(settings.postgres_dsn) as conn:
+        async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
             items = await queue_repo.load_user_items(conn, user_id)
             grant = await access.get_access(conn, user_id)
             user = await queue_repo.user_row(conn, user_id)
@@ -114,7 +114,7 @@ def user_show(
 
 
 async def _item_owner(settings: Settings, item_id: int) -> UUID:
-    async with database(settings.postgres_dsn) as conn:
+    async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
         owner = await queue_repo.item_owner(conn, item_id)
     if owner is None:
         console.print(f"[red]no queue item {item_id}[/red]")

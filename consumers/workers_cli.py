@@ -31,7 +31,7 @@ def workers_cmd(
     settings = load_settings()
 
     async def go() -> list[dict[str, Any]]:
-        async with database(settings.postgres_dsn) as conn:
+        async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
             found = await workers.list_workers(conn, include_stopped)
         return [w.as_dict(settings.worker_stale_after) for w in found]
 
@@ -74,7 +74,7 @@ def prune_cmd(
     settings = load_settings()
 
     async def go() -> dict[str, int]:
-        async with database(settings.postgres_dsn) as conn:
+        async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
             return await retention.prune(
                 conn, settings.retention, settings.prune_batch_size, dry_run=dry_run
             )

@@ -6,9 +6,13 @@ import json
 import os
 import re
 from typing import Any, Literal
+from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+LOCAL_OWNER_DSN = "postgresql://pkgq_owner@127.0.0.1:5432/pkgq"
+"""The schema owner on a dev box (deploy/local/ensure-services.sh creates it)."""
 
 
 class RetrySettings(BaseModel):
@@ -47,7 +51,24 @@ class RouteSettings(BaseModel):
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PKGQ_", extra="ignore")
 
-    postgres_dsn: str = "postgresql://postgres@127.0.0.1:5432/pkgq"
+    postgres_dsn: str = "postgresql://pkgq_runtime@127.0.0.1:5432/pkgq"
+    """What every process but `pkgq migrate` connects with: the runtime role (README, Roles)."""
+    migrate_dsn: str | None = None
+    """What `pkgq migrate` connects with: the role that owns the schema. Unset: PKGQ_POSTGRES_DSN
+    if that is set (one DSN for everything, as before roles), else the local `pkgq_owner`. See
+    `owner_dsn()`."""
+    runtime_role: str | None = Field(default=None, max_length=63)
+    """The role `pkgq migrate` grants the runtime privileges to. Unset: the user of
+    PKGQ_POSTGRES_DSN; "": grant nothing. See `grantee()`."""
+    idle_in_transaction_timeout: float = Field(default=60.0, ge=0)
+    """Seconds a session may sit idle inside a transaction before Postgres ends it (0: never),
+    so a frozen process cannot hold its row locks and leases indefinitely."""
+    tcp_keepalives_idle: int = Field(default=30, ge=0)
+    """Seconds of silence before the server probes a client's TCP connection (0: the OS
+    default); with the interval and count below, a vanished peer's backend ends within about
+    idle + interval * count seconds instead of the OS's two hours."""
+    tcp_keepalives_interval: int = Field(default=10, ge=0)
+    tcp_keepalives_count: int = Field(default=3, ge=0)
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
     declare_topology: bool = True
     """Declare the exchanges and queues at start-up. False: only check that they exist (the
@@ -215,10 +236,37 @@ class Settings(BaseSettings):
             return cls(_secrets_dir=credentials)
         return cls()
 
+    def owner_dsn(self) -> str:
+        """The DSN `pkgq migrate` connects with."""
+        if self.migrate_dsn:
+            return self.migrate_dsn
+        if "postgres_dsn" in self.model_fields_set:
+            return self.postgres_dsn
+        return LOCAL_OWNER_DSN
+
+    def grantee(self) -> str:
+        """The runtime role migrate grants to ("" for none): the processes' own user unless
+        PKGQ_RUNTIME_ROLE names another (a group role the login role is a member of)."""
+        if self.runtime_role is not None:
+            return self.runtime_role
+        return unquote(urlsplit(self.postgres_dsn).username or "")
+
+    def postgres_session(self) -> dict[str, str]:
+        """Server settings for every pkgq connection (sent at connect: no extra statement)."""
+        return {
+            "idle_in_transaction_session_timeout": str(
+                round(self.idle_in_transaction_timeout * 1000)
+            ),
+            "tcp_keepalives_idle": str(self.tcp_keepalives_idle),
+            "tcp_keepalives_interval": str(self.tcp_keepalives_interval),
+            "tcp_keepalives_count": str(self.tcp_keepalives_count),
+        }
+
     def child_env(self) -> dict[str, str]:
         """The PKGQ_* variables that give a child `pkgq` process these services and names."""
         env = {
             "PKGQ_POSTGRES_DSN": self.postgres_dsn,
+            "PKGQ_MIGRATE_DSN": self.owner_dsn(),
             "PKGQ_AMQP_URL": self.amqp_url,
             "PKGQ_DECLARE_TOPOLOGY": str(self.declare_topology).lower(),
             "PKGQ_EXCHANGE": self.exchange,
@@ -226,6 +274,8 @@ class Settings(BaseSettings):
             "PKGQ_RELAY_POLL_INTERVAL": str(self.relay_poll_interval),
             "PKGQ_STANDBY_DELAY": str(self.standby_delay),
         }
+        if self.runtime_role is not None:
+            env["PKGQ_RUNTIME_ROLE"] = self.runtime_role
         if self.partitions:
             env["PKGQ_PARTITIONS"] = json.dumps(self.partitions)
         if self.route_settings:

@@ -3,7 +3,10 @@
 Two tiers:
 - an *outage* (the database or broker is unreachable, shutting down, out of disk, failing over,
   or not migrated yet) says nothing about the message: it is retried in place for as long as it
-  lasts, never dead-lettered;
+  lasts, never dead-lettered. A permission error (SQLSTATE 42501, a grant revoked from the
+  runtime role or never given) is one too: the message is fine and the deployment is not, so
+  burying it would lose work an operator restores with one GRANT. Unlike a restarting server
+  it does not clear on its own, so it is logged as an error at once (`needs_operator`);
 - a *blip* (serialization failure, deadlock, lock or statement timeout, a cached plan
   invalidated by a migration) is retried a few times, briefly; if it persists it is treated as
   the message's own failure, so one message can never block its route forever.
@@ -36,8 +39,12 @@ OUTAGE_SQLSTATES = frozenset(
         "25006",  # read-only transaction: a failover in progress
         "3F000",  # schema missing: consumers started before `pkgq migrate`
         "42P01",  # table missing: the same
+        "42501",  # insufficient privilege: a grant missing from the runtime role
     }
 )
+OPERATOR_SQLSTATES = frozenset({"42501"})
+"""Outages that only an operator ends: alert at once. (A missing schema is not here: consumers
+starting just before `pkgq migrate` is a normal race, so it turns loud only if it lasts.)"""
 BLIP_SQLSTATES = frozenset({"55P03", "57014"})  # lock not available; statement timeout
 
 
@@ -69,6 +76,11 @@ def is_outage(exc: BaseException) -> bool:
             ChannelInvalidStateError,
         ),
     )
+
+
+def needs_operator(exc: BaseException) -> bool:
+    """An outage that will not clear by itself: log it as an error from the first time."""
+    return isinstance(exc, asyncpg.PostgresError) and _sqlstate(exc) in OPERATOR_SQLSTATES
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from uuid import uuid4
 
@@ -21,6 +22,7 @@ from infra.rabbit.connection import connect
 from infra.rabbit.tap import Tap
 from infra.rabbit.topology import declare_all, delete_all
 from infra.settings import Settings
+from tests import pg_roles
 
 PG_SERVER = os.environ.get("PKGQ_TEST_PG_SERVER", "postgresql://postgres@127.0.0.1:5432")
 AMQP_URL = os.environ.get("PKGQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
@@ -33,14 +35,17 @@ async def _admin() -> asyncpg.Connection:
 
 
 async def _build_template() -> None:
+    """The session's roles, then the template: owned by the owner role and migrated by it, as
+    `pkgq migrate` does, granting the runtime role. Databases copied from it keep the grants."""
     admin = await _admin()
     try:
-        await admin.execute(f"CREATE DATABASE {TEMPLATE}")
+        await admin.execute(pg_roles.CREATE_SQL)
+        await admin.execute(f"CREATE DATABASE {TEMPLATE} OWNER {pg_roles.OWNER}")
     finally:
         await admin.close()
-    conn = await asyncpg.connect(f"{PG_SERVER}/{TEMPLATE}")
+    conn = await asyncpg.connect(pg_roles.as_role(f"{PG_SERVER}/{TEMPLATE}", pg_roles.OWNER))
     try:
-        await migrate(conn)
+        await migrate(conn, runtime_role=pg_roles.RUNTIME)
     finally:
         await conn.close()
 
@@ -49,6 +54,12 @@ async def _drop_template() -> None:
     admin = await _admin()
     try:
         await admin.execute(f"DROP DATABASE IF EXISTS {TEMPLATE} WITH (FORCE)")
+        for role in (pg_roles.RUNTIME, pg_roles.OWNER):
+            try:
+                await admin.execute(f"DROP ROLE IF EXISTS {role}")
+            except asyncpg.DependentObjectsStillExistError as exc:
+                # A database a test left behind still holds grants to it: keep the role.
+                warnings.warn(f"role {role} kept: {exc}", stacklevel=1)
     finally:
         await admin.close()
 
@@ -61,8 +72,13 @@ def template_db() -> Iterator[str]:
 
 
 def make_settings(namespace: str, **overrides: object) -> Settings:
+    """The test's settings. `postgres_dsn` is the superuser's, for fixtures that arrange and
+    inspect; the `pkgq` processes a test spawns connect as the runtime role instead
+    (tests/support.py, settings_env), and migrate as the owner."""
     values: dict[str, object] = {
         "postgres_dsn": f"{PG_SERVER}/{namespace}",
+        "migrate_dsn": pg_roles.as_role(f"{PG_SERVER}/{namespace}", pg_roles.OWNER),
+        "runtime_role": pg_roles.RUNTIME,
         "amqp_url": AMQP_URL,
         "exchange": f"{namespace}.telecom",
         "queue_prefix": f"{namespace}.pkgq",
@@ -79,7 +95,9 @@ async def settings(template_db: str) -> AsyncIterator[Settings]:
     namespace = f"pkgq_t_{uuid4().hex[:12]}"
     admin = await _admin()
     try:
-        await admin.execute(f"CREATE DATABASE {namespace} TEMPLATE {template_db}")
+        await admin.execute(
+            f"CREATE DATABASE {namespace} TEMPLATE {template_db} OWNER {pg_roles.OWNER}"
+        )
     finally:
         await admin.close()
     settings = make_settings(namespace)

@@ -31,6 +31,7 @@ from infra.postgres import catalog
 from infra.rabbit.publisher import Publisher, build_message
 from infra.settings import Settings
 from infra.transient import is_transient
+from tests import pg_roles
 
 
 async def eventually(
@@ -206,9 +207,12 @@ class InProcess:
 
 
 def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """A spawned `pkgq` process's environment: it connects as the session's runtime role (the
+    owner for `pkgq migrate`), as in production, whatever role the test's fixtures use."""
     return {
         **os.environ,
         **settings.child_env(),
+        "PKGQ_POSTGRES_DSN": pg_roles.as_role(settings.postgres_dsn, pg_roles.RUNTIME),
         "PKGQ_LOG_FORMAT": "json",
         "PKGQ_LOG_LEVEL": "info",
         **extra,

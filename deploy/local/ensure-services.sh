@@ -39,11 +39,28 @@ ensure_postgres() {
 }
 
 ensure_postgres_access() {
-    # pkgq connects as the postgres role over TCP (PKGQ_POSTGRES_DSN). A fresh Debian install
-    # wants a password there; trust on loopback is what a dev box and CI use.
+    # The setup connects as the postgres role over TCP to create pkgq's roles, and pkgq's roles
+    # connect over TCP too. A fresh Debian install wants a password there; trust on loopback is
+    # what a dev box and CI use.
     if psql -h 127.0.0.1 -U postgres -d postgres -Atqc 'select 1' >/dev/null 2>&1; then return; fi
     if [ -n "${PKGQ_POSTGRES_DSN:-}" ]; then return; fi
     die "cannot connect as postgres@127.0.0.1 without a password. Either set PKGQ_POSTGRES_DSN to a DSN that works, or allow trust on loopback for local development."
+}
+
+ensure_postgres_roles() {
+    # pkgq migrates as pkgq_owner and runs as pkgq_runtime (README, Roles). Create them, and hand
+    # a pkgq database made before roles existed to the owner. Skipped when PKGQ_POSTGRES_DSN is
+    # set: that deployment manages its own roles.
+    if [ -n "${PKGQ_POSTGRES_DSN:-}" ]; then return; fi
+    local here psql_admin
+    here=$(dirname "$0")
+    psql_admin=(psql -h 127.0.0.1 -U postgres -v ON_ERROR_STOP=1 -qAt -v owner=pkgq_owner)
+    "${psql_admin[@]}" -d postgres -v runtime=pkgq_runtime -v db=pkgq -f "$here/roles.sql" >/dev/null \
+        || die "could not create the roles pkgq_owner and pkgq_runtime (deploy/local/roles.sql)."
+    if "${psql_admin[@]}" -d postgres -c "select 1 from pg_database where datname = 'pkgq'" | grep -q 1; then
+        "${psql_admin[@]}" -d pkgq -f "$here/handover.sql" >/dev/null \
+            || die "could not hand the pkgq database to pkgq_owner (deploy/local/handover.sql)."
+    fi
 }
 
 rabbit_ready() { rabbitmqctl -q await_startup --timeout 5 >/dev/null 2>&1; }
@@ -73,6 +90,7 @@ ensure_rabbitmq_management() {
 
 ensure_postgres
 ensure_postgres_access
+ensure_postgres_roles
 ensure_rabbitmq
 ensure_rabbitmq_management
 say "PostgreSQL and RabbitMQ are up"

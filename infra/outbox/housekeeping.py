@@ -26,7 +26,7 @@ import structlog
 from infra.outbox.sweep import sweep_overdue_expiries
 from infra.postgres import leases, retention
 from infra.settings import Settings
-from infra.transient import is_transient
+from infra.transient import is_transient, needs_operator
 
 log = structlog.get_logger(__name__)
 
@@ -86,7 +86,9 @@ async def _run_job(
                 return
         await job()
     except Exception as exc:  # the next round tries again
-        if is_transient(exc):
+        if needs_operator(exc):
+            log.error("housekeeping_failed", job=name, error=repr(exc))  # noqa: TRY400  (no trace: a grant)
+        elif is_transient(exc):
             log.warning("housekeeping_failed", job=name, error=repr(exc))
         else:
             log.exception("housekeeping_error", job=name)

@@ -59,7 +59,7 @@ from infra.rabbit.publisher import Publisher, build_message
 from infra.rabbit.topology import declare_all, routing_key_for
 from infra.settings import Settings
 from infra.systemd_notify import Notifier
-from infra.transient import is_transient
+from infra.transient import is_transient, needs_operator
 
 log = structlog.get_logger(__name__)
 
@@ -182,7 +182,9 @@ class Relay:
 
     @staticmethod
     def _log_round_error(error: BaseException, retry_in_s: float) -> None:
-        if is_transient(error):
+        if needs_operator(error):  # a missing grant: rows wait, and someone must know
+            log.error("relay_round_failed", error=repr(error), retry_in_s=retry_in_s)
+        elif is_transient(error):
             log.warning("relay_round_failed", error=repr(error), retry_in_s=retry_in_s)
         else:
             log.error("relay_round_error", exc_info=error, retry_in_s=retry_in_s)
@@ -278,7 +280,9 @@ class Relay:
         if self._listener is not None and not self._listener.is_closed():
             return
         try:
-            self._listener = await asyncpg.connect(self._settings.postgres_dsn)
+            self._listener = await asyncpg.connect(
+                self._settings.postgres_dsn, server_settings=self._settings.postgres_session()
+            )
             await self._listener.add_listener(NOTIFY_CHANNEL, self._on_notify)
         except Exception as exc:  # noqa: BLE001  (polling covers for a missing listener)
             log.warning("listen_failed", error=repr(exc))

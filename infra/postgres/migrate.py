@@ -60,10 +60,20 @@ async def ensure_database(dsn: str) -> bool:
     return True
 
 
-async def migrate(conn: asyncpg.Connection, target: int | None = None) -> list[int]:
+class RuntimeRoleMissingError(Exception):
+    """PKGQ_RUNTIME_ROLE names a role that does not exist (create it first: README, Roles)."""
+
+
+async def migrate(
+    conn: asyncpg.Connection, target: int | None = None, runtime_role: str = ""
+) -> list[int]:
     """Apply every migration not yet recorded, up to version `target` (None: all). Returns the
     versions applied by this call. A target lets a test build an older schema, fill it in the
-    old shape and then migrate it forward."""
+    old shape and then migrate it forward.
+
+    `runtime_role` (when not empty, and not the migrating role itself) is granted what pkgq's
+    processes need, on every run, once migration 0007 is in (telecom.grant_runtime): so tables
+    added later are always covered."""
     await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK)
     try:
         await conn.execute(
@@ -93,6 +103,23 @@ async def migrate(conn: asyncpg.Connection, target: int | None = None) -> list[i
                 )
             log.info("migration_applied", version=migration.version, name=migration.name)
             applied.append(migration.version)
+        if runtime_role:
+            await _grant_runtime(conn, runtime_role)
         return applied
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK)
+
+
+async def _grant_runtime(conn: asyncpg.Connection, role: str) -> None:
+    if not await conn.fetchval("SELECT to_regprocedure('telecom.grant_runtime(name)') IS NOT NULL"):
+        return  # a target below 0007: the grants come with it
+    if role == await conn.fetchval("SELECT current_user"):
+        return  # one role for everything: it owns the schema already
+    if not await conn.fetchval("SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = $1)", role):
+        raise RuntimeRoleMissingError(
+            f"the runtime role {role!r} (PKGQ_RUNTIME_ROLE) does not exist: create it first "
+            f"(README, Roles), or set PKGQ_RUNTIME_ROLE='' to grant nothing"
+        )
+    async with conn.transaction():
+        await conn.execute("SELECT telecom.grant_runtime($1)", role)
+    log.info("runtime_role_granted", role=role)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -26,11 +26,14 @@ async def create_pool(
     application_name: str = "pkgq",
     query_logger: QueryLogger | None = None,
     command_timeout: float = 60,
+    session: Mapping[str, str] | None = None,
 ) -> asyncpg.Pool:
     """`application_name` shows in pg_stat_activity; a registered worker's pools carry
     `pkgq:<worker id>`, so its connections can be found and ended (infra/postgres/workers.py).
     `query_logger`: called after every statement of every connection (statement counts).
-    `command_timeout`: seconds a statement may take (a lock wait included) before it fails."""
+    `command_timeout`: seconds a statement may take (a lock wait included) before it fails.
+    `session`: server settings (Settings.postgres_session(): the idle-in-transaction timeout and
+    TCP keepalives that bound how long a frozen process holds its locks)."""
 
     async def init(conn: asyncpg.Connection) -> None:
         await _init_connection(conn)
@@ -43,7 +46,7 @@ async def create_pool(
         max_size=max_size,
         init=init,
         command_timeout=command_timeout,
-        server_settings={"application_name": application_name},
+        server_settings={**(session or {}), "application_name": application_name},
     )
     return pool  # type: ignore[no-any-return]  # create_pool is typed as Pool | None
 
@@ -58,9 +61,11 @@ async def answers(conn: Conn) -> bool:
 
 
 @asynccontextmanager
-async def database(dsn: str) -> AsyncIterator[asyncpg.Connection]:
+async def database(
+    dsn: str, session: Mapping[str, str] | None = None
+) -> AsyncIterator[asyncpg.Connection]:
     """One short-lived connection, for CLI commands that run a query or two."""
-    conn = await asyncpg.connect(dsn)
+    conn = await asyncpg.connect(dsn, server_settings=dict(session or {}))
     try:
         yield conn
     finally:

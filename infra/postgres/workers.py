@@ -19,7 +19,11 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
+import structlog
+
 from infra.postgres.pool import Conn
+
+log = structlog.get_logger(__name__)
 
 APPLICATION_PREFIX = "pkgq:"
 TERMINATE_WAIT_MS = 2000
@@ -199,16 +203,40 @@ async def reap_stale(conn: Conn, stale_after_s: float, reaper_id: UUID | str) ->
 
 async def terminate_backends(conn: Conn, worker_ids: Sequence[UUID]) -> int:
     """End every Postgres backend of the workers (except this connection's own), waiting up to
-    TERMINATE_WAIT_MS for each to exit. Returns how many were signalled."""
+    TERMINATE_WAIT_MS for each to exit. Returns how many were signalled.
+
+    pkgq's processes all connect as the runtime role, and a role may end its own backends, so
+    the reaper needs no superuser and no pg_signal_backend. A backend it may not end (another
+    role's, a superuser's) is left alone and logged: pg_terminate_backend would raise on it and
+    roll the whole reap back, leaving every stale worker in place."""
     if not worker_ids:
         return 0
-    ended = await conn.fetchval(
+    row = await conn.fetchrow(
         """
-        SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, $2))
-        FROM pg_stat_activity
-        WHERE application_name = ANY($1::text[]) AND pid <> pg_backend_pid()
+        WITH targets AS (
+            SELECT a.pid,
+                   (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
+                   OR (NOT coalesce((SELECT rolsuper FROM pg_roles r WHERE r.oid = a.usesysid),
+                                    false)
+                       AND (pg_has_role(a.usesysid, 'USAGE')
+                            OR pg_has_role('pg_signal_backend', 'USAGE'))) AS may
+            FROM pg_stat_activity a
+            WHERE a.application_name = ANY($1::text[]) AND a.pid <> pg_backend_pid()
+              AND a.usesysid IS NOT NULL
+        )
+        SELECT count(*) FILTER (WHERE may AND pg_terminate_backend(pid, $2)) AS ended,
+               count(*) FILTER (WHERE NOT may) AS refused
+        FROM targets
         """,
         [application_name(w) for w in worker_ids],
         TERMINATE_WAIT_MS,
     )
-    return int(ended or 0)
+    assert row is not None
+    if row["refused"]:
+        log.warning(
+            "worker_backends_not_terminated",
+            count=row["refused"],
+            workers=[str(w) for w in worker_ids],
+            why="they belong to another role: run every pkgq process as the runtime role",
+        )
+    return int(row["ended"] or 0)

@@ -41,7 +41,7 @@ from infra.rabbit.last_resort import copy_to_dead_letters
 from infra.rabbit.outcomes import Outcome, Processor, Result
 from infra.rabbit.publisher import Publisher
 from infra.settings import Settings
-from infra.transient import is_outage, transient_retrying
+from infra.transient import is_outage, needs_operator, transient_retrying
 
 log = structlog.get_logger(__name__)
 
@@ -383,7 +383,9 @@ class QueueConsumer:
                 blocked_for = time.monotonic() - blocked_since
                 # Loud after a while: an outage that lasts may be a deployment mistake (a
                 # schema never migrated), and every later message on the route waits behind it.
-                level = log.error if blocked_for > BLOCKED_ALERT_AFTER_S else log.warning
+                # A missing grant is one from the start: it never clears by itself.
+                loud = blocked_for > BLOCKED_ALERT_AFTER_S or needs_operator(exc)
+                level = log.error if loud else log.warning
                 level(
                     "infrastructure_unavailable",
                     error=repr(exc),

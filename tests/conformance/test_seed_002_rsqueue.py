@@ -46,6 +46,7 @@ from infra.postgres import workers
 from infra.postgres.outbox import RELAY_LOCK_CLASS
 from infra.rabbit.tap import Tap
 from infra.settings import RouteSettings, Settings
+from tests import pg_roles
 from tests.conformance.jobs_support import BURY, Recorder, recording_pipeline, usage
 from tests.support import InProcess, PkgqProcess, add_package, cli, eventually, send
 
@@ -91,7 +92,7 @@ async def test_a_stale_relays_partition_lease_is_taken_over_and_its_rows_are_pub
             "SELECT (hashtextextended($1::text, 0) & 63)::int", str(user)
         )
     hung = await asyncpg.connect(
-        settings.postgres_dsn,
+        pg_roles.as_role(settings.postgres_dsn, pg_roles.RUNTIME),  # as a real relay connects
         server_settings={"application_name": workers.application_name(hung_id)},
     )
     try:

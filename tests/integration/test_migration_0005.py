@@ -48,7 +48,7 @@ async def test_migrating_a_filled_version_4_database_keeps_terms_and_orders(
             r["id"] for r in await conn.fetch("SELECT id FROM telecom.package_queue ORDER BY id")
         ]
 
-        assert await migrate(conn) == [5]
+        assert await migrate(conn, target=5) == [5]  # this test is about 0005 alone
 
         # A catalog edit after the migration reaches none of the items bought before it.
         await catalog.edit_package(conn, monthly, "monthly v2", 10, timedelta(hours=1))

@@ -60,3 +60,36 @@ def test_parse_duration_understands_seconds_minutes_hours_days(
 def test_parse_size_refuses_what_it_cannot_read(text: str) -> None:
     with pytest.raises(ValueError, match="not a size"):
         parse_size(text)
+
+
+def test_local_defaults_run_as_the_runtime_role_and_migrate_as_the_owner(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("PKGQ_POSTGRES_DSN", "PKGQ_MIGRATE_DSN", "PKGQ_RUNTIME_ROLE"):
+        monkeypatch.delenv(name, raising=False)
+    settings = Settings()
+    assert settings.postgres_dsn == "postgresql://pkgq_runtime@127.0.0.1:5432/pkgq"
+    assert settings.owner_dsn() == "postgresql://pkgq_owner@127.0.0.1:5432/pkgq"
+    assert settings.grantee() == "pkgq_runtime"
+    assert settings.postgres_session()["idle_in_transaction_session_timeout"] == "60000"
+
+
+def test_one_dsn_for_everything_keeps_migrating_with_it_and_grants_nobody_else(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("PKGQ_MIGRATE_DSN", raising=False)
+    monkeypatch.delenv("PKGQ_RUNTIME_ROLE", raising=False)
+    monkeypatch.setenv("PKGQ_POSTGRES_DSN", "postgresql://pkgq:s3cret@db:5432/pkgq")
+    settings = Settings()
+    assert settings.owner_dsn() == "postgresql://pkgq:s3cret@db:5432/pkgq"
+    assert settings.grantee() == "pkgq"  # migrate skips granting the role it runs as
+
+
+def test_an_explicit_owner_dsn_and_runtime_role_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PKGQ_POSTGRES_DSN", "postgresql://app_login@db/pkgq")
+    monkeypatch.setenv("PKGQ_MIGRATE_DSN", "postgresql://owner:pw@db/pkgq")
+    monkeypatch.setenv("PKGQ_RUNTIME_ROLE", "pkgq_runtime_group")
+    settings = Settings()
+    assert settings.owner_dsn() == "postgresql://owner:pw@db/pkgq"
+    assert settings.grantee() == "pkgq_runtime_group"
+    assert settings.child_env()["PKGQ_RUNTIME_ROLE"] == "pkgq_runtime_group"

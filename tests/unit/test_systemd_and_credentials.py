@@ -24,6 +24,20 @@ def test_secrets_are_read_from_the_credentials_directory(
     assert settings.safe_amqp_url() == "amqp://pkgq:***@mq.example:5672/"
 
 
+def test_the_owners_dsn_for_migrate_is_read_from_its_own_credential_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "pkgq_postgres_dsn").write_text("postgresql://pkgq_runtime:r@db/pkgq")
+    (tmp_path / "pkgq_migrate_dsn").write_text("postgresql://pkgq_owner:o@db/pkgq")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    monkeypatch.delenv("PKGQ_POSTGRES_DSN", raising=False)
+    monkeypatch.delenv("PKGQ_MIGRATE_DSN", raising=False)
+    monkeypatch.delenv("PKGQ_RUNTIME_ROLE", raising=False)
+    settings = Settings.load()
+    assert settings.owner_dsn() == "postgresql://pkgq_owner:o@db/pkgq"
+    assert settings.grantee() == "pkgq_runtime"
+
+
 def test_an_environment_variable_wins_over_a_credential_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -7,7 +7,7 @@ import pytest
 from aiormq.exceptions import AMQPConnectionError
 
 from domain.errors import UnknownPackageError
-from infra.transient import is_outage, is_transient
+from infra.transient import is_outage, is_transient, needs_operator
 
 OUTAGES = [
     asyncpg.ConnectionDoesNotExistError("gone"),
@@ -18,6 +18,7 @@ OUTAGES = [
     asyncpg.TooManyConnectionsError("too many clients"),
     asyncpg.ReadOnlySQLTransactionError("cannot execute INSERT in a read-only transaction"),
     asyncpg.UndefinedTableError('relation "telecom.inbox" does not exist'),
+    asyncpg.InsufficientPrivilegeError("permission denied for table package_queue"),
     asyncpg.InterfaceError("connection is closed"),
     ConnectionRefusedError(111, "Connect call failed"),
     AMQPConnectionError("broker went away"),
@@ -57,3 +58,11 @@ def test_blips_are_retried_briefly_but_never_block_a_route(exc: BaseException) -
 def test_bugs_and_bad_data_are_neither(exc: BaseException) -> None:
     assert not is_transient(exc)
     assert not is_outage(exc)
+
+
+def test_a_revoked_grant_is_an_outage_that_alerts_at_once_unlike_a_restarting_server() -> None:
+    revoked = asyncpg.InsufficientPrivilegeError("permission denied for table package_queue")
+    assert is_outage(revoked)
+    assert needs_operator(revoked)
+    assert not needs_operator(asyncpg.CannotConnectNowError("the database system is starting up"))
+    assert not needs_operator(ValueError("a bug"))
