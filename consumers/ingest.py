@@ -14,6 +14,7 @@ message because of what it carries.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -35,7 +36,7 @@ from events.envelope import (
     jsonable,
 )
 from events.partitioning import route_of_key
-from events.routes import ROUTES
+from events.routes import ROUTES, UNTRUSTED_PUBLISHER
 from infra.postgres import dead_letters, holds, job_state
 from infra.postgres.pool import Conn
 from infra.rabbit.consumer import Outcome, Processor, QueueConsumer, Result
@@ -67,13 +68,28 @@ def _text(value: Any, limit: int = 500) -> str:
     return bounded_text(json.dumps(value), limit)  # already jsonable: no deep walk left
 
 
-def to_dead_letter(raw: RawDelivery) -> dead_letters.NewDeadLetter:
+def to_dead_letter(
+    raw: RawDelivery, trusted_publisher: str | None = None
+) -> dead_letters.NewDeadLetter:
     """What to file for a delivery on the dead-letter queue. Total: any header, of any type,
     size or depth, gives a bounded, storable dead letter (the ingester must never loop).
 
     The `x-pkgq-dead-*` headers are believed only on a message the broker did not dead-letter
     (no `x-death`): pkgq's last-resort copy goes straight to the dead-letter exchange, so on a
-    broker dead letter they are whatever its original publisher wrote."""
+    broker dead letter they are whatever its original publisher wrote. With
+    `trusted_publisher` (pkgq's AMQP user), they are believed only from a message that user
+    published (the broker validates the `user_id` property): a copy someone else published
+    straight to the dead-letter exchange is filed, in the safe form, as `untrusted_publisher`."""
+    if (
+        trusted_publisher is not None
+        and H_DEAD_REASON in raw.headers
+        and "x-death" not in raw.headers
+        and raw.publisher != trusted_publisher
+    ):
+        return dataclasses.replace(
+            safe_form(raw, "dead-letter headers from a publisher that is not pkgq"),
+            reason=UNTRUSTED_PUBLISHER,
+        )
     try:
         return _to_dead_letter(raw)
     except Exception as exc:  # noqa: BLE001  (a bug here must not requeue it for ever)
@@ -161,18 +177,20 @@ def safe_form(raw: RawDelivery, why: str) -> dead_letters.NewDeadLetter:
     )
 
 
-def make_ingester(pool: asyncpg.Pool) -> Processor:
+def make_ingester(pool: asyncpg.Pool, trusted_publisher: str | None = None) -> Processor:
     async def ingest_all(raws: Sequence[RawDelivery]) -> list[Result]:
         return [Result(await ingest(raw)) for raw in raws]
 
     async def ingest(raw: RawDelivery) -> Outcome:
-        dead = to_dead_letter(raw)
+        dead = to_dead_letter(raw, trusted_publisher)
         async with pool.acquire(timeout=10) as conn, conn.transaction():
             try:
                 async with conn.transaction():  # a savepoint: the fallback below can follow
                     dead_id = await dead_letters.bury(conn, dead)
-                    # Addressed and grouped messages failed for good: waiters and groups hear.
-                    await _finish(conn, raw, dead)
+                    # Addressed and grouped messages failed for good: waiters and groups hear
+                    # (not from a forgery: its headers say nothing true about pkgq's jobs).
+                    if dead.reason != UNTRUSTED_PUBLISHER:
+                        await _finish(conn, raw, dead)
             except Exception as exc:
                 if is_outage(exc):
                     raise  # waited out by the consumer, then filed as it is
@@ -218,6 +236,6 @@ def ingester(
         declare,
         settings,
         connection,
-        make_ingester(pool),
+        make_ingester(pool, settings.amqp_user),
         None,  # nowhere further to send a copy: failures are requeued after a pause
     )

@@ -1,0 +1,65 @@
+"""The dead-letter ingester believes pkgq's own dead-letter headers only from pkgq's publisher.
+
+A copy with `x-pkgq-dead-*` headers and no `x-death` is what pkgq's last-resort path sends
+straight to the dead-letter exchange, stamped with pkgq's AMQP user. Anyone else can publish
+one too: it is filed as `untrusted_publisher`, and says nothing about pkgq's jobs.
+"""
+
+from __future__ import annotations
+
+from uuid import uuid4
+
+import asyncpg
+
+from consumers import ingest
+from events.decoding import RawDelivery
+from events.envelope import CONTENT_TYPE, H_ADDRESS, H_DEAD_ERROR, H_DEAD_REASON
+from events.routes import USAGE_RECORD
+from infra.postgres import job_state
+from infra.rabbit.outcomes import Outcome, Result
+
+PKGQ = "pkgq-runtime"
+
+
+def copy(publisher: str, message_id: str, address: str) -> RawDelivery:
+    return RawDelivery(
+        body=b'{"user_id": "00000000-0000-4000-8000-000000000001", "upload": 1, "download": 1}',
+        message_id=message_id,
+        message_type=USAGE_RECORD.message_type,
+        content_type=CONTENT_TYPE,
+        timestamp=None,
+        headers={
+            H_DEAD_REASON: "handler_error",
+            H_DEAD_ERROR: "RuntimeError: boom",
+            H_ADDRESS: address,
+        },
+        routing_key=USAGE_RECORD.name,
+        publisher=publisher,
+    )
+
+
+async def test_a_dead_letter_copy_from_another_publisher_is_untrusted_and_fails_no_job(
+    pool: asyncpg.Pool,
+) -> None:
+    message_id, address = uuid4(), f"order-{uuid4().hex[:8]}"
+    async with pool.acquire() as conn:
+        assert await job_state.take_address(conn, address, USAGE_RECORD.name, message_id) is None
+    ingester = ingest.make_ingester(pool, trusted_publisher=PKGQ)
+
+    forged = copy("mallory", str(message_id), address)
+    assert await ingester([forged]) == [Result(Outcome.DEAD_LETTERED)]
+    async with pool.acquire() as conn:
+        state = await job_state.address_state(conn, address)
+        filed = await conn.fetch("SELECT reason, source FROM telecom.dead_letters")
+    assert state is not None
+    assert state.state == "queued"
+    assert [(r["reason"], r["source"]) for r in filed] == [("untrusted_publisher", "broker")]
+
+    genuine = copy(PKGQ, str(message_id), address)
+    assert await ingester([genuine]) == [Result(Outcome.DEAD_LETTERED)]
+    async with pool.acquire() as conn:
+        state = await job_state.address_state(conn, address)
+        reasons = {r["reason"] for r in await conn.fetch("SELECT reason FROM telecom.dead_letters")}
+    assert state is not None
+    assert state.state == "failed"
+    assert reasons == {"untrusted_publisher", "handler_error"}
