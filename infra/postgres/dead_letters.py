@@ -247,7 +247,7 @@ def _replay_message(row: Any) -> outbox.OutboxMessage | str:
     route = ROUTES.get(row["route"])
     if route is None:
         return f"route {row['route']!r} is not a pkgq route"
-    if row["reason"] == UNTRUSTED_PUBLISHER:
+    if row.get("reason") == UNTRUSTED_PUBLISHER:
         # The relay publishes as pkgq: a replay would launder a forgery into pkgq's own event.
         return "not published by pkgq on a pkgq-only route: never replayed"
     try:
