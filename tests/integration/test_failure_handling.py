@@ -430,7 +430,8 @@ async def test_a_last_resort_copy_on_the_dead_letter_exchange_is_filed_with_its_
     fast: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection, app: InProcess
 ) -> None:
     await app.start_consumers([], ingest=True)
-    publisher = await Publisher.open(amqp, fast.dlx)
+    # As pkgq's last-resort path sends it: stamped with pkgq's AMQP user (broker-validated).
+    publisher = await Publisher.open(amqp, fast.dlx, user_id=fast.amqp_user)
     message_id = uuid4()
     try:
         await publisher.publish(
