@@ -9,7 +9,7 @@ describes its transition: it never runs SQL of its own.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -238,12 +238,9 @@ async def transition(
     ctx: HandlerContext,
     user_id: UUID,
     step: Callable[[UserQueue], list[DomainEvent]],
-    *,
-    item_ids: Iterable[int] = (),
 ) -> list[DomainEvent]:
-    """Run `step` on the user's queue (loaded by the batch, with `item_ids` its Needs named)
-    and record its events. The batch writes the new state back."""
-    del item_ids  # loaded through the route's Needs; kept in the call to say what it targets
+    """Run `step` on the user's queue (loaded by the batch, with the items the route's `Needs`
+    named) and record its events. The batch writes the new state back."""
     loaded = ctx.work.queue(user_id)
     events = step(loaded.queue)
     ctx.work.record(loaded, events, ctx.envelope, ctx.traceparent)

@@ -11,6 +11,4 @@ def needs(body: PackageExpiryDue) -> Needs:
 
 
 async def handle(ctx: HandlerContext, body: PackageExpiryDue) -> None:
-    await transition(
-        ctx, body.user_id, lambda q: q.expire_due(body.item_id, ctx.now), item_ids=[body.item_id]
-    )
+    await transition(ctx, body.user_id, lambda q: q.expire_due(body.item_id, ctx.now))

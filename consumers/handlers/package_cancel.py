@@ -15,10 +15,7 @@ def needs(body: CancelPackage) -> Needs:
 
 async def handle(ctx: HandlerContext, body: CancelPackage) -> None:
     await transition(
-        ctx,
-        body.user_id,
-        lambda q: q.cancel(body.item_id, ctx.now, body.reason, body.operator),
-        item_ids=[body.item_id],
+        ctx, body.user_id, lambda q: q.cancel(body.item_id, ctx.now, body.reason, body.operator)
     )
     ctx.work.audit.append(
         audit.Entry(

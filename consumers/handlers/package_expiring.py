@@ -11,9 +11,4 @@ def needs(body: PackageExpiringEvent) -> Needs:
 
 
 async def handle(ctx: HandlerContext, body: PackageExpiringEvent) -> None:
-    await transition(
-        ctx,
-        body.user_id,
-        lambda q: q.expire(body.item_id, body.reason, ctx.now),
-        item_ids=[body.item_id],
-    )
+    await transition(ctx, body.user_id, lambda q: q.expire(body.item_id, body.reason, ctx.now))

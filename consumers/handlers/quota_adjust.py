@@ -13,12 +13,7 @@ def needs(body: AdjustQuota) -> Needs:
 
 
 async def handle(ctx: HandlerContext, body: AdjustQuota) -> None:
-    await transition(
-        ctx,
-        body.user_id,
-        lambda q: q.adjust_quota(body.item_id, body.delta, ctx.now),
-        item_ids=[body.item_id],
-    )
+    await transition(ctx, body.user_id, lambda q: q.adjust_quota(body.item_id, body.delta, ctx.now))
     ctx.work.audit.append(
         audit.Entry(
             body.item_id,
