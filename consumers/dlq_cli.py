@@ -25,7 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from consumers.cli_support import load_settings, operator, text
-from infra.postgres import dead_letters, holds
+from infra.postgres import dead_letters, holds, replay
 from infra.postgres.pool import database
 from infra.settings import Settings
 from infra.transient import transient_retrying
@@ -310,8 +310,8 @@ def _replay(
         return
     who = by or operator()
 
-    async def step(conn: Any, batch: list[int]) -> list[dead_letters.ReplayResult]:
-        return await dead_letters.replay(conn, batch, who, force=force, transition=transition)
+    async def step(conn: Any, batch: list[int]) -> list[replay.ReplayResult]:
+        return await replay.replay(conn, batch, who, force=force, transition=transition)
 
     batches = asyncio.run(_in_batches(settings, [r["id"] for r in rows], step, "replaying"))
     results = [r for batch in batches for r in batch]

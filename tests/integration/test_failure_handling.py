@@ -24,7 +24,7 @@ from consumers.retry_policy import RetryPolicy
 from consumers.unit_of_work import HandlerContext
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
-from infra.postgres import dead_letters
+from infra.postgres import replay
 from infra.rabbit.publisher import Publisher, build_message
 from infra.settings import Settings
 from tests.support import InProcess, cli, eventually, send
@@ -269,7 +269,7 @@ async def test_an_interrupted_bulk_replay_run_again_finishes_without_duplicates(
     broken = False
     # The first batch of a replay that was then killed: committed, marked, nothing more.
     async with pool.acquire() as conn, conn.transaction():
-        first = await dead_letters.replay(conn, ids[:2], "interrupted-run")
+        first = await replay.replay(conn, ids[:2], "interrupted-run")
     assert [r.replayed for r in first] == [True, True]
 
     rerun = await cli(fast, "dlq", "replay", "--json")

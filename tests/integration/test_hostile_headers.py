@@ -42,7 +42,7 @@ from events.envelope import (
 )
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
-from infra.postgres import dead_letters, outbox
+from infra.postgres import dead_letters, outbox, replay
 from infra.settings import Settings
 from tests.support import InProcess, cli, eventually, send_raw
 
@@ -360,7 +360,7 @@ async def test_a_dead_letter_body_over_64_kib_keeps_its_head_size_and_sha256(
         assert row["body_size"] == len(body)
         assert row["body_sha256"] == hashlib.sha256(body).hexdigest()
         async with conn.transaction():
-            (result,) = await dead_letters.replay(conn, [dead_id], "test")
+            (result,) = await replay.replay(conn, [dead_id], "test")
         assert not result.replayed  # a cut body is never sent on as if it were whole
         assert "first 65536 of its 262144 bytes" in result.detail
     shown = await cli(settings, "dlq", "show", str(dead_id))

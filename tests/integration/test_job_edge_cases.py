@@ -14,7 +14,7 @@ from aio_pika.abc import AbstractRobustConnection
 from events.models import AdjustQuota
 from events.routes import QUOTA_ADJUST, USAGE_RECORD
 from infra.jobs import Jobs, end_message
-from infra.postgres import dead_letters, outbox
+from infra.postgres import dead_letters, outbox, replay
 from infra.rabbit.publisher import Publisher, build_message
 from infra.rabbit.tap import Tap
 from infra.rabbit.topology import routing_key_for
@@ -219,7 +219,7 @@ async def test_reviving_a_dead_letter_clears_its_ttr_strikes(pool: asyncpg.Pool)
             "VALUES ('usage_record', $1, 5)",
             message_id,
         )
-        (result,) = await dead_letters.replay(conn, [dead_id], "test")
+        (result,) = await replay.replay(conn, [dead_id], "test")
     assert result.replayed
     assert await fetch(pool, "SELECT * FROM telecom.ttr_strikes") == []
 

@@ -35,7 +35,7 @@ from events.routes import (
     Route,
 )
 from infra.jobs import Jobs
-from infra.postgres import access, dead_letters, job_state
+from infra.postgres import access, job_state, replay
 from infra.rabbit.connection import connect
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
@@ -240,7 +240,7 @@ async def test_pkgq_buries_lifecycle_events_another_broker_user_published_as_unt
     # An operator cannot launder them into pkgq's own events by a replay.
     async with w.pool.acquire() as conn, conn.transaction():
         ids = [r["id"] for r in await conn.fetch("SELECT id FROM telecom.dead_letters")]
-        results = await dead_letters.replay(conn, ids, "ops", force=True)
+        results = await replay.replay(conn, ids, "ops", force=True)
     assert len(results) == 3
     assert not any(r.replayed for r in results)
 

@@ -41,8 +41,9 @@ from events.envelope import (
     republished_headers,
 )
 from events.routes import PACKAGE_ACTIVATE, ROUTES
-from infra.postgres.dead_letters import Filter, NewDeadLetter, _replay_message
+from infra.postgres.dead_letters import Filter, NewDeadLetter
 from infra.postgres.outbox import OutboxMessage
+from infra.postgres.replay import _replay_message
 from infra.settings import RetrySettings, Settings
 
 ACTIVATE = PACKAGE_ACTIVATE.name  # "telecom.package_activate"
@@ -787,7 +788,7 @@ def test_filter_error_is_a_literal_substring_so_underscore_and_percent_are_not_w
     assert not _like_matches("100 users", args[0])
 
 
-# --- infra/postgres/dead_letters.py: _replay_message ------------------------------------------
+# --- infra/postgres/replay.py: _replay_message ------------------------------------------
 
 
 MESSAGE_ID = "5f2d9c1e-8a4b-4c3d-9e2f-1a2b3c4d5e6f"

@@ -1,0 +1,159 @@
+"""Replaying dead letters (seed 004's dig and plow, `pkgq dlq replay`): each goes back through
+the outbox as the same message, with a fresh attempt count, in the transaction that marks it
+replayed. Dead letters that must never be sent again (a forgery, a body kept only in part, a
+message_id that is not a UUID) are refused with the reason."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from events.envelope import (
+    H_ATTEMPT,
+    H_EXPIRES_AT,
+    H_REPLAY_GENERATION,
+    H_REPLAY_OF,
+    H_SCHEMA_VERSION,
+    H_SEQ,
+    preview,
+    republished_headers,
+)
+from events.routes import ROUTES, UNTRUSTED_PUBLISHER
+from infra.postgres import outbox, transitions
+from infra.postgres.dead_letters import STATUSES, as_dict, lock_holds
+from infra.postgres.pool import Conn
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    id: int
+    message_id: str | None
+    replayed: bool
+    detail: str
+
+
+def _replay_message(row: Any) -> outbox.OutboxMessage | str:
+    """The outbox row that sends a dead letter again, or why it cannot be replayed."""
+    route = ROUTES.get(row["route"])
+    if route is None:
+        return f"route {row['route']!r} is not a pkgq route"
+    if row.get("reason") == UNTRUSTED_PUBLISHER:
+        # The relay publishes as pkgq: a replay would launder a forgery into pkgq's own event.
+        return "not published by pkgq on a pkgq-only route: never replayed"
+    try:
+        message_id = UUID(row["message_id"] or "")
+    except ValueError:
+        return f"message_id {row['message_id']!r} is not a UUID; republish it with `pkgq publish`"
+    size = row.get("body_size")
+    if size is not None and size > len(row["body"]):
+        return f"only the first {len(row['body'])} of its {size} bytes were kept"
+    headers = as_dict(row["headers"])
+    version = headers.get(H_SCHEMA_VERSION) or route.schema_version
+    schema_version = _natural(version, 2**15)
+    if not schema_version:
+        return f"header {H_SCHEMA_VERSION}={preview(version)} is not a version"
+    replay_no = row["replay_count"]
+    seq = headers.get(H_SEQ)
+    return outbox.OutboxMessage(
+        route=route.name,
+        message_type=row["message_type"] or route.message_type,
+        schema_version=schema_version,
+        body=bytes(row["body"]),
+        user_id=row["user_id"],
+        seq=_natural(seq, 2**53),
+        message_id=message_id,
+        # Revived without its old TTL (seed 004's dig sets a new one, or none).
+        headers={
+            k: v
+            for k, v in republished_headers(
+                headers,
+                {H_ATTEMPT: 1, H_REPLAY_OF: row["id"], H_REPLAY_GENERATION: replay_no + 1},
+            ).items()
+            if k != H_EXPIRES_AT
+        },
+        dedup_key=f"replay:{row['id']}:{replay_no}",
+    )
+
+
+def _natural(value: Any, below: int) -> int | None:
+    """A stored header as a number in [0, below), whether stored as a number or as digits."""
+    if isinstance(value, str) and value.isdigit() and len(value) <= len(str(below)):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 0 <= value < below else None
+
+
+async def replay(
+    conn: Conn, ids: Sequence[int], who: str, *, force: bool = False, transition: str = "dig"
+) -> list[ReplayResult]:
+    """Inside a transaction: send the given dead letters again through the outbox, once each.
+
+    Only `buried` rows are replayed (any status with `force`); each is marked `replayed` in the
+    same transaction as its outbox row, so an interrupted bulk replay re-run skips what was done.
+    The replay keeps the message_id: if it had been applied after all, the inbox drops it.
+    """
+    statuses = list(STATUSES) if force else ["buried"]
+    await lock_holds(conn, ids)
+    rows = await conn.fetch(
+        """
+        SELECT id, route, message_id, user_id, message_type, body, headers::text AS headers,
+               replay_count, reason, body_size
+        FROM telecom.dead_letters
+        WHERE id = ANY($1::bigint[]) AND status::text = ANY($2::text[])
+        ORDER BY first_failed_at, id
+        FOR UPDATE
+        """,
+        list(ids),
+        statuses,
+    )
+    results: list[ReplayResult] = []
+    messages: list[outbox.OutboxMessage] = []
+    replayed: list[int] = []
+    for row in rows:
+        message = _replay_message(row)
+        if isinstance(message, str):
+            results.append(ReplayResult(row["id"], row["message_id"], False, message))
+            continue
+        messages.append(message)
+        replayed.append(row["id"])
+        results.append(ReplayResult(row["id"], row["message_id"], True, f"to {message.route}"))
+    await outbox.enqueue(conn, messages)
+    # Seed 004's dig (one) or plow (the N oldest): counted per route, and an addressed message
+    # is queued again for its waiters.
+    moves = Counter((m.route, transition) for m in messages)
+    await transitions.count(conn, moves)
+    await conn.execute(
+        "UPDATE telecom.addresses SET state = 'queued', error = NULL, finished_at = NULL "
+        "WHERE message_id = ANY($1::uuid[]) AND state = 'failed'",
+        [m.message_id for m in messages],
+    )
+    # A revived message has its TTR strikes anew, as it has its attempts.
+    await conn.execute(
+        "DELETE FROM telecom.ttr_strikes WHERE message_id = ANY($1::uuid[])",
+        [m.message_id for m in messages],
+    )
+    await conn.execute(
+        """
+        UPDATE telecom.dead_letters
+        SET status = 'replayed', replay_count = replay_count + 1, replayed_at = now(),
+            replayed_by = $2
+        WHERE id = ANY($1::bigint[])
+        """,
+        replayed,
+        who,
+    )
+    # A hold waiting on a replayed message waits for its new delivery now.
+    await conn.execute(
+        """
+        UPDATE telecom.holds h SET state = 'retrying', updated_at = now()
+        FROM telecom.dead_letters d
+        WHERE d.id = ANY($1::bigint[]) AND h.consumer = d.consumer
+          AND h.blocker::text = d.message_id
+        """,
+        replayed,
+    )
+    return results
