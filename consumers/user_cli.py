@@ -20,7 +20,7 @@ from domain.queue import UserQueue
 from events.models import AdjustQuota, CancelPackage, WireModel
 from events.routes import PACKAGE_CANCEL, QUOTA_ADJUST, Route
 from infra.postgres import access, queue_repo
-from infra.postgres.pool import database
+from infra.postgres.pool import clock, database
 from infra.rabbit.connection import connect
 from infra.settings import Settings
 
@@ -72,7 +72,7 @@ def user_show(
             items = await queue_repo.load_user_items(conn, user_id)
             grant = await access.get_access(conn, user_id)
             user = await queue_repo.user_row(conn, user_id)
-            now: datetime = await conn.fetchval("SELECT now()")  # the clock pkgq expires by
+            now = await clock(conn)  # the clock pkgq expires by
             return items, grant, user, now
 
     items, grant, user, now = asyncio.run(go())

@@ -37,7 +37,7 @@ from events.models import WireModel
 from events.routes import Route, route_named
 from infra.postgres import job_state, outbox
 from infra.postgres.job_state import AddressState, CancelResult, EndMessage
-from infra.postgres.pool import Conn
+from infra.postgres.pool import Conn, clock
 from infra.transient import transient_retrying
 
 
@@ -137,7 +137,7 @@ async def put(
         holder = await job_state.take_address(conn, options.address, route.name, message_id)
         if holder is not None:
             raise DuplicateAddress(options.address, holder)
-    now: datetime = await conn.fetchval("SELECT now()")
+    now = await clock(conn)
     available_at = now + timedelta(seconds=options.delay) if options.delay else None
     expires_at = now + timedelta(seconds=options.ttl) if options.ttl else None
     envelope = Envelope(

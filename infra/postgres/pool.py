@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -53,6 +54,12 @@ async def create_pool(
 
 Conn = asyncpg.Connection | PoolConnectionProxy
 """A connection, whether held directly or borrowed from the pool."""
+
+
+async def clock(conn: Conn) -> datetime:
+    """The database's `now()`: the clock pkgq schedules and expires by (one per transaction)."""
+    now: datetime = await conn.fetchval("SELECT now()")
+    return now
 
 
 async def answers(conn: Conn) -> bool:

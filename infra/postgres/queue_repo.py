@@ -17,7 +17,7 @@ import asyncpg
 
 from domain.model import ItemStatus, QueueItem, Terms
 from domain.queue import UserQueue
-from infra.postgres.pool import Conn
+from infra.postgres.pool import Conn, clock
 
 _ITEM_COLUMNS = """
     q.id, q.user_id, q.package_id, q.by_order, q.status::text AS status, q.created_at,
@@ -90,7 +90,7 @@ async def lock_users(conn: Conn, user_ids: Iterable[UUID]) -> tuple[dict[UUID, U
     statement. Returns the rows and the transaction's clock."""
     wanted = sorted(set(user_ids))
     if not wanted:
-        now: datetime = await conn.fetchval("SELECT now()")
+        now = await clock(conn)
         return {}, now
     rows = await conn.fetch(_LOCK_USERS, wanted)
     users = {
