@@ -35,9 +35,10 @@ check: venv
 	deploy/systemd/verify.sh
 	deploy/k8s/verify.sh
 
-## test: check, then the whole suite against the real services.
+## test: check, then the whole suite against the real services: isolated tests in parallel
+## (PKGQ_TEST_WORKERS, default 3), then the service-restart tests alone.
 test: check migrate
-	$(BIN)/pytest $(PYTEST_ARGS)
+	BIN=$(BIN) deploy/local/run-suite.sh $(PYTEST_ARGS)
 
 unit: venv
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

@@ -111,10 +111,11 @@ async def test_a_delayed_message_is_not_delivered_before_its_delay_has_passed(
     delayed = await jobs.publish(USAGE_RECORD, usage(user, 1), delay=1.5)
     at_once = await jobs.publish(USAGE_RECORD, usage(uuid4(), 2))
 
-    async def both_applied() -> bool:
-        return len(recorder.applied) == 2
+    async def both_committed() -> bool:
+        # The recorder hears of a message inside its transaction: wait for the commit too.
+        return len(recorder.applied) == 2 and await committed(pool, delayed.message_id)
 
-    await eventually(both_applied)
+    await eventually(both_committed)
     assert recorder.applied == [at_once.message_id, delayed.message_id]
     assert delayed.available_at is not None
     assert await put_to_applied_s(pool, delayed.message_id) >= 1.5
@@ -173,6 +174,14 @@ async def test_a_message_that_times_out_keeps_its_place_a_b_c_becomes_a_c(
             "SELECT strikes FROM telecom.ttr_strikes WHERE message_id = $1", a
         )
     assert strikes == 1
+
+
+async def committed(pool: asyncpg.Pool, message_id: UUID) -> bool:
+    async with pool.acquire() as conn:
+        found = await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM telecom.inbox WHERE message_id = $1)", message_id
+        )
+    return bool(found)
 
 
 async def put_to_applied_s(pool: asyncpg.Pool, message_id: UUID) -> float:

@@ -18,7 +18,7 @@ from infra.settings import Settings
 from tests.e2e.workload import Workload
 from tests.support import PkgqProcess, eventually, free_port, http_get
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]
 
 
 def _run(*cmd: str) -> None:
