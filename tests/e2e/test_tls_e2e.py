@@ -107,11 +107,11 @@ async def test_a_wrong_ca_for_rabbitmq_stops_run_with_one_line_naming_the_ca_fil
 ) -> None:
     wrong = make_ca(tmp_path / "wrong")
     secret = f"s3cret-{uuid4().hex[:8]}"
-    tls = tls_settings(settings, ca=wrong, client_cert=False, startup_wait=3.0)
+    tls = tls_settings(settings, ca=wrong, client_cert=False)
     tls = Settings.model_validate(
         {**tls.model_dump(), "amqp_url": tls.amqp_url.replace(":guest@", f":{secret}@")}
     )
-    done = await cli(tls, "run")
+    done = await cli(tls, "run", PKGQ_STARTUP_WAIT="3")
     assert done.returncode == 2, done.stdout + done.stderr
     line = _one_error_line(done.stderr)
     assert "TLS with RabbitMQ at localhost:5671 failed" in line
@@ -132,8 +132,8 @@ async def test_a_wrong_ca_for_postgres_stops_relay_and_migrate_with_one_line_nam
     settings: Settings, tmp_path: Path
 ) -> None:
     wrong = make_ca(tmp_path / "wrong")
-    tls = tls_settings(settings, pg_ca=wrong, startup_wait=3.0)
-    relay = await cli(tls, "relay")
+    tls = tls_settings(settings, pg_ca=wrong)
+    relay = await cli(tls, "relay", PKGQ_STARTUP_WAIT="3")
     assert relay.returncode == 2, relay.stdout + relay.stderr
     line = _one_error_line(relay.stderr)
     assert "TLS with PostgreSQL at localhost:5432 failed" in line
@@ -150,7 +150,7 @@ async def test_a_host_name_missing_from_the_certificate_fails_verify_full_and_am
 ) -> None:
     # 127.1 is 127.0.0.1 to the resolver, but not a name the server certificate carries
     # (localhost, 127.0.0.1): verification must refuse it although the CA is right.
-    tls = tls_settings(settings, host="127.1", startup_wait=3.0)
+    tls = tls_settings(settings, host="127.1")
     shown = await cli(tls, "user", "show", str(uuid4()))
     assert shown.returncode == 2, shown.stdout + shown.stderr
     line = _one_error_line(shown.stderr)
@@ -158,7 +158,7 @@ async def test_a_host_name_missing_from_the_certificate_fails_verify_full_and_am
     assert "Hostname mismatch" in line
 
     amqp_only = Settings.model_validate({**tls.model_dump(), "postgres_dsn": settings.postgres_dsn})
-    done = await cli(amqp_only, "run")
+    done = await cli(amqp_only, "run", PKGQ_STARTUP_WAIT="3")
     assert done.returncode == 2, done.stdout + done.stderr
     line = _one_error_line(done.stderr)
     assert "TLS with RabbitMQ at 127.1:5671 failed" in line
