@@ -29,8 +29,15 @@ as_root() {
     return 1
 }
 
-command -v openssl >/dev/null 2>&1 \
-    || die "openssl is missing: run 'sudo apt-get install -y openssl' and try again."
+if ! command -v openssl >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1 && as_root true; then
+        say "installing openssl from Debian's packages"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null \
+            || die "could not install openssl: run 'sudo apt-get install -y openssl' and try again."
+    else
+        die "openssl is missing: run 'sudo apt-get install -y openssl' and try again."
+    fi
+fi
 
 # --- certificates ----------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from uuid import UUID, uuid4
 import aio_pika
 import asyncpg
 import pytest
+import structlog.testing
 from aio_pika.abc import AbstractRobustConnection
 from aiormq.exceptions import ChannelAccessRefused, ChannelPreconditionFailed
 
@@ -344,9 +345,45 @@ async def test_an_outsiders_forged_address_and_group_headers_join_nothing_and_it
     # An outsider (the publisher role) sends commands that claim those jobs: their message_ids
     # and headers saying they are the addressed message and the group's member.
     forged: dict[UUID, UUID] = {}
+    with structlog.testing.capture_logs() as logs:
+        await _publish_forged_marks(
+            w, publisher, addressed.message_id, member, group.group_id, forged
+        )
+        # Still applied: the commands are inbound, anyone may send them.
+        for user in forged:
+            await eventually(partial(w.granted, user))
+    ignored = [e for e in logs if e["event"] == "outsider_job_marks_ignored"]
+    assert sorted((e["message_id"], tuple(e["headers"])) for e in ignored) == sorted(
+        [(str(addressed.message_id), (H_ADDRESS,)), (str(member), (H_GROUP,))]
+    )
+    async with w.pool.acquire() as conn:
+        address = await job_state.address_state(conn, "ops:tls-42")
+        summary = await job_state.group_summary(conn, group.group_id)
+        member_state = await conn.fetchval(
+            "SELECT state FROM telecom.group_members WHERE message_id = $1", member
+        )
+    # But neither finished pkgq's job: the address still waits for its own message, and the
+    # group's member is still pending, the group open, nothing done.
+    assert address is not None
+    assert address.state == "queued"
+    assert summary is not None
+    assert (summary["state"], summary["done"], summary["failed"]) == ("open", 0, 0)
+    assert member_state == "pending"
+
+
+async def _publish_forged_marks(
+    w: World,
+    publisher: AbstractRobustConnection,
+    addressed: UUID,
+    member: UUID,
+    group_id: UUID,
+    forged: dict[UUID, UUID],
+) -> None:
+    """Purchases for new users, under the message_ids of pkgq's addressed and grouped jobs and
+    with their job marks; `forged` gets user -> message_id."""
     for message_id, marks in (
-        (addressed.message_id, {H_ADDRESS: "ops:tls-42"}),
-        (member, {H_GROUP: str(group.group_id)}),
+        (addressed, {H_ADDRESS: "ops:tls-42"}),
+        (member, {H_GROUP: str(group_id)}),
     ):
         user = uuid4()
         forged[user] = message_id
@@ -368,20 +405,3 @@ async def test_an_outsiders_forged_address_and_group_headers_join_nothing_and_it
             )
         finally:
             await channel.close()
-
-    # Still applied: the commands are inbound, anyone may send them.
-    for user in forged:
-        await eventually(partial(w.granted, user))
-    async with w.pool.acquire() as conn:
-        address = await job_state.address_state(conn, "ops:tls-42")
-        summary = await job_state.group_summary(conn, group.group_id)
-        member_state = await conn.fetchval(
-            "SELECT state FROM telecom.group_members WHERE message_id = $1", member
-        )
-    # But neither finished pkgq's job: the address still waits for its own message, and the
-    # group's member is still pending, the group open, nothing done.
-    assert address is not None
-    assert address.state == "queued"
-    assert summary is not None
-    assert (summary["state"], summary["done"], summary["failed"]) == ("open", 0, 0)
-    assert member_state == "pending"
