@@ -46,7 +46,7 @@ from events.models import PurchasePackage, RecordUsage, WireModel
 from events.routes import ALL_EXPIRED, PACKAGE_PURCHASE, ROUTES, USAGE_RECORD, Route
 from infra.postgres import catalog
 from infra.postgres.migrate import ensure_database, migrate
-from infra.rabbit.connection import connect
+from infra.rabbit.connection import open_amqp
 from infra.rabbit.topology import declare_all, delete_all, route_queues, routing_key_for
 from infra.settings import Settings
 
@@ -66,7 +66,7 @@ class Bench:
         await ensure_database(self.settings.owner_dsn())
         self.db = await asyncpg.connect(self.settings.owner_dsn())
         await migrate(self.db, runtime_role=self.settings.grantee())
-        self.amqp = await connect(self.settings.amqp_url, "pkgq-bench")
+        self.amqp = await open_amqp(self.settings, "pkgq-bench")
 
     async def close(self) -> None:
         if self.amqp is not None:

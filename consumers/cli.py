@@ -29,9 +29,10 @@ from events.models import WireModel
 from events.routes import ROUTES, Route
 from infra.postgres.migrate import RuntimeRoleMissingError, ensure_database, migrate
 from infra.postgres.pool import database
-from infra.rabbit.connection import connect
+from infra.rabbit.connection import open_amqp
 from infra.rabbit.topology import TopologyMismatchError
 from infra.settings import Settings
+from infra.tls import TlsError
 
 app = typer.Typer(
     help="pkgq: the telecom package queue on RabbitMQ and PostgreSQL.",
@@ -50,7 +51,7 @@ T = TypeVar("T")
 def _run(coro: Coroutine[Any, Any, T]) -> T:
     try:
         return asyncio.run(coro)
-    except TopologyMismatchError as exc:
+    except (TopologyMismatchError, TlsError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
 
@@ -66,7 +67,9 @@ def migrate_cmd(
     async def go() -> list[int]:
         if create_db:
             await ensure_database(settings.owner_dsn())
-        async with database(settings.owner_dsn(), settings.postgres_session()) as conn:
+        async with database(
+            settings.owner_dsn(), settings.postgres_session(), "PKGQ_MIGRATE_DSN"
+        ) as conn:
             return await migrate(conn, runtime_role=settings.grantee())
 
     try:
@@ -268,7 +271,7 @@ def publish_cmd(
 async def _publish(
     settings: Settings, route: Route, body: WireModel, *, message_id: UUID | None = None
 ) -> UUID:
-    conn = await connect(settings.amqp_url, "pkgq-cli")
+    conn = await open_amqp(settings, "pkgq-cli")
     try:
         return await publishing.publish(settings, conn, route, body, message_id=message_id)
     finally:
@@ -377,4 +380,8 @@ def demo_cmd(
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except TlsError as exc:  # any command: one line that says what to check, no traceback
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)

@@ -55,7 +55,7 @@ from events.routes import (
 from infra.jobs import Jobs
 from infra.postgres import catalog, queue_repo
 from infra.postgres.pool import create_pool, database
-from infra.rabbit.connection import connect
+from infra.rabbit.connection import open_amqp
 from infra.rabbit.publisher import Publisher, build_message
 from infra.rabbit.tap import Tap, Tapped
 from infra.rabbit.topology import declare_all
@@ -300,7 +300,7 @@ def _routes_seen(tap: Tap, settings: Settings) -> set[str]:
 
 async def run_demo(settings: Settings, within: float) -> int:
     small, short = await _catalog(settings)
-    amqp = await connect(settings.amqp_url, "pkgq-demo")
+    amqp = await open_amqp(settings, "pkgq-demo")
     channel = await amqp.channel()
     await declare_all(channel, settings)
     await channel.close()

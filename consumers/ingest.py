@@ -190,7 +190,8 @@ def make_ingester(pool: asyncpg.Pool, trusted_publisher: str | None = None) -> P
                     # Addressed and grouped messages failed for good: waiters and groups hear
                     # (not from a forgery: its headers say nothing true about pkgq's jobs).
                     if dead.reason != UNTRUSTED_PUBLISHER:
-                        await _finish(conn, raw, dead)
+                        trusted = trusted_publisher in (None, raw.publisher)
+                        await _finish(conn, raw, dead, marks_believed=trusted)
             except Exception as exc:
                 if is_outage(exc):
                     raise  # waited out by the consumer, then filed as it is
@@ -211,13 +212,17 @@ def make_ingester(pool: asyncpg.Pool, trusted_publisher: str | None = None) -> P
     return ingest_all
 
 
-async def _finish(conn: Conn, raw: RawDelivery, dead: dead_letters.NewDeadLetter) -> None:
+async def _finish(
+    conn: Conn, raw: RawDelivery, dead: dead_letters.NewDeadLetter, *, marks_believed: bool
+) -> None:
     """The message failed for good: its address and group hear so, and an expired retry (it
-    will never come) blocks its user's later messages no more."""
+    will never come) blocks its user's later messages no more. `marks_believed`: whether its
+    address and group headers are pkgq's own (events.envelope.JOB_MARKS); an outsider's dead
+    letter names no job of pkgq's, whatever its headers say."""
     if dead.reason == "expired":
         with contextlib.suppress(ValueError):
             await holds.release_expired_retry(conn, UUID(str(dead.message_id)))
-    address, group = job_marks(raw.headers)
+    address, group = job_marks(raw.headers) if marks_believed else (None, None)
     error = f"{dead.reason}: {dead.error_message}"
     await job_state.finish_failed(conn, dead.message_id, address, group, error)
 

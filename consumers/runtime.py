@@ -20,7 +20,13 @@ from dataclasses import dataclass, field
 import asyncpg
 import structlog
 from aio_pika.abc import AbstractRobustConnection
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_delay,
+    wait_exponential,
+)
 
 from infra import tracing
 from infra.observability import (
@@ -34,8 +40,10 @@ from infra.observability import (
 )
 from infra.postgres import stats, transitions, workers
 from infra.postgres.pool import answers, create_pool
-from infra.rabbit.connection import connect
+from infra.postgres.pool import connect as connect_postgres
+from infra.rabbit.connection import open_amqp
 from infra.settings import Settings
+from infra.tls import TlsError
 from infra.transient import is_transient
 
 log = structlog.get_logger(__name__)
@@ -71,17 +79,28 @@ def _startup_retrying(seconds: float) -> AsyncRetrying:
         retry=retry_if_exception(is_transient),
         stop=stop_after_delay(seconds),
         wait=wait_exponential(multiplier=0.5, max=5),
+        before_sleep=_log_tls_failure,
         reraise=True,
     )
 
 
+def _log_tls_failure(state: RetryCallState) -> None:
+    """A certificate not accepted is waited out like an outage, but said at once, in one line:
+    it does not clear by itself unless an operator fixes the certificates or the settings."""
+    exc = state.outcome.exception() if state.outcome is not None else None
+    if isinstance(exc, TlsError):
+        log.error("tls_failed", error=str(exc), retry_in_s=round(state.upcoming_sleep, 1))
+
+
 @asynccontextmanager
 async def services(
-    settings: Settings, role: str, wait_seconds: float = 60
+    settings: Settings, role: str, wait_seconds: float | None = None
 ) -> AsyncIterator[Services]:
-    """Connect to Postgres and RabbitMQ, waiting up to `wait_seconds` for them to come up, and
-    register this process as a worker that heartbeats until the block exits (then it is marked
-    stopped)."""
+    """Connect to Postgres and RabbitMQ, waiting up to `wait_seconds` (default: the
+    startup_wait setting) for them to come up, and register this process as a worker that
+    heartbeats until the block exits (then it is marked stopped). A TLS failure that outlasts
+    the wait raises TlsError, whose text is the one line to show."""
+    wait_seconds = settings.startup_wait if wait_seconds is None else wait_seconds
     worker_id = uuid.uuid4()
     host, pid = socket.gethostname(), os.getpid()
     name = f"pkgq-{role}@{host}:{pid}"
@@ -102,7 +121,7 @@ async def services(
                     await workers.register(conn, worker_id, name, role, host, pid)
         async for attempt in _startup_retrying(wait_seconds):
             with attempt:
-                amqp = await connect(settings.amqp_url, name)
+                amqp = await open_amqp(settings, name)
         amqp.reconnect_callbacks.add(lambda *_: RECONNECTS.inc())
         svc = Services(pool, amqp, worker_id)
         heartbeat = WorkerHeartbeat(settings, svc, name, role, host, pid)
@@ -210,7 +229,7 @@ class WorkerHeartbeat:
 
     async def _connection(self) -> asyncpg.Connection:
         if self._conn is None or self._conn.is_closed():
-            self._conn = await asyncpg.connect(
+            self._conn = await connect_postgres(
                 self._settings.postgres_dsn,
                 server_settings={
                     **self._settings.postgres_session(),

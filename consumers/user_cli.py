@@ -21,7 +21,7 @@ from events.models import AdjustQuota, CancelPackage, WireModel
 from events.routes import PACKAGE_CANCEL, QUOTA_ADJUST, Route
 from infra.postgres import access, queue_repo
 from infra.postgres.pool import clock, database
-from infra.rabbit.connection import connect
+from infra.rabbit.connection import open_amqp
 from infra.settings import Settings
 
 user_app = typer.Typer(help="Inspect and administer one user's package queue.")
@@ -123,7 +123,7 @@ async def _item_owner(settings: Settings, item_id: int) -> UUID:
 
 
 async def _publish(settings: Settings, route: Route, body: WireModel) -> UUID:
-    conn = await connect(settings.amqp_url, "pkgq-cli")
+    conn = await open_amqp(settings, "pkgq-cli")
     try:
         return await publishing.publish(settings, conn, route, body)
     finally:

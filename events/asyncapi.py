@@ -34,12 +34,14 @@ HEADERS_SCHEMA: dict[str, Any] = {
         H_TRACEPARENT: {"type": "string", "description": "W3C trace context."},
         H_ADDRESS: {
             "type": "string",
-            "description": "Addressed work: at most one queued or in-flight message per address.",
+            "description": "Addressed work: at most one queued or in-flight message per address. "
+            "Set by pkgq only: ignored on a message another AMQP user published.",
         },
         H_GROUP: {
             "type": "string",
             "format": "uuid",
-            "description": "The group the message is a member of.",
+            "description": "The group the message is a member of. Set by pkgq only: ignored on "
+            "a message another AMQP user published.",
         },
         H_EXPIRES_AT: {
             "type": "string",

@@ -42,6 +42,10 @@ H_GROUP_END = "x-pkgq-group-end"
 H_EXPIRES_AT = "x-pkgq-expires-at"
 """TTL: not delivered after this instant (ISO 8601); recorded as expired instead."""
 H_PRIORITY = "x-pkgq-priority"
+JOB_MARKS = (H_ADDRESS, H_GROUP, H_GROUP_END)
+"""Headers that tie a message to pkgq's jobs (an address, a group). pkgq believes them only
+from its own AMQP user (the broker-validated user_id): an outsider's would let it finish, fail
+or join someone else's address or group. See `without_job_marks`."""
 BROKER_HEADERS = (
     "x-death",
     "x-first-death-exchange",
@@ -135,6 +139,14 @@ def preview(value: Any, limit: int = 80) -> str:
 def clean_text(value: str) -> str:
     """Postgres text and jsonb cannot hold NUL or a lone surrogate: make them visible."""
     return value.replace("\x00", "\\0").encode("utf-8", "replace").decode("utf-8")
+
+
+def without_job_marks(headers: Mapping[str, Any]) -> dict[str, Any] | None:
+    """`headers` without the JOB_MARKS, for a message pkgq did not publish itself; None when
+    it carries none (nothing to take away)."""
+    if not any(name in headers for name in JOB_MARKS):
+        return None
+    return {k: v for k, v in headers.items() if k not in JOB_MARKS}
 
 
 def job_marks(headers: Mapping[str, Any]) -> tuple[str | None, UUID | None]:

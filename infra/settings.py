@@ -6,7 +6,7 @@ import json
 import os
 import re
 from typing import Any, Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -70,6 +70,14 @@ class Settings(BaseSettings):
     tcp_keepalives_interval: int = Field(default=10, ge=0)
     tcp_keepalives_count: int = Field(default=3, ge=0)
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
+    amqp_ca_file: str | None = None
+    """`amqps://` only: the CA file (PEM) the broker's certificate is verified against; unset:
+    the system's trusted CAs. An amqps connection always verifies the certificate and the host
+    name (README, TLS)."""
+    amqp_cert_file: str | None = None
+    """`amqps://` only: a client certificate (PEM, with its key unless PKGQ_AMQP_KEY_FILE)."""
+    amqp_key_file: str | None = None
+    """`amqps://` only: the client certificate's private key (PEM)."""
     declare_topology: bool = True
     """Declare the exchanges and queues at start-up. False: only check that they exist (the
     broker was provisioned from `pkgq definitions`), so the AMQP user needs no configure
@@ -115,6 +123,9 @@ class Settings(BaseSettings):
     """How often the outbox backlog and dead-letter gauges are read from Postgres."""
 
     drain_timeout: float = Field(default=30.0, gt=0)
+    startup_wait: float = Field(default=60.0, gt=0)
+    """Seconds `pkgq run` and `pkgq relay` wait for Postgres and RabbitMQ at start-up (an
+    outage, or a certificate not accepted) before they exit."""
     log_format: str = Field(default="auto", pattern="^(auto|json|console)$")
     log_level: str = "info"
 
@@ -169,6 +180,39 @@ class Settings(BaseSettings):
         if unknown:
             raise ValueError(f"unknown route(s) {unknown}; routes are {sorted(ROUTES)}")
         return value
+
+    @field_validator("amqp_url")
+    @classmethod
+    def _no_tls_url_parameters(cls, value: str) -> str:
+        query = parse_qs(urlsplit(value).query, keep_blank_values=True)
+        given = sorted(set(query) & _AMQP_TLS_PARAMETERS)
+        if given:
+            raise ValueError(
+                f"PKGQ_AMQP_URL has TLS parameter(s) {given}: set PKGQ_AMQP_CA_FILE, "
+                "PKGQ_AMQP_CERT_FILE and PKGQ_AMQP_KEY_FILE instead (an amqps:// URL always "
+                "verifies the broker's certificate)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _tls_files_need_amqps(self) -> Settings:
+        files = [
+            name
+            for name, value in (
+                ("PKGQ_AMQP_CA_FILE", self.amqp_ca_file),
+                ("PKGQ_AMQP_CERT_FILE", self.amqp_cert_file),
+                ("PKGQ_AMQP_KEY_FILE", self.amqp_key_file),
+            )
+            if value
+        ]
+        if files and not self.amqp_tls:
+            raise ValueError(
+                f"{', '.join(files)} set but PKGQ_AMQP_URL is not amqps://: the connection "
+                "would not use TLS at all"
+            )
+        if self.amqp_key_file and not self.amqp_cert_file:
+            raise ValueError("PKGQ_AMQP_KEY_FILE set without PKGQ_AMQP_CERT_FILE")
+        return self
 
     @field_validator("replica")
     @classmethod
@@ -276,6 +320,13 @@ class Settings(BaseSettings):
         }
         if self.runtime_role is not None:
             env["PKGQ_RUNTIME_ROLE"] = self.runtime_role
+        for name, value in (
+            ("PKGQ_AMQP_CA_FILE", self.amqp_ca_file),
+            ("PKGQ_AMQP_CERT_FILE", self.amqp_cert_file),
+            ("PKGQ_AMQP_KEY_FILE", self.amqp_key_file),
+        ):
+            if value:
+                env[name] = value
         if self.partitions:
             env["PKGQ_PARTITIONS"] = json.dumps(self.partitions)
         if self.route_settings:
@@ -294,6 +345,11 @@ class Settings(BaseSettings):
 
     def queue_name(self, route_name: str) -> str:
         return f"{self.queue_prefix}.{route_name}"
+
+    @property
+    def amqp_tls(self) -> bool:
+        """Whether the broker is reached over TLS (an `amqps://` URL)."""
+        return urlsplit(self.amqp_url).scheme.lower() == "amqps"
 
     def safe_postgres_dsn(self) -> str:
         return mask_url(self.postgres_dsn)
@@ -317,6 +373,12 @@ def mask_url(url: str) -> str:
     masked = _USERINFO.sub(lambda m: f"{m.group(1)}{m.group(2)}:***@", url)
     return _PASSWORD_PARAM.sub(lambda m: f"{m.group(1)}***", masked)
 
+
+_AMQP_TLS_PARAMETERS = frozenset(
+    {"cafile", "capath", "cadata", "certfile", "keyfile", "no_verify_ssl"}
+)
+"""aiormq's own URL parameters for TLS: refused, so that the settings are the one place TLS is
+configured and verification cannot be turned off by a URL."""
 
 _USERINFO = re.compile(r"(\w[\w+.-]*://)([^:/@?#]*):[^@/?#]*@")
 _PASSWORD_PARAM = re.compile(r"((?:^|[?&;])password=)[^&;#]*", re.IGNORECASE)

@@ -16,6 +16,7 @@ Postgres errors are classified by SQLSTATE, so whole families are covered.
 from __future__ import annotations
 
 import asyncio
+import ssl
 
 import asyncpg
 from aiormq.exceptions import AMQPConnectionError, ChannelInvalidStateError
@@ -25,6 +26,8 @@ from tenacity import (
     stop_after_attempt,
     wait_random_exponential,
 )
+
+from infra.tls import TlsVerifyError
 
 OUTAGE_SQLSTATE_CLASSES = frozenset(
     {
@@ -79,7 +82,14 @@ def is_outage(exc: BaseException) -> bool:
 
 
 def needs_operator(exc: BaseException) -> bool:
-    """An outage that will not clear by itself: log it as an error from the first time."""
+    """An outage that will not clear by itself: log it as an error from the first time. A
+    missing grant, or a server certificate this process does not accept (a wrong CA, a host
+    name the certificate is not issued for)."""
+    if isinstance(exc, TlsVerifyError | ssl.SSLCertVerificationError):
+        return True
+    cause = exc.__cause__
+    if isinstance(cause, ssl.SSLCertVerificationError):  # aiormq wraps it
+        return True
     return isinstance(exc, asyncpg.PostgresError) and _sqlstate(exc) in OPERATOR_SQLSTATES
 
 

@@ -220,12 +220,13 @@ def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
 
 
 def pkgq(
-    settings: Settings, *args: str, stdin: str | None = None
+    settings: Settings, *args: str, stdin: str | None = None, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    """Run one `pkgq` command (python -m consumers ...) against the test's namespace."""
+    """Run one `pkgq` command (python -m consumers ...) against the test's namespace, with
+    `env` added to its environment."""
     return subprocess.run(
         [sys.executable, "-m", "consumers", *args],
-        env=settings_env(settings),
+        env=settings_env(settings, **env),
         input=stdin,
         capture_output=True,
         text=True,
@@ -235,9 +236,9 @@ def pkgq(
 
 
 async def cli(
-    settings: Settings, *args: str, stdin: str | None = None
+    settings: Settings, *args: str, stdin: str | None = None, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    return await asyncio.to_thread(pkgq, settings, *args, stdin=stdin)
+    return await asyncio.to_thread(pkgq, settings, *args, stdin=stdin, **env)
 
 
 class PkgqProcess:

@@ -21,6 +21,7 @@ max_attempts strikes it is buried instead (reason `ttr`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 from collections.abc import AsyncIterator, Sequence
 from uuid import UUID
@@ -43,6 +44,7 @@ from consumers.registry import needs_of
 from consumers.retry_policy import RetryPolicy
 from consumers.unit_of_work import Handler, NeedsOf
 from events.decoding import RawDelivery
+from events.envelope import bounded_text, without_job_marks
 from events.routes import Route
 from infra.postgres import strikes, transitions
 from infra.postgres.pool import Conn
@@ -118,6 +120,7 @@ class DeliveryPipeline:
 
     async def process_batch(self, raws: Sequence[RawDelivery]) -> list[Result]:
         """Decide the fate of deliveries; a result per delivery, in delivery order."""
+        raws = self._distrusted(raws)
         results: dict[int, Result] = {}
         known: dict[int, Exception] = {}
         """Failures this delivery attempt already met, by index: recorded again when the batch
@@ -151,6 +154,30 @@ class DeliveryPipeline:
                 mode = Mode.ONE_BY_ONE
         await self._drain(drain)
         return [results.get(i, Result(Outcome.GIVEN_BACK)) for i in range(len(raws))]
+
+    def _distrusted(self, raws: Sequence[RawDelivery]) -> Sequence[RawDelivery]:
+        """The deliveries with an outsider's job marks (x-pkgq-address, x-pkgq-group: see
+        events.envelope.JOB_MARKS) taken away, before anything reads, parks, retries or buries
+        them: the message is applied as if it had none, and no address or group of pkgq's
+        hears of it. Only with a trusted publisher to compare against."""
+        if self._trusted_publisher is None:
+            return raws
+        kept: list[RawDelivery] = []
+        for raw in raws:
+            headers = (
+                None if raw.publisher == self._trusted_publisher else without_job_marks(raw.headers)
+            )
+            if headers is not None:
+                log.info(
+                    "outsider_job_marks_ignored",
+                    route=self.route.name,
+                    message_id=bounded_text(str(raw.message_id), 64),
+                    publisher=bounded_text(str(raw.publisher), 64),
+                    headers=sorted(set(raw.headers) - set(headers)),
+                )
+                raw = dataclasses.replace(raw, headers=headers)
+            kept.append(raw)
+        return kept
 
     async def _in_one_transaction(
         self, raws: Sequence[RawDelivery], indexes: list[int], known: dict[int, Exception]

@@ -93,4 +93,6 @@ ensure_postgres_access
 ensure_postgres_roles
 ensure_rabbitmq
 ensure_rabbitmq_management
+# TLS listeners with a private CA for this machine (the TLS tests use them; README, TLS).
+"$(dirname "$0")/ensure-tls.sh"
 say "PostgreSQL and RabbitMQ are up"

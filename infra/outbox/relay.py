@@ -55,6 +55,7 @@ from infra.observability import RELAY_LAG, RELAYED
 from infra.outbox.housekeeping import housekeeping_forever
 from infra.postgres import job_state, outbox
 from infra.postgres.outbox import ClaimedRow
+from infra.postgres.pool import connect as connect_postgres
 from infra.rabbit.publisher import Publisher, build_message
 from infra.rabbit.topology import declare_all, routing_key_for
 from infra.settings import Settings
@@ -280,7 +281,7 @@ class Relay:
         if self._listener is not None and not self._listener.is_closed():
             return
         try:
-            self._listener = await asyncpg.connect(
+            self._listener = await connect_postgres(
                 self._settings.postgres_dsn, server_settings=self._settings.postgres_session()
             )
             await self._listener.add_listener(NOTIFY_CHANNEL, self._on_notify)

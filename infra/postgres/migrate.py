@@ -12,6 +12,7 @@ from urllib.parse import unquote, urlsplit
 import asyncpg
 import structlog
 
+from infra.postgres.pool import connect
 from infra.settings import mask_url
 
 log = structlog.get_logger(__name__)
@@ -42,13 +43,13 @@ async def ensure_database(dsn: str) -> bool:
     if not name:
         raise ValueError(f"the DSN {mask_url(dsn)} names no database")
     try:
-        conn = await asyncpg.connect(dsn)
+        conn = await connect(dsn, setting="PKGQ_MIGRATE_DSN")
     except asyncpg.InvalidCatalogNameError:
         pass
     else:
         await conn.close()
         return False
-    admin = await asyncpg.connect(dsn, database="postgres")
+    admin = await connect(dsn, setting="PKGQ_MIGRATE_DSN", database="postgres")
     try:
         quoted = name.replace('"', '""')
         await admin.execute(f'CREATE DATABASE "{quoted}"')

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -11,6 +12,8 @@ from typing import Any
 import asyncpg
 from asyncpg.connection import LoggedQuery
 from asyncpg.pool import PoolConnectionProxy
+
+from infra.tls import TlsConfigError, TlsVerifyError, explain, postgres_target
 
 QueryLogger = Callable[[LoggedQuery], None]
 
@@ -41,15 +44,41 @@ async def create_pool(
         if query_logger is not None:
             conn.add_query_logger(query_logger)
 
-    pool: Any = await asyncpg.create_pool(
-        dsn,
-        min_size=min_size,
-        max_size=max_size,
-        init=init,
-        command_timeout=command_timeout,
-        server_settings={**(session or {}), "application_name": application_name},
-    )
+    async with tls_explained(dsn):
+        pool: Any = await asyncpg.create_pool(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            init=init,
+            command_timeout=command_timeout,
+            server_settings={**(session or {}), "application_name": application_name},
+        )
     return pool  # type: ignore[no-any-return]  # create_pool is typed as Pool | None
+
+
+@asynccontextmanager
+async def tls_explained(dsn: str, setting: str = "PKGQ_POSTGRES_DSN") -> AsyncIterator[None]:
+    """Turn a TLS failure while connecting with `dsn` into one line that says what to check:
+    TlsVerifyError (a certificate not accepted: waited out like an outage) or TlsConfigError
+    (a CA, certificate or key file that cannot be read). Other errors pass unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        problem = explain(exc, postgres_target(dsn, setting))
+        if problem is None:
+            raise
+        if isinstance(exc, ssl.SSLError):
+            raise TlsVerifyError(problem) from exc
+        raise TlsConfigError(problem) from exc
+
+
+async def connect(
+    dsn: str, *, setting: str = "PKGQ_POSTGRES_DSN", **kwargs: Any
+) -> asyncpg.Connection:
+    """asyncpg.connect, with TLS failures told as in `tls_explained`."""
+    async with tls_explained(dsn, setting):
+        conn: asyncpg.Connection = await asyncpg.connect(dsn, **kwargs)
+    return conn
 
 
 Conn = asyncpg.Connection | PoolConnectionProxy
@@ -69,10 +98,11 @@ async def answers(conn: Conn) -> bool:
 
 @asynccontextmanager
 async def database(
-    dsn: str, session: Mapping[str, str] | None = None
+    dsn: str, session: Mapping[str, str] | None = None, setting: str = "PKGQ_POSTGRES_DSN"
 ) -> AsyncIterator[asyncpg.Connection]:
-    """One short-lived connection, for CLI commands that run a query or two."""
-    conn = await asyncpg.connect(dsn, server_settings=dict(session or {}))
+    """One short-lived connection, for CLI commands that run a query or two (`setting`: where
+    the DSN comes from, for the message of a TLS failure)."""
+    conn = await connect(dsn, setting=setting, server_settings=dict(session or {}))
     try:
         yield conn
     finally:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import ssl
 import sys
 
 import aio_pika
 from aio_pika.abc import AbstractRobustConnection
+from yarl import URL
+
+from infra.settings import Settings
+from infra.tls import TlsTarget, TlsVerifyError, amqp_context, explain
 
 DEEPEST_HEADERS = 70_000
 """Python frames pamqp may need to decode one content header: it recurses twice per level of
@@ -22,8 +27,40 @@ def allow_deep_headers() -> None:
     sys.setrecursionlimit(max(sys.getrecursionlimit(), DEEPEST_HEADERS))
 
 
-async def connect(url: str, name: str) -> AbstractRobustConnection:
+def tls_context(settings: Settings) -> ssl.SSLContext | None:
+    """The TLS context of the settings' AMQP URL (None for plain `amqp://`): verifying the
+    broker against PKGQ_AMQP_CA_FILE, with the client certificate if one is set."""
+    if not settings.amqp_tls:
+        return None
+    return amqp_context(settings.amqp_ca_file, settings.amqp_cert_file, settings.amqp_key_file)
+
+
+async def open_amqp(settings: Settings, name: str) -> AbstractRobustConnection:
+    """A robust connection to the settings' broker, over TLS for an `amqps://` URL."""
+    return await connect(settings.amqp_url, name, tls_context(settings), settings.amqp_ca_file)
+
+
+async def connect(
+    url: str, name: str, context: ssl.SSLContext | None = None, ca_file: str | None = None
+) -> AbstractRobustConnection:
+    """A robust connection named `name` (shown by the broker). An `amqps://` URL always
+    verifies the broker: with `context` if given (`ca_file` is what it trusts, for the error
+    message), else against the system's CAs. A certificate that is not accepted raises
+    TlsVerifyError, whose text says in one line what to check."""
     allow_deep_headers()
-    return await aio_pika.connect_robust(
-        url, client_properties={"connection_name": name}, reconnect_interval=1.0
-    )
+    parsed = URL(url)
+    if parsed.scheme.lower() == "amqps" and context is None:
+        context = amqp_context(None, None, None)
+    try:
+        return await aio_pika.connect_robust(
+            url,
+            client_properties={"connection_name": name},
+            reconnect_interval=1.0,
+            ssl_context=context,
+        )
+    except Exception as exc:
+        target = TlsTarget("RabbitMQ", f"{parsed.host}:{parsed.port}", ca_file, "PKGQ_AMQP_CA_FILE")
+        problem = explain(exc, target) if context is not None else None
+        if problem is None:
+            raise
+        raise TlsVerifyError(problem) from exc

@@ -11,17 +11,22 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import ssl
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
+import structlog
 from aiormq.exceptions import ChannelNotFoundEntity
 
-from infra.rabbit.connection import connect
+from infra.rabbit.connection import open_amqp
 from infra.rabbit.topology import route_queues
 from infra.settings import Settings
+from infra.tls import TlsTarget, amqp_context, explain
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,8 +37,9 @@ class QueueFigures:
 
 
 def management_base(settings: Settings) -> tuple[str, str, str]:
-    """(base URL, user, password): PKGQ_MANAGEMENT_URL, or the AMQP host on port 15672 with the
-    AMQP credentials."""
+    """(base URL, user, password): PKGQ_MANAGEMENT_URL, or the AMQP host with the AMQP
+    credentials, on port 15672 (http) or, when the AMQP URL is `amqps://`, on 15671 (https,
+    verified as the AMQP connection is: README, TLS)."""
     amqp = urlsplit(settings.amqp_url)
     if settings.management_url:
         base = urlsplit(settings.management_url)
@@ -44,8 +50,10 @@ def management_base(settings: Settings) -> tuple[str, str, str]:
             netloc = f"{netloc}:{base.port}"
         return f"{base.scheme or 'http'}://{netloc}{base.path.rstrip('/')}", user, password
     host = amqp.hostname or "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
     return (
-        f"http://{host}:15672",
+        f"https://{host}:15671" if settings.amqp_tls else f"http://{host}:15672",
         unquote(amqp.username or "guest"),
         unquote(amqp.password or "guest"),
     )
@@ -56,11 +64,21 @@ def _vhost(settings: Settings) -> str:
     return unquote(path[1:]) if len(path) > 1 else "/"
 
 
-def _fetch(url: str, user: str, password: str, timeout: float) -> object:
+def management_context(settings: Settings, url: str) -> ssl.SSLContext | None:
+    """For an https management URL: the AMQP connection's CA and client certificate (the
+    system's CAs if none is set). Verification is always on."""
+    if urlsplit(url).scheme.lower() != "https":
+        return None
+    return amqp_context(settings.amqp_ca_file, settings.amqp_cert_file, settings.amqp_key_file)
+
+
+def _fetch(
+    url: str, user: str, password: str, timeout: float, context: ssl.SSLContext | None = None
+) -> object:
     request = urllib.request.Request(url)  # noqa: S310  (an http(s) URL from settings)
     token = base64.b64encode(f"{user}:{password}".encode()).decode()
     request.add_header("Authorization", f"Basic {token}")
-    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+    with urllib.request.urlopen(request, timeout=timeout, context=context) as response:  # noqa: S310
         return json.loads(response.read())
 
 
@@ -74,8 +92,21 @@ async def queue_figures(
     base, user, password = management_base(settings)
     url = f"{base}/api/queues/{quote(_vhost(settings), safe='')}?columns={COLUMNS}"
     try:
-        rows = await asyncio.to_thread(_fetch, url, user, password, wait_s)
-    except (OSError, urllib.error.URLError, ValueError):
+        rows = await asyncio.to_thread(
+            _fetch, url, user, password, wait_s, management_context(settings, url)
+        )
+    except (OSError, urllib.error.URLError, ValueError) as exc:
+        problem = explain(
+            exc,
+            TlsTarget(
+                "the RabbitMQ management API",
+                urlsplit(base).netloc,
+                settings.amqp_ca_file,
+                "PKGQ_AMQP_CA_FILE",
+            ),
+        )
+        if problem is not None:
+            log.warning("management_api_tls_failed", error=problem)
         return None
     wanted = set(names)
     found: dict[str, QueueFigures] = {}
@@ -91,7 +122,7 @@ async def queue_figures(
 
 async def queue_depths(settings: Settings, route: str) -> list[dict[str, Any]]:
     """Ready messages and consumers of each of the route's queues (as configured here)."""
-    connection = await connect(settings.amqp_url, "pkgq-partitions")
+    connection = await open_amqp(settings, "pkgq-partitions")
     found: list[dict[str, Any]] = []
     try:
         for name, key in route_queues(settings, route):

@@ -63,3 +63,47 @@ async def test_a_dead_letter_copy_from_another_publisher_is_untrusted_and_fails_
     assert state is not None
     assert state.state == "failed"
     assert reasons == {"untrusted_publisher", "handler_error"}
+
+
+def broker_dead_letter(publisher: str | None, message_id: str, address: str) -> RawDelivery:
+    """A message the broker dead-lettered (a TTL expiry: it has `x-death`), carrying an
+    address header, as published by `publisher`."""
+    return RawDelivery(
+        body=b'{"user_id": "00000000-0000-4000-8000-000000000001", "upload": 1, "download": 1}',
+        message_id=message_id,
+        message_type=USAGE_RECORD.message_type,
+        content_type=CONTENT_TYPE,
+        timestamp=None,
+        headers={
+            "x-death": [{"reason": "expired", "queue": "pkgq.usage_record", "count": 1}],
+            H_ADDRESS: address,
+        },
+        routing_key=USAGE_RECORD.name,
+        publisher=publisher,
+    )
+
+
+async def test_an_outsiders_broker_dead_letter_is_filed_but_fails_no_address_it_names(
+    pool: asyncpg.Pool,
+) -> None:
+    message_id, address = uuid4(), f"order-{uuid4().hex[:8]}"
+    async with pool.acquire() as conn:
+        assert await job_state.take_address(conn, address, USAGE_RECORD.name, message_id) is None
+    ingester = ingest.make_ingester(pool, trusted_publisher=PKGQ)
+
+    for outsider in ("mallory", None):  # a user_id of its own, or none at all
+        forged = broker_dead_letter(outsider, str(message_id), address)
+        assert await ingester([forged]) == [Result(Outcome.DEAD_LETTERED)]
+    async with pool.acquire() as conn:
+        state = await job_state.address_state(conn, address)
+        filed = await conn.fetch("SELECT reason, source FROM telecom.dead_letters")
+    assert state is not None
+    assert state.state == "queued"  # the outsider's x-pkgq-address is data, not authority
+    assert {(r["reason"], r["source"]) for r in filed} == {("expired", "broker")}
+
+    genuine = broker_dead_letter(PKGQ, str(message_id), address)
+    assert await ingester([genuine]) == [Result(Outcome.DEAD_LETTERED)]
+    async with pool.acquire() as conn:
+        state = await job_state.address_state(conn, address)
+    assert state is not None
+    assert state.state == "failed"

@@ -6,19 +6,28 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 from uuid import UUID, uuid4
 
 import aio_pika
 import asyncpg
 import pytest
+import structlog.testing
 from aio_pika.abc import AbstractRobustConnection
 from aiormq.exceptions import ChannelAccessRefused, ChannelPreconditionFailed
 
 from consumers.delivery import DeliveryPipeline
 from consumers.registry import HANDLERS
 from consumers.retry_policy import RetryPolicy
-from events.envelope import CONTENT_TYPE, H_ADDRESS, H_SCHEMA_VERSION, H_SEQ, H_USER_ID
+from events.envelope import (
+    CONTENT_TYPE,
+    H_ADDRESS,
+    H_GROUP,
+    H_SCHEMA_VERSION,
+    H_SEQ,
+    H_USER_ID,
+)
 from events.models import (
     AllPackageExpiredEvent,
     PackageActivateEvent,
@@ -317,3 +326,82 @@ async def test_an_untrusted_message_neither_fails_pkgqs_job_nor_overwrites_its_d
     ]
     assert state is not None
     assert state.state == "queued"
+
+
+async def test_an_outsiders_forged_address_and_group_headers_join_nothing_and_it_is_applied(
+    w: World, publisher: AbstractRobustConnection
+) -> None:
+    # pkgq's own jobs, an address and a one-member group, both due in an hour: their genuine
+    # messages stay in the outbox for the whole test.
+    jobs = Jobs(w.pool)
+    addressed = await jobs.publish(
+        PACKAGE_PURCHASE, purchase(uuid4(), w.package), address="ops:tls-42", delay=3600
+    )
+    group = await jobs.publish_group(
+        PACKAGE_PURCHASE, [purchase(uuid4(), w.package)], name="nightly", delay=3600
+    )
+    (member,) = group.message_ids
+
+    # An outsider (the publisher role) sends commands that claim those jobs: their message_ids
+    # and headers saying they are the addressed message and the group's member.
+    forged: dict[UUID, UUID] = {}
+    with structlog.testing.capture_logs() as logs:
+        await _publish_forged_marks(
+            w, publisher, addressed.message_id, member, group.group_id, forged
+        )
+        # Still applied: the commands are inbound, anyone may send them.
+        for user in forged:
+            await eventually(partial(w.granted, user))
+    ignored = [e for e in logs if e["event"] == "outsider_job_marks_ignored"]
+    assert sorted((e["message_id"], tuple(e["headers"])) for e in ignored) == sorted(
+        [(str(addressed.message_id), (H_ADDRESS,)), (str(member), (H_GROUP,))]
+    )
+    async with w.pool.acquire() as conn:
+        address = await job_state.address_state(conn, "ops:tls-42")
+        summary = await job_state.group_summary(conn, group.group_id)
+        member_state = await conn.fetchval(
+            "SELECT state FROM telecom.group_members WHERE message_id = $1", member
+        )
+    # But neither finished pkgq's job: the address still waits for its own message, and the
+    # group's member is still pending, the group open, nothing done.
+    assert address is not None
+    assert address.state == "queued"
+    assert summary is not None
+    assert (summary["state"], summary["done"], summary["failed"]) == ("open", 0, 0)
+    assert member_state == "pending"
+
+
+async def _publish_forged_marks(
+    w: World,
+    publisher: AbstractRobustConnection,
+    addressed: UUID,
+    member: UUID,
+    group_id: UUID,
+    forged: dict[UUID, UUID],
+) -> None:
+    """Purchases for new users, under the message_ids of pkgq's addressed and grouped jobs and
+    with their job marks; `forged` gets user -> message_id."""
+    for message_id, marks in (
+        (addressed, {H_ADDRESS: "ops:tls-42"}),
+        (member, {H_GROUP: str(group_id)}),
+    ):
+        user = uuid4()
+        forged[user] = message_id
+        body = purchase(user, w.package)
+        channel = await publisher.channel(publisher_confirms=True)
+        try:
+            exchange = await channel.get_exchange(w.settings.exchange, ensure=False)
+            await exchange.publish(
+                aio_pika.Message(
+                    body.model_dump_json().encode(),
+                    message_id=str(message_id),
+                    type=PACKAGE_PURCHASE.message_type,
+                    content_type=CONTENT_TYPE,
+                    headers={H_SCHEMA_VERSION: 1, H_USER_ID: str(user), **marks},
+                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                ),
+                PACKAGE_PURCHASE.name,
+                mandatory=True,
+            )
+        finally:
+            await channel.close()
