@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from consumers import ingest, retry_policy
 from consumers.delivery import describe
-from consumers.dlq_cli import parse_duration, parse_since
+from consumers.cli.dlq import parse_duration, parse_since
 from consumers.ingest import to_dead_letter
 from consumers.retry_policy import RetryPolicy, from_settings, policy_for, seed003_backoff
 from events.decoding import RawDelivery

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from consumers.units import parse_duration, parse_size
+from consumers.cli.units import parse_duration, parse_size
 from infra.settings import Settings, mask_url
 
 

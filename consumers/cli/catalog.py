@@ -11,8 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from consumers.cli_support import load_settings, text
-from consumers.units import parse_duration, parse_size
+from consumers.cli.support import load_settings, text
+from consumers.cli.units import parse_duration, parse_size
 from domain.model import Package
 from infra.postgres import catalog
 from infra.postgres.pool import database

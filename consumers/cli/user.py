@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from consumers import publishing
-from consumers.cli_support import load_settings, operator, text
+from consumers.cli.support import load_settings, operator, text
 from domain.model import QueueItem
 from domain.queue import UserQueue
 from events.models import AdjustQuota, CancelPackage, WireModel

@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from consumers.cli_support import clean, load_settings, operator, route_argument, text
-from consumers.units import parse_duration
+from consumers.cli.support import clean, load_settings, operator, route_argument, text
+from consumers.cli.units import parse_duration
 from events.models import PurchasePackage
 from events.routes import PACKAGE_PURCHASE, Route
 from infra.jobs import DuplicateAddress, JobOptions, Jobs, PublishResult, UnknownAddressError

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from consumers.cli_support import load_settings, operator, route_argument
+from consumers.cli.support import load_settings, operator, route_argument
 from infra.postgres import outbox
 from infra.postgres.pool import database
 from infra.rabbit.management import queue_depths

@@ -26,7 +26,7 @@ from uuid import UUID, uuid4
 import asyncpg
 from aio_pika.abc import AbstractRobustConnection
 
-from consumers.bench_support import (
+from devtools.bench.support import (
     backlog_rounds,
     child_env,
     peak_rss_mb,
@@ -47,7 +47,7 @@ from infra.postgres.statements import StatementLog
 from infra.rabbit.topology import route_queues
 
 if TYPE_CHECKING:
-    from consumers.bench import Bench
+    from devtools.bench.scenario import Bench
 
 LIMIT = 10**15
 """The backlog package's traffic limit: far more than any backlog uses."""

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from consumers.cli_support import load_settings, text
+from consumers.cli.support import load_settings, text
 from infra.postgres import retention, workers
 from infra.postgres.pool import database
 

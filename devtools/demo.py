@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from consumers import publishing
-from consumers.bench_support import stop_processes
+from devtools.bench.support import stop_processes
 from consumers.job_stats import STATES, route_stats
 from events.envelope import H_DEAD_REASON, H_SCHEMA_VERSION
 from events.models import (

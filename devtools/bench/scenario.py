@@ -13,7 +13,7 @@ Measured, all in one run:
 - latency (outbox insert -> the consuming transaction) with usage paced at half of the
   measured maximum rate, and peak RSS of each process.
 - a backlog of usage records drained by a consumer written the obvious way (a transaction per
-  message) and by `pkgq run`, and the SQL statements one batch costs (consumers/bench_backlog.py).
+  message) and by `pkgq run`, and the SQL statements one batch costs (devtools/bench/backlog.py).
 Absolute numbers on a shared machine are noise; the ratios are the result.
 """
 
@@ -29,8 +29,8 @@ import aio_pika
 import asyncpg
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
-from consumers.bench_backlog import BACKLOG_PHASES, backlog_phases
-from consumers.bench_support import (
+from devtools.bench.backlog import BACKLOG_PHASES, backlog_phases
+from devtools.bench.support import (
     TABLES,
     TRAFFIC,
     RunResult,

@@ -17,14 +17,16 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from consumers import jobs_cli, publishing, workers_cli
-from consumers.catalog_cli import catalog_app
-from consumers.cli_support import load_settings, route_argument
-from consumers.cli_support import text as literal
-from consumers.dlq_cli import dlq_app
-from consumers.partitions_cli import partitions_app
+from consumers import publishing
+from consumers.cli import jobs as jobs_cli
+from consumers.cli import workers as workers_cli
+from consumers.cli.catalog import catalog_app
+from consumers.cli.support import load_settings, route_argument
+from consumers.cli.support import text as literal
+from consumers.cli.dlq import dlq_app
+from consumers.cli.partitions import partitions_app
 from consumers.runtime import services, start_status_server, stop_on_signals
-from consumers.user_cli import user_app
+from consumers.cli.user import user_app
 from events.models import WireModel
 from events.routes import ROUTES, Route
 from infra.postgres.migrate import RuntimeRoleMissingError, ensure_database, migrate
@@ -331,7 +333,7 @@ def bench_cmd(
     Scale it with --users and --packages (events per run are about users x (3 x packages + 3)).
     It uses its own database (pkgq_bench) and broker names (bench.*) next to the configured ones.
     """
-    from consumers.bench import PHASES, Scenario, run_bench
+    from devtools.bench.scenario import PHASES, Scenario, run_bench
 
     settings = load_settings()
     scenario = Scenario(
@@ -370,7 +372,7 @@ def demo_cmd(
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 90.0,
 ) -> None:
     """Start the relay and all consumers, drive sample users through every route, show it."""
-    from consumers.demo import run_demo
+    from devtools.demo import run_demo
 
     settings = load_settings()
     raise typer.Exit(_run(run_demo(settings, timeout)))

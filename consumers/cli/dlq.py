@@ -24,7 +24,7 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
-from consumers.cli_support import load_settings, operator, text
+from consumers.cli.support import load_settings, operator, text
 from infra.postgres import dead_letters, holds, replay
 from infra.postgres.pool import database
 from infra.settings import Settings
