@@ -1,97 +1,37 @@
-"""`pkgq dlq …`: see, group, replay, discard and purge dead letters.
+"""`pkgq dlq …` that reads: list, show, groups and holds (the changes are in dlq_changes.py),
+and `pkgq dlq ingest`.
 
-Replays go through the outbox, in the transaction that marks the dead letter `replayed`, so a
-bulk replay interrupted half-way and run again sends each message once. Long operations show a
-progress bar on a terminal and log one structured line per batch otherwise. Everything taken
-from a message (type, route, error text, traceback, headers, body) is printed as literal text
-through `cli_support.text`: never as rich markup, never with terminal control characters.
+Everything taken from a message (type, route, error text, traceback, headers, body) is printed
+as literal text (output.text): never as rich markup, never with terminal control characters.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import re
-import sys
-from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
-import structlog
 import typer
-from rich.console import Console
-from rich.progress import Progress
-from rich.table import Table
 from rich.text import Text
 
-from consumers.cli.support import load_settings, operator, text
-from infra.postgres import dead_letters, holds, replay
-from infra.postgres.pool import database
-from infra.settings import Settings
-from infra.transient import transient_retrying
+from consumers.cli import dlq_changes, exit_codes
+from consumers.cli.dlq_changes import ErrorOpt, GroupOpt, RouteOpt, SinceOpt
+from consumers.cli.options import JsonOpt
+from consumers.cli.output import Column, console, field, moment, short, show, show_table, text
+from consumers.cli.running import load_settings, on_database, run
+from infra.postgres import dead_letters, holds
+from infra.postgres.pool import Conn
 
 dlq_app = typer.Typer(
-    help="Dead letters: list, show, group, replay (dig/plow), discard, purge; and holds."
+    help="Dead letters (messages that could not be applied): list, show, group, replay, "
+    "discard, purge; and the users they hold back."
 )
-console = Console()
-log = structlog.get_logger(__name__)
-BATCH = 200
-T = TypeVar("T")
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-def parse_duration(text: str) -> timedelta:
-    """`90s`, `15m`, `2h`, `7d`, `1w`."""
-    match = _DURATION.match(text)
-    if not match:
-        raise typer.BadParameter(f"{text!r} is not a duration like 30m, 2h or 7d")
-    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
-
-
-def parse_since(text: str | None) -> datetime | None:
-    """An ISO-8601 time, or a duration meaning that long ago."""
-    if text is None:
-        return None
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        return datetime.now(UTC) - parse_duration(text)
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-
-
-def _query(settings: Settings, call: Callable[[Any], Awaitable[T]]) -> T:
-    """Run one read or write on a short-lived connection of its own."""
-
-    async def go() -> T:
-        async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
-            return await call(conn)
-
-    return asyncio.run(go())
-
-
-def _print_json(value: Any) -> None:
-    print(json.dumps(value, default=str, indent=2))
-
-
-RouteOpt = Annotated[str | None, typer.Option("--route", help="Only this route.")]
-ErrorOpt = Annotated[
-    str | None, typer.Option("--error", help="Reason, error type or message contains TEXT.")
-]
-GroupOpt = Annotated[str | None, typer.Option("--group", help="A group key from `dlq groups`.")]
-SinceOpt = Annotated[
-    str | None, typer.Option("--since", help="Failed since: ISO time, or a duration ago (2h).")
-]
-LimitOpt = Annotated[int | None, typer.Option("--limit", min=1, help="At most N.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
-ByOpt = Annotated[str | None, typer.Option("--by", help="Who does it (default: user@host).")]
-
-
-def _short(value: str | None, width: int) -> Text:
-    """One table cell of message data: one line, at most `width` characters, literal."""
-    line = (value or "").replace("\n", " ")
-    return text(line if len(line) <= width else line[: width - 1] + "…")
+_SHOWN = (
+    *("id", "status", "source", "route", "consumer", "message_id", "message_type", "user_id"),
+    *("reason", "error_type", "error_message", "error_location", "group_key", "attempts"),
+    *("first_failed_at", "last_failed_at", "repeats", "body_size", "body_sha256"),
+    *("replay_count", "replayed_at", "replayed_by", "discarded_at", "discarded_by", "held_back"),
+)
 
 
 @dlq_app.command("list")
@@ -103,10 +43,10 @@ def list_cmd(
     status: Annotated[
         str | None, typer.Option("--status", help="buried, replayed or discarded.")
     ] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1)] = 50,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="At most N.")] = 50,
     as_json: JsonOpt = False,
 ) -> None:
-    """Dead letters, oldest first, with how many parked messages each one holds back."""
+    """Dead letters, oldest first, with how many later messages of its user each holds back."""
     if status is not None and status not in dead_letters.STATUSES:
         raise typer.BadParameter(f"status must be one of {', '.join(dead_letters.STATUSES)}")
     settings = load_settings()
@@ -114,112 +54,71 @@ def list_cmd(
         route=route,
         error=error,
         group=group,
-        since=parse_since(since),
+        since=dlq_changes.since_option(since),
         status=status,
         limit=limit,
     )
+    columns: list[Column] = [
+        ("id", lambda r: str(r["id"])),
+        ("status", field("status")),
+        ("route", field("route")),
+        ("reason", field("reason")),
+        ("error", lambda r: short(f"{r['error_type']}: {r['error_message']}", 60)),
+        ("tries", lambda r: str(r["attempts"])),
+        ("first failed", moment("first_failed_at")),
+        ("holds", lambda r: str(r["held_back"] or "")),
+    ]
+    rows = on_database(settings, lambda conn: dead_letters.find(conn, which))
+    show_table(rows, as_json, columns, footer=f"{len(rows)} shown (limit {limit})")
 
-    rows = _query(settings, lambda conn: dead_letters.find(conn, which))
-    if as_json:
-        _print_json(rows)
-        return
-    table = Table("id", "status", "route", "reason", "error", "tries", "first failed", "holds")
-    for r in rows:
-        table.add_row(
-            str(r["id"]),
-            text(r["status"]),
-            text(r["route"]),
-            text(r["reason"]),
-            _short(f"{r['error_type']}: {r['error_message']}", 60),
-            str(r["attempts"]),
-            r["first_failed_at"].strftime("%Y-%m-%d %H:%M:%S"),
-            str(r["held_back"] or ""),
-        )
-    console.print(table)
-    console.print(f"{len(rows)} shown (limit {limit})")
+
+def _print_dead_letter(row: dict[str, Any]) -> None:
+    for key in _SHOWN:
+        console.print(Text.assemble((f"{key:>15}", "bold"), "  ", text(row.get(key))))
+    # JSON escapes every control character (ESC as \u001b); printed as text, not markup.
+    for key in ("headers", "body"):
+        console.print(Text(key, style="bold"))
+        console.print(text(json.dumps(row[key], indent=2, default=str)))
+    if row.get("traceback"):
+        console.print(Text("traceback", style="bold"))
+        console.print(text(row["traceback"]))
 
 
 @dlq_app.command("show")
 def show_cmd(dead_letter_id: int, as_json: JsonOpt = False) -> None:
     """One dead letter: its body, headers, error and traceback."""
     settings = load_settings()
-
-    row = _query(settings, lambda conn: dead_letters.get(conn, dead_letter_id))
+    row = on_database(settings, lambda conn: dead_letters.get(conn, dead_letter_id))
     if row is None:
-        console.print(f"[red]no dead letter {dead_letter_id}[/red]")
-        raise typer.Exit(1)
+        exit_codes.fail(exit_codes.NOT_FOUND, f"no dead letter {dead_letter_id}")
     body = bytes(row.pop("body"))
     row["headers"] = dead_letters.as_dict(row["headers"])
     try:
         row["body"] = json.loads(body)
     except ValueError:
         row["body"] = body.decode("utf-8", "replace")
-    if as_json:
-        _print_json(row)
-        return
-    for key in (
-        "id",
-        "status",
-        "source",
-        "route",
-        "consumer",
-        "message_id",
-        "message_type",
-        "user_id",
-        "reason",
-        "error_type",
-        "error_message",
-        "error_location",
-        "group_key",
-        "attempts",
-        "first_failed_at",
-        "last_failed_at",
-        "repeats",
-        "body_size",
-        "body_sha256",
-        "replay_count",
-        "replayed_at",
-        "replayed_by",
-        "discarded_at",
-        "discarded_by",
-        "held_back",
-    ):
-        console.print(Text.assemble((f"{key:>15}", "bold"), "  ", text(row.get(key))))
-    # JSON escapes every control character (ESC as \u001b); printed as text, not markup.
-    console.print("[bold]headers[/bold]")
-    console.print(text(json.dumps(row["headers"], indent=2, default=str)))
-    console.print("[bold]body[/bold]")
-    console.print(text(json.dumps(row["body"], indent=2, default=str)))
-    if row.get("traceback"):
-        console.print("[bold]traceback[/bold]")
-        console.print(text(row["traceback"]))
+    show(row, as_json, _print_dead_letter)
 
 
 @dlq_app.command("holds")
 def holds_cmd(
-    limit: Annotated[int, typer.Option("--limit", min=1)] = 100,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="At most N.")] = 100,
     as_json: JsonOpt = False,
 ) -> None:
-    """Users held back on a consumer: by a message waiting for its retry, or a buried one."""
+    """Users whose later messages wait (parked) behind one of theirs: a message waiting for its
+    retry, or a dead letter."""
     settings = load_settings()
-
-    rows = _query(settings, lambda conn: holds.overview(conn, limit))
-    if as_json:
-        _print_json(rows)
-        return
-    table = Table("consumer", "user", "state", "blocker", "tries", "parked", "since", "last error")
-    for r in rows:
-        table.add_row(
-            text(r["consumer"]),
-            str(r["user_id"]),
-            text(r["state"]),
-            str(r["blocker"] or ""),
-            str(r["attempts"]),
-            str(r["parked"]),
-            r["since"].strftime("%Y-%m-%d %H:%M:%S"),
-            _short(r["last_error"], 50),
-        )
-    console.print(table)
+    columns: list[Column] = [
+        ("consumer", field("consumer")),
+        ("user", lambda r: str(r["user_id"])),
+        ("state", field("state")),
+        ("blocker", lambda r: str(r["blocker"] or "")),
+        ("tries", lambda r: str(r["attempts"])),
+        ("parked", lambda r: str(r["parked"])),
+        ("since", moment("since")),
+        ("last error", field("last_error", 50)),
+    ]
+    show_table(on_database(settings, lambda conn: holds.overview(conn, limit)), as_json, columns)
 
 
 @dlq_app.command("groups")
@@ -229,228 +128,25 @@ def groups_cmd(
     ] = "buried",
     as_json: JsonOpt = False,
 ) -> None:
-    """Failures grouped by reason, error type and the code that raised them."""
+    """Failures grouped by reason, error type and the line of code that raised them."""
     settings = load_settings()
+    wanted = None if status == "all" else status
 
-    rows = _query(
-        settings, lambda conn: dead_letters.groups(conn, None if status == "all" else status)
-    )
-    if as_json:
-        _print_json(rows)
-        return
-    table = Table("group", "count", "reason", "error type", "raised at", "routes", "first", "last")
-    for r in rows:
-        table.add_row(
-            text(r["group_key"]),
-            str(r["count"]),
-            text(r["reason"]),
-            text(r["error_type"]),
-            _short(r["error_location"], 40),
-            text(", ".join(r["routes"])),
-            r["first_seen"].strftime("%m-%d %H:%M:%S"),
-            r["last_seen"].strftime("%m-%d %H:%M:%S"),
-        )
-    console.print(table)
-    console.print("replay a group with `pkgq dlq replay --group GROUP`")
+    async def find(conn: Conn) -> list[dict[str, Any]]:
+        return await dead_letters.groups(conn, wanted)
 
-
-async def _in_batches(
-    settings: Settings,
-    ids: Sequence[int],
-    step: Callable[[Any, list[int]], Awaitable[T]],
-    label: str,
-) -> list[T]:
-    """Run `step` over `ids` in transactions of BATCH, with a progress bar on a terminal.
-    Returns each committed batch's result; a batch hit by a deadlock or a blip is run again."""
-    results: list[T] = []
-    batches = [list(ids[i : i + BATCH]) for i in range(0, len(ids), BATCH)]
-    progress = Progress(console=console, transient=True) if sys.stdout.isatty() else None
-    task = progress.add_task(label, total=len(ids)) if progress else None
-    if progress:
-        progress.start()
-    try:
-        async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
-            for batch in batches:
-                async for attempt in transient_retrying():
-                    with attempt:
-                        async with conn.transaction():
-                            result = await step(conn, batch)
-                results.append(result)
-                if progress is not None and task is not None:
-                    progress.advance(task, len(batch))
-                else:
-                    log.info(label, batch=len(batch), done=len(results), batches=len(batches))
-    finally:
-        if progress:
-            progress.stop()
-    return results
-
-
-async def _select(settings: Settings, which: dead_letters.Filter) -> list[dict[str, Any]]:
-    async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
-        return await dead_letters.find(conn, which)
-
-
-def _replay(
-    settings: Settings,
-    which: dead_letters.Filter,
-    *,
-    by: str | None,
-    force: bool = False,
-    dry_run: bool = False,
-    as_json: bool = False,
-    transition: str = "dig",
-) -> None:
-    rows = asyncio.run(_select(settings, which))
-    if dry_run:
-        if as_json:
-            _print_json([{"id": r["id"], "route": r["route"], "would_replay": True} for r in rows])
-        else:
-            console.print(f"would replay {len(rows)} dead letter(s): {[r['id'] for r in rows]}")
-        return
-    who = by or operator()
-
-    async def step(conn: Any, batch: list[int]) -> list[replay.ReplayResult]:
-        return await replay.replay(conn, batch, who, force=force, transition=transition)
-
-    batches = asyncio.run(_in_batches(settings, [r["id"] for r in rows], step, "replaying"))
-    results = [r for batch in batches for r in batch]
-    replayed = sum(r.replayed for r in results)
-    skipped = [r for r in results if not r.replayed]
-    if as_json:
-        _print_json({"replayed": replayed, "skipped": [r.__dict__ for r in skipped]})
-    else:
-        console.print(f"replayed {replayed} dead letter(s) through the outbox")
-        for r in skipped:
-            console.print(text(f"not replayed {r.id}: {r.detail}", style="yellow"))
-    if skipped:
-        raise typer.Exit(1)
-
-
-@dlq_app.command("dig")
-def dig_cmd(
-    dead_letter_id: int,
-    force: Annotated[
-        bool, typer.Option("--force", help="Replay even if it was replayed or discarded.")
-    ] = False,
-    by: ByOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Replay one dead letter (seed 004's dig)."""
-    settings = load_settings()
-    status = None if force else "buried"
-    rows = asyncio.run(_select(settings, dead_letters.Filter(ids=[dead_letter_id])))
-    if not rows:
-        console.print(f"[red]no dead letter {dead_letter_id}[/red]")
-        raise typer.Exit(1)
-    if status and rows[0]["status"] != status:
-        r = rows[0]
-        console.print(
-            text(
-                f"dead letter {dead_letter_id} is {r['status']} "
-                f"({r['replayed_by'] or r['discarded_by']} at "
-                f"{r['replayed_at'] or r['discarded_at']}); use --force to replay it again "
-                "(the inbox still drops it if it was applied)",
-                style="yellow",
-            )
-        )
-        raise typer.Exit(1)
-    _replay(
-        settings, dead_letters.Filter(ids=[dead_letter_id]), by=by, force=force, as_json=as_json
-    )
-
-
-@dlq_app.command("plow")
-def plow_cmd(count: int, by: ByOpt = None, as_json: JsonOpt = False) -> None:
-    """Replay the COUNT oldest buried dead letters (seed 004's plow)."""
-    settings = load_settings()
-    _replay(
-        settings,
-        dead_letters.Filter(status="buried", limit=count),
-        by=by,
-        as_json=as_json,
-        transition="plow",
-    )
-
-
-@dlq_app.command("replay")
-def replay_cmd(
-    route: RouteOpt = None,
-    error: ErrorOpt = None,
-    group: GroupOpt = None,
-    since: SinceOpt = None,
-    ids: Annotated[list[int] | None, typer.Option("--id", help="These ids (repeatable).")] = None,
-    limit: LimitOpt = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only say what would go.")] = False,
-    by: ByOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Replay every buried dead letter that matches, oldest first, once each."""
-    settings = load_settings()
-    which = dead_letters.Filter(
-        ids=ids or (),
-        route=route,
-        error=error,
-        group=group,
-        since=parse_since(since),
-        status="buried",
-        limit=limit,
-    )
-    _replay(settings, which, by=by, dry_run=dry_run, as_json=as_json)
-
-
-@dlq_app.command("discard")
-def discard_cmd(
-    ids: Annotated[list[int] | None, typer.Argument(help="Dead letter ids.")] = None,
-    route: RouteOpt = None,
-    error: ErrorOpt = None,
-    group: GroupOpt = None,
-    since: SinceOpt = None,
-    every: Annotated[
-        bool, typer.Option("--all", help="Every buried one (required without a filter).")
-    ] = False,
-    by: ByOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Give up on buried dead letters; the messages they held back are released in order."""
-    if not (ids or route or error or group or since or every):
-        raise typer.BadParameter("name ids or a filter, or pass --all")
-    settings = load_settings()
-    which = dead_letters.Filter(
-        ids=ids or (),
-        route=route,
-        error=error,
-        group=group,
-        since=parse_since(since),
-        status="buried",
-    )
-    rows = asyncio.run(_select(settings, which))
-    who = by or operator()
-
-    async def step(conn: Any, batch: list[int]) -> int:
-        return await dead_letters.discard(conn, batch, who)
-
-    discarded = sum(asyncio.run(_in_batches(settings, [r["id"] for r in rows], step, "discarding")))
-    if as_json:
-        _print_json({"discarded": discarded})
-    else:
-        console.print(f"discarded {discarded} dead letter(s)")
-
-
-@dlq_app.command("purge")
-def purge_cmd(
-    older_than: Annotated[str, typer.Option("--older-than", help="A duration: 30d, 12h, …")],
-    as_json: JsonOpt = False,
-) -> None:
-    """Delete replayed and discarded dead letters older than a duration (never buried ones)."""
-    age = parse_duration(older_than)
-    settings = load_settings()
-
-    purged = _query(settings, lambda conn: dead_letters.purge(conn, age))
-    if as_json:
-        _print_json({"purged": purged})
-    else:
-        console.print(f"purged {purged} dead letter(s) older than {older_than}")
+    columns: list[Column] = [
+        ("group", field("group_key")),
+        ("count", lambda r: str(r["count"])),
+        ("reason", field("reason")),
+        ("error type", field("error_type")),
+        ("raised at", field("error_location", 40)),
+        ("routes", lambda r: text(", ".join(r["routes"]))),
+        ("first", moment("first_seen", "%m-%d %H:%M:%S")),
+        ("last", moment("last_seen", "%m-%d %H:%M:%S")),
+    ]
+    footer = "replay a group with `pkgq dlq replay --group GROUP`"
+    show_table(on_database(settings, find), as_json, columns, footer=footer)
 
 
 @dlq_app.command("ingest")
@@ -466,4 +162,7 @@ def ingest_cmd() -> None:
         async with services(settings, "dlq-ingest") as svc:
             return await run_consumers(settings, svc, [], stop, ingest=True)
 
-    raise typer.Exit(asyncio.run(go()))
+    raise typer.Exit(run(go()))
+
+
+dlq_changes.register(dlq_app)

@@ -8,79 +8,78 @@ start them again, resume.
 
 from __future__ import annotations
 
-import asyncio
-import json
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from consumers.cli.support import load_settings, operator, route_argument
+from consumers.cli.options import ByOpt, JsonOpt, operator, route_argument
+from consumers.cli.output import Column, console, say, show, table
+from consumers.cli.running import connected, load_settings, on_database, run
 from infra.postgres import outbox
-from infra.postgres.pool import database
 from infra.rabbit.management import queue_depths
+from infra.settings import Settings
 
-partitions_app = typer.Typer(help="A route's partition queues; pause/resume its relaying.")
-console = Console()
+partitions_app = typer.Typer(
+    help="A route's partition queues; pause and resume its relaying to change their number."
+)
+RouteArg = Annotated[str, typer.Argument(help="The route, e.g. usage_record.")]
+
+_QUEUE_COLUMNS: list[Column] = [
+    ("queue", lambda q: q["queue"]),
+    ("binding key", lambda q: q["binding"]),
+    ("ready", lambda q: str(q["ready"])),
+    ("consumers", lambda q: str(q["consumers"])),
+]
 
 
-@partitions_app.command("status")
-def status_cmd(
-    route: str, as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False
-) -> None:
-    """The route's partition count here, its queues' depth, whether its relaying is paused."""
-    settings = load_settings()
-    name = route_argument(route).name
+async def _status(settings: Settings, name: str) -> dict[str, Any]:
+    state = await connected(settings, lambda conn: outbox.route_status(conn, name))
+    state["queues"] = await queue_depths(settings, name)
+    state["partitions"] = settings.partitions_for(name)
+    state["route"] = name
+    return state
 
-    async def go() -> dict[str, Any]:
-        async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
-            state = await outbox.route_status(conn, name)
-        state["queues"] = await queue_depths(settings, name)
-        state["partitions"] = settings.partitions_for(name)
-        state["route"] = name
-        return state
 
-    state = asyncio.run(go())
-    if as_json:
-        print(json.dumps(state, default=str, indent=2))
-        return
+def _print_status(state: dict[str, Any]) -> None:
     paused = (
         f"paused since {state['paused_at']} by {state['paused_by']}"
         if state["paused_at"]
         else "relaying"
     )
-    console.print(
-        f"{name}: {state['partitions']} partition(s), {paused}, "
+    say(
+        f"{state['route']}: {state['partitions']} partition(s), {paused}, "
         f"{state['pending']} pending in the outbox"
     )
-    table = Table("queue", "binding key", "ready", "consumers")
-    for q in state["queues"]:
-        table.add_row(q["queue"], q["binding"], str(q["ready"]), str(q["consumers"]))
-    console.print(table)
+    console.print(table(state["queues"], _QUEUE_COLUMNS))
+
+
+@partitions_app.command("status")
+def status_cmd(route: RouteArg, as_json: JsonOpt = False) -> None:
+    """The route's partition count here, its queues' depth, whether its relaying is paused."""
+    settings = load_settings()
+    show(run(_status(settings, route_argument(route).name)), as_json, _print_status)
+
+
+def _changed(name: str, changed: bool, done: str, already: str, as_json: bool) -> None:
+    state = done if changed else already
+    data = {"route": name, "changed": changed, "state": state}
+    show(data, as_json, lambda _: say(f"{name}: {state}"))
 
 
 @partitions_app.command("pause")
-def pause_cmd(route: str, by: Annotated[str | None, typer.Option("--by")] = None) -> None:
-    """Hold the route's outbox rows back from every relay (they wait, in order)."""
+def pause_cmd(route: RouteArg, by: ByOpt = None, as_json: JsonOpt = False) -> None:
+    """Hold the route's outbox rows back from every relay (they wait, in order); returns once
+    relay rounds under way have finished."""
     settings = load_settings()
     name = route_argument(route).name
-
-    async def go() -> bool:
-        async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
-            return await outbox.pause_route(conn, name, by or operator())
-
-    console.print(f"{name}: {'paused' if asyncio.run(go()) else 'was paused already'}")
+    paused = on_database(settings, lambda conn: outbox.pause_route(conn, name, by or operator()))
+    _changed(name, paused, "paused", "was paused already", as_json)
 
 
 @partitions_app.command("resume")
-def resume_cmd(route: str) -> None:
+def resume_cmd(route: RouteArg, as_json: JsonOpt = False) -> None:
     """Let the relays publish the route's rows again."""
     settings = load_settings()
     name = route_argument(route).name
-
-    async def go() -> bool:
-        async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
-            return await outbox.resume_route(conn, name)
-
-    console.print(f"{name}: {'resumed' if asyncio.run(go()) else 'was not paused'}")
+    resumed = on_database(settings, lambda conn: outbox.resume_route(conn, name))
+    _changed(name, resumed, "resumed", "was not paused", as_json)

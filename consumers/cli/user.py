@@ -3,29 +3,25 @@ commands on its items (published like any other command, with a reason and who s
 
 from __future__ import annotations
 
-import asyncio
-import json
 from datetime import datetime
 from typing import Annotated, Any
 from uuid import UUID
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from consumers import publishing
-from consumers.cli.support import load_settings, operator, text
+from consumers.cli import exit_codes
+from consumers.cli.options import JsonOpt, operator
+from consumers.cli.output import Column, console, say, show, table, text
+from consumers.cli.running import connected, load_settings, publish, run
 from domain.model import QueueItem
 from domain.queue import UserQueue
-from events.models import AdjustQuota, CancelPackage, WireModel
-from events.routes import PACKAGE_CANCEL, QUOTA_ADJUST, Route
+from events.models import AdjustQuota, CancelPackage
+from events.routes import PACKAGE_CANCEL, QUOTA_ADJUST
 from infra.postgres import access, queue_repo
-from infra.postgres.pool import clock, database
-from infra.rabbit.connection import connect
+from infra.postgres.pool import Conn, clock
 from infra.settings import Settings
 
 user_app = typer.Typer(help="Inspect and administer one user's package queue.")
-console = Console()
 
 Reason = Annotated[
     str | None, typer.Option(help="Why (stored in the item's audit trail, 500 characters at most).")
@@ -52,33 +48,21 @@ def item_row(item: QueueItem, now: datetime) -> dict[str, Any]:
         ),
         "upload": item.upload,
         "download": item.download,
+        "used": item.used,
         "adjust_quota": item.adjust_quota,
         "quota": item.quota,
         "remaining": item.remaining if status.value in ("active", "in_queue") else 0,
     }
 
 
-@user_app.command("show")
-def user_show(
-    user_id: UUID,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-) -> None:
-    """Current package, access, and all packages of USER_ID (quota and remaining: null or
-    'unlimited' for unlimited traffic)."""
-    settings = load_settings()
-
-    async def go() -> tuple[list[QueueItem], Any, Any, datetime]:
-        async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
-            items = await queue_repo.load_user_items(conn, user_id)
-            grant = await access.get_access(conn, user_id)
-            user = await queue_repo.user_row(conn, user_id)
-            now = await clock(conn)  # the clock pkgq expires by
-            return items, grant, user, now
-
-    items, grant, user, now = asyncio.run(go())
+async def _summary(conn: Conn, user_id: UUID) -> dict[str, Any]:
+    items = await queue_repo.load_user_items(conn, user_id)
+    grant = await access.get_access(conn, user_id)
+    user = await queue_repo.user_row(conn, user_id)
+    now = await clock(conn)  # the clock pkgq expires by
     current = UserQueue(user_id, items=items).current_at(now)
     rows = [item_row(i, now) for i in items]
-    summary = {
+    return {
         "user_id": str(user_id),
         "as_of": now.isoformat(),
         "current": next((r for r in rows if current and r["id"] == current.id), None),
@@ -90,58 +74,67 @@ def user_show(
         ),
         "packages": rows,
     }
-    if as_json:
-        print(json.dumps(summary, default=str, indent=2))
-        return
-    console.print(f"user [bold]{user_id}[/bold]")
-    console.print(f"current: {current.id if current else 'none'}")
-    console.print(f"access: {'granted' if grant and grant['granted'] else 'revoked/none'}")
-    if user:
-        console.print(f"unbilled: up={user['unbilled_upload']} down={user['unbilled_download']}")
-    table = Table("id", "package", "status", "activated_at", "expire_at", "used", "quota", "left")
-    for i, row in zip(items, rows, strict=True):
-        table.add_row(
-            str(i.id),
-            text(i.terms.package_name),
-            row["status"] + (" (timer pending)" if row["expired_by_time_pending_timer"] else ""),
-            str(i.activated_at or ""),
-            str(i.expire_at or ""),
-            str(i.used),
-            "unlimited" if i.quota is None else str(i.quota),
-            "unlimited" if row["remaining"] is None else str(row["remaining"]),
-        )
-    console.print(table)
 
 
-async def _item_owner(settings: Settings, item_id: int) -> UUID:
-    async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
-        owner = await queue_repo.item_owner(conn, item_id)
+def _unlimited(key: str) -> Column:
+    return (key, lambda r: "unlimited" if r[key] is None else str(r[key]))
+
+
+_ITEM_COLUMNS: list[Column] = [
+    ("id", lambda r: str(r["id"])),
+    ("package", lambda r: text(r["package"])),
+    ("status", lambda r: r["status"] + (" (timer pending)" * r["expired_by_time_pending_timer"])),
+    ("activated_at", lambda r: r["activated_at"] or ""),
+    ("expire_at", lambda r: r["expire_at"] or ""),
+    ("used", lambda r: str(r["used"])),
+    _unlimited("quota"),
+    ("left", lambda r: "unlimited" if r["remaining"] is None else str(r["remaining"])),
+]
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    current = summary["current"]
+    grant, unbilled = summary["access"], summary["unbilled"]
+    say("user ", text(summary["user_id"], style="bold"))
+    say(f"current: {current['id'] if current else 'none'}")
+    say(f"access: {'granted' if grant and grant['granted'] else 'revoked/none'}")
+    if unbilled:
+        say(f"unbilled: up={unbilled['upload']} down={unbilled['download']}")
+    console.print(table(summary["packages"], _ITEM_COLUMNS))
+
+
+@user_app.command("show")
+def user_show(user_id: UUID, as_json: JsonOpt = False) -> None:
+    """Current package, access, and all packages of USER_ID (quota and remaining: null or
+    'unlimited' for unlimited traffic)."""
+    settings = load_settings()
+    summary = run(connected(settings, lambda conn: _summary(conn, user_id)))
+    show(summary, as_json, _print_summary)
+
+
+async def _owner(settings: Settings, item_id: int) -> UUID:
+    owner = await connected(settings, lambda conn: queue_repo.item_owner(conn, item_id))
     if owner is None:
-        console.print(f"[red]no queue item {item_id}[/red]")
-        raise typer.Exit(1)
+        exit_codes.fail(exit_codes.NOT_FOUND, f"no queue item {item_id}")
     return owner
 
 
-async def _publish(settings: Settings, route: Route, body: WireModel) -> UUID:
-    conn = await connect(settings.amqp_url, "pkgq-cli")
-    try:
-        return await publishing.publish(settings, conn, route, body)
-    finally:
-        await conn.close()
+def _published(message_id: UUID, as_json: bool) -> None:
+    show(message_id, as_json, print, data={"message_id": str(message_id)})
 
 
 @user_app.command("cancel")
-def user_cancel(item_id: int, reason: Reason = None) -> None:
+def user_cancel(item_id: int, reason: Reason = None, as_json: JsonOpt = False) -> None:
     """Cancel queue item ITEM_ID (published to telecom.package_cancel, with the reason and
     you as the operator; announced as telecom.package_cancelled once applied)."""
     settings = load_settings()
 
     async def go() -> UUID:
-        owner = await _item_owner(settings, item_id)
+        owner = await _owner(settings, item_id)
         body = CancelPackage(user_id=owner, item_id=item_id, reason=reason, operator=operator())
-        return await _publish(settings, PACKAGE_CANCEL, body)
+        return await publish(settings, PACKAGE_CANCEL, body)
 
-    print(asyncio.run(go()))
+    _published(run(go()), as_json)
 
 
 @user_app.command("adjust-quota")
@@ -149,16 +142,17 @@ def user_adjust_quota(
     item_id: int,
     delta: Annotated[int, typer.Argument(help="Bytes, may be < 0.")],
     reason: Reason = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Add DELTA bytes to ITEM_ID's adjust_quota (published to telecom.quota_adjust, with the
-    reason and you as the operator). Refused for an item with unlimited traffic."""
+    """Add DELTA bytes to ITEM_ID's quota adjustment (published to telecom.quota_adjust, with
+    the reason and you as the operator). Refused for an item with unlimited traffic."""
     settings = load_settings()
 
     async def go() -> UUID:
-        owner = await _item_owner(settings, item_id)
+        owner = await _owner(settings, item_id)
         body = AdjustQuota(
             user_id=owner, item_id=item_id, delta=delta, reason=reason, operator=operator()
         )
-        return await _publish(settings, QUOTA_ADJUST, body)
+        return await publish(settings, QUOTA_ADJUST, body)
 
-    print(asyncio.run(go()))
+    _published(run(go()), as_json)

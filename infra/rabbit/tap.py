@@ -1,7 +1,8 @@
 """A tap on the exchange: an exclusive queue bound to every routing key, for watching traffic.
 
-Used by `pkgq demo` to show transitions as they happen and by the tests to assert on exactly
-what went over the wire. It never consumes from pkgq's own queues.
+Used by `pkgq tail` (a live view for operators), by `pkgq demo` to show transitions as they
+happen, and by the tests to assert on exactly what went over the wire. It never consumes from
+pkgq's own queues.
 """
 
 from __future__ import annotations
@@ -43,8 +44,13 @@ class Tapped:
 
 
 class Tap:
-    def __init__(self, on_message: Callable[[Tapped], None] | None = None) -> None:
+    def __init__(
+        self, on_message: Callable[[Tapped], None] | None = None, *, keep: bool = True
+    ) -> None:
+        """`keep=False`: hand each message to `on_message` only, keeping none in `seen` (a
+        long-running view must not grow without bound)."""
         self.seen: list[Tapped] = []
+        self._keep = keep
         self._on_message = on_message
         self._changed = asyncio.Condition()
         self._channel: AbstractChannel | None = None
@@ -68,7 +74,8 @@ class Tap:
             body=message.body,
             publisher=message.user_id,
         )
-        self.seen.append(tapped)
+        if self._keep:
+            self.seen.append(tapped)
         if self._on_message is not None:
             self._on_message(tapped)
         async with self._changed:
