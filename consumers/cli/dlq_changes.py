@@ -127,7 +127,7 @@ def dig_cmd(
     by: ByOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Replay one dead letter (seed 004's "dig": revive one buried message)."""
+    """Replay one dead letter through the outbox (by default only a buried one)."""
     settings = load_settings()
     rows = _find(settings, dead_letters.Filter(ids=[dead_letter_id]))
     if not rows:
@@ -148,7 +148,7 @@ def dig_cmd(
 
 
 def plow_cmd(count: int, by: ByOpt = None, as_json: JsonOpt = False) -> None:
-    """Replay the COUNT oldest buried dead letters (seed 004's "plow": revive the N oldest)."""
+    """Replay the COUNT oldest buried dead letters through the outbox."""
     settings = load_settings()
     rows = _find(settings, dead_letters.Filter(status="buried", limit=count))
     _replay(settings, rows, by=by, as_json=as_json, transition="plow")

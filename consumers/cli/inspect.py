@@ -84,11 +84,12 @@ def _print_stats(stats: dict[str, dict[str, Any]]) -> None:
 
 
 def stats_cmd(as_json: JsonOpt = False) -> None:
-    """Per route, how many messages are in each state: R ready, T taken (delivered, not yet
-    acknowledged), W waiting (scheduled or parked), B buried (dead letters), Z zombie
-    (processed, kept for deduplication until retention), D done, and expired; and how many
-    moved between them (put, take, ack, release, bury, dig, plow, ttl, ttr, delete). Taken
-    counts come from the RabbitMQ management API ('?' when it cannot be reached)."""
+    """Per route, how many messages are in each state: R ready to deliver, T taken (delivered,
+    not yet acknowledged), W waiting (scheduled for later, or held back behind an earlier
+    message of its user), B buried (dead letters), Z processed and still remembered to drop
+    duplicates (until retention), D done, and expired; and how many moved between them (put,
+    take, ack, release, bury, dig, plow, ttl, ttr, delete). Taken counts come from the
+    RabbitMQ management API ('?' when it cannot be reached)."""
     from consumers.job_stats import route_stats
 
     settings = load_settings()
