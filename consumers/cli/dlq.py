@@ -50,14 +50,7 @@ def list_cmd(
     if status is not None and status not in dead_letters.STATUSES:
         raise typer.BadParameter(f"status must be one of {', '.join(dead_letters.STATUSES)}")
     settings = load_settings()
-    which = dead_letters.Filter(
-        route=route,
-        error=error,
-        group=group,
-        since=dlq_changes.since_option(since),
-        status=status,
-        limit=limit,
-    )
+    which = dlq_changes.matching(route, error, group, since, status=status, limit=limit)
     columns: list[Column] = [
         ("id", lambda r: str(r["id"])),
         ("status", field("status")),

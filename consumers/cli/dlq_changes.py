@@ -61,6 +61,28 @@ def since_option(value: str | None) -> datetime | None:
     return None if value is None else as_parameter(parse_since, value)
 
 
+def matching(
+    route: str | None,
+    error: str | None,
+    group: str | None,
+    since: str | None,
+    *,
+    ids: list[int] | None = None,
+    status: str | None = "buried",
+    limit: int | None = None,
+) -> dead_letters.Filter:
+    """The dead letters the filter options name (by default the buried ones)."""
+    return dead_letters.Filter(
+        ids=ids or (),
+        route=route,
+        error=error,
+        group=group,
+        since=since_option(since),
+        status=status,
+        limit=limit,
+    )
+
+
 async def _in_batches(
     settings: Settings,
     ids: Sequence[int],
@@ -167,16 +189,7 @@ def replay_cmd(
 ) -> None:
     """Replay every buried dead letter that matches, oldest first, once each."""
     settings = load_settings()
-    which = dead_letters.Filter(
-        ids=ids or (),
-        route=route,
-        error=error,
-        group=group,
-        since=since_option(since),
-        status="buried",
-        limit=limit,
-    )
-    rows = _find(settings, which)
+    rows = _find(settings, matching(route, error, group, since, ids=ids, limit=limit))
     if dry_run:
         show(
             [{"id": r["id"], "route": r["route"], "would_replay": True} for r in rows],
@@ -208,15 +221,7 @@ def discard_cmd(
     if not (ids or route or error or group or since or every):
         raise typer.BadParameter("name ids or a filter, or pass --all")
     settings = load_settings()
-    which = dead_letters.Filter(
-        ids=ids or (),
-        route=route,
-        error=error,
-        group=group,
-        since=since_option(since),
-        status="buried",
-    )
-    rows = _find(settings, which)
+    rows = _find(settings, matching(route, error, group, since, ids=ids))
     found = [r["id"] for r in rows]
     if dry_run:
         show(

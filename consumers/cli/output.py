@@ -40,10 +40,9 @@ def short(value: str | None, width: int) -> Text:
 
 
 def say(*parts: object) -> None:
-    """One line of text output, every part literal (no markup)."""
-    console.print(
-        Text.assemble(*(part if isinstance(part, Text) else clean(part) for part in parts))
-    )
+    """One line of text output, every part literal (no markup), never wrapped (scripts read it)."""
+    line = Text.assemble(*(part if isinstance(part, Text) else clean(part) for part in parts))
+    console.print(line, soft_wrap=True)
 
 
 def print_json(value: Any, *, indent: int | None = 2) -> None:

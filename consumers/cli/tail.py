@@ -99,12 +99,17 @@ def _wanted(
 async def _tail(
     settings: Settings, wanted: Callable[[dict[str, Any]], bool], as_json: bool
 ) -> None:
+    stop = stop_on_signals()
+
     def received(tapped: Tapped) -> None:
         line = describe(tapped, settings, datetime.now(UTC))
-        if wanted(line):
+        if not wanted(line):
+            return
+        try:
             print(json.dumps(line) if as_json else text_line(line), flush=True)
+        except BrokenPipeError:  # the reader went away (`pkgq tail | head`): stop quietly
+            stop.set()
 
-    stop = stop_on_signals()
     amqp = await connect(settings.amqp_url, "pkgq-tail")
     tap = Tap(received, keep=False)
     try:

@@ -234,7 +234,7 @@ async def test_user_cancel_and_adjust_quota_print_the_published_message_id_as_js
             package,
         )
     for args in (("user", "cancel", str(item)), ("user", "adjust-quota", str(item), "--", "-5")):
-        sent = await cli(settings, *args[:-1], "--json", args[-1])
+        sent = await cli(settings, *args[:2], "--json", *args[2:])
         assert sent.returncode == exit_codes.OK, sent.stderr
         UUID(json.loads(sent.stdout)["message_id"])
 
