@@ -2,7 +2,7 @@
 
 Rows are written by the consumers (bad input, broken domain rules, retries exhausted) and by the
 dead-letter ingester (messages the broker dead-lettered on its own). Operators list, group,
-replay and discard them with `pkgq dlq …` (consumers/dlq_cli.py).
+replay and discard them with `pkgq dlq …` (consumers/cli/dlq.py).
 """
 
 from __future__ import annotations
