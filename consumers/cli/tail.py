@@ -1,7 +1,7 @@
 """`pkgq tail`: a live view of the messages crossing the exchange and the dead-letter exchange.
 
-It binds a temporary queue of its own (exclusive, deleted when it disconnects) to each exchange
-with `#`, so it sees every message without taking any from pkgq's queues, and prints one line
+It binds a temporary queue of its own (`pkgq.tail.<random>`, exclusive, deleted when it
+disconnects) to each exchange with `#`, so it sees every message without taking any from pkgq's queues, and prints one line
 per message: time, route, type, user, message_id and, for a dead letter, why it died. Every
 value comes from whoever published the message, so text lines are made printable
 (infra/terminal.py) and JSON lines escape control characters as JSON does. It stops cleanly on
@@ -31,6 +31,12 @@ from infra.settings import Settings
 from infra.terminal import printable
 
 log = structlog.get_logger(__name__)
+
+
+def tail_queues(settings: Settings) -> str:
+    """What `pkgq tail`'s queues are named after (`pkgq.tail.<random>`): the operator role may
+    declare, bind and consume those (infra/rabbit/roles.py), and no other of pkgq's queues."""
+    return f"{settings.queue_prefix}.tail"
 
 
 def dead_reason(tapped: Tapped) -> str:
@@ -113,7 +119,7 @@ async def _tail(
     amqp = await connect(settings.amqp_url, "pkgq-tail")
     tap = Tap(received, keep=False)
     try:
-        await tap.attach(amqp, settings.exchange, settings.dlx)
+        await tap.attach(amqp, settings.exchange, settings.dlx, prefix=tail_queues(settings))
         log.info("tail_started", exchanges=[settings.exchange, settings.dlx])
         await stop.wait()
     finally:

@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from uuid import uuid4
 
 from aio_pika.abc import (
     AbstractChannel,
@@ -56,10 +57,16 @@ class Tap:
         self._channel: AbstractChannel | None = None
         self._queues: list[AbstractQueue] = []
 
-    async def attach(self, connection: AbstractRobustConnection, *exchanges: str) -> None:
+    async def attach(
+        self, connection: AbstractRobustConnection, *exchanges: str, prefix: str | None = None
+    ) -> None:
+        """Bind a queue of its own (exclusive, deleted with its connection) to each exchange.
+        `prefix`: name them `<prefix>.<random>` (permissions can then allow them), instead of
+        the broker's `amq.gen-…`."""
         self._channel = await connection.channel()
         for exchange in exchanges:
-            queue = await self._channel.declare_queue(exclusive=True, auto_delete=True)
+            name = "" if prefix is None else f"{prefix}.{uuid4().hex}"
+            queue = await self._channel.declare_queue(name, exclusive=True, auto_delete=True)
             await queue.bind(exchange, routing_key="#")
             await queue.consume(self._received, no_ack=True)
             self._queues.append(queue)

@@ -20,6 +20,7 @@ from events.models import PurchasePackage, RecordUsage
 from events.routes import PACKAGE_PURCHASE, USAGE_RECORD
 from infra.rabbit.publisher import Publisher, build_message
 from infra.settings import Settings
+from tests.broker_users import broker_user, grant, unique_role_users, url_for
 from tests.support import send, settings_env
 
 pytestmark = pytest.mark.e2e
@@ -45,21 +46,23 @@ class Tail:
         return await asyncio.wait_for(self.proc.wait(), WITHIN)
 
 
-async def started(settings: Settings, *args: str) -> Tail:
+async def started(settings: Settings, *args: str, **env: str) -> Tail:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "consumers",
         "tail",
         *args,
-        env=settings_env(settings),
+        env=settings_env(settings, **env),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
     assert proc.stderr is not None
+    said: list[bytes] = []
     while True:  # its queues are bound once it logs tail_started
         raw = await asyncio.wait_for(proc.stderr.readline(), WITHIN)
-        assert raw, "pkgq tail exited before it started"
+        assert raw, f"pkgq tail exited before it started: {b''.join(said).decode()}"
+        said.append(raw)
         if b"tail_started" in raw:
             return Tail(proc)
 
@@ -141,3 +144,21 @@ async def test_tail_filters_by_route_user_and_dead_letters_and_prints_message_da
     for tail in (by_user, dead_only):
         assert tail.proc.stdout is not None
         assert await tail.proc.stdout.read() == b""  # nothing else was let through
+
+
+async def test_the_operator_role_has_what_tail_needs_to_watch_both_exchanges(
+    settings: Settings, amqp: AbstractRobustConnection, tails: list[Tail]
+) -> None:
+    users = unique_role_users()
+    async with broker_user(users.operator) as password:
+        await grant(settings, users, users.operator)
+        as_operator = url_for(settings, users.operator, password)
+        tail = await started(settings, "--json", PKGQ_AMQP_URL=as_operator)
+        tails.append(tail)
+        user = uuid4()
+        sent = await send(
+            settings, amqp, USAGE_RECORD, RecordUsage(user_id=user, upload=1, download=1)
+        )
+        line: dict[str, Any] = json.loads(await tail.line())
+        assert (line["message_id"], line["user_id"]) == (str(sent), str(user))
+        assert await tail.stop() == 0
