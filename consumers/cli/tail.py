@@ -1,11 +1,11 @@
 """`pkgq tail`: a live view of the messages crossing the exchange and the dead-letter exchange.
 
 It binds a temporary queue of its own (`pkgq.tail.<random>`, exclusive, deleted when it
-disconnects) to each exchange with `#`, so it sees every message without taking any from pkgq's queues, and prints one line
-per message: time, route, type, user, message_id and, for a dead letter, why it died. Every
-value comes from whoever published the message, so text lines are made printable
-(infra/terminal.py) and JSON lines escape control characters as JSON does. It stops cleanly on
-SIGINT (Ctrl-C) or SIGTERM.
+disconnects) to each exchange with `#`, so it sees every message without taking any from
+pkgq's queues, and prints one line per message: time, route, type, user, message_id and, for a
+dead letter, why it died. Every value comes from whoever published the message, so text lines
+are made printable (infra/terminal.py) and JSON lines escape control characters as JSON does.
+It stops cleanly on SIGINT (Ctrl-C) or SIGTERM.
 """
 
 from __future__ import annotations
