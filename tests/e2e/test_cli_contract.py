@@ -309,3 +309,28 @@ async def test_the_same_week_is_understood_by_delay_and_by_older_than(
     bad = await cli(settings, "publish", "usage_record", body, "--delay", "1y")
     assert bad.returncode == exit_codes.USAGE
     assert "is not a duration" in bad.stderr
+
+
+async def test_a_dropped_repeat_a_timeout_and_a_refused_cancel_each_have_their_own_status(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    body = json.dumps({"user_id": str(uuid4()), "upload": 1, "download": 1})
+    first = await cli(settings, "publish", "usage_record", body, "--unique-for", "1h")
+    repeat = await cli(settings, "publish", "usage_record", body, "--unique-for", "1h")
+    assert (first.returncode, repeat.returncode) == (exit_codes.OK, exit_codes.DROPPED)
+    address = f"contract:{uuid4()}"
+    queued = await cli(
+        settings, "publish", "usage_record", body, "--address", address, "--delay", "1h"
+    )
+    in_use = await cli(settings, "publish", "usage_record", body, "--address", address)
+    waited = await cli(settings, "wait", address, "--timeout", "1s")
+    assert (queued.returncode, in_use.returncode) == (exit_codes.OK, exit_codes.DROPPED)
+    assert waited.returncode == exit_codes.TIMEOUT
+    assert address in waited.stderr
+
+    group_id = await open_group(pool)
+    cancelled = await cli(settings, "group", "cancel", str(group_id), "--yes")
+    again = await cli(settings, "group", "cancel", str(group_id), "--yes")
+    assert cancelled.returncode == exit_codes.OK, cancelled.stderr
+    assert again.returncode == exit_codes.FAILED
+    assert "nothing to cancel" in again.stdout
