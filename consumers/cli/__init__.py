@@ -1,5 +1,12 @@
-"""The `pkgq` command line: one module per command group (see app.py)."""
+"""The `pkgq` command line: one module per command group, assembled in app.py.
 
-from consumers.cli.app import app, main
+Importing a helper module (durations, output, exit_codes, …) does not build the app; `main`,
+the console script's entry point, does.
+"""
 
-__all__ = ["app", "main"]
+
+def main() -> None:
+    """`pkgq`: run the command line."""
+    from consumers.cli.app import app
+
+    app()

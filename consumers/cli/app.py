@@ -66,13 +66,11 @@ def _add_devtools(target: typer.Typer) -> None:
     the production image)."""
     try:
         from devtools.commands import register
-    except ModuleNotFoundError:
+    except ModuleNotFoundError as missing:
+        if missing.name != "devtools":
+            raise  # devtools is there but broken: say so rather than hide its commands
         return
     register(target)
 
 
 _add_devtools(app)
-
-
-def main() -> None:
-    app()

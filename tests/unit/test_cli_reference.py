@@ -11,7 +11,8 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from consumers.cli import app, exit_codes
+from consumers.cli import exit_codes
+from consumers.cli.app import app
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
