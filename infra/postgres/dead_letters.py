@@ -2,7 +2,7 @@
 
 Rows are written by the consumers (bad input, broken domain rules, retries exhausted) and by the
 dead-letter ingester (messages the broker dead-lettered on its own). Operators list, group,
-replay and discard them with `pkgq dlq …` (consumers/dlq_cli.py).
+replay and discard them with `pkgq dlq …` (consumers/cli/dlq.py).
 """
 
 from __future__ import annotations
@@ -271,15 +271,33 @@ async def purge(conn: Conn, older_than: timedelta) -> int:
     Buried ones are never purged: discard them first, so that nothing is dropped unseen. Nor
     is a replayed one whose message still holds its user back (its replay is being retried).
     """
-    status = await conn.execute(
-        """
-        DELETE FROM telecom.dead_letters d
-        WHERE d.status IN ('replayed', 'discarded')
-          AND greatest(d.last_failed_at, d.replayed_at, d.discarded_at) < now() - $1::interval
-          AND NOT EXISTS (
-              SELECT 1 FROM telecom.holds h
-              WHERE h.consumer = d.consumer AND h.blocker::text = d.message_id)
-        """,
-        older_than,
-    )
+    status = await conn.execute(f"DELETE FROM telecom.dead_letters d {_PURGEABLE}", older_than)
     return int(status.split()[-1])
+
+
+_PURGEABLE = """
+    WHERE d.status IN ('replayed', 'discarded')
+      AND greatest(d.last_failed_at, d.replayed_at, d.discarded_at) < now() - $1::interval
+      AND NOT EXISTS (
+          SELECT 1 FROM telecom.holds h
+          WHERE h.consumer = d.consumer AND h.blocker::text = d.message_id)
+"""
+"""The dead letters `purge` deletes ($1: how old they must be)."""
+
+
+async def count_purgeable(conn: Conn, older_than: timedelta) -> int:
+    """How many dead letters `purge(conn, older_than)` would delete now (`dlq purge --dry-run`)."""
+    count = await conn.fetchval(
+        f"SELECT count(*) FROM telecom.dead_letters d {_PURGEABLE}", older_than
+    )
+    return int(count)
+
+
+async def find_by_message_id(conn: Conn, message_id: str) -> dict[str, Any] | None:
+    """The dead letter of a message (its id, reason and error), if one is filed."""
+    row = await conn.fetchrow(
+        "SELECT id, reason, error_message FROM telecom.dead_letters WHERE message_id = $1 "
+        "ORDER BY id LIMIT 1",
+        message_id,
+    )
+    return None if row is None else dict(row)

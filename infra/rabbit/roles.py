@@ -52,6 +52,7 @@ def role_definitions(settings: Settings, vhost: str, users: RoleUsers) -> dict[s
     """The users, permissions and topic permissions of a definitions document."""
     exchange, dlx = re.escape(settings.exchange), re.escape(settings.dlx)
     queues = re.escape(settings.queue_prefix) + r"\..*"
+    tail_queues = re.escape(settings.queue_prefix) + r"\.tail\..*"
     nothing = "^$"
 
     def user(name: str, *tags: str) -> dict[str, Any]:
@@ -60,13 +61,13 @@ def role_definitions(settings: Settings, vhost: str, users: RoleUsers) -> dict[s
     def permission(name: str, configure: str, write: str, read: str) -> dict[str, Any]:
         return {"user": name, "vhost": vhost, "configure": configure, "write": write, "read": read}
 
-    def inbound_only(name: str) -> dict[str, Any]:
+    def inbound_only(name: str, read: str = nothing) -> dict[str, Any]:
         return {
             "user": name,
             "vhost": vhost,
             "exchange": settings.exchange,
             "write": inbound_keys_pattern(),
-            "read": nothing,
+            "read": read,
         }
 
     return {
@@ -83,15 +84,20 @@ def role_definitions(settings: Settings, vhost: str, users: RoleUsers) -> dict[s
             # publisher (shop, billing, admin tools): the exchange only, inbound keys only.
             permission(users.publisher, nothing, f"^{exchange}$", nothing),
             # operator: provisions and repairs the topology (declare, bind, delete queues after
-            # repartitioning) and publishes commands; never consumes pkgq's queues.
+            # repartitioning) and publishes commands; never consumes pkgq's queues, only the
+            # temporary ones `pkgq tail` binds to both exchanges (<prefix>.tail.<random>).
             permission(
                 users.operator,
                 f"^({exchange}|{dlx}|{queues})$",
                 f"^({exchange}|{queues})$",
-                f"^({exchange}|{dlx})$",
+                f"^({exchange}|{dlx}|{tail_queues})$",
             ),
             # autoscaler (KEDA): queue depths by passive declare or the management API.
             permission(users.autoscaler, nothing, nothing, nothing),
         ],
-        "topic_permissions": [inbound_only(users.publisher), inbound_only(users.operator)],
+        # The operator's topic read lets `pkgq tail` bind its queue to the exchange with `#`.
+        "topic_permissions": [
+            inbound_only(users.publisher),
+            inbound_only(users.operator, read=".*"),
+        ],
     }

@@ -1,7 +1,8 @@
 """A tap on the exchange: an exclusive queue bound to every routing key, for watching traffic.
 
-Used by `pkgq demo` to show transitions as they happen and by the tests to assert on exactly
-what went over the wire. It never consumes from pkgq's own queues.
+Used by `pkgq tail` (a live view for operators), by `pkgq demo` to show transitions as they
+happen, and by the tests to assert on exactly what went over the wire. It never consumes from
+pkgq's own queues.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from uuid import uuid4
 
 from aio_pika.abc import (
     AbstractChannel,
@@ -43,17 +45,28 @@ class Tapped:
 
 
 class Tap:
-    def __init__(self, on_message: Callable[[Tapped], None] | None = None) -> None:
+    def __init__(
+        self, on_message: Callable[[Tapped], None] | None = None, *, keep: bool = True
+    ) -> None:
+        """`keep=False`: hand each message to `on_message` only, keeping none in `seen` (a
+        long-running view must not grow without bound)."""
         self.seen: list[Tapped] = []
+        self._keep = keep
         self._on_message = on_message
         self._changed = asyncio.Condition()
         self._channel: AbstractChannel | None = None
         self._queues: list[AbstractQueue] = []
 
-    async def attach(self, connection: AbstractRobustConnection, *exchanges: str) -> None:
+    async def attach(
+        self, connection: AbstractRobustConnection, *exchanges: str, prefix: str | None = None
+    ) -> None:
+        """Bind a queue of its own (exclusive, deleted with its connection) to each exchange.
+        `prefix`: name them `<prefix>.<random>` (permissions can then allow them), instead of
+        the broker's `amq.gen-…`."""
         self._channel = await connection.channel()
         for exchange in exchanges:
-            queue = await self._channel.declare_queue(exclusive=True, auto_delete=True)
+            name = "" if prefix is None else f"{prefix}.{uuid4().hex}"
+            queue = await self._channel.declare_queue(name, exclusive=True, auto_delete=True)
             await queue.bind(exchange, routing_key="#")
             await queue.consume(self._received, no_ack=True)
             self._queues.append(queue)
@@ -68,7 +81,8 @@ class Tap:
             body=message.body,
             publisher=message.user_id,
         )
-        self.seen.append(tapped)
+        if self._keep:
+            self.seen.append(tapped)
         if self._on_message is not None:
             self._on_message(tapped)
         async with self._changed:

@@ -37,8 +37,8 @@ async def test_publish_validates_confirms_and_prints_the_message_id(settings: Se
     assert from_stdin.returncode == 0, from_stdin.stderr
 
     invalid = await cli(settings, "publish", "usage_record", '{"user_id": "x"}')
-    assert invalid.returncode == 2
-    assert "invalid RecordUsage" in invalid.stdout
+    assert invalid.returncode == 2  # a usage error, said on stderr
+    assert "invalid RecordUsage" in invalid.stderr
 
     unknown = await cli(settings, "publish", "no_such_route", "{}")
     assert unknown.returncode == 2
@@ -90,8 +90,8 @@ async def test_catalog_purchase_cancel_and_user_show_through_the_cli(
     assert [p["status"] for p in packages] == ["cancelled", "active"]
 
     missing = await cli(settings, "user", "cancel", "999999999")
-    assert missing.returncode == 1
-    assert "no queue item" in missing.stdout
+    assert missing.returncode == 3  # not found, said on stderr
+    assert "no queue item" in missing.stderr
 
 
 async def test_demo_drives_every_route_and_exits_zero(settings: Settings) -> None:
@@ -121,7 +121,7 @@ async def test_a_queue_declared_with_other_arguments_stops_run_with_instructions
     finally:
         await conn.close()
     done = await cli(settings, "run", "usage_record")
-    assert done.returncode == 2
+    assert done.returncode == 6  # the broker is not as pkgq needs it
     assert "already exists with different arguments" in done.stderr
     assert f"rabbitmqctl delete_queue {legacy}" in done.stderr
 

@@ -377,7 +377,7 @@ async def test_discarding_a_buried_message_releases_the_ones_it_held_back_in_ord
     (row,) = await rows_of(pool, m1)
     assert (row["status"], row["discarded_by"]) == ("discarded", "ops-bob")
 
-    purged = await cli(fast, "dlq", "purge", "--older-than", "0s", "--json")
+    purged = await cli(fast, "dlq", "purge", "--older-than", "0s", "--json", "--yes")
     assert purged.returncode == 0, purged.stderr
     assert json.loads(purged.stdout) == {"purged": 1}
     assert await rows_of(pool, m1) == []

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from consumers.bench_support import backlog_rounds, statement_kinds
+from devtools.bench.support import backlog_rounds, statement_kinds
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from io import StringIO
 import structlog
 from rich.console import Console
 
-from consumers.cli_support import clean, text
+from consumers.cli.output import clean, text
 from infra.logging import configure_logging
 
 

@@ -6,7 +6,8 @@ from datetime import timedelta
 
 import pytest
 
-from consumers.units import parse_duration, parse_size
+from consumers.cli.durations import parse_duration
+from consumers.cli.sizes import parse_size
 from infra.settings import Settings, mask_url
 
 

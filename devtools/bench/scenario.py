@@ -13,7 +13,7 @@ Measured, all in one run:
 - latency (outbox insert -> the consuming transaction) with usage paced at half of the
   measured maximum rate, and peak RSS of each process.
 - a backlog of usage records drained by a consumer written the obvious way (a transaction per
-  message) and by `pkgq run`, and the SQL statements one batch costs (consumers/bench_backlog.py).
+  message) and by `pkgq run`, and the SQL statements one batch costs (devtools/bench/backlog.py).
 Absolute numbers on a shared machine are noise; the ratios are the result.
 """
 
@@ -22,15 +22,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
 from uuid import uuid4
 
 import aio_pika
 import asyncpg
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
-from consumers.bench_backlog import BACKLOG_PHASES, backlog_phases
-from consumers.bench_support import (
+from devtools.bench.backlog import BACKLOG_PHASES, backlog_phases
+from devtools.bench.support import (
     TABLES,
     TRAFFIC,
     RunResult,
@@ -44,8 +43,9 @@ from consumers.bench_support import (
 )
 from events.models import PurchasePackage, RecordUsage, WireModel
 from events.routes import ALL_EXPIRED, PACKAGE_PURCHASE, ROUTES, USAGE_RECORD, Route
-from infra.postgres import catalog
+from infra.postgres import bench_data, catalog
 from infra.postgres.migrate import ensure_database, migrate
+from infra.postgres.pool import clock
 from infra.rabbit.connection import open_amqp
 from infra.rabbit.topology import declare_all, delete_all, route_queues, routing_key_for
 from infra.settings import Settings
@@ -127,9 +127,7 @@ class Bench:
         """Empty pkgq's tables and queues; fill package_queue with `rows` finished items."""
         assert self.db is not None
         assert self.amqp is not None
-        await self.db.execute(
-            "TRUNCATE " + ", ".join(f"telecom.{t}" for t in TABLES) + " RESTART IDENTITY"
-        )
+        await bench_data.truncate(self.db, TABLES, restart_identity=True)
         channel = await self.amqp.channel()
         await delete_all(channel, self.settings)
         channel = await self.amqp.channel()
@@ -144,12 +142,8 @@ class Bench:
         prepopulated rows (which belong to users with no queue_users row)."""
         assert self.db is not None
         assert self.amqp is not None
-        await self.db.execute(
-            "DELETE FROM telecom.package_queue "
-            "WHERE user_id IN (SELECT user_id FROM telecom.queue_users)"
-        )
-        others = [t for t in TABLES if t != "package_queue"]
-        await self.db.execute("TRUNCATE " + ", ".join(f"telecom.{t}" for t in others))
+        await bench_data.delete_scenario_items(self.db)
+        await bench_data.truncate(self.db, [t for t in TABLES if t != "package_queue"])
         await self.settle()
         channel = await self.amqp.channel()
         await delete_all(channel, self.settings)
@@ -174,29 +168,17 @@ class Bench:
     async def add_rows(self, rows: int) -> None:
         """Other users' consumed items: the table a busy deployment has, not the scenario's."""
         assert self.db is not None
-        await self.db.execute(
-            """
-            INSERT INTO telecom.package_queue
-                (user_id, package_id, status, created_at, activated_at, upload, download)
-            SELECT gen_random_uuid(), $1, 'consumed', now() - interval '1 day',
-                   now() - interval '1 day', $2, 0
-            FROM generate_series(1, $3)
-            """,
-            self.package_id,
-            TRAFFIC,
-            rows,
-        )
+        await bench_data.add_finished_items(self.db, self.package_id, TRAFFIC, rows)
         await self.settle()
 
     async def settle(self) -> None:
         """Vacuum and analyze now, so autovacuum does not compete with the next run."""
         assert self.db is not None
-        for table in TABLES:
-            await self.db.execute(f"VACUUM (ANALYZE) telecom.{table}")
+        await bench_data.vacuum_analyze(self.db, TABLES)
 
     async def row_count(self) -> int:
         assert self.db is not None
-        return int(await self.db.fetchval("SELECT count(*) FROM telecom.package_queue"))
+        return await bench_data.count_items(self.db)
 
     async def scenario_run(
         self, label: str, *, batch_size: int, prefetch: int, pace_eps: float | None = None
@@ -228,15 +210,9 @@ class Bench:
                 ),
                 PACKAGE_PURCHASE,
             )
-            await self._wait(
-                lambda: self._count(
-                    "SELECT count(*) FROM telecom.package_queue "
-                    "WHERE status = 'active' AND user_id = ANY($1::uuid[])",
-                    users,
-                ),
-                len(users),
-            )
-            usage_started = await self.db.fetchval("SELECT clock_timestamp()")
+            db = self.db
+            await self._wait(lambda: bench_data.count_active(db, users), len(users))
+            usage_started = await clock(db)
             # Paced: small slices spread evenly (a usage causes about 3 events: itself, its
             # expiring, the next activation), so latency is measured without bursts.
             step = max(1, len(users) // 20) if pace_eps else len(users)
@@ -255,25 +231,15 @@ class Bench:
                         pause = 3 * step / pace_eps - (time.perf_counter() - slice_started)
                         await asyncio.sleep(max(0.0, pause))
             await self._wait(
-                lambda: self._count(
-                    "SELECT count(*) FROM telecom.inbox WHERE consumer = $1",
-                    ALL_EXPIRED.short_name,
-                ),
-                len(users),
+                lambda: bench_data.count_processed(db, ALL_EXPIRED.short_name), len(users)
             )
             seconds = time.perf_counter() - started
             await channel.close()
-            events = int(await self.db.fetchval("SELECT count(*) FROM telecom.inbox"))
-            latencies = await self.db.fetch(
-                """
-                SELECT extract(epoch FROM i.processed_at - o.created_at) * 1000 AS ms
-                FROM telecom.inbox i JOIN telecom.outbox o ON o.message_id = i.message_id
-                WHERE o.created_at >= $1  -- the usage phase: the purchase burst is not paced
-                """,
-                usage_started,
-            )
+            events = await bench_data.count_processed(db)
+            # The usage phase only: the purchase burst is not paced.
+            latencies = await bench_data.latencies_ms(db, usage_started)
             rss = {name: peak_rss_mb(p.pid) for name, p in processes.items()}
-            return RunResult(label, events, seconds, [float(r["ms"]) for r in latencies], rss)
+            return RunResult(label, events, seconds, latencies, rss)
         finally:
             stop_processes(processes.values())
 
@@ -315,10 +281,6 @@ class Bench:
                 for body in bodies
             )
         )
-
-    async def _count(self, sql: str, *args: Any) -> int:
-        assert self.db is not None
-        return int(await self.db.fetchval(sql, *args))
 
     async def _wait(self, current: Callable[[], Awaitable[int]], target: int) -> None:
         deadline = time.monotonic() + self.scenario.timeout

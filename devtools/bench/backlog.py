@@ -26,7 +26,10 @@ from uuid import UUID, uuid4
 import asyncpg
 from aio_pika.abc import AbstractRobustConnection
 
-from consumers.bench_support import (
+from consumers.delivery import DeliveryPipeline
+from consumers.registry import HANDLERS
+from consumers.retry_policy import RetryPolicy
+from devtools.bench.support import (
     backlog_rounds,
     child_env,
     peak_rss_mb,
@@ -34,20 +37,17 @@ from consumers.bench_support import (
     statement_kinds,
     stop_processes,
 )
-from consumers.delivery import DeliveryPipeline
-from consumers.registry import HANDLERS
-from consumers.retry_policy import RetryPolicy
 from events.decoding import RawDelivery
 from events.envelope import CONTENT_TYPE, H_ATTEMPT, H_SCHEMA_VERSION, H_USER_ID
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
-from infra.postgres import catalog
+from infra.postgres import bench_data, catalog
 from infra.postgres.pool import create_pool
 from infra.postgres.statements import StatementLog
 from infra.rabbit.topology import route_queues
 
 if TYPE_CHECKING:
-    from consumers.bench import Bench
+    from devtools.bench.scenario import Bench
 
 LIMIT = 10**15
 """The backlog package's traffic limit: far more than any backlog uses."""
@@ -85,25 +85,14 @@ async def simple_consumer(
             async for message in messages:
                 usage = RecordUsage.model_validate_json(message.body)
                 async with pool.acquire() as conn, conn.transaction():
-                    claimed = await conn.fetchval(
-                        "INSERT INTO telecom.inbox (consumer, message_id) VALUES ($1, $2) "
-                        "ON CONFLICT DO NOTHING RETURNING true",
+                    await bench_data.apply_usage_simply(
+                        conn,
                         consumer,
                         UUID(str(message.message_id)),
+                        usage.user_id,
+                        usage.upload,
+                        usage.download,
                     )
-                    if claimed:
-                        await conn.execute(
-                            "SELECT user_id FROM telecom.queue_users WHERE user_id = $1 FOR UPDATE",
-                            usage.user_id,
-                        )
-                        await conn.execute(
-                            "UPDATE telecom.package_queue "
-                            "SET upload = upload + $2, download = download + $3 "
-                            "WHERE user_id = $1 AND status = 'active'",
-                            usage.user_id,
-                            usage.upload,
-                            usage.download,
-                        )
                 await message.ack()
     finally:
         await channel.close()
@@ -135,25 +124,7 @@ class BacklogBench:
         """Give each user an active package (with its access row), as after its activation."""
         if not self.package_id:
             self.package_id = (await catalog.add_package(self.db, "bench-big", LIMIT, None)).id
-        await self.db.execute(
-            """
-            WITH u AS (SELECT unnest($1::uuid[]) AS user_id),
-            queue_users AS (
-                INSERT INTO telecom.queue_users (user_id, seq, has_access)
-                SELECT user_id, 1, true FROM u
-            ),
-            items AS (
-                INSERT INTO telecom.package_queue (user_id, package_id, status, activated_at)
-                SELECT user_id, $2, 'active', now() FROM u
-                RETURNING id, user_id
-            )
-            INSERT INTO telecom.access (user_id, granted, item_id, package_id, remaining, seq)
-            SELECT user_id, true, id, $2, $3, 1 FROM items
-            """,
-            users,
-            self.package_id,
-            LIMIT,
-        )
+        await bench_data.seed_active_users(self.db, users, self.package_id, LIMIT)
 
     async def prepare(self) -> None:
         """The same state before each drain: the bench's reset, the users, the backlog queued."""
@@ -180,9 +151,7 @@ class BacklogBench:
         target = self.scenario.backlog_records
         last, moved = -1, time.monotonic()
         while True:
-            done = await self.db.fetchval(
-                "SELECT count(*) FROM telecom.inbox WHERE consumer = $1", USAGE_RECORD.short_name
-            )
+            done = await bench_data.count_processed(self.db, USAGE_RECORD.short_name)
             if done >= target:
                 return
             if (why := failure()) is not None:
@@ -195,16 +164,10 @@ class BacklogBench:
 
     async def check_applied(self, users: list[UUID], records: int) -> None:
         """Every record's usage is on its user's active item, once."""
-        row = await self.db.fetchrow(
-            "SELECT count(*) AS n, coalesce(sum(upload), 0) AS up, "
-            "coalesce(sum(download), 0) AS down FROM telecom.package_queue "
-            "WHERE status = 'active' AND user_id = ANY($1::uuid[])",
-            users,
-        )
-        assert row is not None
+        applied = await bench_data.active_usage(self.db, users)
         expected = (len(users), records * UPLOAD, records * DOWNLOAD)
-        if (row["n"], row["up"], row["down"]) != expected:
-            raise RuntimeError(f"usage applied {tuple(row.values())}, expected {expected}")
+        if applied != expected:
+            raise RuntimeError(f"usage applied {applied}, expected {expected}")
 
     async def drain_simple(self) -> DrainResult:
         await self.prepare()

@@ -30,8 +30,9 @@ from rich.console import Console
 from rich.table import Table
 
 from consumers import publishing
-from consumers.bench_support import stop_processes
+from consumers.cli import exit_codes
 from consumers.job_stats import STATES, route_stats
+from devtools.bench.support import stop_processes
 from events.envelope import H_DEAD_REASON, H_SCHEMA_VERSION
 from events.models import (
     AdjustQuota,
@@ -53,7 +54,7 @@ from events.routes import (
     Route,
 )
 from infra.jobs import Jobs
-from infra.postgres import catalog, queue_repo
+from infra.postgres import catalog, dead_letters, queue_repo
 from infra.postgres.pool import create_pool, database
 from infra.rabbit.connection import open_amqp
 from infra.rabbit.publisher import Publisher, build_message
@@ -169,11 +170,7 @@ class Demo:
             await publisher.close()
         async with database(self.settings.postgres_dsn, self.settings.postgres_session()) as conn:
             for _ in range(300):
-                row = await conn.fetchrow(
-                    "SELECT id, reason, error_message FROM telecom.dead_letters "
-                    "WHERE message_id = $1",
-                    str(message_id),
-                )
+                row = await dead_letters.find_by_message_id(conn, str(message_id))
                 if row is not None:
                     elapsed = time.monotonic() - self.started
                     console.print(
@@ -310,7 +307,7 @@ async def run_demo(settings: Settings, within: float) -> int:
     demo.names = {str(u): n for n, u in users.items()}
     console.rule("pkgq demo: starting the relay and the consumers of every route")
     processes = [_spawn(["relay"], settings), _spawn(["run"], settings)]
-    code = 0
+    code = exit_codes.OK
     try:
         async with asyncio.timeout(within):
             await asyncio.gather(
@@ -326,15 +323,18 @@ async def run_demo(settings: Settings, within: float) -> int:
         console.print(f"[green]every route at work: {len(seen)}/{len(ALL_ROUTES)}[/green]")
         for name, user in users.items():
             console.print(f"  inspect {name}: pkgq user show {user}")
-    except (DemoFailedError, TimeoutError) as exc:
-        console.print(f"[red]demo failed:[/red] {exc or 'timed out'}")
-        code = 1
+    except DemoFailedError as exc:
+        console.print(f"[red]demo failed:[/red] {exc}")
+        code = exit_codes.FAILED
+    except TimeoutError:
+        console.print(f"[red]demo failed:[/red] not done within {within} s")
+        code = exit_codes.TIMEOUT
     finally:
         stop_processes(processes)
         for proc in processes:
             if proc.returncode not in (0, -signal.SIGTERM):
                 console.print(f"[red]{proc.args!r} exited with {proc.returncode}[/red]")
-                code = 1
+                code = exit_codes.FAILED
         await demo.tap.close()
         with contextlib.suppress(Exception):
             await amqp.close()

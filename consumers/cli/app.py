@@ -1,0 +1,76 @@
+"""The `pkgq` app: every command group registered in one place, and `--version`.
+
+One module per command group: services (migrate, run, relay), inspect (routes, stats,
+definitions, asyncapi), publish (publish, wait), groups (group, grant), workers (workers,
+prune), tail, user, catalog, dlq (+ dlq_changes), partitions. What they share: running (settings,
+the event loop, connections), output (tables or JSON, literal text), options (routes, durations,
+--json/--yes/--dry-run), confirm, exit_codes, durations, sizes. The developer tools (bench,
+demo) live in the `devtools` package; their commands are added when it is installed.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+from typing import Annotated
+
+import typer
+
+from consumers.cli import groups, inspect, publish, services, tail, workers
+from consumers.cli.catalog import catalog_app
+from consumers.cli.dlq import dlq_app
+from consumers.cli.partitions import partitions_app
+from consumers.cli.user import user_app
+
+app = typer.Typer(
+    help="pkgq: the telecom package queue on RabbitMQ and PostgreSQL.",
+    pretty_exceptions_enable=False,  # plain tracebacks: readable in journald and log shippers
+)
+
+
+def version() -> str:
+    """The installed pkgq's version."""
+    return metadata.version("pkgq")
+
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        print(f"pkgq {version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print pkgq's version and exit.",
+            callback=_print_version,
+            is_eager=True,
+        ),
+    ] = False,
+) -> None:
+    """pkgq: the telecom package queue on RabbitMQ and PostgreSQL."""
+
+
+for module in (services, inspect, publish, groups, workers, tail):
+    module.register(app)
+app.add_typer(user_app, name="user")
+app.add_typer(catalog_app, name="catalog")
+app.add_typer(dlq_app, name="dlq")
+app.add_typer(partitions_app, name="partitions")
+
+
+def _add_devtools(target: typer.Typer) -> None:
+    """`pkgq bench` and `pkgq demo`, where the devtools package is installed (a checkout; not
+    the production image)."""
+    try:
+        from devtools.commands import register
+    except ModuleNotFoundError as missing:
+        if missing.name != "devtools":
+            raise  # devtools is there but broken: say so rather than hide its commands
+        return
+    register(target)
+
+
+_add_devtools(app)

@@ -1,0 +1,280 @@
+"""`pkgq dlq …` that changes dead letters: dig, plow and replay (through the outbox), discard
+and purge. Bulk discards and purges ask first (`--yes`, `--dry-run`).
+
+A replay writes each message to the outbox in the transaction that marks its dead letter
+`replayed`, in batches of BATCH, so a bulk replay interrupted half-way and run again sends each
+message once. Long operations show a progress bar on a terminal and log one structured line per
+batch otherwise.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Annotated, Any, TypeVar
+
+import structlog
+import typer
+from rich.progress import Progress
+
+from consumers.cli import exit_codes
+from consumers.cli.confirm import confirm
+from consumers.cli.durations import parse_since
+from consumers.cli.options import (
+    ByOpt,
+    DryRunOpt,
+    JsonOpt,
+    YesOpt,
+    as_parameter,
+    duration,
+    operator,
+    route_name,
+)
+from consumers.cli.output import console, say, show, text
+from consumers.cli.running import load_settings, on_database, run
+from infra.postgres import dead_letters, replay
+from infra.postgres.pool import Conn, database
+from infra.settings import Settings
+from infra.transient import transient_retrying
+
+log = structlog.get_logger(__name__)
+BATCH = 200
+T = TypeVar("T")
+
+RouteOpt = Annotated[
+    str | None,
+    typer.Option("--route", help="Only this route (e.g. usage_record).", callback=route_name),
+]
+ErrorOpt = Annotated[
+    str | None, typer.Option("--error", help="Reason, error type or message contains TEXT.")
+]
+GroupOpt = Annotated[str | None, typer.Option("--group", help="A group key from `dlq groups`.")]
+SinceOpt = Annotated[
+    str | None,
+    typer.Option("--since", help="Failed since: an ISO time, or a duration ago (2h, 1w)."),
+]
+
+
+def since_option(value: str | None) -> datetime | None:
+    """`--since`: an ISO time or a duration ago, or a usage error."""
+    return None if value is None else as_parameter(parse_since, value)
+
+
+def matching(
+    route: str | None,
+    error: str | None,
+    group: str | None,
+    since: str | None,
+    *,
+    ids: list[int] | None = None,
+    status: str | None = "buried",
+    limit: int | None = None,
+) -> dead_letters.Filter:
+    """The dead letters the filter options name (by default the buried ones)."""
+    return dead_letters.Filter(
+        ids=ids or (),
+        route=route,
+        error=error,
+        group=group,
+        since=since_option(since),
+        status=status,
+        limit=limit,
+    )
+
+
+async def _in_batches(
+    settings: Settings,
+    ids: Sequence[int],
+    step: Callable[[Conn, list[int]], Awaitable[T]],
+    label: str,
+) -> list[T]:
+    """Run `step` over `ids` in transactions of BATCH, with a progress bar on a terminal.
+    Returns each committed batch's result; a batch hit by a deadlock or a blip is run again."""
+    results: list[T] = []
+    batches = [list(ids[i : i + BATCH]) for i in range(0, len(ids), BATCH)]
+    with Progress(console=console, transient=True, disable=not sys.stdout.isatty()) as progress:
+        task = progress.add_task(label, total=len(ids))
+        async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
+            for batch in batches:
+                async for attempt in transient_retrying():
+                    with attempt:
+                        async with conn.transaction():
+                            result = await step(conn, batch)
+                results.append(result)
+                progress.advance(task, len(batch))
+                if progress.disable:
+                    log.info(label, batch=len(batch), done=len(results), batches=len(batches))
+    return results
+
+
+def _find(settings: Settings, which: dead_letters.Filter) -> list[dict[str, Any]]:
+    return on_database(settings, lambda conn: dead_letters.find(conn, which))
+
+
+def _replay(
+    settings: Settings,
+    rows: list[dict[str, Any]],
+    *,
+    by: str | None,
+    force: bool = False,
+    as_json: bool = False,
+    transition: str = "dig",
+) -> None:
+    who = by or operator()
+
+    async def step(conn: Conn, batch: list[int]) -> list[replay.ReplayResult]:
+        return await replay.replay(conn, batch, who, force=force, transition=transition)
+
+    batches = run(_in_batches(settings, [r["id"] for r in rows], step, "replaying"))
+    results = [r for batch in batches for r in batch]
+    skipped = [r for r in results if not r.replayed]
+    outcome = {"replayed": sum(r.replayed for r in results), "skipped": skipped}
+
+    def render(_: object) -> None:
+        say(f"replayed {outcome['replayed']} dead letter(s) through the outbox")
+        for r in skipped:
+            console.print(text(f"not replayed {r.id}: {r.detail}", style="yellow"))
+
+    show(outcome, as_json, render, data={**outcome, "skipped": [r.__dict__ for r in skipped]})
+    if skipped:
+        raise typer.Exit(exit_codes.FAILED)
+
+
+def dig_cmd(
+    dead_letter_id: int,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replay it even if it was replayed or discarded.")
+    ] = False,
+    by: ByOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Replay one dead letter through the outbox (by default only a buried one)."""
+    settings = load_settings()
+    rows = _find(settings, dead_letters.Filter(ids=[dead_letter_id]))
+    if not rows:
+        exit_codes.fail(exit_codes.NOT_FOUND, f"no dead letter {dead_letter_id}")
+    r = rows[0]
+    if not force and r["status"] != "buried":
+        console.print(
+            text(
+                f"dead letter {dead_letter_id} is {r['status']} "
+                f"({r['replayed_by'] or r['discarded_by']} at "
+                f"{r['replayed_at'] or r['discarded_at']}); use --force to replay it again "
+                "(the inbox still drops it if it was applied)",
+                style="yellow",
+            )
+        )
+        raise typer.Exit(exit_codes.FAILED)
+    _replay(settings, rows, by=by, force=force, as_json=as_json)
+
+
+def plow_cmd(count: int, by: ByOpt = None, as_json: JsonOpt = False) -> None:
+    """Replay the COUNT oldest buried dead letters through the outbox."""
+    settings = load_settings()
+    rows = _find(settings, dead_letters.Filter(status="buried", limit=count))
+    _replay(settings, rows, by=by, as_json=as_json, transition="plow")
+
+
+def replay_cmd(
+    route: RouteOpt = None,
+    error: ErrorOpt = None,
+    group: GroupOpt = None,
+    since: SinceOpt = None,
+    ids: Annotated[list[int] | None, typer.Option("--id", help="These ids (repeatable).")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="At most N.")] = None,
+    dry_run: DryRunOpt = False,
+    by: ByOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Replay every buried dead letter that matches, oldest first, once each."""
+    settings = load_settings()
+    rows = _find(settings, matching(route, error, group, since, ids=ids, limit=limit))
+    if dry_run:
+        show(
+            [{"id": r["id"], "route": r["route"], "would_replay": True} for r in rows],
+            as_json,
+            lambda found: say(
+                f"would replay {len(found)} dead letter(s): {[r['id'] for r in found]}"
+            ),
+        )
+        return
+    _replay(settings, rows, by=by, as_json=as_json)
+
+
+def discard_cmd(
+    ids: Annotated[list[int] | None, typer.Argument(help="Dead letter ids.")] = None,
+    route: RouteOpt = None,
+    error: ErrorOpt = None,
+    group: GroupOpt = None,
+    since: SinceOpt = None,
+    every: Annotated[
+        bool, typer.Option("--all", help="Every buried one (required without a filter).")
+    ] = False,
+    yes: YesOpt = False,
+    dry_run: DryRunOpt = False,
+    by: ByOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Give up on buried dead letters; the messages they held back are released in order.
+    With a filter or --all it asks first."""
+    if not (ids or route or error or group or since or every):
+        raise typer.BadParameter("name ids or a filter, or pass --all")
+    settings = load_settings()
+    rows = _find(settings, matching(route, error, group, since, ids=ids))
+    found = [r["id"] for r in rows]
+    if dry_run:
+        show(
+            found,
+            as_json,
+            lambda f: say(f"would discard {len(f)} dead letter(s): {f}"),
+            data={"would_discard": found},
+        )
+        return
+    bulk = bool(route or error or group or since or every)
+    if bulk and found:
+        confirm(f"Discard {len(found)} buried dead letter(s) for good?", yes=yes)
+    who = by or operator()
+
+    async def step(conn: Conn, batch: list[int]) -> int:
+        return await dead_letters.discard(conn, batch, who)
+
+    discarded = sum(run(_in_batches(settings, found, step, "discarding")))
+    show({"discarded": discarded}, as_json, lambda _: say(f"discarded {discarded} dead letter(s)"))
+
+
+def purge_cmd(
+    older_than: Annotated[str, typer.Option("--older-than", help="A duration: 30d, 12h, 1w, …")],
+    yes: YesOpt = False,
+    dry_run: DryRunOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete replayed and discarded dead letters older than a duration (never buried ones).
+    Asks first."""
+    age = duration(older_than)
+    settings = load_settings()
+    count = on_database(settings, lambda conn: dead_letters.count_purgeable(conn, age))
+    if dry_run:
+        show(
+            {"would_purge": count},
+            as_json,
+            lambda _: say(f"would purge {count} dead letter(s) older than {older_than}"),
+        )
+        return
+    if count:
+        confirm(f"Delete {count} replayed or discarded dead letter(s) for good?", yes=yes)
+    purged = on_database(settings, lambda conn: dead_letters.purge(conn, age))
+    show(
+        {"purged": purged},
+        as_json,
+        lambda _: say(f"purged {purged} dead letter(s) older than {older_than}"),
+    )
+
+
+def register(app: typer.Typer) -> None:
+    """Add the commands that change dead letters to the `dlq` group."""
+    app.command("dig")(dig_cmd)
+    app.command("plow")(plow_cmd)
+    app.command("replay")(replay_cmd)
+    app.command("discard")(discard_cmd)
+    app.command("purge")(purge_cmd)

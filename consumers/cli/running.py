@@ -1,0 +1,82 @@
+"""How a command runs: its settings (with logging set up), its one event loop, and the
+short-lived connections it works through. Errors that mean the broker or the database is not
+as pkgq needs it end the command with exit status 6, whichever command met them."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+from uuid import UUID
+
+from consumers import publishing
+from consumers.cli import exit_codes
+from events.models import WireModel
+from events.routes import Route
+from infra.jobs import Jobs
+from infra.logging import configure_logging
+from infra.postgres.migrate import RuntimeRoleMissingError
+from infra.postgres.pool import Conn, create_pool, database
+from infra.rabbit.connection import open_amqp
+from infra.rabbit.topology import TopologyMismatchError
+from infra.settings import Settings
+from infra.tls import TlsError
+
+T = TypeVar("T")
+
+
+def load_settings(*, logs_to_stdout: bool = False) -> Settings:
+    """Settings, with logging set up: to stdout for long-running processes, else stderr."""
+    settings = Settings.load()
+    configure_logging(
+        settings.log_format, settings.log_level, sys.stdout if logs_to_stdout else sys.stderr
+    )
+    return settings
+
+
+def run(work: Coroutine[Any, Any, T]) -> T:
+    """Run a command's async work to its end: the one way the CLI runs async code."""
+    try:
+        return asyncio.run(work)
+    except (TopologyMismatchError, RuntimeRoleMissingError) as exc:
+        exit_codes.fail(exit_codes.MISMATCH, exc)
+    except TlsError as exc:  # one line that says what to check, no traceback
+        exit_codes.fail(exit_codes.USAGE, exc)
+
+
+async def connected(settings: Settings, call: Callable[[Conn], Awaitable[T]]) -> T:
+    """`call` on a short-lived connection to the pkgq database, as the runtime role."""
+    async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
+        return await call(conn)
+
+
+def on_database(settings: Settings, call: Callable[[Conn], Awaitable[T]]) -> T:
+    """Run one read or write (`call`) on a short-lived connection of its own."""
+    return run(connected(settings, call))
+
+
+def with_jobs(settings: Settings, work: Callable[[Jobs], Awaitable[T]]) -> T:
+    """Run `work` with the publishing API on a small pool (one command's worth)."""
+
+    async def go() -> T:
+        pool = await create_pool(
+            settings.postgres_dsn, min_size=1, max_size=2, session=settings.postgres_session()
+        )
+        try:
+            return await work(Jobs(pool))
+        finally:
+            await pool.close()
+
+    return run(go())
+
+
+async def publish(
+    settings: Settings, route: Route, body: WireModel, *, message_id: UUID | None = None
+) -> UUID:
+    """Publish one message straight to the exchange, with a confirm; its message_id."""
+    conn = await open_amqp(settings, "pkgq-cli")
+    try:
+        return await publishing.publish(settings, conn, route, body, message_id=message_id)
+    finally:
+        await conn.close()

@@ -1,0 +1,1 @@
+"""`pkgq bench`: the standard scenario through real processes, against baselines."""

@@ -1,0 +1,112 @@
+"""The developer tools' commands, added to `pkgq` when this package is installed: `pkgq bench`
+and `pkgq demo`. What they run is imported only when they run."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import structlog
+import typer
+from rich.console import Console
+from rich.progress import Progress
+
+from consumers.cli.running import load_settings, run
+
+
+def _bench_namespace(value: str) -> str:
+    if not value.replace("_", "").isalnum() or not value.isascii() or not value[:1].isalpha():
+        raise typer.BadParameter("letters, digits and _ only, starting with a letter")
+    return value.lower()
+
+
+def bench_cmd(
+    users: Annotated[int, typer.Option(min=1, help="Users in the scenario.")] = 400,
+    packages: Annotated[int, typer.Option(min=1, help="Packages each user buys and uses up.")] = 5,
+    small_rows: Annotated[
+        int, typer.Option(min=0, help="Rows already in package_queue, first runs.")
+    ] = 10_000,
+    large_rows: Annotated[
+        int, typer.Option(min=0, help="Rows already in package_queue, last run.")
+    ] = 1_000_000,
+    batch_size: Annotated[int, typer.Option(min=1, max=1000)] = 32,
+    prefetch: Annotated[int, typer.Option(min=1)] = 64,
+    raw_messages: Annotated[int, typer.Option(min=1, help="Messages in the raw baseline.")] = 5000,
+    replicas: Annotated[
+        int, typer.Option(min=1, max=16, help="pkgq run processes (routes split to match).")
+    ] = 1,
+    repeat: Annotated[
+        int, typer.Option(min=1, max=10, help="Runs of each batched phase; the best counts.")
+    ] = 2,
+    backlog_users: Annotated[
+        int, typer.Option(min=1, help="Users of the backlog phase, each with an active package.")
+    ] = 1000,
+    backlog_records: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Usage records queued before the simple consumer and pkgq drain them."
+        ),
+    ] = 20_000,
+    namespace: Annotated[
+        str,
+        typer.Option(
+            help="Its own names: database pkgq_NAME, exchange and queues NAME.*.",
+            callback=_bench_namespace,
+        ),
+    ] = "bench",
+) -> None:
+    """Benchmark pkgq against the raw broker, its naive mode and a simple consumer; prints
+    key=value lines last (a developer tool).
+
+    Scale it with --users and --packages (events per run are about users x (3 x packages + 3)).
+    It uses its own database (pkgq_bench) and broker names (bench.*) next to the configured ones.
+    """
+    from devtools.bench.scenario import PHASES, Scenario, run_bench
+
+    settings = load_settings()
+    scenario = Scenario(
+        users=users,
+        packages=packages,
+        small_rows=small_rows,
+        large_rows=large_rows,
+        batch_size=batch_size,
+        prefetch=prefetch,
+        raw_messages=raw_messages,
+        replicas=replicas,
+        repeat=repeat,
+        backlog_users=backlog_users,
+        backlog_records=backlog_records,
+        namespace=namespace,
+    )
+    err = Console(stderr=True)
+    if sys.stderr.isatty():
+        with Progress(console=err) as progress:
+            task = progress.add_task("bench", total=PHASES)
+
+            def say(text: str) -> None:
+                if not text.startswith(" "):
+                    progress.advance(task)
+                progress.console.print(text, highlight=False)
+
+            code = run(run_bench(settings, scenario, say))
+    else:
+        bench_log = structlog.get_logger("pkgq.bench")
+        code = run(run_bench(settings, scenario, lambda text: bench_log.info(text.strip())))
+    raise typer.Exit(code)
+
+
+def demo_cmd(
+    timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 90.0,
+) -> None:
+    """Start the relay and all consumers, drive sample users through every route, show it (a
+    developer tool). Exit 1 if a step failed, 5 if it timed out."""
+    from devtools.demo import run_demo
+
+    settings = load_settings()
+    raise typer.Exit(run(run_demo(settings, timeout)))
+
+
+def register(app: typer.Typer) -> None:
+    """Add `bench` and `demo` to the `pkgq` app."""
+    app.command("bench")(bench_cmd)
+    app.command("demo")(demo_cmd)
