@@ -289,6 +289,11 @@ class Settings(BaseSettings):
         return f"{self.exchange}.dlx"
 
     @property
+    def unroutable_exchange(self) -> str:
+        """The alternate exchange of `exchange`: what no queue is bound for lands here."""
+        return f"{self.exchange}.unroutable"
+
+    @property
     def dead_letter_queue(self) -> str:
         return f"{self.queue_prefix}.dead_letters"
 

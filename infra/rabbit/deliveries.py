@@ -23,6 +23,7 @@ def raw_delivery(message: AbstractIncomingMessage) -> RawDelivery:
         headers=dict(message.headers or {}),
         routing_key=message.routing_key,
         publisher=message.user_id,
+        exchange=message.exchange,
     )
 
 
