@@ -27,13 +27,14 @@ demo: migrate
 bench: migrate
 	$(BIN)/pkgq bench $(BENCH_ARGS)
 
-## check: formatting, lint and strict typing.
+## check: formatting, lint and strict typing; the deploy files (systemd, k8s, alert rules).
 check: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	deploy/systemd/verify.sh
 	deploy/k8s/verify.sh
+	deploy/observability/check.sh
 
 ## test: check, then the whole suite against the real services.
 test: check migrate
