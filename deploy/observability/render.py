@@ -38,7 +38,7 @@ RATE_INTERVAL = "15s"
 SMALL_BENCH = [
     "--users", "150", "--packages", "2", "--small-rows", "0", "--large-rows", "1000",
     "--raw-messages", "1000", "--repeat", "1", "--backlog-users", "100",
-    "--backlog-records", "2000",
+    "--backlog-records", "2000", "--namespace", "render",
 ]  # fmt: skip
 
 
