@@ -27,7 +27,8 @@ demo: migrate
 bench: migrate
 	$(BIN)/pkgq bench $(BENCH_ARGS)
 
-## check: formatting, lint and strict typing; the deploy files (systemd, k8s, alert rules).
+## check: formatting, lint and strict typing; the deploy files (systemd, k8s, alert rules) and
+## the AsyncAPI document (official parser).
 check: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
@@ -35,6 +36,7 @@ check: venv
 	deploy/systemd/verify.sh
 	deploy/k8s/verify.sh
 	deploy/observability/check.sh
+	deploy/asyncapi/check.sh
 
 ## test: check, then the whole suite against the real services.
 test: check migrate

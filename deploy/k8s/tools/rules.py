@@ -121,7 +121,9 @@ def pod_errors(doc: Doc, configmaps: dict[str, Doc], secret_ref: Callable[..., N
             errors += _status_port_errors(cwhere, container, settings)
     grace = pod.get("terminationGracePeriodSeconds", 30)
     if grace <= drain:
-        errors.append(f"{where}: terminationGracePeriodSeconds {grace} must exceed the drain {drain}")
+        errors.append(
+            f"{where}: terminationGracePeriodSeconds {grace} must exceed the drain {drain}"
+        )
     if doc["kind"] in WORKLOADS:
         labels = doc["spec"]["template"]["metadata"].get("labels", {})
         if not selects(doc["spec"]["selector"]["matchLabels"], labels):
@@ -243,11 +245,14 @@ def keda_errors(
                 errors.append(f"ScaledObject/{name}: authenticationRef does not resolve")
         if spec.get("minReplicaCount", 0) < 1:
             errors.append(f"ScaledObject/{name}: minReplicaCount must keep a consumer running")
-    scaled_names = {d["spec"]["scaleTargetRef"]["name"] for d in kinds.get("ScaledObject", {}).values()}
+    scaled_names = {
+        d["spec"]["scaleTargetRef"]["name"] for d in kinds.get("ScaledObject", {}).values()
+    }
     for name, doc in workloads.items():
-        if doc["kind"] == "Deployment" and name not in scaled_names:
-            if not isinstance(doc["spec"].get("replicas"), int) or doc["spec"]["replicas"] < 1:
-                errors.append(f"Deployment/{name}: not autoscaled, so it must set replicas >= 1")
+        replicas = doc["spec"].get("replicas")
+        fixed = isinstance(replicas, int) and replicas >= 1
+        if doc["kind"] == "Deployment" and name not in scaled_names and not fixed:
+            errors.append(f"Deployment/{name}: not autoscaled, so it must set replicas >= 1")
     return errors
 
 
@@ -262,8 +267,10 @@ def route_errors(
         if args[:1] == ["run"] and len(args) == 3 and args[2] == "--no-ingest":
             runners.setdefault(f"telecom.{args[1]}", []).append(doc)
     for route in sorted(set(runners) - set(routes)):
-        errors.append(f"{route}: run by {[d['metadata']['name'] for d in runners[route]]}, "
-                      "but the definitions have no queue for it")
+        errors.append(
+            f"{route}: run by {[d['metadata']['name'] for d in runners[route]]}, "
+            "but the definitions have no queue for it"
+        )
     for route, partitions in sorted(routes.items()):
         found = runners.get(route, [])
         want = "StatefulSet" if partitions > 1 else "Deployment"
@@ -294,7 +301,9 @@ def route_errors(
     return errors
 
 
-def _replica_errors(doc: Doc, container: Doc, settings: dict[str, str], partitions: int) -> list[str]:
+def _replica_errors(
+    doc: Doc, container: Doc, settings: dict[str, str], partitions: int
+) -> list[str]:
     errors: list[str] = []
     where = f"StatefulSet/{doc['metadata']['name']}"
     replicas = doc["spec"].get("replicas")

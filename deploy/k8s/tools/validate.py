@@ -78,9 +78,7 @@ def main() -> int:
         all_commands |= commands(docs)
         counts.append(f"{overlay} {len(docs)} documents ({keda} KEDA)")
     assert first_docs is not None
-    missed = list(
-        self_tests(first_docs, checker, routes, shared, max_message_size, pkgq_defaults)
-    )
+    missed = list(self_tests(first_docs, checker, routes, shared, max_message_size, pkgq_defaults))
     failures += [f"self-test: {m}" for m in missed]
     failures += dockerfile_errors(opts.repo)
     if opts.commands_out:
