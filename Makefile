@@ -15,6 +15,7 @@ venv: $(STAMP)
 
 services:
 	deploy/local/ensure-services.sh
+	deploy/local/ensure-tools.sh
 
 migrate: venv services
 	$(BIN)/pkgq migrate
