@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Render the dashboard without Grafana: a real Prometheus scrapes a short `pkgq bench`, then
-every panel's PromQL is asked over the run through Prometheus' HTTP API, and printed.
+"""Render the dashboard without Grafana: a real Prometheus scrapes a short `pkgq bench` and a
+fault phase, then every panel's PromQL is asked over the run through Prometheus' HTTP API, and
+printed.
 
     deploy/observability/render.py                     # a small bench (about 2 minutes)
     deploy/observability/render.py -- --users 400      # any `pkgq bench` options after --
@@ -9,7 +10,11 @@ Prometheus is Debian's (`prometheus`, installed by deploy/local/ensure-tools.sh 
 run on a free loopback port with a throwaway data directory and pkgq's alert rules loaded; the
 bench's relay and consumer processes serve /metrics on ports it is given
 (PKGQ_BENCH_STATUS_PORT, consumers/bench_support.py). Grafana's `$__rate_interval` becomes
-RATE_INTERVAL. For each panel: its title, each query, and per series its labels, the number of
+RATE_INTERVAL. The bench only shows healthy traffic, so a fault phase follows: a `pkgq run` of
+every route (with the dead-letter ingester) in the bench's namespace, fed with Debian's
+amqp-publish: commands without a message_id (dead letters), commands on a partition key that
+does not exist (`unroutable` dead letters) and cancels of items that do not exist (buried, their
+users held). For each panel: its title, each query, and per series its labels, the number of
 samples, min, max and last value. Then the alerts that fired during the run. Nothing is
 written into the repository.
 """
@@ -28,6 +33,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +41,13 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 SCRAPE_INTERVAL_S = 1
 RATE_INTERVAL = "15s"
+FAULT_ROUNDS = 6
+FAULT_EVERY_S = 12
+NAMESPACE = "render"
 SMALL_BENCH = [
     "--users", "150", "--packages", "2", "--small-rows", "0", "--large-rows", "1000",
     "--raw-messages", "1000", "--repeat", "1", "--backlog-users", "100",
-    "--backlog-records", "2000", "--namespace", "render",
+    "--backlog-records", "2000", "--namespace", NAMESPACE,
 ]  # fmt: skip
 
 
@@ -101,6 +110,77 @@ def labels(metric: dict[str, str]) -> str:
     return "{" + ", ".join(f"{k}={v}" for k, v in sorted(shown.items())) + "}" if shown else "{}"
 
 
+def _get(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=3) as response:
+            return int(response.status)
+    except OSError:
+        return 0
+
+
+def fault_phase(pkgq: str, port: int, namespace: str) -> None:
+    """Dead letters, unroutable commands and held users, published by amqp-publish to a
+    `pkgq run` serving /metrics on `port`."""
+    runtime = os.environ.get("PKGQ_POSTGRES_DSN", "postgresql://pkgq_runtime@127.0.0.1:5432/pkgq")
+    amqp = os.environ.get("PKGQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+    exchange = f"{namespace}.telecom"
+    env = {
+        **os.environ,
+        "PKGQ_POSTGRES_DSN": f"{runtime.rsplit('/', 1)[0]}/pkgq_{namespace}",
+        "PKGQ_EXCHANGE": exchange,
+        "PKGQ_QUEUE_PREFIX": f"{namespace}.pkgq",
+        "PKGQ_HTTP_PORT": str(port),
+        "PKGQ_HTTP_HOST": "127.0.0.1",
+        "PKGQ_METRICS_REFRESH_INTERVAL": "1",
+        "PKGQ_LOG_LEVEL": "warning",
+    }
+    run = subprocess.Popen([pkgq, "run"], env=env)  # noqa: S603  (this checkout's pkgq)
+    try:
+        deadline = time.monotonic() + 60
+        while _get(port, "/readyz") != 200:
+            if run.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("render: the fault phase's `pkgq run` did not become ready")
+            time.sleep(0.5)
+        url = amqp.rstrip("/") if urllib.parse.urlsplit(amqp).path == "/" else amqp
+        publisher = shutil.which("amqp-publish")
+        if publisher is None:
+            raise SystemExit("render: amqp-publish is missing: run deploy/local/ensure-tools.sh")
+
+        def publish(key: str, body: str, *headers: str) -> None:
+            flags = [f"--header={h}" for h in ("x-schema-version: 1", *headers)]
+            subprocess.run(  # noqa: S603  (Debian's amqp-publish, our own arguments)
+                [
+                    publisher, f"--url={url}", f"--exchange={exchange}",
+                    f"--routing-key={key}", "--content-type=application/json",
+                    "--persistent", *flags, f"--body={body}",
+                ],
+                check=True,
+            )  # fmt: skip
+
+        for round_ in range(FAULT_ROUNDS):
+            for _ in range(round_ + 1):
+                user = str(uuid.uuid4())
+                usage = json.dumps({"user_id": user, "upload": 1, "download": 1})
+                publish("telecom.usage_record", usage)  # no message_id: a dead letter
+                publish(
+                    "telecom.usage_record.p9",  # no such partition: unroutable
+                    usage,
+                    f"x-message-id: {uuid.uuid4()}",
+                    "x-message-type: RecordUsage",
+                )
+            cancel = {"user_id": str(uuid.uuid4()), "item_id": 2**62 + round_}
+            publish(  # no such item: buried, and its user held behind it
+                "telecom.package_cancel",
+                json.dumps(cancel),
+                f"x-message-id: {uuid.uuid4()}",
+                "x-message-type: CancelPackage",
+            )
+            time.sleep(FAULT_EVERY_S)
+    finally:
+        run.terminate()
+        run.wait(timeout=60)
+
+
 def render(prometheus: str, start: float, end: float) -> int:
     dashboard = json.loads((HERE / "pkgq-dashboard.json").read_text())
     step = str(max(SCRAPE_INTERVAL_S, math.ceil((end - start) / 300)))
@@ -154,11 +234,11 @@ def main() -> int:
     replicas = 1
     if "--replicas" in bench_args:
         replicas = int(bench_args[bench_args.index("--replicas") + 1])
-    base = free_ports(1 + replicas)
+    base = free_ports(2 + replicas)  # the relay, the replicas, the fault phase's pkgq run
     port = free_port()
     prometheus = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="pkgq-render-") as work:
-        targets = [f"127.0.0.1:{p}" for p in range(base, base + 1 + replicas)]
+        targets = [f"127.0.0.1:{p}" for p in range(base, base + 2 + replicas)]
         config = Path(work) / "prometheus.yml"
         config.write_text(
             json.dumps(  # JSON is YAML
@@ -196,11 +276,19 @@ def main() -> int:
             bench = subprocess.run(  # noqa: S603  (this checkout's pkgq)
                 [options.pkgq, "bench", *bench_args], env=env, check=False
             )
-            time.sleep(2 * SCRAPE_INTERVAL_S)
-            end = time.time()
             if bench.returncode != 0:
                 print(f"render: pkgq bench exited {bench.returncode}", file=sys.stderr)
-            print(f"\nrender: the bench ran {end - start:.0f} s; each panel over that window")
+            bench_end = time.time()
+            namespace = NAMESPACE
+            if "--namespace" in bench_args:
+                namespace = bench_args[bench_args.index("--namespace") + 1]
+            fault_phase(options.pkgq, base + 1 + replicas, namespace)
+            time.sleep(2 * SCRAPE_INTERVAL_S)
+            end = time.time()
+            print(
+                f"\nrender: the bench ran {bench_end - start:.0f} s, the fault phase "
+                f"{end - bench_end:.0f} s; each panel over the whole window"
+            )
             empty = render(prometheus, start, end)
             print(f"\nrender: {empty} queries had no series during the run")
             return 1 if bench.returncode != 0 else 0
