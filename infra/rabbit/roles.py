@@ -51,6 +51,7 @@ def inbound_keys_pattern() -> str:
 def role_definitions(settings: Settings, vhost: str, users: RoleUsers) -> dict[str, Any]:
     """The users, permissions and topic permissions of a definitions document."""
     exchange, dlx = re.escape(settings.exchange), re.escape(settings.dlx)
+    unroutable = re.escape(settings.unroutable_exchange)
     queues = re.escape(settings.queue_prefix) + r"\..*"
     nothing = "^$"
 
@@ -60,13 +61,13 @@ def role_definitions(settings: Settings, vhost: str, users: RoleUsers) -> dict[s
     def permission(name: str, configure: str, write: str, read: str) -> dict[str, Any]:
         return {"user": name, "vhost": vhost, "configure": configure, "write": write, "read": read}
 
-    def inbound_only(name: str) -> dict[str, Any]:
+    def inbound_only(name: str, read: str = nothing) -> dict[str, Any]:
         return {
             "user": name,
             "vhost": vhost,
             "exchange": settings.exchange,
             "write": inbound_keys_pattern(),
-            "read": nothing,
+            "read": read,
         }
 
     return {
@@ -84,14 +85,21 @@ def role_definitions(settings: Settings, vhost: str, users: RoleUsers) -> dict[s
             permission(users.publisher, nothing, f"^{exchange}$", nothing),
             # operator: provisions and repairs the topology (declare, bind, delete queues after
             # repartitioning) and publishes commands; never consumes pkgq's queues.
+            # The alternate exchange too: declaring it, and binding the dead-letter queue to it
+            # (a binding needs read on its exchange).
             permission(
                 users.operator,
-                f"^({exchange}|{dlx}|{queues})$",
+                f"^({exchange}|{dlx}|{unroutable}|{queues})$",
                 f"^({exchange}|{queues})$",
-                f"^({exchange}|{dlx})$",
+                f"^({exchange}|{dlx}|{unroutable})$",
             ),
             # autoscaler (KEDA): queue depths by passive declare or the management API.
             permission(users.autoscaler, nothing, nothing, nothing),
         ],
-        "topic_permissions": [inbound_only(users.publisher), inbound_only(users.operator)],
+        # The operator binds queues to every route's key (a binding on a topic exchange needs
+        # topic read on its key); it still cannot consume pkgq's queues (no read on them).
+        "topic_permissions": [
+            inbound_only(users.publisher),
+            inbound_only(users.operator, read=".*"),
+        ],
     }
