@@ -15,6 +15,7 @@ venv: $(STAMP)
 
 services:
 	deploy/local/ensure-services.sh
+	deploy/local/ensure-tools.sh
 
 migrate: venv services
 	$(BIN)/pkgq migrate
@@ -27,13 +28,16 @@ demo: migrate
 bench: migrate
 	$(BIN)/pkgq bench $(BENCH_ARGS)
 
-## check: formatting, lint and strict typing.
+## check: formatting, lint and strict typing; the deploy files (systemd, k8s, alert rules) and
+## the AsyncAPI document (official parser).
 check: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	deploy/systemd/verify.sh
 	deploy/k8s/verify.sh
+	deploy/observability/check.sh
+	deploy/asyncapi/check.sh
 
 ## test: check, then the whole suite against the real services: isolated tests in parallel
 ## (PKGQ_TEST_WORKERS, default 3), then the service-restart tests alone.

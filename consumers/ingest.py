@@ -1,10 +1,14 @@
 """The dead-letter ingester: files what reaches `telecom.dlx` in the dead-letter store.
 
-Two kinds of message arrive on the dead-letter queue:
+Three kinds of message arrive on the dead-letter queue:
 - messages the broker dead-lettered on its own (rejected, TTL expired, a queue length limit, a
   quorum queue's delivery limit): the reason and the queue come from the `x-death` header;
 - last-resort copies a pkgq consumer made when even its failure path broke (see
-  infra/rabbit/consumer.py): the reason and error come from the `x-pkgq-dead-*` headers.
+  infra/rabbit/consumer.py): the reason and error come from the `x-pkgq-dead-*` headers;
+- commands published to the main exchange with a key no queue is bound for (the plain key of
+  a partitioned route, a stale partition map), which its alternate exchange passes on
+  (infra/rabbit/topology.py, unroutable_keys): filed as `unroutable`, whatever their headers
+  say, to be replayed (`pkgq dlq replay` routes by the current partition map).
 Each is stored in one statement and then acked; a redelivery updates the same row (never its
 body). Headers are data: whatever their type, size or depth, a dead letter is filed, in a safe
 form (no headers) if Postgres refuses it as it is, and acked. The ingester never requeues a
@@ -68,8 +72,11 @@ def _text(value: Any, limit: int = 500) -> str:
     return bounded_text(json.dumps(value), limit)  # already jsonable: no deep walk left
 
 
+UNROUTABLE = "unroutable"
+
+
 def to_dead_letter(
-    raw: RawDelivery, trusted_publisher: str | None = None
+    raw: RawDelivery, trusted_publisher: str | None = None, main_exchange: str | None = None
 ) -> dead_letters.NewDeadLetter:
     """What to file for a delivery on the dead-letter queue. Total: any header, of any type,
     size or depth, gives a bounded, storable dead letter (the ingester must never loop).
@@ -79,7 +86,16 @@ def to_dead_letter(
     broker dead letter they are whatever its original publisher wrote. With
     `trusted_publisher` (pkgq's AMQP user), they are believed only from a message that user
     published (the broker validates the `user_id` property): a copy someone else published
-    straight to the dead-letter exchange is filed, in the safe form, as `untrusted_publisher`."""
+    straight to the dead-letter exchange is filed, in the safe form, as `untrusted_publisher`.
+
+    With `main_exchange`, a message published there (caught by its alternate exchange) is
+    filed as `unroutable`."""
+    if main_exchange is not None and raw.exchange == main_exchange:
+        try:
+            return _unroutable(raw, main_exchange)
+        except Exception as exc:  # noqa: BLE001  (a bug here must not requeue it for ever)
+            log.error("dead_letter_unreadable", error=repr(exc)[:500])  # noqa: TRY400
+            return safe_form(raw, f"its headers could not be read ({type(exc).__name__})")
     if (
         trusted_publisher is not None
         and H_DEAD_REASON in raw.headers
@@ -148,6 +164,29 @@ def _to_dead_letter(raw: RawDelivery) -> dead_letters.NewDeadLetter:
     )
 
 
+def _unroutable(raw: RawDelivery, exchange: str) -> dead_letters.NewDeadLetter:
+    headers = jsonable(dict(raw.headers))
+    key = bounded_text(raw.routing_key or "", 255)
+    route = route_of_key(key)
+    return dead_letters.NewDeadLetter(
+        source="broker",
+        route=route,
+        consumer=_consumer_of(route, None),
+        message_id=_optional(raw.message_id),
+        user_id=_user(headers),
+        message_type=_optional(raw.message_type),
+        content_type=_optional(raw.content_type),
+        body=raw.body,
+        headers=headers,
+        reason=UNROUTABLE,
+        error_type="UnroutableMessage",
+        error_message=f"no queue is bound for routing key {key!r} on exchange {exchange!r}: "
+        "a partitioned route takes `<route>.p<k>` keys only (docs/publishing.md); check the "
+        "publisher's partition map against PKGQ_PARTITIONS",
+        error_location=f"exchange {exchange}",
+    )
+
+
 def _optional(value: Any) -> str | None:
     return bounded_text(value, 255) if isinstance(value, str) else None
 
@@ -177,12 +216,14 @@ def safe_form(raw: RawDelivery, why: str) -> dead_letters.NewDeadLetter:
     )
 
 
-def make_ingester(pool: asyncpg.Pool, trusted_publisher: str | None = None) -> Processor:
+def make_ingester(
+    pool: asyncpg.Pool, trusted_publisher: str | None = None, main_exchange: str | None = None
+) -> Processor:
     async def ingest_all(raws: Sequence[RawDelivery]) -> list[Result]:
         return [Result(await ingest(raw)) for raw in raws]
 
     async def ingest(raw: RawDelivery) -> Outcome:
-        dead = to_dead_letter(raw, trusted_publisher)
+        dead = to_dead_letter(raw, trusted_publisher, main_exchange)
         async with pool.acquire(timeout=10) as conn, conn.transaction():
             try:
                 async with conn.transaction():  # a savepoint: the fallback below can follow
@@ -191,7 +232,9 @@ def make_ingester(pool: asyncpg.Pool, trusted_publisher: str | None = None) -> P
                     # (not from a forgery: its headers say nothing true about pkgq's jobs).
                     if dead.reason != UNTRUSTED_PUBLISHER:
                         trusted = trusted_publisher in (None, raw.publisher)
-                        await _finish(conn, raw, dead, marks_believed=trusted)
+                        # An outsider's unroutable message names no job of pkgq's at all.
+                        if trusted or dead.reason != UNROUTABLE:
+                            await _finish(conn, raw, dead, marks_believed=trusted)
             except Exception as exc:
                 if is_outage(exc):
                     raise  # waited out by the consumer, then filed as it is
@@ -241,6 +284,6 @@ def ingester(
         declare,
         settings,
         connection,
-        make_ingester(pool, settings.amqp_user),
+        make_ingester(pool, settings.amqp_user, settings.exchange),
         None,  # nowhere further to send a copy: failures are requeued after a pause
     )

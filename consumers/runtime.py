@@ -28,20 +28,27 @@ from tenacity import (
     wait_exponential,
 )
 
+from events.routes import ROUTES
 from infra import tracing
 from infra.observability import (
     DEAD_LETTERS,
+    HELD_USERS,
     JOB_STATES,
     JOB_TRANSITIONS,
     OUTBOX_OLDEST,
     OUTBOX_PENDING,
+    QUEUE_CONSUMERS,
+    QUEUE_READY,
     RECONNECTS,
+    WORKERS_REAPED,
     StatusServer,
 )
 from infra.postgres import stats, transitions, workers
 from infra.postgres.pool import answers, create_pool
 from infra.postgres.pool import connect as connect_postgres
 from infra.rabbit.connection import open_amqp
+from infra.rabbit.management import passive_figures
+from infra.rabbit.topology import route_queues
 from infra.settings import Settings
 from infra.tls import TlsError
 from infra.transient import is_transient
@@ -214,6 +221,7 @@ class WorkerHeartbeat:
             await self._drop_connection()
             return []
         if reaped:
+            WORKERS_REAPED.inc(len(reaped))
             log.warning("worker_reaped", reaped=[str(w) for w in reaped], by=self.name)
         return reaped
 
@@ -243,6 +251,22 @@ class WorkerHeartbeat:
             conn, self._conn = self._conn, None
             with contextlib.suppress(Exception):
                 await conn.close(timeout=2)
+
+
+def consumed_queues(settings: Settings) -> list[str]:
+    """Every queue pkgq's processes consume: each partition of each route (subscriber routes'
+    queues are read by outside systems, if at all) and the dead-letter queue."""
+    names = [name for route in ROUTES for name, _ in route_queues(settings, route)]
+    return [*names, settings.dead_letter_queue]
+
+
+async def refresh_queue_figures(settings: Settings, amqp: AbstractRobustConnection) -> None:
+    """pkgq_queue_consumers and pkgq_queue_ready_messages (-1: the queue is missing)."""
+    figures = await passive_figures(amqp, consumed_queues(settings))
+    for name, found in figures.items():
+        ready, consumers = found if found is not None else (-1, -1)
+        QUEUE_READY.labels(queue=name).set(ready)
+        QUEUE_CONSUMERS.labels(queue=name).set(consumers)
 
 
 def stop_on_signals() -> asyncio.Event:
@@ -294,6 +318,9 @@ async def start_status_server(
         DEAD_LETTERS.clear()
         for route, count in figures.buried_by_route.items():
             DEAD_LETTERS.labels(route=route).set(count)
+        HELD_USERS.clear()
+        for (consumer, state), count in figures.held.items():
+            HELD_USERS.labels(consumer=consumer, state=state).set(count)
         async with pool.acquire(timeout=2) as conn:
             per_route = await stats.per_route(conn)
             moves = await transitions.totals(conn)
@@ -310,6 +337,7 @@ async def start_status_server(
             JOB_STATES.labels(route=route, state="done").set(counted.get("ack", 0))
             for move, value in counted.items():
                 JOB_TRANSITIONS.labels(route=route, transition=move).set(value)
+        await refresh_queue_figures(settings, svc.amqp)
 
     server = StatusServer(
         settings.http_host,

@@ -1,23 +1,38 @@
 """The AsyncAPI 3.0 document of every route: generated from the route table and the body
-models, so it cannot say something the code does not do (`pkgq asyncapi`)."""
+models, so it cannot say something the code does not do (`pkgq asyncapi`).
+
+Servers: the broker over AMQP and AMQPS. Operations, from pkgq's side: it receives every
+route it consumes, and sends every route it publishes through its outbox (lifecycle events,
+announcements, and the retries and replays of commands). Each message has an example (checked
+against its model by the tests). AsyncAPI's runtime expressions reach headers and payload only,
+never AMQP properties, so the properties pkgq reads (message_id, type, content_type, user_id)
+are given as the `x-amqp-properties` extension, and correlationId names the header that carries
+message_id for clients that cannot set the property. deploy/asyncapi/check.sh validates the
+document with the official AsyncAPI parser.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from events.asyncapi_examples import PAYLOADS, USER
 from events.envelope import (
     CONTENT_TYPE,
     H_ADDRESS,
     H_ATTEMPT,
     H_EXPIRES_AT,
     H_GROUP,
+    H_MESSAGE_ID,
+    H_MESSAGE_TYPE,
     H_PRIORITY,
     H_SCHEMA_VERSION,
     H_SEQ,
     H_TRACEPARENT,
     H_USER_ID,
 )
-from events.routes import ALL_ROUTES, SUBSCRIBER_ROUTES, Route
+from events.routes import ALL_ROUTES, INBOUND_ROUTES, SUBSCRIBER_ROUTES, Route
+
+AMQP_BINDING = "0.3.0"
 
 HEADERS_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -54,8 +69,76 @@ HEADERS_SCHEMA: dict[str, Any] = {
             "maximum": 2,
             "description": "0-2, higher is more urgent (also the AMQP priority).",
         },
+        H_MESSAGE_ID: {
+            "type": "string",
+            "format": "uuid",
+            "description": "The message_id, for clients that cannot set the AMQP property "
+            "(read only when the property is absent).",
+        },
+        H_MESSAGE_TYPE: {
+            "type": "string",
+            "description": "The type, for clients that cannot set the AMQP property "
+            "(read only when the property is absent).",
+        },
     },
 }
+
+
+def _properties(route: Route) -> dict[str, Any]:
+    """The AMQP basic properties pkgq reads, as a JSON Schema (an AsyncAPI extension)."""
+    return {
+        "type": "object",
+        "required": ["message_id", "type", "content_type"],
+        "properties": {
+            "message_id": {
+                "type": "string",
+                "format": "uuid",
+                "description": "The idempotency key: the same message_id is applied once.",
+            },
+            "type": {"const": route.message_type},
+            "content_type": {"const": CONTENT_TYPE},
+            "delivery_mode": {"const": 2, "description": "Persistent."},
+            "user_id": {
+                "type": "string",
+                "description": "The publishing connection's RabbitMQ user, validated by the "
+                "broker. Lifecycle and internal routes are accepted only from pkgq's own user.",
+            },
+            "timestamp": {"type": "integer", "description": "Unix seconds."},
+            "priority": {"type": "integer", "minimum": 0, "maximum": 2},
+            "expiration": {
+                "type": "string",
+                "description": "Milliseconds: not consumed by then, it is dead-lettered as "
+                "expired.",
+            },
+        },
+    }
+
+
+def _servers() -> dict[str, Any]:
+    variables = {
+        "host": {"default": "localhost", "description": "The RabbitMQ host."},
+        "vhost": {"default": "%2F", "description": "The vhost, URL-encoded (%2F is /)."},
+    }
+    return {
+        "amqp": {
+            "host": "{host}:5672",
+            "pathname": "/{vhost}",
+            "protocol": "amqp",
+            "protocolVersion": "0.9.1",
+            "title": "RabbitMQ over AMQP",
+            "variables": variables,
+        },
+        "amqps": {
+            "host": "{host}:5671",
+            "pathname": "/{vhost}",
+            "protocol": "amqps",
+            "protocolVersion": "0.9.1",
+            "title": "RabbitMQ over AMQP with TLS",
+            "description": "The broker's certificate verified against a CA; a client "
+            "certificate where the broker asks for one (README, TLS).",
+            "variables": variables,
+        },
+    }
 
 
 def _message(route: Route) -> dict[str, Any]:
@@ -69,17 +152,23 @@ def _message(route: Route) -> dict[str, Any]:
         "contentType": CONTENT_TYPE,
         "headers": HEADERS_SCHEMA,
         "payload": {key: value for key, value in schema.items() if key != "$defs"},
-        "bindings": {
-            "amqp": {
-                "messageType": route.message_type,
-                "deliveryMode": 2,
-                "bindingVersion": "0.3.0",
-            }
-        },
+        "bindings": {"amqp": {"messageType": route.message_type, "bindingVersion": AMQP_BINDING}},
         "correlationId": {
-            "description": "The AMQP message_id (a UUID): the idempotency key.",
-            "location": "$message.header#/message_id",
+            "description": "The AMQP message_id property (a UUID, see x-amqp-properties): the "
+            "idempotency key. It is a property, not a header, which AsyncAPI locations cannot "
+            f"address; this location is the {H_MESSAGE_ID} header that carries it for clients "
+            "that cannot set the property.",
+            "location": f"$message.header#/{H_MESSAGE_ID}",
         },
+        "x-amqp-properties": _properties(route),
+        "examples": [
+            {
+                "name": f"{route.short_name}_example",
+                "summary": f"A {route.message_type} on {route.name}",
+                "headers": {H_SCHEMA_VERSION: route.schema_version, H_USER_ID: USER},
+                "payload": PAYLOADS[route.message_type],
+            }
+        ],
     }
 
 
@@ -116,22 +205,24 @@ def document(exchange: str = "telecom", queue_prefix: str = "pkgq") -> dict[str,
                 }
             },
         }
+        reference = [{"$ref": f"#/channels/{key}/messages/{route.message_type}"}]
+        operations[f"publish_{key}"] = {
+            "action": "send",
+            "title": _sends(route, queue_prefix),
+            "channel": {"$ref": f"#/channels/{key}"},
+            "messages": reference,
+            "bindings": {
+                "amqp": {"deliveryMode": 2, "mandatory": True, "bindingVersion": AMQP_BINDING}
+            },
+        }
         if route.name in SUBSCRIBER_ROUTES:
-            operations[f"publish_{key}"] = {
-                "action": "send",
-                "title": (
-                    f"pkgq publishes {route.name} through its outbox for outside subscribers "
-                    f"(queue {queue_prefix}.{route.name}; pkgq runs no consumer for it)"
-                ),
-                "channel": {"$ref": f"#/channels/{key}"},
-                "messages": [{"$ref": f"#/channels/{key}/messages/{route.message_type}"}],
-            }
             continue
         operations[f"consume_{key}"] = {
             "action": "receive",
             "title": f"pkgq consumes {route.name} from queue {queue_prefix}.{route.name}",
             "channel": {"$ref": f"#/channels/{key}"},
-            "messages": [{"$ref": f"#/channels/{key}/messages/{route.message_type}"}],
+            "messages": reference,
+            "bindings": {"amqp": {"ack": True, "bindingVersion": AMQP_BINDING}},
         }
     return {
         "asyncapi": "3.0.0",
@@ -141,11 +232,26 @@ def document(exchange: str = "telecom", queue_prefix: str = "pkgq") -> dict[str,
             "description": (
                 "The telecom package queue: commands published to pkgq, and the lifecycle "
                 "events pkgq publishes through its outbox. A route split into partitions is "
-                "published to `<route>.p<k>` (see the README)."
+                "published to `<route>.p<k>` (docs/publishing.md)."
             ),
         },
         "defaultContentType": CONTENT_TYPE,
+        "servers": _servers(),
         "channels": channels,
         "operations": operations,
         "components": {"messages": messages, "schemas": schemas},
     }
+
+
+def _sends(route: Route, queue_prefix: str) -> str:
+    if route.name in SUBSCRIBER_ROUTES:
+        return (
+            f"pkgq publishes {route.name} through its outbox for outside subscribers "
+            f"(queue {queue_prefix}.{route.name}; pkgq runs no consumer for it)"
+        )
+    if route.name in INBOUND_ROUTES:
+        return (
+            f"outside systems publish {route.name} (docs/publishing.md); pkgq publishes it "
+            "too, through its outbox: retries, replayed dead letters, `pkgq publish`"
+        )
+    return f"pkgq publishes {route.name} through its outbox (only pkgq's user may)"

@@ -50,6 +50,9 @@ class RawDelivery:
     publisher: str | None = None
     """The AMQP user_id property: the broker refuses a publish whose user_id is not the
     publishing connection's user, so when present it names who published the message."""
+    exchange: str | None = None
+    """The exchange it was published to (on a message the alternate exchange caught, the one
+    that could not route it)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,10 @@ H_USER_ID = "x-user-id"
 H_SEQ = "x-seq"
 H_ATTEMPT = "x-attempt"
 H_TRACEPARENT = "traceparent"
+# For clients that cannot set the AMQP properties (amqp-publish from amqp-tools): read only when
+# the property itself is absent (docs/publishing.md).
+H_MESSAGE_ID = "x-message-id"
+H_MESSAGE_TYPE = "x-message-type"
 # Set on messages dead-lettered by pkgq itself.
 H_DEAD_REASON = "x-pkgq-dead-reason"
 H_DEAD_ERROR = "x-pkgq-dead-error"

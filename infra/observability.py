@@ -64,6 +64,29 @@ JOB_TRANSITIONS = Gauge(
     ["route", "transition"],
 )
 
+WORKERS_REAPED = Counter(
+    "pkgq_workers_reaped_total",
+    "Stale workers (no heartbeat for PKGQ_WORKER_STALE_AFTER) this process reaped: their leases "
+    "freed and their Postgres backends terminated.",
+)
+HELD_USERS = Gauge(
+    "pkgq_held_users",
+    "Users whose later messages on a consumer wait behind a blocker, by consumer and state "
+    "(retrying: the blocker waits for its retry; buried: it is a dead letter), from Postgres.",
+    ["consumer", "state"],
+)
+QUEUE_CONSUMERS = Gauge(
+    "pkgq_queue_consumers",
+    "Consumers subscribed to each queue pkgq consumes (active and standby), by passive declare; "
+    "-1 when the queue does not exist.",
+    ["queue"],
+)
+QUEUE_READY = Gauge(
+    "pkgq_queue_ready_messages",
+    "Messages ready in each queue pkgq consumes, by passive declare; -1 when it does not exist.",
+    ["queue"],
+)
+
 HEARTBEAT_EVERY = 1.0
 REFRESH_EVERY = 10.0
 STALE_AFTER = 5.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 from typing import Any, Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -143,6 +144,12 @@ class Settings(BaseSettings):
     replica: str | None = Field(default=None, pattern=r"^\d+/\d+$")
     """`I/N`: this `pkgq run` is replica I of N. It consumes partitions k with k % N == I at once
     and subscribes to the others only as a standby after `standby_delay` seconds."""
+    replica_count: int | None = Field(default=None, ge=1, le=256)
+    """N of `I/N` when `replica` is not set, with I from `replica_index` or the host name: for
+    pods whose ordinal is their index (a Kubernetes StatefulSet, deploy/k8s/)."""
+    replica_index: str | None = None
+    """I of `I/N`, as the environment gives it (the downward API's pod-index label, which may
+    be empty where the label is not set); unset or empty: the host name's trailing `-I`."""
     standby_delay: float = Field(default=3.0, ge=0)
 
     routes_file: str | None = None
@@ -230,6 +237,17 @@ class Settings(BaseSettings):
         if wrong:
             raise ValueError(f"partitions must be 1..256, got {wrong}")
         return value
+
+    @model_validator(mode="after")
+    def _replica_from_ordinal(self) -> Settings:
+        if self.replica is None and self.replica_count is not None:
+            index = replica_ordinal(self.replica_index, socket.gethostname())
+            if not 0 <= index < self.replica_count:
+                raise ValueError(
+                    f"replica index {index} is not below PKGQ_REPLICA_COUNT {self.replica_count}"
+                )
+            self.replica = f"{index}/{self.replica_count}"
+        return self
 
     @model_validator(mode="after")
     def _read_routes_file(self) -> Settings:
@@ -340,6 +358,11 @@ class Settings(BaseSettings):
         return f"{self.exchange}.dlx"
 
     @property
+    def unroutable_exchange(self) -> str:
+        """The alternate exchange of `exchange`: what no queue is bound for lands here."""
+        return f"{self.exchange}.unroutable"
+
+    @property
     def dead_letter_queue(self) -> str:
         return f"{self.queue_prefix}.dead_letters"
 
@@ -364,6 +387,22 @@ class Settings(BaseSettings):
         from yarl import URL  # aio-pika's own URL parser, so both read the URL alike
 
         return URL(self.amqp_url).user or "guest"
+
+
+def replica_ordinal(index: str | None, hostname: str) -> int:
+    """A pod's ordinal: `index` when given (digits), else the host name's trailing `-<digits>`
+    (a StatefulSet's pod `pkgq-usage-record-2` is ordinal 2)."""
+    if index:
+        if not index.strip().isdigit():
+            raise ValueError(f"PKGQ_REPLICA_INDEX {index!r} is not a number")
+        return int(index)
+    found = re.search(r"-(\d+)$", hostname)
+    if found is None:
+        raise ValueError(
+            f"PKGQ_REPLICA_COUNT is set but the replica index is unknown: PKGQ_REPLICA_INDEX "
+            f"is unset and the host name {hostname!r} does not end in -<ordinal>"
+        )
+    return int(found.group(1))
 
 
 def mask_url(url: str) -> str:

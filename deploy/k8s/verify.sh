@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Check deploy/k8s and the Dockerfile, offline once its tools are installed:
 # - render both overlays with `kubectl kustomize` (kustomize built into kubectl);
+# - check that rabbitmq-definitions.json is what this pkgq makes with the manifests' partition map;
 # - validate every rendered document strictly (unknown fields are errors): built-in kinds against
 #   Kubernetes' OpenAPI schemas, KEDA's ScaledObject/TriggerAuthentication against schemas
 #   generated from KEDA's CRDs; then pkgq's own rules, and self-tests that broken documents fail
@@ -45,6 +46,29 @@ for overlay in dev prod; do
             exit 1; }
 done
 
+# The broker definitions the manifests run with (PKGQ_DECLARE_TOPOLOGY=false: pkgq only checks
+# the topology) must be exactly what this pkgq makes with the ConfigMap's partition map.
+partitions=$("$tools/bin/python" - "$work/dev.yaml" "$work/prod.yaml" <<'PY'
+import sys, yaml
+maps = set()
+for path in sys.argv[1:]:
+    for doc in yaml.safe_load_all(open(path)):
+        if doc and doc["kind"] == "ConfigMap" and doc["metadata"]["name"].startswith("pkgq-config"):
+            maps.add(doc["data"].get("PKGQ_PARTITIONS", "{}"))
+if len(maps) != 1:
+    sys.exit(f"the overlays' ConfigMaps disagree on PKGQ_PARTITIONS: {sorted(maps)}")
+print(maps.pop())
+PY
+)
+definitions="$here/rabbitmq-definitions.json"
+PKGQ_PARTITIONS="$partitions" "$pkgq" definitions >"$work/definitions.json"
+diff -u "$definitions" "$work/definitions.json" >"$work/definitions.diff" || {
+    echo "$definitions is not what pkgq makes with PKGQ_PARTITIONS=$partitions; regenerate it:" >&2
+    echo "  PKGQ_PARTITIONS='$partitions' .venv/bin/pkgq definitions > deploy/k8s/rabbitmq-definitions.json" >&2
+    head -40 "$work/definitions.diff" >&2
+    exit 1
+}
+
 # The memory check's defaults come from pkgq's own code, so they cannot drift from it.
 (cd "$repo" && "$repo/.venv/bin/python" -c '
 import json
@@ -60,7 +84,7 @@ print(json.dumps({
     "routes": sorted(ROUTES),
 }))') >"$work/pkgq-defaults.json"
 summary=$("$tools/bin/python" "$here/tools/validate.py" --repo "$repo" \
-    --k8s-version "$k8s_version" --commands-out "$work/commands" \
+    --k8s-version "$k8s_version" --commands-out "$work/commands" --definitions "$definitions" \
     --pkgq-defaults "$work/pkgq-defaults.json" \
     "dev=$work/dev.yaml" "prod=$work/prod.yaml")
 

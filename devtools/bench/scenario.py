@@ -39,6 +39,7 @@ from devtools.bench.support import (
     message,
     peak_rss_mb,
     spawn,
+    status_port_env,
     stop_processes,
 )
 from events.models import PurchasePackage, RecordUsage, WireModel
@@ -188,11 +189,11 @@ class Bench:
         assert self.amqp is not None
         env = child_env(self.settings, batch_size=batch_size, prefetch=prefetch)
         count = self.scenario.replicas
-        processes = {"relay": spawn(["relay"], env)}
+        processes = {"relay": spawn(["relay"], status_port_env(env, 0))}
         for i in range(count):
             replica = ["--replica", f"{i}/{count}"] if count > 1 else []
             processes[f"run{i}" if count > 1 else "run"] = spawn(
-                ["run", "--no-ingest", *replica], env
+                ["run", "--no-ingest", *replica], status_port_env(env, 1 + i)
             )
         try:
             await self._wait_consuming()

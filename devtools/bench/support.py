@@ -113,6 +113,19 @@ def child_env(settings: Settings, *, batch_size: int, prefetch: int) -> dict[str
     }
 
 
+STATUS_PORT_BASE = "PKGQ_BENCH_STATUS_PORT"
+"""When set (a port number B), the bench's relay serves /metrics on B and its `pkgq run`
+replica i on B + 1 + i, on 127.0.0.1: deploy/observability/render.py scrapes them."""
+
+
+def status_port_env(env: dict[str, str], offset: int) -> dict[str, str]:
+    """`env` with the status port of the bench's child number `offset`, if asked for."""
+    base = env.get(STATUS_PORT_BASE)
+    if not base:
+        return env
+    return {**env, "PKGQ_HTTP_PORT": str(int(base) + offset), "PKGQ_HTTP_HOST": "127.0.0.1"}
+
+
 def spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(  # noqa: S603  (our own entry point)
         [sys.executable, "-m", "consumers", *args], env=env, stdout=subprocess.DEVNULL

@@ -1,4 +1,5 @@
-"""Backlog figures for the metrics: the outbox's due rows and the buried dead letters."""
+"""Backlog figures for the metrics: the outbox's due rows, the buried dead letters and the
+held users."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ class Backlog:
     outbox_pending: int
     outbox_oldest_s: float
     buried_by_route: dict[str, int]
+    held: dict[tuple[str, str], int]
+    """Users held behind a blocker, by (consumer, hold state)."""
 
 
 async def backlog(conn: Conn) -> Backlog:
@@ -27,11 +30,16 @@ async def backlog(conn: Conn) -> Backlog:
         "SELECT route, count(*) AS n FROM telecom.dead_letters WHERE status = 'buried' "
         "GROUP BY route"
     )
+    held = await conn.fetch(
+        "SELECT consumer, state, count(*) AS n FROM telecom.holds WHERE blocker IS NOT NULL "
+        "GROUP BY consumer, state"
+    )
     assert row is not None  # an aggregate always returns a row
     return Backlog(
         outbox_pending=int(row["pending"]),
         outbox_oldest_s=float(row["oldest"]),
         buried_by_route={r["route"]: int(r["n"]) for r in buried},
+        held={(r["consumer"], r["state"]): int(r["n"]) for r in held},
     )
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 import structlog
+from aio_pika.abc import AbstractConnection
 from aiormq.exceptions import ChannelNotFoundEntity
 
 from infra.rabbit.connection import open_amqp
@@ -117,6 +118,29 @@ async def queue_figures(
                 int(row.get("messages_unacknowledged") or 0),
                 int(row.get("consumers") or 0),
             )
+    return found
+
+
+async def passive_figures(
+    connection: AbstractConnection, names: list[str]
+) -> dict[str, tuple[int, int] | None]:
+    """(ready messages, consumers) of each named queue by passive declares on one channel of
+    `connection` (None: the queue does not exist). Needs no permission on the queues."""
+    found: dict[str, tuple[int, int] | None] = {}
+    channel = await connection.channel()
+    try:
+        for name in names:
+            try:
+                queue = await channel.declare_queue(name, passive=True)
+            except ChannelNotFoundEntity:
+                found[name] = None
+                await channel.reopen()  # a failed passive declare closes the channel
+                continue
+            result = queue.declaration_result
+            found[name] = (result.message_count or 0, result.consumer_count or 0)
+    finally:
+        if not channel.is_closed:
+            await channel.close()
     return found
 
 

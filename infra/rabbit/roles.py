@@ -51,6 +51,7 @@ def inbound_keys_pattern() -> str:
 def role_definitions(settings: Settings, vhost: str, users: RoleUsers) -> dict[str, Any]:
     """The users, permissions and topic permissions of a definitions document."""
     exchange, dlx = re.escape(settings.exchange), re.escape(settings.dlx)
+    unroutable = re.escape(settings.unroutable_exchange)
     queues = re.escape(settings.queue_prefix) + r"\..*"
     tail_queues = re.escape(settings.queue_prefix) + r"\.tail\..*"
     nothing = "^$"
@@ -86,16 +87,19 @@ def role_definitions(settings: Settings, vhost: str, users: RoleUsers) -> dict[s
             # operator: provisions and repairs the topology (declare, bind, delete queues after
             # repartitioning) and publishes commands; never consumes pkgq's queues, only the
             # temporary ones `pkgq tail` binds to both exchanges (<prefix>.tail.<random>).
+            # The alternate exchange too: declaring it, and binding the dead-letter queue to it
+            # (a binding needs read on its exchange).
             permission(
                 users.operator,
-                f"^({exchange}|{dlx}|{queues})$",
+                f"^({exchange}|{dlx}|{unroutable}|{queues})$",
                 f"^({exchange}|{queues})$",
-                f"^({exchange}|{dlx}|{tail_queues})$",
+                f"^({exchange}|{dlx}|{unroutable}|{tail_queues})$",
             ),
             # autoscaler (KEDA): queue depths by passive declare or the management API.
             permission(users.autoscaler, nothing, nothing, nothing),
         ],
-        # The operator's topic read lets `pkgq tail` bind its queue to the exchange with `#`.
+        # The operator binds queues to every route's key (a binding on a topic exchange needs
+        # topic read on its key), `pkgq tail` with `#`; it still cannot consume pkgq's queues.
         "topic_permissions": [
             inbound_only(users.publisher),
             inbound_only(users.operator, read=".*"),

@@ -7,13 +7,16 @@ from typing import Any
 from uuid import UUID
 
 import aio_pika
+import structlog
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
 from aiormq.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
 
 from events.partitioning import partition_key, routing_key
-from events.routes import ALL_ROUTES, SUBSCRIBER_ROUTES, Route
+from events.routes import ALL_ROUTES, INBOUND_ROUTES, SUBSCRIBER_ROUTES, Route
 from infra.rabbit.roles import DEFAULT_USERS, RoleUsers, role_definitions
 from infra.settings import Settings
+
+log = structlog.get_logger(__name__)
 
 MAX_PRIORITY = 2
 """Message priorities are 0-2 (seed 001), higher is more urgent."""
@@ -60,6 +63,25 @@ def queue_arguments(settings: Settings, route_name: str) -> dict[str, Any]:
 DEAD_LETTER_QUEUE_ARGUMENTS: dict[str, Any] = {"x-queue-type": "classic"}
 
 
+def exchange_arguments(settings: Settings) -> dict[str, Any]:
+    """The main exchange's: its alternate exchange, which takes what no queue is bound for."""
+    return {"alternate-exchange": settings.unroutable_exchange}
+
+
+def unroutable_keys() -> list[str]:
+    """What the alternate exchange passes on to the dead-letter queue: the inbound routes'
+    keys, plain or partitioned (`#` matches nothing as well as `.p<k>`).
+
+    Only those: outsiders publish them, and without this a publish to the plain key of a
+    partitioned route, or with a stale partition map, would be dropped (or only returned to a
+    publisher that asked with `mandatory`). pkgq's own relay publishes every route with
+    `mandatory`, and a row it cannot route stays in the outbox and is retried (the ingester
+    files what the alternate exchange catches as an `unroutable` dead letter instead): for the
+    lifecycle and internal routes, which no outsider publishes, the return is the better
+    answer, and an unbound key on the alternate exchange keeps it."""
+    return [f"{route.name}.#" for route in INBOUND_ROUTES.values()]
+
+
 def definitions(
     settings: Settings, vhost: str = "/", users: RoleUsers | None = DEFAULT_USERS
 ) -> dict[str, Any]:
@@ -69,7 +91,7 @@ def definitions(
     users (without passwords) and their permissions (infra/rabbit/roles.py); None: the
     topology alone."""
 
-    def exchange(name: str) -> dict[str, Any]:
+    def exchange(name: str, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
         return {
             "name": name,
             "vhost": vhost,
@@ -77,7 +99,7 @@ def definitions(
             "durable": True,
             "auto_delete": False,
             "internal": False,
-            "arguments": {},
+            "arguments": arguments or {},
         }
 
     def queue(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -101,6 +123,10 @@ def definitions(
 
     queues = [queue(settings.dead_letter_queue, DEAD_LETTER_QUEUE_ARGUMENTS)]
     bindings = [binding(settings.dlx, settings.dead_letter_queue, "#")]
+    bindings += [
+        binding(settings.unroutable_exchange, settings.dead_letter_queue, key)
+        for key in unroutable_keys()
+    ]
     for route in ALL_ROUTES.values():
         for name, key in route_queues(settings, route.name):
             queues.append(queue(name, queue_arguments(settings, route.name)))
@@ -110,7 +136,11 @@ def definitions(
         document.update(role_definitions(settings, vhost, users))
     document.update(
         {
-            "exchanges": [exchange(settings.exchange), exchange(settings.dlx)],
+            "exchanges": [
+                exchange(settings.exchange, exchange_arguments(settings)),
+                exchange(settings.dlx),
+                exchange(settings.unroutable_exchange),
+            ],
             "queues": queues,
             "bindings": bindings,
         }
@@ -130,15 +160,40 @@ async def declare_exchanges(
         except ChannelNotFoundEntity as exc:
             raise TopologyMissingError(str(exc)) from exc
         return exchange, dlx
-    exchange = await channel.declare_exchange(
-        settings.exchange, aio_pika.ExchangeType.TOPIC, durable=True
-    )
     dlx = await channel.declare_exchange(settings.dlx, aio_pika.ExchangeType.TOPIC, durable=True)
+    unroutable = await channel.declare_exchange(
+        settings.unroutable_exchange, aio_pika.ExchangeType.TOPIC, durable=True
+    )
     dead_letters = await channel.declare_queue(
         settings.dead_letter_queue, durable=True, arguments=DEAD_LETTER_QUEUE_ARGUMENTS
     )
     await dead_letters.bind(dlx, routing_key="#")
-    return exchange, dlx
+    for key in unroutable_keys():
+        await dead_letters.bind(unroutable, routing_key=key)
+    return await _declare_main_exchange(channel, settings), dlx
+
+
+async def _declare_main_exchange(channel: AbstractChannel, settings: Settings) -> AbstractExchange:
+    try:
+        return await channel.declare_exchange(
+            settings.exchange,
+            aio_pika.ExchangeType.TOPIC,
+            durable=True,
+            arguments=exchange_arguments(settings),
+        )
+    except ChannelPreconditionFailed as exc:
+        # Declared by an older pkgq, without its alternate exchange. An exchange's arguments
+        # cannot change in place: keep working as before, and say how to add it.
+        log.warning(
+            "alternate_exchange_missing",
+            exchange=settings.exchange,
+            error=str(exc),
+            fix=f"rabbitmqctl set_policy pkgq-unroutable '^{settings.exchange}$' "
+            f'\'{{"alternate-exchange":"{settings.unroutable_exchange}"}}\' '
+            "--apply-to exchanges (an exchange's own argument wins over a policy)",
+        )
+        await channel.reopen()  # the refused declare closed the channel
+        return await channel.get_exchange(settings.exchange, ensure=True)
 
 
 class TopologyMismatchError(Exception):
@@ -224,3 +279,4 @@ async def delete_all(channel: AbstractChannel, settings: Settings) -> None:
     await channel.queue_delete(settings.dead_letter_queue)
     await channel.exchange_delete(settings.exchange)
     await channel.exchange_delete(settings.dlx)
+    await channel.exchange_delete(settings.unroutable_exchange)

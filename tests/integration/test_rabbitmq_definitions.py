@@ -172,3 +172,39 @@ async def test_without_declaring_a_missing_topology_is_reported_with_how_to_prov
     )
     with pytest.raises(TopologyMissingError, match="import_definitions"):
         await declare_all(await amqp.channel(), missing)
+
+
+async def test_the_operator_may_declare_and_bind_the_whole_topology_and_its_alternate_exchange(
+    settings: Settings,
+) -> None:
+    ours = settings.model_copy(
+        update={
+            "exchange": settings.exchange + ".op",
+            "queue_prefix": settings.queue_prefix + ".op",
+            "partitions": {},
+        }
+    )
+    users = unique_role_users()
+    document = definitions(ours, users=users)
+    try:
+        await import_definitions(document)
+        password = uuid4().hex
+        await rabbitmqctl("change_password", users.operator, password)
+        operator = await connect(url_for(ours, users.operator, password), "pkgq-test-operator")
+        try:
+            await eventually(lambda: provisioned(operator, document), within=30)
+            # Declaring is configuring, binding is write on the queue and read on the
+            # exchange: every one of them, the alternate exchange's included, is allowed.
+            await declare_all(await operator.channel(), ours)
+        finally:
+            await operator.close()
+    finally:
+        await delete_provisioned(ours, users)
+        connection = await connect(ours.amqp_url, "pkgq-test-operator-cleanup")
+        try:
+            channel = await connection.channel()
+            await channel.queue_delete(ours.dead_letter_queue)
+            for name in (ours.exchange, ours.dlx, ours.unroutable_exchange):
+                await channel.exchange_delete(name)
+        finally:
+            await connection.close()

@@ -58,3 +58,40 @@ def test_every_reference_in_the_document_resolves() -> None:
         for part in ref.removeprefix("#/").split("/"):
             target = target[part]  # KeyError: a dangling reference
         assert target
+
+
+def test_the_document_names_the_broker_over_amqp_and_amqps() -> None:
+    servers = document()["servers"]
+    assert {s["protocol"] for s in servers.values()} == {"amqp", "amqps"}
+    assert servers["amqps"]["host"].endswith(":5671")
+    assert all(s["protocolVersion"] == "0.9.1" for s in servers.values())
+
+
+def test_pkgq_sends_every_route_it_publishes_and_receives_every_route_it_consumes() -> None:
+    operations = document()["operations"]
+    sent = {op["channel"]["$ref"] for op in operations.values() if op["action"] == "send"}
+    received = {op["channel"]["$ref"] for op in operations.values() if op["action"] == "receive"}
+    lifecycle = [r for r in ROUTES.values() if not r.inbound]
+    assert {f"#/channels/{r.short_name}" for r in lifecycle} <= sent
+    assert f"#/channels/{PACKAGE_CANCELLED.short_name}" in sent
+    assert received == {f"#/channels/{r.short_name}" for r in ROUTES.values()}
+
+
+def test_every_message_example_is_a_body_pkgq_accepts_with_the_headers_it_needs() -> None:
+    messages = document()["components"]["messages"]
+    for route in ALL_ROUTES.values():
+        (example,) = messages[route.message_type]["examples"]
+        body = route.model.model_validate_json(json.dumps(example["payload"]))
+        assert example["headers"]["x-schema-version"] == route.schema_version
+        assert example["headers"]["x-user-id"] == str(body.user_id)
+
+
+def test_message_id_is_an_amqp_property_and_the_correlation_id_names_its_fallback_header() -> None:
+    for message in document()["components"]["messages"].values():
+        properties = message["x-amqp-properties"]
+        assert "message_id" in properties["required"]
+        assert "message_id" not in message["headers"]["properties"]
+        location = message["correlationId"]["location"]
+        assert location.startswith("$message.header#/")
+        assert location.removeprefix("$message.header#/") in message["headers"]["properties"]
+        assert "property" in message["correlationId"]["description"]

@@ -77,7 +77,7 @@ def memory_errors(docs: list[Doc], max_message_size: int, pkgq: Doc) -> list[str
     errors: list[str] = []
     configmaps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
     for doc in docs:
-        if doc["kind"] != "Deployment":
+        if doc["kind"] not in ("Deployment", "StatefulSet"):
             continue
         for container in doc["spec"]["template"]["spec"]["containers"]:
             settings: dict[str, str] = {}
@@ -89,7 +89,7 @@ def memory_errors(docs: list[Doc], max_message_size: int, pkgq: Doc) -> list[str
             )
             if "PKGQ_ROUTES_FILE" in settings:
                 errors.append(
-                    f"Deployment/{doc['metadata']['name']}: PKGQ_ROUTES_FILE hides prefetch and "
+                    f"{doc['kind']}/{doc['metadata']['name']}: PKGQ_ROUTES_FILE hides prefetch and "
                     "batch sizes from the memory check; set them in the ConfigMap"
                 )
             bodies = bodies_in_memory(container.get("args", []), settings, pkgq)
@@ -99,7 +99,7 @@ def memory_errors(docs: list[Doc], max_message_size: int, pkgq: Doc) -> list[str
             )
             if need > limit:
                 errors.append(
-                    f"Deployment/{doc['metadata']['name']}: memory limit {limit // MIB} MiB < "
+                    f"{doc['kind']}/{doc['metadata']['name']}: memory limit {limit // MIB} MiB < "
                     f"{need // MIB} MiB ({PROCESS_RESERVE // MIB} MiB reserve + {bodies} bodies "
                     f"x max_message_size {max_message_size // 1024} KiB)"
                 )

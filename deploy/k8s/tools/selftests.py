@@ -1,0 +1,133 @@
+"""Layer 3 of deploy/k8s/verify.sh's checks: deliberately broken copies of rendered documents,
+each of which the schemas (layer 1) or pkgq's rules (layer 2) must reject."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from memory_budget import memory_errors
+from rules import rule_errors
+from schemas import Checker
+
+Doc = dict[str, Any]
+
+SELF_TESTS = 17
+
+
+def _first(docs: list[Doc], kind: str, pick: str = "") -> tuple[int, Doc]:
+    for index, doc in enumerate(docs):
+        if doc["kind"] == kind and pick in doc["metadata"]["name"]:
+            return index, copy.deepcopy(doc)
+    raise LookupError(kind)
+
+
+def _container(doc: Doc) -> Doc:
+    found: Doc = doc["spec"]["template"]["spec"]["containers"][0]
+    return found
+
+
+def self_tests(
+    docs: list[Doc],
+    checker: Checker,
+    routes: dict[str, int],
+    shared: set[str],
+    max_message_size: int,
+    pkgq: Doc,
+) -> Iterator[str]:
+    """Yield a description of each of the SELF_TESTS deliberately broken documents that the
+    checks failed to reject."""
+
+    def rules_reject(kind: str, pick: str, breaks: Callable[[Doc], None], needle: str) -> bool:
+        i, doc = _first(docs, kind, pick)
+        breaks(doc)
+        found = rule_errors([*docs[:i], doc, *docs[i + 1 :]], routes, shared)
+        return any(needle in e for e in found)
+
+    i, doc = _first(docs, "StatefulSet", "usage-record")
+    _container(doc)["resources"]["limits"]["memory"] = "256Mi"
+    if not memory_errors([*docs[:i], doc, *docs[i + 1 :]], max_message_size, pkgq):
+        yield "a partitioned consumer with no room for all its partitions passed the memory check"
+    i, doc = _first(docs, "ScaledObject")
+    doc["spec"]["triggers"][0]["metadataa"] = doc["spec"]["triggers"][0]["metadata"]
+    if not checker.schema_errors(doc):
+        yield "ScaledObject with spec.triggers[0].metadataa passed the KEDA schema"
+    i, doc = _first(docs, "ScaledObject")
+    doc["spec"]["triggers"][0]["metadata"]["value"] = 1000
+    if not checker.schema_errors(doc):
+        yield "ScaledObject with a non-string trigger metadata value passed the KEDA schema"
+    i, doc = _first(docs, "TriggerAuthentication")
+    doc["spec"]["secretTargetRef"][0]["paramter"] = "host"
+    if not checker.schema_errors(doc):
+        yield "TriggerAuthentication with secretTargetRef[0].paramter passed the KEDA schema"
+    i, doc = _first(docs, "Deployment")
+    _container(doc)["livenessProbes"] = {}
+    if not checker.schema_errors(doc):
+        yield "Deployment with a container's livenessProbes passed the Kubernetes schema"
+    i, doc = _first(docs, "StatefulSet")
+    doc["spec"]["podManagementPolicyy"] = "Parallel"
+    if not checker.schema_errors(doc):
+        yield "StatefulSet with spec.podManagementPolicyy passed the Kubernetes schema"
+    i, doc = _first(docs, "PodDisruptionBudget")
+    doc["spec"]["maxUnavailabel"] = 1
+    if not checker.schema_errors(doc):
+        yield "PodDisruptionBudget with spec.maxUnavailabel passed the Kubernetes schema"
+
+    def writable(doc: Doc) -> None:
+        _container(doc)["securityContext"].pop("readOnlyRootFilesystem")
+
+    if not rules_reject("Deployment", "relay", writable, "readOnlyRootFilesystem"):
+        yield "a writable root filesystem passed pkgq's rules"
+
+    def short_grace(doc: Doc) -> None:
+        doc["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 30
+
+    if not rules_reject("Deployment", "relay", short_grace, "terminationGracePeriodSeconds"):
+        yield "a grace period equal to the drain passed pkgq's rules"
+    if not rules_reject(
+        "ConfigMap", "", lambda d: d["data"].pop("PKGQ_HTTP_HOST"), "PKGQ_HTTP_HOST"
+    ):
+        yield "a status port left on loopback passed pkgq's rules"
+
+    def wrong_queue(doc: Doc) -> None:
+        doc["spec"]["triggers"][0]["metadata"]["queueName"] = "pkgq.telecom.usage_record.p0"
+
+    if not rules_reject("ScaledObject", "", wrong_queue, "not a queue whose consumers share"):
+        yield "a ScaledObject on a single-active-consumer partition queue passed pkgq's rules"
+
+    def scales_a_route(doc: Doc) -> None:
+        doc["spec"]["scaleTargetRef"]["name"] = "pkgq-package-purchase"
+
+    if not rules_reject("ScaledObject", "", scales_a_route, "a route consumer"):
+        yield "a ScaledObject scaling a route consumer passed pkgq's rules"
+
+    def count_differs(doc: Doc) -> None:
+        doc["spec"]["replicas"] = int(doc["spec"]["replicas"]) + 1
+
+    if not rules_reject("StatefulSet", "usage-record", count_differs, "PKGQ_REPLICA_COUNT"):
+        yield "a StatefulSet whose replicas differ from PKGQ_REPLICA_COUNT passed pkgq's rules"
+
+    def runtime_credentials(doc: Doc) -> None:
+        doc["spec"]["secretTargetRef"][0]["key"] = "amqp-url"
+
+    if not rules_reject("TriggerAuthentication", "", runtime_credentials, "autoscaler"):
+        yield "KEDA authenticating with the runtime's credentials passed pkgq's rules"
+    if not rules_reject(
+        "ConfigMap", "", lambda d: d["data"].pop("PKGQ_DECLARE_TOPOLOGY"), "DECLARE_TOPOLOGY"
+    ):
+        yield "runtime pods that declare the topology passed pkgq's rules"
+
+    def runtime_migrates(doc: Doc) -> None:
+        for env in _container(doc)["env"]:
+            if env["name"] == "PKGQ_MIGRATE_DSN":
+                env["valueFrom"]["secretKeyRef"]["key"] = "postgres-dsn"
+
+    if not rules_reject("Job", "migrate", runtime_migrates, "PKGQ_MIGRATE_DSN"):
+        yield "a migrate Job connecting as the runtime role passed pkgq's rules"
+
+    def stale_map(doc: Doc) -> None:
+        doc["data"]["PKGQ_PARTITIONS"] = '{"telecom.usage_record": 8}'
+
+    if not rules_reject("ConfigMap", "", stale_map, "regenerate"):
+        yield "a partition map that differs from the definitions passed pkgq's rules"

@@ -1,0 +1,177 @@
+"""The metrics the dashboard and the alert rules need: held users, consumers per queue, reaped
+workers (deploy/observability/)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import socket
+import urllib.parse
+import urllib.request
+from typing import Any
+from uuid import UUID, uuid4
+
+import asyncpg
+from aio_pika.abc import AbstractRobustConnection
+from prometheus_client import REGISTRY
+
+from consumers.runtime import Services, WorkerHeartbeat, services, start_status_server
+from events.routes import USAGE_RECORD
+from infra.postgres import holds, workers
+from infra.rabbit.management import management_base
+from infra.settings import Settings
+from tests.support import InProcess, eventually, free_port, http_get
+
+
+def _served(settings: Settings) -> tuple[Settings, int]:
+    port = free_port()
+    return settings.model_copy(
+        update={"http_port": port, "http_host": "127.0.0.1", "metrics_refresh_interval": 0.2}
+    ), port
+
+
+async def _metrics_show(port: int, *lines: str) -> bool:
+    status, text = await http_get(port, "/metrics")
+    return status == 200 and all(f"\n{line}\n" in text for line in lines)
+
+
+async def test_held_users_are_counted_by_consumer_and_state_and_a_released_hold_is_not(
+    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> None:
+    retrying, buried, released = uuid4(), uuid4(), uuid4()
+    async with pool.acquire() as conn:
+        await holds.hold(
+            conn, "usage_record", retrying, uuid4(), state="retrying", attempts=1, error="x"
+        )
+        await holds.hold(
+            conn, "usage_record", buried, uuid4(), state="buried", attempts=25, error="x"
+        )
+        await holds.hold(
+            conn, "package_purchase", released, uuid4(), state="buried", attempts=3, error="x"
+        )
+        await holds.lift(conn, "package_purchase", released)
+    served, port = _served(settings)
+    server = await start_status_server(served, lambda: True, Services(pool, amqp))
+    assert server is not None
+    try:
+
+        async def counted() -> bool:
+            return await _metrics_show(
+                port,
+                'pkgq_held_users{consumer="usage_record",state="retrying"} 1.0',
+                'pkgq_held_users{consumer="usage_record",state="buried"} 1.0',
+            )
+
+        await eventually(counted)
+        _, text = await http_get(port, "/metrics")
+        assert 'pkgq_held_users{consumer="package_purchase"' not in text
+    finally:
+        await server.stop()
+
+
+async def test_consumers_per_queue_follow_subscriptions_and_a_missing_queue_reads_minus_one(
+    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> None:
+    queue = settings.queue_name(USAGE_RECORD.name)
+    served, port = _served(settings)
+    channel = await amqp.channel()
+    await channel.queue_delete(settings.queue_name("telecom.package_cancel"))
+    await channel.close()
+    server = await start_status_server(served, lambda: True, Services(pool, amqp))
+    assert server is not None
+    try:
+
+        async def unconsumed() -> bool:
+            return await _metrics_show(
+                port,
+                f'pkgq_queue_consumers{{queue="{queue}"}} 0.0',
+                f'pkgq_queue_consumers{{queue="{settings.queue_prefix}.telecom.package_cancel"}}'
+                " -1.0",
+            )
+
+        await eventually(unconsumed)
+    finally:
+        await server.stop()
+
+    app = InProcess(served, pool, amqp)  # its own status server, on the same port
+    await app.start_consumers([USAGE_RECORD])
+    try:
+
+        async def consumed() -> bool:
+            return await _metrics_show(port, f'pkgq_queue_consumers{{queue="{queue}"}} 1.0')
+
+        await eventually(consumed)
+    finally:
+        await app.close()
+
+
+async def test_a_heartbeat_that_reaps_a_stale_peer_counts_it_in_the_reaped_workers_metric(
+    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> None:
+    peer = uuid4()
+    async with pool.acquire() as conn:
+        await workers.register(conn, peer, "peer", "test", "h", 2)
+        await conn.execute(
+            "UPDATE telecom.workers SET heartbeat_at = now() - interval '1 hour' WHERE id = $1",
+            peer,
+        )
+    before = REGISTRY.get_sample_value("pkgq_workers_reaped_total") or 0.0
+    quick = settings.model_copy(update={"worker_stale_after": 1.0, "heartbeat_interval": 0.1})
+    beat = WorkerHeartbeat(quick, Services(pool, amqp), "pkgq-test@h:1", "test", "h", 1)
+    reaped: list[UUID] = []
+
+    async def reaps() -> bool:
+        reaped.extend(await beat.beat())
+        return bool(reaped)
+
+    try:
+        await eventually(reaps, within=20, every=0.2)
+    finally:
+        await beat.stop("exited")
+    assert reaped == [peer]
+    assert REGISTRY.get_sample_value("pkgq_workers_reaped_total") == before + 1
+
+
+def _close_connection_named(settings: Settings, name: str) -> int:
+    """Close, from the broker's side (the management API), the connections with this client
+    name. Returns how many were closed."""
+    base, user, password = management_base(settings)
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+
+    def call(method: str, path: str) -> Any:
+        request = urllib.request.Request(f"{base}{path}", method=method)  # noqa: S310
+        request.add_header("Authorization", f"Basic {token}")
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+            body = response.read()
+        return json.loads(body) if body else None
+
+    closed = 0
+    for connection in call("GET", "/api/connections?columns=name,client_properties"):
+        if connection.get("client_properties", {}).get("connection_name") == name:
+            call("DELETE", f"/api/connections/{urllib.parse.quote(connection['name'], safe='')}")
+            closed += 1
+    return closed
+
+
+async def test_a_connection_the_broker_closes_is_re_established_and_counted_as_a_reconnect(
+    settings: Settings,
+) -> None:
+    role = f"reconnect-{uuid4().hex[:8]}"
+    name = f"pkgq-{role}@{socket.gethostname()}:{os.getpid()}"
+    before = REGISTRY.get_sample_value("pkgq_reconnects_total") or 0.0
+    async with services(settings, role) as svc:
+
+        async def listed() -> bool:
+            return await asyncio.to_thread(_close_connection_named, settings, name) == 1
+
+        await eventually(listed)  # the management API lists a connection a moment later
+
+        async def reconnected() -> bool:
+            return (REGISTRY.get_sample_value("pkgq_reconnects_total") or 0.0) > before
+
+        await eventually(reconnected, within=30)
+        channel = await svc.amqp.channel()  # and it works again
+        await channel.close()
+    assert REGISTRY.get_sample_value("pkgq_reconnects_total") == before + 1
