@@ -27,11 +27,13 @@ demo: migrate
 bench: migrate
 	$(BIN)/pkgq bench $(BENCH_ARGS)
 
-## check: formatting, lint and strict typing.
+## check: formatting, lint, strict typing, the import layers and SQL only in infra/postgres.
 check: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
+	$(BIN)/python tools/check_sql_location.py
 	deploy/systemd/verify.sh
 	deploy/k8s/verify.sh
 

@@ -30,7 +30,8 @@ from events.models import PurchasePackage, RecordUsage
 from events.routes import PACKAGE_PURCHASE, USAGE_RECORD
 from infra.jobs import Jobs
 from infra.rabbit.topology import declare_all
-from infra.settings import RouteSettings, Settings
+from infra.route_config import RouteSettings
+from infra.settings import Settings
 from tests.conformance.jobs_support import HANG_ONCE, Recorder, recording_pipeline, usage
 from tests.support import InProcess, PkgqProcess, add_package, eventually, send
 

@@ -45,7 +45,8 @@ from infra.jobs import DuplicateAddress, Jobs, end_message
 from infra.postgres import workers
 from infra.postgres.outbox import RELAY_LOCK_CLASS
 from infra.rabbit.tap import Tap
-from infra.settings import RouteSettings, Settings
+from infra.route_config import RouteSettings
+from infra.settings import Settings
 from tests import pg_roles
 from tests.conformance.jobs_support import BURY, Recorder, recording_pipeline, usage
 from tests.support import InProcess, PkgqProcess, add_package, cli, eventually, send

@@ -44,7 +44,8 @@ from events.routes import PACKAGE_ACTIVATE, ROUTES
 from infra.postgres.dead_letters import Filter, NewDeadLetter
 from infra.postgres.outbox import OutboxMessage
 from infra.postgres.replay import _replay_message
-from infra.settings import RetrySettings, Settings
+from infra.route_config import RetrySettings
+from infra.settings import Settings
 
 ACTIVATE = PACKAGE_ACTIVATE.name  # "telecom.package_activate"
 THIS_FILE = "tests/unit/test_failure_policy.py"
