@@ -112,7 +112,7 @@ def find_sql(source: str, path: str) -> list[Finding]:
         if id(node) in skip or id(node) in inner:
             continue
         text = _literal(node)
-        if text is None:
+        if text is None or not isinstance(node, ast.expr):
             continue
         inner.update(id(child) for child in ast.walk(node) if child is not node)
         found = looks_like_sql(text)
