@@ -15,7 +15,12 @@ from uuid import UUID, uuid4
 
 from events.envelope import Envelope
 from events.outgoing import Outgoing
+from infra.postgres import queue_repo
 from infra.postgres.pool import Conn
+from infra.postgres.pruning import Rule
+
+RETENTION = Rule("outbox", "telecom.outbox", "id", "published_at < {cutoff}")
+
 
 PARTITIONS = 64
 """Fixed lease slots (the `partition` column is derived from user_id in SQL)."""
@@ -107,16 +112,6 @@ def from_outgoing(
         available_at=out.due_at,
         cancel_key=out.cancel_key,
     )
-
-
-async def next_seqs(conn: Conn, user_id: UUID, count: int) -> list[int]:
-    """Take `count` numbers from the user's event sequence (the user row must be locked)."""
-    last = await conn.fetchval(
-        "UPDATE telecom.queue_users SET seq = seq + $2 WHERE user_id = $1 RETURNING seq",
-        user_id,
-        count,
-    )
-    return list(range(last - count + 1, last + 1))
 
 
 async def enqueue(conn: Conn, messages: Sequence[OutboxMessage]) -> int:
@@ -260,6 +255,24 @@ async def mark_failed(conn: Conn, ids: Sequence[int], error: str) -> None:
         )
 
 
+async def withdraw_messages(conn: Conn, message_ids: Sequence[UUID]) -> int:
+    """Delete the messages that are not published yet. Returns how many were withdrawn."""
+    status = await conn.execute(
+        "DELETE FROM telecom.outbox WHERE message_id = ANY($1::uuid[]) AND published_at IS NULL",
+        list(message_ids),
+    )
+    return int(status.split()[-1])
+
+
+async def mark_expired(conn: Conn, ids: Sequence[int]) -> None:
+    """Rows whose TTL ran out before they were published: never to be published."""
+    await conn.execute(
+        "UPDATE telecom.outbox SET published_at = now(), last_error = 'expired: not published' "
+        "WHERE id = ANY($1::bigint[])",
+        list(ids),
+    )
+
+
 async def emit(
     conn: Conn,
     user_id: UUID,
@@ -270,7 +283,7 @@ async def emit(
     """Number `outgoing` in the user's event sequence and insert it (user row must be locked)."""
     if not outgoing:
         return []
-    seqs = await next_seqs(conn, user_id, len(outgoing))
+    seqs = await queue_repo.next_seqs(conn, user_id, len(outgoing))
     messages = [
         from_outgoing(out, seq=seq, traceparent=traceparent)
         for out, seq in zip(outgoing, seqs, strict=True)

@@ -300,3 +300,13 @@ async def item_owner(conn: Conn, item_id: int) -> UUID | None:
         "SELECT user_id FROM telecom.package_queue WHERE id = $1", item_id
     )
     return owner
+
+
+async def next_seqs(conn: Conn, user_id: UUID, count: int) -> list[int]:
+    """Take `count` numbers from the user's event sequence (the user row must be locked)."""
+    last = await conn.fetchval(
+        "UPDATE telecom.queue_users SET seq = seq + $2 WHERE user_id = $1 RETURNING seq",
+        user_id,
+        count,
+    )
+    return list(range(last - count + 1, last + 1))

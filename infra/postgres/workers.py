@@ -21,7 +21,12 @@ from uuid import UUID
 
 import structlog
 
+from infra.postgres import leases
 from infra.postgres.pool import Conn
+from infra.postgres.pruning import Rule
+
+RETENTION = Rule("workers", "telecom.workers", "id", "stopped_at < {cutoff}")
+
 
 log = structlog.get_logger(__name__)
 
@@ -128,7 +133,7 @@ async def stop(conn: Conn, worker_id: UUID, reason: str) -> None:
             worker_id,
             reason,
         )
-        await conn.execute("DELETE FROM telecom.leases WHERE worker_id = $1", worker_id)
+        await leases.release_all(conn, [worker_id])
 
 
 async def list_workers(conn: Conn, include_stopped: bool = False) -> list[Worker]:
@@ -196,7 +201,7 @@ async def reap_stale(conn: Conn, stale_after_s: float, reaper_id: UUID | str) ->
         ]
         if not reaped:
             return []
-        await conn.execute("DELETE FROM telecom.leases WHERE worker_id = ANY($1::uuid[])", reaped)
+        await leases.release_all(conn, reaped)
         await terminate_backends(conn, reaped)
     return reaped
 

@@ -35,7 +35,7 @@ from events.routes import (
     Route,
 )
 from infra.jobs import Jobs
-from infra.postgres import access, job_state, replay
+from infra.postgres import access, addresses, replay
 from infra.rabbit.connection import connect
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
@@ -309,7 +309,7 @@ async def test_an_untrusted_message_neither_fails_pkgqs_job_nor_overwrites_its_d
         rows = await conn.fetch(
             "SELECT message_id, reason FROM telecom.dead_letters ORDER BY id",
         )
-        state = await job_state.address_state(conn, "ops:42")
+        state = await addresses.address_state(conn, "ops:42")
     assert [(r["message_id"], r["reason"]) for r in rows] == [
         (genuine.message_id, "unsupported_version"),
         (genuine.message_id, UNTRUSTED_PUBLISHER),
