@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from infra.postgres.pool import Conn
+from infra.postgres.pool import Conn, from_row
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,14 +200,7 @@ async def pop_parked(conn: Conn, consumer: str, user_id: UUID) -> ParkedMessage 
     )
     if row is None:
         return None
-    return ParkedMessage(
-        id=row["id"],
-        message_id=row["message_id"],
-        route=row["route"],
-        message_type=row["message_type"],
-        body=bytes(row["body"]),
-        headers=json.loads(row["headers"]),
-    )
+    return from_row(ParkedMessage, row, body=bytes(row["body"]), headers=json.loads(row["headers"]))
 
 
 async def releasing_users(conn: Conn, consumer: str, limit: int = 100) -> list[UUID]:

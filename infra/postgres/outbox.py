@@ -16,7 +16,7 @@ from uuid import UUID, uuid4
 from events.envelope import Envelope
 from events.outgoing import Outgoing
 from infra.postgres import queue_repo
-from infra.postgres.pool import Conn
+from infra.postgres.pool import Conn, from_row
 from infra.postgres.pruning import Rule
 
 RETENTION = Rule("outbox", "telecom.outbox", "id", "published_at < {cutoff}")
@@ -219,23 +219,7 @@ async def claim_due(conn: Conn, partitions: Sequence[int], batch_size: int) -> l
         list(partitions),
         batch_size,
     )
-    return [
-        ClaimedRow(
-            id=r["id"],
-            message_id=r["message_id"],
-            route=r["route"],
-            message_type=r["message_type"],
-            user_id=r["user_id"],
-            body=r["body"],
-            headers=r["headers"],
-            available_at=r["available_at"],
-            priority=r["priority"],
-            expires_at=r["expires_at"],
-            seq=r["seq"],
-            ttl_ms=r["ttl_ms"],
-        )
-        for r in rows
-    ]
+    return [from_row(ClaimedRow, r) for r in rows]
 
 
 async def mark_published(conn: Conn, ids: Sequence[int]) -> None:

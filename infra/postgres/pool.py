@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
 from asyncpg.connection import LoggedQuery
 from asyncpg.pool import PoolConnectionProxy
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 QueryLogger = Callable[[LoggedQuery], None]
+D = TypeVar("D", bound="DataclassInstance")
+
+
+def from_row(cls: type[D], row: asyncpg.Record | Mapping[str, Any], **converted: Any) -> D:
+    """The dataclass `cls` from the row's columns of the same names; `converted` gives the
+    fields whose column needs converting first (or has another name)."""
+    fields = (f.name for f in dataclasses.fields(cls) if f.init and f.name not in converted)
+    return cls(**{name: row[name] for name in fields}, **converted)
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:

@@ -17,7 +17,7 @@ import asyncpg
 
 from domain.model import ItemStatus, QueueItem, Terms
 from domain.queue import UserQueue
-from infra.postgres.pool import Conn, clock
+from infra.postgres.pool import Conn, clock, from_row
 
 _ITEM_COLUMNS = """
     q.id, q.user_id, q.package_id, q.by_order, q.status::text AS status, q.created_at,
@@ -47,18 +47,11 @@ class LoadedQueue:
 
 
 def _item(row: asyncpg.Record) -> QueueItem:
-    return QueueItem(
-        id=row["id"],
-        user_id=row["user_id"],
+    return from_row(
+        QueueItem,
+        row,
         terms=Terms(row["package_id"], row["package_name"], row["traffic_limit"], row["duration"]),
-        by_order=row["by_order"],
         status=ItemStatus(row["status"]),
-        created_at=row["created_at"],
-        activated_at=row["activated_at"],
-        upload=row["upload"],
-        download=row["download"],
-        adjust_quota=row["adjust_quota"],
-        expire_at=row["expire_at"],
     )
 
 
