@@ -16,7 +16,7 @@ from uuid import UUID, uuid4
 from events.envelope import Envelope
 from events.outgoing import Outgoing
 from infra.postgres import queue_repo
-from infra.postgres.pool import Conn, from_row
+from infra.postgres.pool import Conn, columns, from_row
 from infra.postgres.pruning import Rule
 
 RETENTION = Rule("outbox", "telecom.outbox", "id", "published_at < {cutoff}")
@@ -136,19 +136,10 @@ async def enqueue(conn: Conn, messages: Sequence[OutboxMessage]) -> int:
         ORDER BY m.ord
         ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
         """,
-        [m.message_id for m in messages],
-        [m.route for m in messages],
-        [m.message_type for m in messages],
-        [m.schema_version for m in messages],
-        [m.user_id for m in messages],
-        [m.seq for m in messages],
-        [m.body for m in messages],
+        *columns(messages, "message_id", "route", "message_type", "schema_version", "user_id"),
+        *columns(messages, "seq", "body"),
         [json.dumps(m.headers) for m in messages],
-        [m.available_at for m in messages],
-        [m.cancel_key for m in messages],
-        [m.dedup_key for m in messages],
-        [m.priority for m in messages],
-        [m.expires_at for m in messages],
+        *columns(messages, "available_at", "cancel_key", "dedup_key", "priority", "expires_at"),
     )
     return int(status.split()[-1])
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+import operator
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -18,6 +19,13 @@ if TYPE_CHECKING:
 
 QueryLogger = Callable[[LoggedQuery], None]
 D = TypeVar("D", bound="DataclassInstance")
+
+
+def columns(rows: Sequence[Any], *names: str) -> list[list[Any]]:
+    """The arrays one `unnest($1, $2, …)` statement takes for a whole batch: for each name (an
+    attribute, or a dotted path such as `terms.duration`), its value in every row."""
+    getters = [operator.attrgetter(name) for name in names]
+    return [[get(row) for row in rows] for get in getters]
 
 
 def from_row(cls: type[D], row: asyncpg.Record | Mapping[str, Any], **converted: Any) -> D:
