@@ -8,7 +8,7 @@ Operator commands run as real `pkgq dlq …` processes.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 from uuid import UUID, uuid4
@@ -27,7 +27,7 @@ from events.routes import USAGE_RECORD
 from infra.postgres import replay
 from infra.rabbit.publisher import Publisher, build_message
 from infra.settings import Settings
-from tests.support import InProcess, cli, eventually, send
+from tests.support import InProcess, StartApp, cli, eventually, send
 
 Applied = list[tuple[UUID, int]]
 
@@ -65,12 +65,11 @@ def fast(settings: Settings) -> Settings:
 
 @pytest.fixture
 async def app(
-    fast: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
-) -> AsyncIterator[InProcess]:
-    app = InProcess(fast, pool, amqp)
+    in_process: StartApp, fast: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> InProcess:
+    app = in_process(fast, pool, amqp)
     await app.start_relay()
-    yield app
-    await app.close()
+    return app
 
 
 async def usage(settings: Settings, amqp: AbstractRobustConnection, user: UUID, up: int) -> UUID:

@@ -9,7 +9,6 @@ message is filed or applied, every consumer keeps consuming, and no stored body 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
@@ -44,7 +43,7 @@ from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.postgres import dead_letters, outbox, replay
 from infra.settings import Settings
-from tests.support import InProcess, cli, eventually, send_raw
+from tests.support import InProcess, StartApp, cli, eventually, send_raw
 
 HUGE = "h" * (100 * 1024)
 
@@ -98,12 +97,11 @@ def hostile_variants(*, inbound: bool = True) -> list[dict[str, Any]]:
 
 @pytest.fixture
 async def app(
-    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
-) -> AsyncIterator[InProcess]:
-    app = InProcess(settings.model_copy(update={"release_poll_interval": 0.2}), pool, amqp)
+    in_process: StartApp, settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> InProcess:
+    app = in_process(settings.model_copy(update={"release_poll_interval": 0.2}), pool, amqp)
     await app.start_relay()
-    yield app
-    await app.close()
+    return app
 
 
 async def fetch(pool: asyncpg.Pool, sql: str, *args: Any) -> list[dict[str, Any]]:
