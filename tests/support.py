@@ -47,6 +47,12 @@ async def eventually(
         await asyncio.sleep(every)
 
 
+async def fetch(pool: asyncpg.Pool, sql: str, *args: Any) -> list[dict[str, Any]]:
+    """The rows of a query, as dicts (tests inspect tables directly)."""
+    async with pool.acquire() as conn:
+        return [dict(r) for r in await conn.fetch(sql, *args)]
+
+
 def raw_for(route: Route, body: WireModel, *, seq: int | None = None) -> RawDelivery:
     """A delivery of `body` on `route` as the broker would hand it over (no AMQP involved)."""
     headers: dict[str, object] = {H_SCHEMA_VERSION: 1, H_USER_ID: str(body.user_id)}

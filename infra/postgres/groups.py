@@ -82,7 +82,7 @@ async def create_group(
         [r for _, r in members],
     )
     if not members:
-        await complete_if_done(conn, [group_id])
+        await _complete_if_done(conn, [group_id])
 
 
 async def lock_members(conn: Conn, message_ids: Sequence[UUID]) -> dict[UUID, str]:
@@ -153,10 +153,10 @@ async def mark_finished(conn: Conn, finished: Sequence[tuple[UUID, bool]]) -> No
         [moves[g][0] for g in groups],
         [moves[g][1] for g in groups],
     )
-    await complete_if_done(conn, groups)
+    await _complete_if_done(conn, groups)
 
 
-async def complete_if_done(conn: Conn, groups: Sequence[UUID]) -> None:
+async def _complete_if_done(conn: Conn, groups: Sequence[UUID]) -> None:
     """Complete the open groups (locked by the caller) whose members have all finished, and
     publish their end messages through the outbox."""
     rows = await conn.fetch(
@@ -170,14 +170,14 @@ async def complete_if_done(conn: Conn, groups: Sequence[UUID]) -> None:
         list(groups),
     )
     ends = [
-        end_row(EndMessage.from_json(r["on_complete"]), r["end_message_id"], r["id"], "completed")
+        _end_row(EndMessage.from_json(r["on_complete"]), r["end_message_id"], r["id"], "completed")
         for r in rows
         if r["on_complete"] is not None
     ]
     await outbox.enqueue(conn, ends)
 
 
-def end_row(end: EndMessage, message_id: UUID, group_id: UUID, why: str) -> outbox.OutboxMessage:
+def _end_row(end: EndMessage, message_id: UUID, group_id: UUID, why: str) -> outbox.OutboxMessage:
     envelope = Envelope(
         message_id=message_id,
         message_type=end.message_type,
@@ -244,7 +244,7 @@ async def cancel_group(conn: Conn, group_id: UUID, who: str) -> CancelResult | N
     )
     if abort_id is not None:
         end = EndMessage.from_json(group["on_abort"])
-        await outbox.enqueue(conn, [end_row(end, abort_id, group_id, "aborted")])
+        await outbox.enqueue(conn, [_end_row(end, abort_id, group_id, "aborted")])
     return CancelResult(group_id, True, "cancelled", withdrawn, len(pending) - withdrawn, abort_id)
 
 

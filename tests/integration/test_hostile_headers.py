@@ -43,7 +43,7 @@ from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.postgres import dead_letters, outbox, replay
 from infra.settings import Settings
-from tests.support import InProcess, StartApp, cli, eventually, send_raw
+from tests.support import InProcess, cli, eventually, fetch, send_raw
 
 HUGE = "h" * (100 * 1024)
 
@@ -93,20 +93,6 @@ def hostile_variants(*, inbound: bool = True) -> list[dict[str, Any]]:
         {**forged_dead, H_DEAD_TRACEBACK: HUGE},
         *([CRASHES_RABBITMQ_3_10] if inbound else []),
     ]
-
-
-@pytest.fixture
-async def app(
-    in_process: StartApp, settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
-) -> InProcess:
-    app = in_process(settings.model_copy(update={"release_poll_interval": 0.2}), pool, amqp)
-    await app.start_relay()
-    return app
-
-
-async def fetch(pool: asyncpg.Pool, sql: str, *args: Any) -> list[dict[str, Any]]:
-    async with pool.acquire() as conn:
-        return [dict(r) for r in await conn.fetch(sql, *args)]
 
 
 async def stored_bodies(pool: asyncpg.Pool) -> dict[int, bytes]:

@@ -25,17 +25,7 @@ from tests.conformance.jobs_support import (
     recording_pipeline,
     usage,
 )
-from tests.support import InProcess, StartApp, eventually
-
-
-@pytest.fixture
-def fast(settings: Settings) -> Settings:
-    return settings.model_copy(update={"release_poll_interval": 0.2})
-
-
-async def fetch(pool: asyncpg.Pool, sql: str, *args: Any) -> list[dict[str, Any]]:
-    async with pool.acquire() as conn:
-        return [dict(r) for r in await conn.fetch(sql, *args)]
+from tests.support import InProcess, StartApp, eventually, fetch
 
 
 async def hold_of(pool: asyncpg.Pool, user: UUID) -> list[dict[str, Any]]:
