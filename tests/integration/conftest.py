@@ -25,3 +25,14 @@ async def app(
     app = in_process(fast, pool, amqp)
     await app.start_relay()
     return app
+
+
+@pytest.fixture
+async def running_app(
+    in_process: StartApp, settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> InProcess:
+    """Every consumer and the relay running in the test's loop, on the test's settings."""
+    app = in_process(settings, pool, amqp)
+    await app.start_consumers()
+    await app.start_relay()
+    return app

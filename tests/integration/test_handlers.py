@@ -36,7 +36,7 @@ from infra.outbox.sweep import sweep_overdue_expiries
 from infra.postgres import access
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
-from tests.support import StartApp, add_package, eventually, send, send_raw
+from tests.support import InProcess, StartApp, add_package, eventually, send, send_raw
 
 
 @dataclass
@@ -74,15 +74,13 @@ class World:
 
 @pytest.fixture
 async def w(
-    in_process: StartApp,
+    running_app: InProcess,
     settings: Settings,
     pool: asyncpg.Pool,
     amqp: AbstractRobustConnection,
     tap: Tap,
 ) -> World:
-    app = in_process(settings, pool, amqp)
-    await app.start_consumers()
-    await app.start_relay()
+    """The test's services, with every consumer and the relay running (`running_app`)."""
     return World(settings, pool, amqp, tap)
 
 

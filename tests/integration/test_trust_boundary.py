@@ -40,7 +40,7 @@ from infra.rabbit.connection import connect
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
 from tests.broker_users import broker_user, grant, rabbitmqctl, unique_role_users, url_for
-from tests.support import StartApp, add_package, eventually, raw_for, send
+from tests.support import InProcess, add_package, eventually, raw_for, send
 
 FROZEN_SEQ = 2**62
 """The x-seq of the forgery in the issue: taken on trust, it would make every later genuine
@@ -142,15 +142,13 @@ async def publish_as(
 
 @pytest.fixture
 async def w(
-    in_process: StartApp,
+    running_app: InProcess,
     settings: Settings,
     pool: asyncpg.Pool,
     amqp: AbstractRobustConnection,
     tap: Tap,
 ) -> World:
-    app = in_process(settings, pool, amqp)
-    await app.start_consumers()
-    await app.start_relay()
+    """The test's services, with every consumer and the relay running (`running_app`)."""
     return World(settings, pool, amqp, tap, await add_package(pool, 1000))
 
 
