@@ -19,7 +19,7 @@ call the owner to change it:
 
 Retention deletes by the rule each owner declares (its `RETENTION`, a pruning.Rule): the owner
 says which of its rows are past retention, retention.py runs the batched deletes. Modules that
-own no table orchestrate owners in one transaction: job_state (finishing a message: its
-address, its group member, an expired outbox row), replay (dead letters sent again),
+own no table call the owners, or only read: job_state (finishing a message: its address, its
+group member, an expired outbox row), replay (dead letters sent again), retention and pruning,
 overdue (the sweep's reads), stats, statements, pool.
 """
