@@ -28,12 +28,14 @@ demo: migrate
 bench: migrate
 	$(BIN)/pkgq bench $(BENCH_ARGS)
 
-## check: formatting, lint and strict typing; the deploy files (systemd, k8s, alert rules) and
-## the AsyncAPI document (official parser).
+## check: formatting, lint, strict typing, the import layers and SQL only in infra/postgres;
+## the deploy files (systemd, k8s, alert rules) and the AsyncAPI document (official parser).
 check: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
+	$(BIN)/python tools/check_sql_location.py
 	deploy/systemd/verify.sh
 	deploy/k8s/verify.sh
 	deploy/observability/check.sh

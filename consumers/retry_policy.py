@@ -6,7 +6,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from infra.settings import RetrySettings, Settings
+from infra.route_config import RetrySettings
+from infra.settings import Settings
 
 Backoff = Callable[[int], float]
 """Seconds to wait after the given failed attempt (1 = the first delivery failed)."""

@@ -25,6 +25,7 @@ from domain.events import (
 from domain.model import ItemStatus, Package
 from domain.queue import UserQueue
 from events.envelope import Envelope
+from events.models import AdjustQuota, CancelPackage
 from events.outgoing import expiry_key, outgoing
 from infra.postgres import access, audit, outbox
 from infra.postgres.pool import Conn
@@ -222,6 +223,21 @@ class HandlerContext:
         self.work.change_access(
             access.Change(
                 user_id, self.envelope.seq or 0, item.id, item.package_id, remaining, item.expire_at
+            )
+        )
+
+    def record_command(self, command: CancelPackage | AdjustQuota) -> None:
+        """Record an operator's command on an item in the item audit, with this message's id,
+        its reason and operator (and an adjustment's delta)."""
+        self.work.audit.append(
+            audit.Entry(
+                command.item_id,
+                command.user_id,
+                "adjust_quota" if isinstance(command, AdjustQuota) else "cancel",
+                self.envelope.message_id,
+                delta=command.delta if isinstance(command, AdjustQuota) else None,
+                reason=command.reason,
+                operator=command.operator,
             )
         )
 

@@ -61,7 +61,8 @@ def bench_cmd(
     Scale it with --users and --packages (events per run are about users x (3 x packages + 3)).
     It uses its own database (pkgq_bench) and broker names (bench.*) next to the configured ones.
     """
-    from devtools.bench.scenario import PHASES, Scenario, run_bench
+    from devtools.bench.run import PHASES, run_bench
+    from devtools.bench.scenario import Scenario
 
     settings = load_settings()
     scenario = Scenario(

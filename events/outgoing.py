@@ -52,6 +52,17 @@ def unix(ts: datetime) -> int:
     return int(ts.timestamp())
 
 
+ItemEvent = PackageActivated | PackageExpired | ExpiryScheduled | PackageCancelled
+
+
+def _about_item(model: type[WireModel], event: ItemEvent, **fields: object) -> WireModel:
+    """The body of a message about one item: its user, item and package, and `fields`."""
+    return model.model_validate(
+        {"user_id": event.user_id, "item_id": event.item_id, "package_id": event.package_id}
+        | fields
+    )
+
+
 def outgoing(event: DomainEvent) -> Outgoing | None:
     """The message a domain event causes, or None if it only changes local state."""
     match event:
@@ -68,43 +79,29 @@ def outgoing(event: DomainEvent) -> Outgoing | None:
         case PackageActivated():
             return Outgoing(
                 PACKAGE_ACTIVATE,
-                PackageActivateEvent(
-                    user_id=event.user_id,
-                    item_id=event.item_id,
-                    package_id=event.package_id,
-                    activated_at=unix(event.activated_at),
-                ),
+                _about_item(PackageActivateEvent, event, activated_at=unix(event.activated_at)),
             )
         case PackageExpired():
+            expired_at = unix(event.expired_at)
             return Outgoing(
                 PACKAGE_EXPIRING,
-                PackageExpiringEvent(
-                    user_id=event.user_id,
-                    item_id=event.item_id,
-                    package_id=event.package_id,
-                    expired_at=unix(event.expired_at),
-                    reason=event.reason,
+                _about_item(
+                    PackageExpiringEvent, event, expired_at=expired_at, reason=event.reason
                 ),
             )
         case ExpiryScheduled():
             return Outgoing(
                 EXPIRY_DUE,
-                PackageExpiryDue(
-                    user_id=event.user_id,
-                    item_id=event.item_id,
-                    package_id=event.package_id,
-                    due_at=unix(event.due_at),
-                ),
+                _about_item(PackageExpiryDue, event, due_at=unix(event.due_at)),
                 due_at=event.due_at,
                 cancel_key=expiry_key(event.item_id),
             )
         case PackageCancelled():
             return Outgoing(
                 PACKAGE_CANCELLED,
-                PackageCancelledEvent(
-                    user_id=event.user_id,
-                    item_id=event.item_id,
-                    package_id=event.package_id,
+                _about_item(
+                    PackageCancelledEvent,
+                    event,
                     cancelled_at=unix(event.cancelled_at),
                     was_active=event.was_active,
                     reason=event.reason,

@@ -35,8 +35,9 @@ import asyncpg
 from events.envelope import H_PRIORITY, Envelope
 from events.models import WireModel
 from events.routes import Route, route_named
-from infra.postgres import job_state, outbox
-from infra.postgres.job_state import AddressState, CancelResult, EndMessage
+from infra.postgres import addresses, groups, outbox, unique_keys
+from infra.postgres.addresses import AddressState
+from infra.postgres.groups import CancelResult, EndMessage
 from infra.postgres.pool import Conn, clock
 from infra.transient import transient_retrying
 
@@ -128,13 +129,13 @@ async def put(
     """Inside a transaction: write one message to the outbox with its options."""
     message_id = message_id or uuid4()
     if options.unique_for is not None:
-        holder = await job_state.take_unique(
+        holder = await unique_keys.take_unique(
             conn, unique_key(route, body), message_id, options.unique_for
         )
         if holder is not None:
             return PublishResult(message_id, queued=False, duplicate_of=holder)
     if options.address is not None:
-        holder = await job_state.take_address(conn, options.address, route.name, message_id)
+        holder = await addresses.take_address(conn, options.address, route.name, message_id)
         if holder is not None:
             raise DuplicateAddress(options.address, holder)
     now = await clock(conn)
@@ -219,7 +220,7 @@ class Jobs:
         ids = [uuid4() for _ in models]
         async with self._pool.acquire() as conn, conn.transaction():
             # The group and its members first: a member cannot finish before it is known.
-            await job_state.create_group(
+            await groups.create_group(
                 conn, group_id, name, [(i, target.name) for i in ids], on_complete, on_abort
             )
             for model, message_id in zip(models, ids, strict=True):
@@ -227,23 +228,23 @@ class Jobs:
         return GroupResult(group_id, ids)
 
     async def cancel_group(self, group_id: UUID, who: str) -> CancelResult | None:
-        """Cancel an open group (see job_state.cancel_group). It locks the group's members in
+        """Cancel an open group (see groups.cancel_group). It locks the group's members in
         id order while deliveries lock theirs in batch order, so Postgres may pick it as a
         deadlock victim: that is retried."""
         async for attempt in transient_retrying():
             with attempt:
                 async with self._pool.acquire() as conn, conn.transaction():
-                    return await job_state.cancel_group(conn, group_id, who)
+                    return await groups.cancel_group(conn, group_id, who)
         raise AssertionError("unreachable: transient_retrying re-raises")
 
     async def group(self, group_id: UUID) -> dict[str, Any] | None:
         async with self._pool.acquire() as conn:
-            return await job_state.group_summary(conn, group_id)
+            return await groups.group_summary(conn, group_id)
 
     async def groups(self, limit: int = 50) -> list[dict[str, Any]]:
         """The most recent groups, newest first."""
         async with self._pool.acquire() as conn:
-            return await job_state.list_groups(conn, limit)
+            return await groups.list_groups(conn, limit)
 
     async def wait(self, address: str, timeout: float | None = None) -> AddressState:  # noqa: ASYNC109
         """Return once the addressed message is done or failed (its `error` says why).
@@ -252,7 +253,7 @@ class Jobs:
         pause = 0.05
         while True:
             async with self._pool.acquire() as conn:
-                state = await job_state.address_state(conn, address)
+                state = await addresses.address_state(conn, address)
             if state is None:
                 raise UnknownAddressError(address)
             if state.state != "queued":

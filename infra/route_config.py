@@ -17,12 +17,42 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-if TYPE_CHECKING:
-    from infra.settings import RouteSettings
+
+class RetrySettings(BaseModel):
+    """How a route retries a message whose handler failed (see consumers/retry_policy.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_attempts: int = Field(default=25, ge=1, le=1000)
+    """Deliveries in all, the first one included; after the last one the message is buried."""
+    backoff: Literal["seed003", "exponential", "fixed"] = "seed003"
+    """seed003: attempt^4 + 15 + rand(10) * (attempt + 1) s; exponential: base_s * 2^(attempt-1)
+    with full jitter; fixed: base_s."""
+    base_s: float = Field(default=1.0, ge=0)
+    max_delay_s: float = Field(default=7 * 86400.0, ge=0)
+
+
+class RouteSettings(BaseModel):
+    """One route's entry in the route configuration file (PKGQ_ROUTES_FILE): unset fields fall
+    back to the process-wide settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    concurrency: int | None = Field(default=None, ge=1, le=64)
+    """Worker lanes per queue: messages are spread over lanes by user, so one user's messages
+    stay in order while different users are applied concurrently."""
+    prefetch: int | None = Field(default=None, ge=1, le=10_000)
+    batch_size: int | None = Field(default=None, ge=1, le=1000)
+    partitions: int | None = Field(default=None, ge=1, le=256)
+    retry: RetrySettings | None = None
+    ttr: float | None = Field(default=None, gt=0, le=86400)
+    """Seconds a handler may run on one message before it is cancelled and the message is given
+    back to the queue in its place (seed 001's reservation timeout)."""
+    queue_type: Literal["classic", "quorum"] | None = None
 
 
 class RouteConfigError(ValueError):
@@ -31,7 +61,6 @@ class RouteConfigError(ValueError):
 
 def load_routes_file(path: str | Path) -> dict[str, RouteSettings]:
     from events.routes import UnknownRouteError, route_named
-    from infra.settings import RouteSettings
 
     source = Path(path)
     try:

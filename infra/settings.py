@@ -9,44 +9,13 @@ import socket
 from typing import Any, Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from infra.route_config import RetrySettings, RouteSettings, load_routes_file
 
 LOCAL_OWNER_DSN = "postgresql://pkgq_owner@127.0.0.1:5432/pkgq"
 """The schema owner on a dev box (deploy/local/ensure-services.sh creates it)."""
-
-
-class RetrySettings(BaseModel):
-    """How a route retries a message whose handler failed (see consumers/retry_policy.py)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    max_attempts: int = Field(default=25, ge=1, le=1000)
-    """Deliveries in all, the first one included; after the last one the message is buried."""
-    backoff: Literal["seed003", "exponential", "fixed"] = "seed003"
-    """seed003: attempt^4 + 15 + rand(10) * (attempt + 1) s; exponential: base_s * 2^(attempt-1)
-    with full jitter; fixed: base_s."""
-    base_s: float = Field(default=1.0, ge=0)
-    max_delay_s: float = Field(default=7 * 86400.0, ge=0)
-
-
-class RouteSettings(BaseModel):
-    """One route's entry in the route configuration file (PKGQ_ROUTES_FILE): unset fields fall
-    back to the process-wide settings."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    concurrency: int | None = Field(default=None, ge=1, le=64)
-    """Worker lanes per queue: messages are spread over lanes by user, so one user's messages
-    stay in order while different users are applied concurrently."""
-    prefetch: int | None = Field(default=None, ge=1, le=10_000)
-    batch_size: int | None = Field(default=None, ge=1, le=1000)
-    partitions: int | None = Field(default=None, ge=1, le=256)
-    retry: RetrySettings | None = None
-    ttr: float | None = Field(default=None, gt=0, le=86400)
-    """Seconds a handler may run on one message before it is cancelled and the message is given
-    back to the queue in its place (seed 001's reservation timeout)."""
-    queue_type: Literal["classic", "quorum"] | None = None
 
 
 class Settings(BaseSettings):
@@ -252,8 +221,6 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _read_routes_file(self) -> Settings:
         if self.routes_file and not self.route_settings:
-            from infra.route_config import load_routes_file
-
             self.route_settings = load_routes_file(self.routes_file)
         return self
 

@@ -16,9 +16,14 @@ Postgres errors are classified by SQLSTATE, so whole families are covered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import asyncpg
+import structlog
 from aiormq.exceptions import AMQPConnectionError, ChannelInvalidStateError
 from tenacity import (
     AsyncRetrying,
@@ -113,3 +118,45 @@ def transient_retrying(attempts: int = 5, max_wait: float = 2.0) -> AsyncRetryin
         wait=wait_random_exponential(multiplier=0.05, max=max_wait),
         reraise=True,
     )
+
+
+log = structlog.get_logger(__name__)
+
+BLOCKED_ALERT_AFTER_S = 300.0
+T = TypeVar("T")
+
+
+class StoppingError(Exception):
+    """Shutdown began while waiting for the infrastructure to come back."""
+
+
+async def until_done(call: Callable[[], Awaitable[T]], stopping: asyncio.Event) -> T:
+    """Retry blips briefly with tenacity; wait out outages with pauses until it works. Raises
+    StoppingError if `stopping` is set while it waits; anything else it raises as it comes."""
+    pause = 1.0
+    blocked_since = time.monotonic()
+    while True:
+        try:
+            async for attempt in transient_retrying():
+                with attempt:
+                    return await call()
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            if stopping.is_set():
+                raise StoppingError from exc
+            blocked_for = time.monotonic() - blocked_since
+            # Loud after a while: an outage that lasts may be a deployment mistake (a schema
+            # never migrated), and every later message on the route waits behind it. A missing
+            # grant is one from the start: it never clears by itself.
+            loud = blocked_for > BLOCKED_ALERT_AFTER_S or needs_operator(exc)
+            level = log.error if loud else log.warning
+            level(
+                "infrastructure_unavailable",
+                error=repr(exc),
+                retry_in_s=pause,
+                blocked_for_s=round(blocked_for),
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), timeout=pause)
+            pause = min(pause * 2, 30.0)

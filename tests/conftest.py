@@ -23,6 +23,7 @@ from infra.rabbit.tap import Tap
 from infra.rabbit.topology import declare_all, delete_all
 from infra.settings import Settings
 from tests import pg_roles
+from tests.support import InProcess, StartApp
 
 PG_SERVER = os.environ.get("PKGQ_TEST_PG_SERVER", "postgresql://postgres@127.0.0.1:5432")
 AMQP_URL = os.environ.get("PKGQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
@@ -139,3 +140,20 @@ async def tap(settings: Settings, amqp: AbstractRobustConnection) -> AsyncIterat
     await tap.attach(amqp, settings.exchange, settings.dlx)
     yield tap
     await tap.close()
+
+
+@pytest.fixture
+async def in_process(pool: asyncpg.Pool, amqp: AbstractRobustConnection) -> AsyncIterator[StartApp]:
+    """Build InProcess apps (consumers and relay in the test's loop); each one the test has not
+    closed is closed after it, before the pool and the connection. (It takes `pool` and `amqp`
+    for that order; an app may run on other settings, pools or connections.)"""
+    apps: list[InProcess] = []
+
+    def start(settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection) -> InProcess:
+        app = InProcess(settings, pool, amqp)
+        apps.append(app)
+        return app
+
+    yield start
+    for app in reversed(apps):
+        await app.close()

@@ -1,4 +1,5 @@
-"""Helpers for integration and end-to-end tests (not fixtures: plain functions and classes)."""
+"""Helpers for integration and end-to-end tests: plain functions and classes (the fixtures that
+build and tear down what they need are in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,12 @@ async def eventually(
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {within}s: {check.__qualname__}")
         await asyncio.sleep(every)
+
+
+async def fetch(pool: asyncpg.Pool, sql: str, *args: Any) -> list[dict[str, Any]]:
+    """The rows of a query, as dicts (tests inspect tables directly)."""
+    async with pool.acquire() as conn:
+        return [dict(r) for r in await conn.fetch(sql, *args)]
 
 
 def raw_for(route: Route, body: WireModel, *, seq: int | None = None) -> RawDelivery:
@@ -161,13 +168,15 @@ def _publish_without_message_id(
 
 
 class InProcess:
-    """The consumers and the relay as tasks of the test's own event loop."""
+    """The consumers and the relay as tasks of the test's own event loop (built by the
+    `in_process` fixture, which closes it after the test)."""
 
     def __init__(self, settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection):
         self.settings = settings
         self.services = Services(pool, amqp)
         self.stop = asyncio.Event()
         self.tasks: list[asyncio.Task[object]] = []
+        self.closed = False
 
     async def start_consumers(
         self,
@@ -199,11 +208,21 @@ class InProcess:
         return relay
 
     async def close(self) -> None:
+        """Stop the consumers and the relay; raise what one of them died of. Once: the
+        `in_process` fixture closes what a test left running, and closing again does nothing."""
+        if self.closed:
+            return
+        self.closed = True
         self.stop.set()
         results = await asyncio.gather(*self.tasks, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
+
+
+StartApp = Callable[[Settings, asyncpg.Pool, AbstractRobustConnection], InProcess]
+"""The `in_process` fixture (tests/conftest.py): an InProcess app on the given settings, pool
+and connection, closed after the test if the test has not closed it."""
 
 
 def settings_env(settings: Settings, **extra: str) -> dict[str, str]:

@@ -5,7 +5,8 @@ definitions, asyncapi), publish (publish, wait), groups (group, grant), workers 
 prune), tail, user, catalog, dlq (+ dlq_changes), partitions. What they share: running (settings,
 the event loop, connections), output (tables or JSON, literal text), options (routes, durations,
 --json/--yes/--dry-run), confirm, exit_codes, durations, sizes. The developer tools (bench,
-demo) live in the `devtools` package; their commands are added when it is installed.
+demo) live in the `devtools` package; their commands come in through the `pkgq.commands`
+entry points when it is installed.
 """
 
 from __future__ import annotations
@@ -61,16 +62,22 @@ app.add_typer(dlq_app, name="dlq")
 app.add_typer(partitions_app, name="partitions")
 
 
-def _add_devtools(target: typer.Typer) -> None:
-    """`pkgq bench` and `pkgq demo`, where the devtools package is installed (a checkout; not
-    the production image)."""
-    try:
-        from devtools.commands import register
-    except ModuleNotFoundError as missing:
-        if missing.name != "devtools":
-            raise  # devtools is there but broken: say so rather than hide its commands
-        return
-    register(target)
+PLUGINS = "pkgq.commands"
+"""The entry-point group through which other packages add commands (pyproject: devtools adds
+`pkgq bench` and `pkgq demo`), so that the command line never imports them itself."""
 
 
-_add_devtools(app)
+def _add_plugins(target: typer.Typer) -> None:
+    """Commands from installed plugins: `pkgq bench` and `pkgq demo` where the devtools package
+    is installed (a checkout; not the production image, which leaves devtools/ out)."""
+    for entry in metadata.entry_points(group=PLUGINS):
+        try:
+            register = entry.load()
+        except ModuleNotFoundError as missing:
+            if missing.name != entry.module.partition(".")[0]:
+                raise  # the plugin is there but broken: say so rather than hide its commands
+            continue  # declared by the project's metadata, not shipped here
+        register(target)
+
+
+_add_plugins(app)

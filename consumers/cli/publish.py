@@ -19,7 +19,7 @@ from consumers.cli.output import clean, say, show
 from consumers.cli.running import load_settings, publish, run, with_jobs
 from events.routes import Route
 from infra.jobs import DuplicateAddress, JobOptions, Jobs, PublishResult, UnknownAddressError
-from infra.postgres.job_state import AddressState
+from infra.postgres.addresses import AddressState
 from infra.settings import Settings
 
 

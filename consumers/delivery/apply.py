@@ -41,6 +41,7 @@ from infra.postgres import (
     access,
     audit,
     catalog,
+    groups,
     holds,
     inbox,
     job_state,
@@ -202,7 +203,7 @@ class Applier:
             )
         # A group member's row is locked until commit: a cancel waits for this batch, or this
         # batch sees the cancel.
-        members = await job_state.lock_members(
+        members = await groups.lock_members(
             conn, [d.message_id for d in ready if d.decoded.envelope.group_id is not None]
         )
         return work, Gate(self.consumer, seen, held, now, admission), members

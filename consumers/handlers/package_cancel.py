@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from consumers.unit_of_work import HandlerContext, Needs, transition
 from events.models import CancelPackage
-from infra.postgres import audit
 
 
 def needs(body: CancelPackage) -> Needs:
@@ -17,13 +16,4 @@ async def handle(ctx: HandlerContext, body: CancelPackage) -> None:
     await transition(
         ctx, body.user_id, lambda q: q.cancel(body.item_id, ctx.now, body.reason, body.operator)
     )
-    ctx.work.audit.append(
-        audit.Entry(
-            body.item_id,
-            body.user_id,
-            "cancel",
-            ctx.envelope.message_id,
-            reason=body.reason,
-            operator=body.operator,
-        )
-    )
+    ctx.record_command(body)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from consumers.unit_of_work import HandlerContext, Needs, transition
 from events.models import AdjustQuota
-from infra.postgres import audit
 
 
 def needs(body: AdjustQuota) -> Needs:
@@ -14,14 +13,4 @@ def needs(body: AdjustQuota) -> Needs:
 
 async def handle(ctx: HandlerContext, body: AdjustQuota) -> None:
     await transition(ctx, body.user_id, lambda q: q.adjust_quota(body.item_id, body.delta, ctx.now))
-    ctx.work.audit.append(
-        audit.Entry(
-            body.item_id,
-            body.user_id,
-            "adjust_quota",
-            ctx.envelope.message_id,
-            delta=body.delta,
-            reason=body.reason,
-            operator=body.operator,
-        )
-    )
+    ctx.record_command(body)

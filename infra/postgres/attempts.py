@@ -11,6 +11,11 @@ from __future__ import annotations
 from uuid import UUID
 
 from infra.postgres.pool import Conn
+from infra.postgres.pruning import Rule
+
+# A message's failed attempts, last counted before the retention: its retries are long over
+# (the longest backoff is days shorter), and a replay counts in a new generation anyway.
+RETENTION = Rule("attempts", "telecom.attempts", "ctid", "last_at < {cutoff}")
 
 
 async def count_failure(

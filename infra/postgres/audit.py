@@ -10,7 +10,7 @@ from uuid import UUID
 
 import asyncpg
 
-from infra.postgres.pool import Conn
+from infra.postgres.pool import Conn, columns
 
 Action = Literal["cancel", "adjust_quota"]
 
@@ -37,13 +37,8 @@ async def write(conn: Conn, entries: Sequence[Entry]) -> None:
         SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bigint[], $5::text[],
                              $6::text[], $7::uuid[])
         """,
-        [e.item_id for e in entries],
-        [e.user_id for e in entries],
-        [e.action for e in entries],
-        [e.delta for e in entries],
-        [e.reason for e in entries],
-        [e.operator for e in entries],
-        [e.message_id for e in entries],
+        *columns(entries, "item_id", "user_id", "action", "delta", "reason", "operator"),
+        *columns(entries, "message_id"),
     )
 
 

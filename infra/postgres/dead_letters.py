@@ -19,6 +19,7 @@ from events.envelope import (
     clean_text,
 )
 from events.routes import UNTRUSTED_PUBLISHER
+from infra.postgres import holds
 from infra.postgres.pool import Conn
 
 STATUSES = ("buried", "replayed", "discarded")
@@ -240,6 +241,37 @@ async def lock_holds(conn: Conn, ids: Sequence[int]) -> None:
     )
 
 
+async def lock_replayable(conn: Conn, ids: Sequence[int], statuses: Sequence[str]) -> list[Any]:
+    """Inside a transaction: lock the dead letters with these ids and statuses, oldest first,
+    with what a replay needs of them."""
+    rows: list[Any] = await conn.fetch(
+        """
+        SELECT id, route, message_id, user_id, message_type, body, headers::text AS headers,
+               replay_count, reason, body_size
+        FROM telecom.dead_letters
+        WHERE id = ANY($1::bigint[]) AND status::text = ANY($2::text[])
+        ORDER BY first_failed_at, id
+        FOR UPDATE
+        """,
+        list(ids),
+        list(statuses),
+    )
+    return rows
+
+
+async def mark_replayed(conn: Conn, ids: Sequence[int], who: str) -> None:
+    await conn.execute(
+        """
+        UPDATE telecom.dead_letters
+        SET status = 'replayed', replay_count = replay_count + 1, replayed_at = now(),
+            replayed_by = $2
+        WHERE id = ANY($1::bigint[])
+        """,
+        list(ids),
+        who,
+    )
+
+
 async def discard(conn: Conn, ids: Sequence[int], who: str) -> int:
     """Inside a transaction: give up on buried dead letters; release what they held back."""
     await lock_holds(conn, ids)
@@ -254,14 +286,7 @@ async def discard(conn: Conn, ids: Sequence[int], who: str) -> int:
         who,
     )
     for row in discarded:
-        await conn.execute(
-            """
-            UPDATE telecom.holds SET blocker = NULL, state = 'releasing', updated_at = now()
-            WHERE consumer = $1 AND blocker::text = $2
-            """,
-            row["consumer"],
-            row["message_id"],
-        )
+        await holds.release_blocked_by_dead_letter(conn, row["consumer"], row["message_id"])
     return len(discarded)
 
 

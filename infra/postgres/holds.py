@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from infra.postgres.pool import Conn
+from infra.postgres.pool import Conn, from_row
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +110,31 @@ async def release_blocked_by(conn: Conn, message_ids: Sequence[UUID]) -> int:
     return int(status.split()[-1])
 
 
+async def release_blocked_by_dead_letter(conn: Conn, consumer: str, message_id: str) -> None:
+    """A dead letter was discarded: the holds its message blocks on `consumer` are released."""
+    await conn.execute(
+        """
+        UPDATE telecom.holds SET blocker = NULL, state = 'releasing', updated_at = now()
+        WHERE consumer = $1 AND blocker::text = $2
+        """,
+        consumer,
+        message_id,
+    )
+
+
+async def retry_replayed(conn: Conn, dead_letter_ids: Sequence[int]) -> None:
+    """These dead letters were replayed: a hold waiting on one waits for its new delivery."""
+    await conn.execute(
+        """
+        UPDATE telecom.holds h SET state = 'retrying', updated_at = now()
+        FROM telecom.dead_letters d
+        WHERE d.id = ANY($1::bigint[]) AND h.consumer = d.consumer
+          AND h.blocker::text = d.message_id
+        """,
+        list(dead_letter_ids),
+    )
+
+
 async def release_expired_retry(conn: Conn, message_id: UUID) -> int:
     """The broker dead-lettered `message_id` as expired: if it is a retry pkgq itself sent with
     a TTL that has run out, it will never come, so the holds it blocks are released. Only then:
@@ -175,14 +200,7 @@ async def pop_parked(conn: Conn, consumer: str, user_id: UUID) -> ParkedMessage 
     )
     if row is None:
         return None
-    return ParkedMessage(
-        id=row["id"],
-        message_id=row["message_id"],
-        route=row["route"],
-        message_type=row["message_type"],
-        body=bytes(row["body"]),
-        headers=json.loads(row["headers"]),
-    )
+    return from_row(ParkedMessage, row, body=bytes(row["body"]), headers=json.loads(row["headers"]))
 
 
 async def releasing_users(conn: Conn, consumer: str, limit: int = 100) -> list[UUID]:

@@ -5,6 +5,10 @@ from __future__ import annotations
 from uuid import UUID
 
 from infra.postgres.pool import Conn
+from infra.postgres.pruning import Rule
+
+RETENTION = Rule("inbox", "telecom.inbox", "ctid", "processed_at < {cutoff}", "consumer")
+"""Processed messages past retention (counted as their route's `delete` transition)."""
 
 
 async def claim(conn: Conn, consumer: str, message_id: UUID) -> bool:

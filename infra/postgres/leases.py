@@ -9,6 +9,7 @@ a worker row keeps its lease until it expires.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from uuid import UUID
 
 from infra.postgres.pool import Conn
@@ -53,6 +54,13 @@ async def release(conn: Conn, name: str, worker_id: UUID) -> bool:
         "DELETE FROM telecom.leases WHERE name = $1 AND worker_id = $2", name, worker_id
     )
     return status.endswith(" 1")
+
+
+async def release_all(conn: Conn, worker_ids: Sequence[UUID]) -> None:
+    """Give up every lease these workers hold (they stopped, or were reaped)."""
+    await conn.execute(
+        "DELETE FROM telecom.leases WHERE worker_id = ANY($1::uuid[])", list(worker_ids)
+    )
 
 
 async def holder(conn: Conn, name: str) -> UUID | None:

@@ -15,7 +15,12 @@ from uuid import UUID, uuid4
 
 from events.envelope import Envelope
 from events.outgoing import Outgoing
-from infra.postgres.pool import Conn
+from infra.postgres import queue_repo
+from infra.postgres.pool import Conn, columns, from_row
+from infra.postgres.pruning import Rule
+
+RETENTION = Rule("outbox", "telecom.outbox", "id", "published_at < {cutoff}")
+
 
 PARTITIONS = 64
 """Fixed lease slots (the `partition` column is derived from user_id in SQL)."""
@@ -109,16 +114,6 @@ def from_outgoing(
     )
 
 
-async def next_seqs(conn: Conn, user_id: UUID, count: int) -> list[int]:
-    """Take `count` numbers from the user's event sequence (the user row must be locked)."""
-    last = await conn.fetchval(
-        "UPDATE telecom.queue_users SET seq = seq + $2 WHERE user_id = $1 RETURNING seq",
-        user_id,
-        count,
-    )
-    return list(range(last - count + 1, last + 1))
-
-
 async def enqueue(conn: Conn, messages: Sequence[OutboxMessage]) -> int:
     """Insert the messages in order. Returns how many were inserted: a message whose
     `dedup_key` is already there is skipped."""
@@ -141,19 +136,10 @@ async def enqueue(conn: Conn, messages: Sequence[OutboxMessage]) -> int:
         ORDER BY m.ord
         ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
         """,
-        [m.message_id for m in messages],
-        [m.route for m in messages],
-        [m.message_type for m in messages],
-        [m.schema_version for m in messages],
-        [m.user_id for m in messages],
-        [m.seq for m in messages],
-        [m.body for m in messages],
+        *columns(messages, "message_id", "route", "message_type", "schema_version", "user_id"),
+        *columns(messages, "seq", "body"),
         [json.dumps(m.headers) for m in messages],
-        [m.available_at for m in messages],
-        [m.cancel_key for m in messages],
-        [m.dedup_key for m in messages],
-        [m.priority for m in messages],
-        [m.expires_at for m in messages],
+        *columns(messages, "available_at", "cancel_key", "dedup_key", "priority", "expires_at"),
     )
     return int(status.split()[-1])
 
@@ -224,23 +210,7 @@ async def claim_due(conn: Conn, partitions: Sequence[int], batch_size: int) -> l
         list(partitions),
         batch_size,
     )
-    return [
-        ClaimedRow(
-            id=r["id"],
-            message_id=r["message_id"],
-            route=r["route"],
-            message_type=r["message_type"],
-            user_id=r["user_id"],
-            body=r["body"],
-            headers=r["headers"],
-            available_at=r["available_at"],
-            priority=r["priority"],
-            expires_at=r["expires_at"],
-            seq=r["seq"],
-            ttl_ms=r["ttl_ms"],
-        )
-        for r in rows
-    ]
+    return [from_row(ClaimedRow, r) for r in rows]
 
 
 async def mark_published(conn: Conn, ids: Sequence[int]) -> None:
@@ -260,6 +230,24 @@ async def mark_failed(conn: Conn, ids: Sequence[int], error: str) -> None:
         )
 
 
+async def withdraw_messages(conn: Conn, message_ids: Sequence[UUID]) -> int:
+    """Delete the messages that are not published yet. Returns how many were withdrawn."""
+    status = await conn.execute(
+        "DELETE FROM telecom.outbox WHERE message_id = ANY($1::uuid[]) AND published_at IS NULL",
+        list(message_ids),
+    )
+    return int(status.split()[-1])
+
+
+async def mark_expired(conn: Conn, ids: Sequence[int]) -> None:
+    """Rows whose TTL ran out before they were published: never to be published."""
+    await conn.execute(
+        "UPDATE telecom.outbox SET published_at = now(), last_error = 'expired: not published' "
+        "WHERE id = ANY($1::bigint[])",
+        list(ids),
+    )
+
+
 async def emit(
     conn: Conn,
     user_id: UUID,
@@ -270,7 +258,7 @@ async def emit(
     """Number `outgoing` in the user's event sequence and insert it (user row must be locked)."""
     if not outgoing:
         return []
-    seqs = await next_seqs(conn, user_id, len(outgoing))
+    seqs = await queue_repo.next_seqs(conn, user_id, len(outgoing))
     messages = [
         from_outgoing(out, seq=seq, traceparent=traceparent)
         for out, seq in zip(outgoing, seqs, strict=True)

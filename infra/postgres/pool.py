@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import operator
 import ssl
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
 from asyncpg.connection import LoggedQuery
@@ -15,7 +17,25 @@ from asyncpg.pool import PoolConnectionProxy
 
 from infra.tls import TlsConfigError, TlsVerifyError, explain, postgres_target
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 QueryLogger = Callable[[LoggedQuery], None]
+D = TypeVar("D", bound="DataclassInstance")
+
+
+def columns(rows: Sequence[Any], *names: str) -> list[list[Any]]:
+    """The arrays one `unnest($1, $2, …)` statement takes for a whole batch: for each name (an
+    attribute, or a dotted path such as `terms.duration`), its value in every row."""
+    getters = [operator.attrgetter(name) for name in names]
+    return [[get(row) for row in rows] for get in getters]
+
+
+def from_row(cls: type[D], row: asyncpg.Record | Mapping[str, Any], **converted: Any) -> D:
+    """The dataclass `cls` from the row's columns of the same names; `converted` gives the
+    fields whose column needs converting first (or has another name)."""
+    fields = (f.name for f in dataclasses.fields(cls) if f.init and f.name not in converted)
+    return cls(**{name: row[name] for name in fields}, **converted)
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:

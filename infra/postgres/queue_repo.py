@@ -17,7 +17,7 @@ import asyncpg
 
 from domain.model import ItemStatus, QueueItem, Terms
 from domain.queue import UserQueue
-from infra.postgres.pool import Conn, clock
+from infra.postgres.pool import Conn, clock, columns, from_row
 
 _ITEM_COLUMNS = """
     q.id, q.user_id, q.package_id, q.by_order, q.status::text AS status, q.created_at,
@@ -47,18 +47,11 @@ class LoadedQueue:
 
 
 def _item(row: asyncpg.Record) -> QueueItem:
-    return QueueItem(
-        id=row["id"],
-        user_id=row["user_id"],
+    return from_row(
+        QueueItem,
+        row,
         terms=Terms(row["package_id"], row["package_name"], row["traffic_limit"], row["duration"]),
-        by_order=row["by_order"],
         status=ItemStatus(row["status"]),
-        created_at=row["created_at"],
-        activated_at=row["activated_at"],
-        upload=row["upload"],
-        download=row["download"],
-        adjust_quota=row["adjust_quota"],
-        expire_at=row["expire_at"],
     )
 
 
@@ -93,12 +86,7 @@ async def lock_users(conn: Conn, user_ids: Iterable[UUID]) -> tuple[dict[UUID, U
         now = await clock(conn)
         return {}, now
     rows = await conn.fetch(_LOCK_USERS, wanted)
-    users = {
-        r["user_id"]: UserRow(
-            r["user_id"], r["unbilled_upload"], r["unbilled_download"], r["has_access"], r["seq"]
-        )
-        for r in rows
-    }
+    users = {r["user_id"]: from_row(UserRow, r) for r in rows}
     return users, rows[0]["now"]
 
 
@@ -239,20 +227,10 @@ async def save(conn: Conn, queues: Iterable[LoadedQueue]) -> None:
                 upload = EXCLUDED.upload, download = EXCLUDED.download,
                 adjust_quota = EXCLUDED.adjust_quota, expire_at = EXCLUDED.expire_at
             """,
-            [i.id for i in items],
-            [i.user_id for i in items],
-            [i.package_id for i in items],
-            [i.by_order for i in items],
-            [i.status.value for i in items],
-            [i.created_at for i in items],
-            [i.activated_at for i in items],
-            [i.upload for i in items],
-            [i.download for i in items],
-            [i.adjust_quota for i in items],
-            [i.expire_at for i in items],
-            [i.terms.package_name for i in items],
-            [i.terms.traffic_limit for i in items],
-            [i.terms.duration for i in items],
+            *columns(items, "id", "user_id", "package_id", "by_order", "status.value"),
+            *columns(items, "created_at", "activated_at", "upload", "download", "adjust_quota"),
+            *columns(items, "expire_at", "terms.package_name", "terms.traffic_limit"),
+            *columns(items, "terms.duration"),
             [u for u, _, ids in orders for _ in ids],
             [o for _, o, ids in orders for _ in ids],
             [i for _, _, ids in orders for i in ids],
@@ -267,11 +245,8 @@ async def save(conn: Conn, queues: Iterable[LoadedQueue]) -> None:
                  AS x(user_id, up, down, access, seq)
             WHERE u.user_id = x.user_id
             """,
-            [u.queue.user_id for u in users],
-            [u.queue.unbilled_upload for u in users],
-            [u.queue.unbilled_download for u in users],
-            [u.queue.has_access for u in users],
-            [u.seq for u in users],
+            *columns(users, "queue.user_id", "queue.unbilled_upload", "queue.unbilled_download"),
+            *columns(users, "queue.has_access", "seq"),
         )
 
 
@@ -300,3 +275,13 @@ async def item_owner(conn: Conn, item_id: int) -> UUID | None:
         "SELECT user_id FROM telecom.package_queue WHERE id = $1", item_id
     )
     return owner
+
+
+async def next_seqs(conn: Conn, user_id: UUID, count: int) -> list[int]:
+    """Take `count` numbers from the user's event sequence (the user row must be locked)."""
+    last = await conn.fetchval(
+        "UPDATE telecom.queue_users SET seq = seq + $2 WHERE user_id = $1 RETURNING seq",
+        user_id,
+        count,
+    )
+    return list(range(last - count + 1, last + 1))

@@ -22,7 +22,7 @@ from events.envelope import (
     republished_headers,
 )
 from events.routes import ROUTES, UNTRUSTED_PUBLISHER
-from infra.postgres import outbox, transitions
+from infra.postgres import addresses, dead_letters, holds, outbox, strikes, transitions
 from infra.postgres.dead_letters import STATUSES, as_dict, lock_holds
 from infra.postgres.pool import Conn
 
@@ -35,7 +35,7 @@ class ReplayResult:
     detail: str
 
 
-def _replay_message(row: Any) -> outbox.OutboxMessage | str:
+def replay_message(row: Any) -> outbox.OutboxMessage | str:
     """The outbox row that sends a dead letter again, or why it cannot be replayed."""
     route = ROUTES.get(row["route"])
     if route is None:
@@ -98,23 +98,12 @@ async def replay(
     """
     statuses = list(STATUSES) if force else ["buried"]
     await lock_holds(conn, ids)
-    rows = await conn.fetch(
-        """
-        SELECT id, route, message_id, user_id, message_type, body, headers::text AS headers,
-               replay_count, reason, body_size
-        FROM telecom.dead_letters
-        WHERE id = ANY($1::bigint[]) AND status::text = ANY($2::text[])
-        ORDER BY first_failed_at, id
-        FOR UPDATE
-        """,
-        list(ids),
-        statuses,
-    )
+    rows = await dead_letters.lock_replayable(conn, ids, statuses)
     results: list[ReplayResult] = []
     messages: list[outbox.OutboxMessage] = []
     replayed: list[int] = []
     for row in rows:
-        message = _replay_message(row)
+        message = replay_message(row)
         if isinstance(message, str):
             results.append(ReplayResult(row["id"], row["message_id"], False, message))
             continue
@@ -126,34 +115,11 @@ async def replay(
     # is queued again for its waiters.
     moves = Counter((m.route, transition) for m in messages)
     await transitions.count(conn, moves)
-    await conn.execute(
-        "UPDATE telecom.addresses SET state = 'queued', error = NULL, finished_at = NULL "
-        "WHERE message_id = ANY($1::uuid[]) AND state = 'failed'",
-        [m.message_id for m in messages],
-    )
+    revived = [m.message_id for m in messages]
+    await addresses.requeue_addresses(conn, revived)
     # A revived message has its TTR strikes anew, as it has its attempts.
-    await conn.execute(
-        "DELETE FROM telecom.ttr_strikes WHERE message_id = ANY($1::uuid[])",
-        [m.message_id for m in messages],
-    )
-    await conn.execute(
-        """
-        UPDATE telecom.dead_letters
-        SET status = 'replayed', replay_count = replay_count + 1, replayed_at = now(),
-            replayed_by = $2
-        WHERE id = ANY($1::bigint[])
-        """,
-        replayed,
-        who,
-    )
+    await strikes.forget(conn, revived)
+    await dead_letters.mark_replayed(conn, replayed, who)
     # A hold waiting on a replayed message waits for its new delivery now.
-    await conn.execute(
-        """
-        UPDATE telecom.holds h SET state = 'retrying', updated_at = now()
-        FROM telecom.dead_letters d
-        WHERE d.id = ANY($1::bigint[]) AND h.consumer = d.consumer
-          AND h.blocker::text = d.message_id
-        """,
-        replayed,
-    )
+    await holds.retry_replayed(conn, replayed)
     return results

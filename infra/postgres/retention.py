@@ -9,7 +9,8 @@ What goes, once it is older than the retention period:
 Unique keys go as soon as their window has passed, whatever the retention. Dead letters are never
 pruned here: `pkgq dlq purge` decides about them.
 
-Every table is pruned in batches of at most `batch_size` rows, each batch in its own short
+Each rule is declared by the module that owns its table (its `RETENTION`); this module runs
+them. Every table is pruned in batches of at most `batch_size` rows, each batch in its own short
 transaction, until a batch comes back short: no long transaction, no lock held for long.
 """
 
@@ -18,46 +19,43 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 import asyncpg
 
-from infra.postgres import transitions
-from infra.postgres.pool import Conn
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    key: str
-    table: str
-    row_id: str
-    """The column (or ctid) that identifies a row for the batched delete."""
-    condition: str
-    """`{cutoff}` stands for now() - retention."""
-    returning: str = "1"
-
-
-TARGETS = (
-    Target("inbox", "telecom.inbox", "ctid", "processed_at < {cutoff}", "consumer"),
-    Target("outbox", "telecom.outbox", "id", "published_at < {cutoff}"),
-    Target("addresses", "telecom.addresses", "address", "finished_at < {cutoff}"),
-    Target("job_groups", "telecom.job_groups", "id", "finished_at < {cutoff}"),
-    Target("unique_keys", "telecom.unique_keys", "unique_key", "expires_at < now()"),
-    Target("ttr_strikes", "telecom.ttr_strikes", "ctid", "last_at < {cutoff}"),
-    # A message's failed attempts, last counted before the retention: its retries are long over
-    # (the longest backoff is days shorter), and a replay counts in a new generation anyway.
-    Target("attempts", "telecom.attempts", "ctid", "last_at < {cutoff}"),
-    Target("workers", "telecom.workers", "id", "stopped_at < {cutoff}"),
+from infra.postgres import (
+    addresses,
+    attempts,
+    groups,
+    inbox,
+    outbox,
+    strikes,
+    transitions,
+    unique_keys,
+    workers,
 )
+from infra.postgres.pool import Conn
+from infra.postgres.pruning import Rule
+
+TARGETS: tuple[Rule, ...] = (
+    inbox.RETENTION,
+    outbox.RETENTION,
+    addresses.RETENTION,
+    groups.RETENTION,
+    unique_keys.RETENTION,
+    strikes.RETENTION,
+    attempts.RETENTION,
+    workers.RETENTION,
+)
+"""Each table's rule, declared by the module that owns the table, in the order they are pruned."""
 BATCHES = "batches"
 """The key in prune()'s result that counts the delete statements (transactions) it ran."""
 
 
-def _uses_cutoff(t: Target) -> bool:
+def _uses_cutoff(t: Rule) -> bool:
     return "{cutoff}" in t.condition
 
 
-def _delete_sql(t: Target) -> str:
+def _delete_sql(t: Rule) -> str:
     """Parameters: the cutoff if the condition uses it, then the batch size."""
     condition = t.condition.format(cutoff="$1")
     limit = "$2" if _uses_cutoff(t) else "$1"
@@ -69,7 +67,7 @@ def _delete_sql(t: Target) -> str:
     )
 
 
-def _count_sql(t: Target) -> str:
+def _count_sql(t: Rule) -> str:
     return f"SELECT count(*) FROM {t.table} WHERE {t.condition.format(cutoff='$1')}"
 
 

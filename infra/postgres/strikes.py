@@ -4,9 +4,13 @@ written in a transaction of its own."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from uuid import UUID
 
 from infra.postgres.pool import Conn
+from infra.postgres.pruning import Rule
+
+RETENTION = Rule("ttr_strikes", "telecom.ttr_strikes", "ctid", "last_at < {cutoff}")
 
 
 async def strike(conn: Conn, consumer: str, message_id: UUID) -> int:
@@ -22,3 +26,10 @@ async def strike(conn: Conn, consumer: str, message_id: UUID) -> int:
         message_id,
     )
     return strikes
+
+
+async def forget(conn: Conn, message_ids: Sequence[UUID]) -> None:
+    """The messages start over (a dead-letter replay): their strikes, on every consumer, go."""
+    await conn.execute(
+        "DELETE FROM telecom.ttr_strikes WHERE message_id = ANY($1::uuid[])", list(message_ids)
+    )

@@ -21,7 +21,12 @@ from uuid import UUID
 
 import structlog
 
-from infra.postgres.pool import Conn
+from infra.postgres import leases
+from infra.postgres.pool import Conn, from_row
+from infra.postgres.pruning import Rule
+
+RETENTION = Rule("workers", "telecom.workers", "id", "stopped_at < {cutoff}")
+
 
 log = structlog.get_logger(__name__)
 
@@ -128,7 +133,7 @@ async def stop(conn: Conn, worker_id: UUID, reason: str) -> None:
             worker_id,
             reason,
         )
-        await conn.execute("DELETE FROM telecom.leases WHERE worker_id = $1", worker_id)
+        await leases.release_all(conn, [worker_id])
 
 
 async def list_workers(conn: Conn, include_stopped: bool = False) -> list[Worker]:
@@ -144,22 +149,7 @@ async def list_workers(conn: Conn, include_stopped: bool = False) -> list[Worker
         """,
         include_stopped,
     )
-    return [
-        Worker(
-            id=r["id"],
-            name=r["name"],
-            role=r["role"],
-            host=r["host"],
-            pid=r["pid"],
-            routes=list(r["routes"]),
-            started_at=r["started_at"],
-            heartbeat_at=r["heartbeat_at"],
-            age_s=float(r["age_s"]),
-            stopped_at=r["stopped_at"],
-            stop_reason=r["stop_reason"],
-        )
-        for r in rows
-    ]
+    return [from_row(Worker, r, routes=list(r["routes"]), age_s=float(r["age_s"])) for r in rows]
 
 
 async def reap_stale(conn: Conn, stale_after_s: float, reaper_id: UUID | str) -> list[UUID]:
@@ -196,7 +186,7 @@ async def reap_stale(conn: Conn, stale_after_s: float, reaper_id: UUID | str) ->
         ]
         if not reaped:
             return []
-        await conn.execute("DELETE FROM telecom.leases WHERE worker_id = ANY($1::uuid[])", reaped)
+        await leases.release_all(conn, reaped)
         await terminate_backends(conn, reaped)
     return reaped
 

@@ -22,7 +22,7 @@ import signal
 import time
 import zlib
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 from aio_pika.abc import (
@@ -41,13 +41,10 @@ from infra.rabbit.last_resort import copy_to_dead_letters
 from infra.rabbit.outcomes import Outcome, Processor, Result
 from infra.rabbit.publisher import Publisher
 from infra.settings import Settings
-from infra.transient import is_outage, needs_operator, transient_retrying
+from infra.transient import StoppingError, until_done
 
 log = structlog.get_logger(__name__)
 
-BLOCKED_ALERT_AFTER_S = 300.0
-
-T = TypeVar("T")
 Declare = Callable[[AbstractChannel], Awaitable[AbstractQueue]]
 Idle = Callable[[], Awaitable[object]]
 
@@ -160,7 +157,7 @@ class QueueConsumer:
         except Exception:
             log.exception("give_back_failed", route=self.name)
             self.failed.set()
-            raise _StoppingError from None
+            raise StoppingError from None
 
     async def stop(self) -> None:
         """Stop taking deliveries, finish the one in hand, leave the rest to be redelivered."""
@@ -283,10 +280,10 @@ class QueueConsumer:
         in_flight.inc(len(messages))
         self._enter(len(messages))
         try:
-            results = await self._process_until_done(lambda: self._processor(raws))
+            results = await until_done(lambda: self._processor(raws), self._stopping)
         except asyncio.CancelledError:
             raise
-        except _StoppingError:
+        except StoppingError:
             return False
         except Exception as exc:  # noqa: BLE001  (a bug in the processor: isolated below)
             return await self._undecided(messages, exc)
@@ -300,7 +297,7 @@ class QueueConsumer:
         if given_back:
             try:
                 await self._give_back_or_fail()
-            except _StoppingError:
+            except StoppingError:
                 return False
         self.processed += len(done)
         settle.record(self.name, route, raws, results, started)
@@ -365,37 +362,3 @@ class QueueConsumer:
         error = "cancelled" if task.cancelled() else repr(task.exception())
         log.critical("consumer_worker_died", route=self.name, error=error)
         self.failed.set()
-
-    async def _process_until_done(self, call: Callable[[], Awaitable[T]]) -> T:
-        """Retry blips briefly with tenacity; wait out outages with pauses until it works."""
-        pause = 1.0
-        blocked_since = time.monotonic()
-        while True:
-            try:
-                async for attempt in transient_retrying():
-                    with attempt:
-                        return await call()
-            except Exception as exc:
-                if not is_outage(exc):
-                    raise
-                if self._stopping.is_set():
-                    raise _StoppingError from exc
-                blocked_for = time.monotonic() - blocked_since
-                # Loud after a while: an outage that lasts may be a deployment mistake (a
-                # schema never migrated), and every later message on the route waits behind it.
-                # A missing grant is one from the start: it never clears by itself.
-                loud = blocked_for > BLOCKED_ALERT_AFTER_S or needs_operator(exc)
-                level = log.error if loud else log.warning
-                level(
-                    "infrastructure_unavailable",
-                    error=repr(exc),
-                    retry_in_s=pause,
-                    blocked_for_s=round(blocked_for),
-                )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), timeout=pause)
-                pause = min(pause * 2, 30.0)
-
-
-class _StoppingError(Exception):
-    """Shutdown began while waiting for the infrastructure to come back."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from uuid import UUID, uuid4
 
 import asyncpg
@@ -30,18 +30,17 @@ from events.models import PurchasePackage, RecordUsage
 from events.routes import PACKAGE_PURCHASE, USAGE_RECORD
 from infra.jobs import Jobs
 from infra.rabbit.topology import declare_all
-from infra.settings import RouteSettings, Settings
+from infra.route_config import RouteSettings
+from infra.settings import Settings
 from tests.conformance.jobs_support import HANG_ONCE, Recorder, recording_pipeline, usage
-from tests.support import InProcess, PkgqProcess, add_package, eventually, send
+from tests.support import InProcess, PkgqProcess, StartApp, add_package, eventually, send
 
 
 @pytest.fixture
 async def app(
-    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
-) -> AsyncIterator[InProcess]:
-    app = InProcess(settings, pool, amqp)
-    yield app
-    await app.close()
+    in_process: StartApp, settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> InProcess:
+    return in_process(settings, pool, amqp)
 
 
 async def publish_direct(
@@ -74,7 +73,7 @@ async def test_the_relay_publishes_higher_priorities_first_and_fifo_within_a_pri
 
 
 async def test_the_broker_hands_out_piled_up_messages_by_priority_and_fifo_within_one(
-    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+    in_process: StartApp, settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
 ) -> None:
     # One at a time, so that the handler sees the broker's order (a batch is applied user by
     # user, and these are different users).
@@ -83,18 +82,16 @@ async def test_the_broker_hands_out_piled_up_messages_by_priority_and_fifo_withi
     priorities = [0, 1, 2, 0, 2, 1, 0]
     for upload, priority in enumerate(priorities, start=1):
         await publish_direct(one_by_one, amqp, usage(uuid4(), upload), priority)
-    app = InProcess(one_by_one, pool, amqp)
-    try:
-        await app.start_consumers(
-            [USAGE_RECORD], pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder)}
-        )
+    app = in_process(one_by_one, pool, amqp)
+    await app.start_consumers(
+        [USAGE_RECORD], pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder)}
+    )
 
-        async def all_applied() -> bool:
-            return len(recorder.applied) == len(priorities)
+    async def all_applied() -> bool:
+        return len(recorder.applied) == len(priorities)
 
-        await eventually(all_applied)
-    finally:
-        await app.close()
+    await eventually(all_applied)
+    await app.close()
     assert recorder.uploads(recorder.applied) == [3, 5, 2, 6, 1, 4, 7]
 
 
@@ -135,7 +132,11 @@ def users_in_different_lanes(lanes: int) -> tuple[UUID, UUID]:
 
 @pytest.mark.parametrize("queue_type", ["classic", "quorum"])
 async def test_a_message_that_times_out_keeps_its_place_a_b_c_becomes_a_c(
-    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection, queue_type: str
+    in_process: StartApp,
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    queue_type: str,
 ) -> None:
     """[A, B, C]: A is taken and hangs past the TTR while B is taken and done; A goes back in
     its place, so what is left is [A, C] and A runs before C, on classic and quorum queues."""
@@ -153,19 +154,17 @@ async def test_a_message_that_times_out_keeps_its_place_a_b_c_becomes_a_c(
     b = await publish_direct(scoped, amqp, usage(user_b, 2))
     c = await publish_direct(scoped, amqp, usage(user_a, 3))
     recorder = Recorder()
-    app = InProcess(scoped, pool, amqp)
-    try:
-        await app.start_consumers(
-            [USAGE_RECORD],
-            pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder, ttr=1.0)},
-        )
+    app = in_process(scoped, pool, amqp)
+    await app.start_consumers(
+        [USAGE_RECORD],
+        pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder, ttr=1.0)},
+    )
 
-        async def all_applied() -> bool:
-            return len(recorder.applied) == 3
+    async def all_applied() -> bool:
+        return len(recorder.applied) == 3
 
-        await eventually(all_applied, within=30)
-    finally:
-        await app.close()
+    await eventually(all_applied, within=30)
+    await app.close()
     assert recorder.applied == [b, a, c]
     second_run_of_a = [i for i, m in enumerate(recorder.started) if m == a][1]
     assert recorder.started.index(c) > second_run_of_a  # [A, C], not [C, A]

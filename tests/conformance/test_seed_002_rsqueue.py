@@ -45,10 +45,11 @@ from infra.jobs import DuplicateAddress, Jobs, end_message
 from infra.postgres import workers
 from infra.postgres.outbox import RELAY_LOCK_CLASS
 from infra.rabbit.tap import Tap
-from infra.settings import RouteSettings, Settings
+from infra.route_config import RouteSettings
+from infra.settings import Settings
 from tests import pg_roles
 from tests.conformance.jobs_support import BURY, Recorder, recording_pipeline, usage
-from tests.support import InProcess, PkgqProcess, add_package, cli, eventually, send
+from tests.support import PkgqProcess, StartApp, add_package, cli, eventually, send
 
 pytestmark = pytest.mark.e2e
 
@@ -226,7 +227,7 @@ async def test_a_consumer_stopped_while_holding_deliveries_has_its_work_taken_ov
 
 
 async def test_a_duplicate_address_is_refused_while_queued_and_accepted_once_it_is_done(
-    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+    in_process: StartApp, settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
 ) -> None:
     jobs = Jobs(pool)
     first = await jobs.publish(USAGE_RECORD, usage(uuid4(), 1), address="bill:42")
@@ -239,43 +240,39 @@ async def test_a_duplicate_address_is_refused_while_queued_and_accepted_once_it_
     )  # fmt: skip
     assert by_cli.returncode == 4  # dropped or duplicate
     assert "duplicate address" in by_cli.stdout
-    app = InProcess(settings, pool, amqp)
+    app = in_process(settings, pool, amqp)
     recorder = Recorder()
-    try:
-        await app.start_consumers(
-            [USAGE_RECORD], pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder)}
-        )
-        await app.start_relay()
-        assert (await jobs.wait("bill:42", timeout=20)).state == "done"
-        again = await jobs.publish(USAGE_RECORD, usage(uuid4(), 4), address="bill:42")
-        assert again.queued
-        assert (await jobs.wait("bill:42", timeout=20)).message_id == again.message_id
-    finally:
-        await app.close()
+    await app.start_consumers(
+        [USAGE_RECORD], pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder)}
+    )
+    await app.start_relay()
+    assert (await jobs.wait("bill:42", timeout=20)).state == "done"
+    again = await jobs.publish(USAGE_RECORD, usage(uuid4(), 4), address="bill:42")
+    assert again.queued
+    assert (await jobs.wait("bill:42", timeout=20)).message_id == again.message_id
+    await app.close()
     assert recorder.applied == [first.message_id, again.message_id]
 
 
 async def test_waiting_on_an_address_returns_done_or_failed_with_its_error(
-    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+    in_process: StartApp, settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
 ) -> None:
     jobs = Jobs(pool)
-    app = InProcess(settings, pool, amqp)
-    try:
-        await app.start_consumers(
-            [USAGE_RECORD], pipelines={USAGE_RECORD.name: recording_pipeline(pool, Recorder())}
-        )
-        await app.start_relay()
-        await jobs.publish(USAGE_RECORD, usage(uuid4(), 1), address="ok")
-        await jobs.publish(USAGE_RECORD, usage(uuid4(), BURY), address="doomed")
-        await jobs.publish(USAGE_RECORD, usage(uuid4(), 1), address="later", delay=3600)
-        done = await jobs.wait("ok", timeout=20)
-        failed = await jobs.wait("doomed", timeout=20)
-        ok_cli = await cli(settings, "wait", "ok", "--json")
-        failed_cli = await cli(settings, "wait", "doomed")
-        pending_cli = await cli(settings, "wait", "later", "--timeout", "1s")
-        unknown_cli = await cli(settings, "wait", "never-published")
-    finally:
-        await app.close()
+    app = in_process(settings, pool, amqp)
+    await app.start_consumers(
+        [USAGE_RECORD], pipelines={USAGE_RECORD.name: recording_pipeline(pool, Recorder())}
+    )
+    await app.start_relay()
+    await jobs.publish(USAGE_RECORD, usage(uuid4(), 1), address="ok")
+    await jobs.publish(USAGE_RECORD, usage(uuid4(), BURY), address="doomed")
+    await jobs.publish(USAGE_RECORD, usage(uuid4(), 1), address="later", delay=3600)
+    done = await jobs.wait("ok", timeout=20)
+    failed = await jobs.wait("doomed", timeout=20)
+    ok_cli = await cli(settings, "wait", "ok", "--json")
+    failed_cli = await cli(settings, "wait", "doomed")
+    pending_cli = await cli(settings, "wait", "later", "--timeout", "1s")
+    unknown_cli = await cli(settings, "wait", "never-published")
+    await app.close()
     assert done.state == "done"
     assert done.error is None
     assert failed.state == "failed"
@@ -303,7 +300,11 @@ async def end_rows(pool: asyncpg.Pool, group_id: UUID, why: str) -> list[dict[st
 
 
 async def test_a_groups_end_message_is_published_once_after_members_finish_concurrently(
-    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection, tap: Tap
+    in_process: StartApp,
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    tap: Tap,
 ) -> None:
     lanes = RouteSettings(concurrency=4, batch_size=1)
     scoped = settings.model_copy(update={"route_settings": {USAGE_RECORD.name: lanes}})
@@ -318,25 +319,23 @@ async def test_a_groups_end_message_is_published_once_after_members_finish_concu
         on_complete=end_message(QUOTA_ADJUST, AdjustQuota(user_id=ops, item_id=1, delta=1)),
     )
     recorder = Recorder(pause=0.05)
-    app = InProcess(scoped, pool, amqp)
-    try:
-        await app.start_consumers(
-            [USAGE_RECORD], pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder)}
-        )
-        await app.start_relay()
+    app = in_process(scoped, pool, amqp)
+    await app.start_consumers(
+        [USAGE_RECORD], pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder)}
+    )
+    await app.start_relay()
 
-        async def completed() -> bool:
-            summary = await jobs.group(group.group_id)
-            return summary is not None and summary["state"] == "completed"
+    async def completed() -> bool:
+        summary = await jobs.group(group.group_id)
+        return summary is not None and summary["state"] == "completed"
 
-        await eventually(completed, within=30)
+    await eventually(completed, within=30)
 
-        async def end_published() -> bool:
-            return bool(tap.on(QUOTA_ADJUST.name))
+    async def end_published() -> bool:
+        return bool(tap.on(QUOTA_ADJUST.name))
 
-        await eventually(end_published)
-    finally:
-        await app.close()
+    await eventually(end_published)
+    await app.close()
     summary = await jobs.group(group.group_id)
     assert summary is not None
     assert (summary["total"], summary["done"], summary["failed"]) == (24, 23, 1)
@@ -347,7 +346,7 @@ async def test_a_groups_end_message_is_published_once_after_members_finish_concu
 
 
 async def test_cancelling_a_group_deletes_queued_members_disarms_delivered_ones_and_aborts_once(
-    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+    in_process: StartApp, settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
 ) -> None:
     jobs = Jobs(pool)
     ops = uuid4()
@@ -365,37 +364,35 @@ async def test_cancelling_a_group_deletes_queued_members_disarms_delivered_ones_
             delivered,
         )
     recorder = Recorder()
-    app = InProcess(settings, pool, amqp)
-    try:
-        await app.start_relay()
+    app = in_process(settings, pool, amqp)
+    await app.start_relay()
 
-        async def on_the_broker() -> bool:
-            async with pool.acquire() as conn:
-                published = await conn.fetchval(
-                    "SELECT count(*) FROM telecom.outbox WHERE message_id = ANY($1::uuid[]) "
-                    "AND published_at IS NOT NULL",
-                    delivered,
-                )
-            return int(published) == 3
+    async def on_the_broker() -> bool:
+        async with pool.acquire() as conn:
+            published = await conn.fetchval(
+                "SELECT count(*) FROM telecom.outbox WHERE message_id = ANY($1::uuid[]) "
+                "AND published_at IS NOT NULL",
+                delivered,
+            )
+        return int(published) == 3
 
-        await eventually(on_the_broker)
-        cancel = await cli(settings, "group", "cancel", str(group.group_id), "--yes")
-        again = await cli(settings, "group", "cancel", str(group.group_id), "--yes")
-        await app.start_consumers(
-            [USAGE_RECORD], pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder)}
-        )
+    await eventually(on_the_broker)
+    cancel = await cli(settings, "group", "cancel", str(group.group_id), "--yes")
+    again = await cli(settings, "group", "cancel", str(group.group_id), "--yes")
+    await app.start_consumers(
+        [USAGE_RECORD], pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder)}
+    )
 
-        async def disarmed_ones_acked() -> bool:
-            async with pool.acquire() as conn:
-                claimed = await conn.fetchval(
-                    "SELECT count(*) FROM telecom.inbox WHERE message_id = ANY($1::uuid[])",
-                    delivered,
-                )
-            return int(claimed) == 3
+    async def disarmed_ones_acked() -> bool:
+        async with pool.acquire() as conn:
+            claimed = await conn.fetchval(
+                "SELECT count(*) FROM telecom.inbox WHERE message_id = ANY($1::uuid[])",
+                delivered,
+            )
+        return int(claimed) == 3
 
-        await eventually(disarmed_ones_acked)
-    finally:
-        await app.close()
+    await eventually(disarmed_ones_acked)
+    await app.close()
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
     assert "3 unpublished member(s) deleted, 3 on the broker will be no-ops" in cancel.stdout
     assert again.returncode == 1

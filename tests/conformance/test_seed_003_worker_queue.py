@@ -33,7 +33,7 @@ from infra.jobs import Jobs
 from infra.route_config import load_routes_file
 from infra.settings import Settings
 from tests.conformance.jobs_support import Recorder, recording_pipeline, usage
-from tests.support import InProcess, cli, eventually
+from tests.support import StartApp, cli, eventually
 
 
 def test_the_backoff_is_count4_plus_15_plus_rand10_times_count_plus_1() -> None:
@@ -46,7 +46,7 @@ def test_the_backoff_is_count4_plus_15_plus_rand10_times_count_plus_1() -> None:
 
 
 async def test_a_failed_message_is_scheduled_again_by_the_seed_003_formula(
-    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+    in_process: StartApp, settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
 ) -> None:
     async def failing(ctx: HandlerContext, body: RecordUsage) -> None:
         raise RuntimeError("the rating engine is down")
@@ -58,25 +58,23 @@ async def test_a_failed_message_is_scheduled_again_by_the_seed_003_formula(
         policy_for(settings, USAGE_RECORD.name),  # the default policy: seed 003's
         max_body_bytes=2**20,
     )
-    app = InProcess(settings, pool, amqp)
-    try:
-        await app.start_consumers([USAGE_RECORD], pipelines={USAGE_RECORD.name: pipeline})
-        await app.start_relay()
-        put = await Jobs(pool).publish(USAGE_RECORD, usage(uuid4(), 1))
+    app = in_process(settings, pool, amqp)
+    await app.start_consumers([USAGE_RECORD], pipelines={USAGE_RECORD.name: pipeline})
+    await app.start_relay()
+    put = await Jobs(pool).publish(USAGE_RECORD, usage(uuid4(), 1))
 
-        async def retry_scheduled() -> bool:
-            async with pool.acquire() as conn:
-                return bool(
-                    await conn.fetchval(
-                        "SELECT count(*) FROM telecom.outbox WHERE message_id = $1 "
-                        "AND dedup_key LIKE 'retry:%'",
-                        put.message_id,
-                    )
+    async def retry_scheduled() -> bool:
+        async with pool.acquire() as conn:
+            return bool(
+                await conn.fetchval(
+                    "SELECT count(*) FROM telecom.outbox WHERE message_id = $1 "
+                    "AND dedup_key LIKE 'retry:%'",
+                    put.message_id,
                 )
+            )
 
-        await eventually(retry_scheduled)
-    finally:
-        await app.close()
+    await eventually(retry_scheduled)
+    await app.close()
     async with pool.acquire() as conn:
         row = await conn.fetchrow(
             "SELECT extract(epoch FROM available_at - created_at) AS wait, headers "
@@ -153,47 +151,43 @@ def configured(settings: Settings, routes_file: Path) -> Settings:
 
 
 async def test_a_routes_worker_count_from_the_configuration_file_is_honoured(
-    configured: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+    in_process: StartApp, configured: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
 ) -> None:
     assert configured.concurrency_for(USAGE_RECORD.name) == 3
     recorder = Recorder(pause=0.3)
-    app = InProcess(configured, pool, amqp)
+    app = in_process(configured, pool, amqp)
     users = users_on_every_lane(3, per_lane=3)
-    try:
-        await app.start_consumers(
-            [USAGE_RECORD], pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder)}
-        )
-        await app.start_relay()
-        jobs = Jobs(pool)
-        for user in users:
-            await jobs.publish(USAGE_RECORD, usage(user, 1))
+    await app.start_consumers(
+        [USAGE_RECORD], pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder)}
+    )
+    await app.start_relay()
+    jobs = Jobs(pool)
+    for user in users:
+        await jobs.publish(USAGE_RECORD, usage(user, 1))
 
-        async def all_applied() -> bool:
-            return len(recorder.applied) == len(users)
+    async def all_applied() -> bool:
+        return len(recorder.applied) == len(users)
 
-        await eventually(all_applied, within=30)
-    finally:
-        await app.close()
+    await eventually(all_applied, within=30)
+    await app.close()
     assert recorder.max_running == 3  # three lanes worked at once, never a fourth
 
 
 async def test_a_route_configured_with_one_worker_runs_one_message_at_a_time(
-    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+    in_process: StartApp, settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
 ) -> None:
     recorder = Recorder(pause=0.1)
-    app = InProcess(settings, pool, amqp)
-    try:
-        await app.start_consumers(
-            [USAGE_RECORD], pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder)}
-        )
-        await app.start_relay()
-        for user in users_on_every_lane(3, per_lane=2):
-            await Jobs(pool).publish(USAGE_RECORD, usage(user, 1))
+    app = in_process(settings, pool, amqp)
+    await app.start_consumers(
+        [USAGE_RECORD], pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder)}
+    )
+    await app.start_relay()
+    for user in users_on_every_lane(3, per_lane=2):
+        await Jobs(pool).publish(USAGE_RECORD, usage(user, 1))
 
-        async def all_applied() -> bool:
-            return len(recorder.applied) == 6
+    async def all_applied() -> bool:
+        return len(recorder.applied) == 6
 
-        await eventually(all_applied, within=30)
-    finally:
-        await app.close()
+    await eventually(all_applied, within=30)
+    await app.close()
     assert recorder.max_running == 1

@@ -39,7 +39,7 @@ from tests.conformance.jobs_support import (
     recording_pipeline,
     usage,
 )
-from tests.support import InProcess, cli, eventually
+from tests.support import StartApp, cli, eventually
 
 
 async def stats(settings: Settings) -> dict[str, Any]:
@@ -69,81 +69,78 @@ async def dead_letter_id(pool: asyncpg.Pool, message_id: UUID) -> int:
 
 
 async def test_every_state_and_transition_shows_in_pkgq_stats_and_the_counts_add_up(
-    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+    in_process: StartApp, settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
 ) -> None:
     jobs = Jobs(pool)
     recorder = Recorder()
-    app = InProcess(settings, pool, amqp)
+    app = in_process(settings, pool, amqp)
     route = USAGE_RECORD.name
-    try:
-        # ttl: put while no relay runs, so it is not taken within its TTL.
-        expiring = await jobs.publish(USAGE_RECORD, usage(uuid4(), 1), ttl=0.3)
-        await asyncio.sleep(0.6)
-        pipeline = recording_pipeline(pool, recorder, ttr=1.0)
-        await app.start_consumers([USAGE_RECORD], pipelines={USAGE_RECORD.name: pipeline})
-        await app.start_relay()
-        plain = [(await jobs.publish(USAGE_RECORD, usage(uuid4(), 2))).message_id for _ in "abc"]
-        delayed = await jobs.publish(USAGE_RECORD, usage(uuid4(), 3), delay=3600)
-        buried = await jobs.publish(USAGE_RECORD, usage(uuid4(), BURY))
-        released = await jobs.publish(USAGE_RECORD, usage(uuid4(), RETRY_LATER))
-        hung = await jobs.publish(USAGE_RECORD, usage(uuid4(), HANG_ONCE))
-        dug = await jobs.publish(USAGE_RECORD, usage(uuid4(), BURY_ONCE))
-        # R on a route nobody consumes here: published, ready on the broker.
-        ready = await jobs.publish(QUOTA_ADJUST, AdjustQuota(user_id=uuid4(), item_id=1, delta=1))
+    # ttl: put while no relay runs, so it is not taken within its TTL.
+    expiring = await jobs.publish(USAGE_RECORD, usage(uuid4(), 1), ttl=0.3)
+    await asyncio.sleep(0.6)
+    pipeline = recording_pipeline(pool, recorder, ttr=1.0)
+    await app.start_consumers([USAGE_RECORD], pipelines={USAGE_RECORD.name: pipeline})
+    await app.start_relay()
+    plain = [(await jobs.publish(USAGE_RECORD, usage(uuid4(), 2))).message_id for _ in "abc"]
+    delayed = await jobs.publish(USAGE_RECORD, usage(uuid4(), 3), delay=3600)
+    buried = await jobs.publish(USAGE_RECORD, usage(uuid4(), BURY))
+    released = await jobs.publish(USAGE_RECORD, usage(uuid4(), RETRY_LATER))
+    hung = await jobs.publish(USAGE_RECORD, usage(uuid4(), HANG_ONCE))
+    dug = await jobs.publish(USAGE_RECORD, usage(uuid4(), BURY_ONCE))
+    # R on a route nobody consumes here: published, ready on the broker.
+    ready = await jobs.publish(QUOTA_ADJUST, AdjustQuota(user_id=uuid4(), item_id=1, delta=1))
 
-        async def settled() -> bool:
-            return set(plain) | {hung.message_id} <= set(recorder.applied)
+    async def settled() -> bool:
+        return set(plain) | {hung.message_id} <= set(recorder.applied)
 
-        await eventually(settled, within=30)
-        dig = await cli(settings, "dlq", "dig", str(await dead_letter_id(pool, dug.message_id)))
-        assert dig.returncode == 0, dig.stdout + dig.stderr
+    await eventually(settled, within=30)
+    dig = await cli(settings, "dlq", "dig", str(await dead_letter_id(pool, dug.message_id)))
+    assert dig.returncode == 0, dig.stdout + dig.stderr
 
-        async def dug_applied() -> bool:
-            return dug.message_id in recorder.applied
+    async def dug_applied() -> bool:
+        return dug.message_id in recorder.applied
 
-        await eventually(dug_applied)
-        # The two oldest buried: the expired one (revived without its TTL, it is applied) and
-        # `buried` (its handler buries it again).
-        plow = await cli(settings, "dlq", "plow", "2")
-        assert plow.returncode == 0, plow.stdout + plow.stderr
+    await eventually(dug_applied)
+    # The two oldest buried: the expired one (revived without its TTL, it is applied) and
+    # `buried` (its handler buries it again).
+    plow = await cli(settings, "dlq", "plow", "2")
+    assert plow.returncode == 0, plow.stdout + plow.stderr
 
-        async def plowed() -> bool:
-            return (
-                recorder.started.count(buried.message_id) == 2
-                and expiring.message_id in recorder.applied
-            )
+    async def plowed() -> bool:
+        return (
+            recorder.started.count(buried.message_id) == 2
+            and expiring.message_id in recorder.applied
+        )
 
-        await eventually(plowed)
-        await dead_letter_id(pool, buried.message_id)
+    await eventually(plowed)
+    await dead_letter_id(pool, buried.message_id)
 
-        # T: a message held by its handler is taken (the broker's unacked count). The TTR is
-        # lifted first: the broker's figures take seconds to show it.
-        pipeline.ttr = None
-        taken = await jobs.publish(USAGE_RECORD, usage(uuid4(), BLOCK))
-        seen_taken: dict[str, Any] = {}
+    # T: a message held by its handler is taken (the broker's unacked count). The TTR is
+    # lifted first: the broker's figures take seconds to show it.
+    pipeline.ttr = None
+    taken = await jobs.publish(USAGE_RECORD, usage(uuid4(), BLOCK))
+    seen_taken: dict[str, Any] = {}
 
-        async def shows_taken() -> bool:
-            seen_taken.update(await stats(settings))
-            return bool(seen_taken[route]["taken"] == 1)
+    async def shows_taken() -> bool:
+        seen_taken.update(await stats(settings))
+        return bool(seen_taken[route]["taken"] == 1)
 
-        await eventually(shows_taken, within=40, every=1.0)
-        recorder.gate.set()
+    await eventually(shows_taken, within=40, every=1.0)
+    recorder.gate.set()
 
-        async def taken_done() -> bool:
-            return taken.message_id in recorder.applied
+    async def taken_done() -> bool:
+        return taken.message_id in recorder.applied
 
-        await eventually(taken_done)
-        final: dict[str, Any] = {}
+    await eventually(taken_done)
+    final: dict[str, Any] = {}
 
-        async def quiet() -> bool:
-            final.update(await stats(settings))
-            row = final[route]
-            return bool(row["taken"] == 0 and row["ready"] == 0 and row["done"] == 7)
+    async def quiet() -> bool:
+        final.update(await stats(settings))
+        row = final[route]
+        return bool(row["taken"] == 0 and row["ready"] == 0 and row["done"] == 7)
 
-        await eventually(quiet, within=40, every=1.0)
-    finally:
-        await app.close()
-
+    await eventually(quiet, within=40, every=1.0)
+    await app.close()
     row = final[route]
     moves = row["transitions"]
     assert seen_taken[route]["taken"] == 1
@@ -188,30 +185,28 @@ async def test_every_state_and_transition_shows_in_pkgq_stats_and_the_counts_add
 
 
 async def test_a_message_left_on_the_broker_past_its_ttl_is_recorded_as_expired(
-    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+    in_process: StartApp, settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
 ) -> None:
     """The broker's half of the ttl: published in time, then nobody takes it. RabbitMQ
     dead-letters it (reason expired) and the ingester files it; its waiters hear it failed."""
     jobs = Jobs(pool)
-    app = InProcess(settings, pool, amqp)
-    try:
-        await app.start_consumers([], ingest=True)  # no consumer for usage_record
-        await app.start_relay()
-        put = await jobs.publish(USAGE_RECORD, usage(uuid4(), 1), ttl=1.0, address="unread")
+    app = in_process(settings, pool, amqp)
+    await app.start_consumers([], ingest=True)  # no consumer for usage_record
+    await app.start_relay()
+    put = await jobs.publish(USAGE_RECORD, usage(uuid4(), 1), ttl=1.0, address="unread")
 
-        async def published() -> bool:
-            async with pool.acquire() as conn:
-                return bool(
-                    await conn.fetchval(
-                        "SELECT published_at IS NOT NULL FROM telecom.outbox WHERE message_id = $1",
-                        put.message_id,
-                    )
+    async def published() -> bool:
+        async with pool.acquire() as conn:
+            return bool(
+                await conn.fetchval(
+                    "SELECT published_at IS NOT NULL FROM telecom.outbox WHERE message_id = $1",
+                    put.message_id,
                 )
+            )
 
-        await eventually(published)
-        state = await jobs.wait("unread", timeout=30)
-    finally:
-        await app.close()
+    await eventually(published)
+    state = await jobs.wait("unread", timeout=30)
+    await app.close()
     assert state.state == "failed"
     assert state.error is not None
     assert "expired" in state.error

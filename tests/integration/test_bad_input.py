@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID, uuid4
@@ -16,7 +15,7 @@ from events.envelope import H_SCHEMA_VERSION
 from events.models import RecordUsage
 from events.routes import PACKAGE_CANCEL, PACKAGE_PURCHASE, USAGE_RECORD, Route
 from infra.settings import Settings
-from tests.support import InProcess, add_package, eventually, send, send_raw
+from tests.support import InProcess, StartApp, add_package, eventually, send, send_raw
 
 LIMIT = 4096
 
@@ -86,12 +85,11 @@ async def small_limit(settings: Settings) -> Settings:
 
 @pytest.fixture
 async def running(
-    small_limit: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
-) -> AsyncIterator[InProcess]:
-    app = InProcess(small_limit, pool, amqp)
+    in_process: StartApp, small_limit: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> InProcess:
+    app = in_process(small_limit, pool, amqp)
     await app.start_consumers()
-    yield app
-    await app.close()
+    return app
 
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())

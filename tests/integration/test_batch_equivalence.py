@@ -98,7 +98,8 @@ ROWS = {
     "WHERE user_id = $1 ORDER BY id",
 }
 """A user's rows compared as they are, in order."""
-TIMESTAMPS = {"pushed_at", "activated_at", "expired_at", "due_at"}
+TIMESTAMPS = {"pushed_at", "activated_at", "expired_at", "due_at", "cancelled_at"}
+"""Clock times in message bodies: the two runs apply at different moments."""
 
 
 @dataclass(frozen=True)

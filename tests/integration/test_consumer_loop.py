@@ -21,7 +21,7 @@ from infra.rabbit.publisher import Publisher
 from infra.rabbit.route_consumer import route_consumer
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
-from tests.support import eventually, send
+from tests.support import StartApp, eventually, send
 
 
 def close_connection_named(name: str) -> None:
@@ -161,18 +161,17 @@ async def test_a_bug_in_the_failure_path_itself_sends_a_confirmed_copy_to_the_dl
 
 
 async def test_each_message_of_a_batch_logs_one_line_with_its_ids_outcome_and_own_time(
-    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+    in_process: StartApp, settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
 ) -> None:
     from structlog.testing import capture_logs
 
     from consumers.publishing import publish
     from infra.tracing import configure_tracing
-    from tests.support import InProcess
 
     configure_tracing("test")  # what every pkgq process does at start
     user = uuid4()
     trace = uuid4().hex
-    app = InProcess(settings, pool, amqp)
+    app = in_process(settings, pool, amqp)
     with capture_logs() as logs:
         for upload in (1, 2, 3):
             await publish(
@@ -187,14 +186,12 @@ async def test_each_message_of_a_batch_logs_one_line_with_its_ids_outcome_and_ow
             settings, amqp, USAGE_RECORD, RecordUsage(user_id=untraced, upload=1, download=0)
         )
         await app.start_consumers([USAGE_RECORD])
-        try:
 
-            async def four_logged() -> bool:
-                return sum(1 for e in logs if e["event"] == "processed") == 4
+        async def four_logged() -> bool:
+            return sum(1 for e in logs if e["event"] == "processed") == 4
 
-            await eventually(four_logged)
-        finally:
-            await app.close()
+        await eventually(four_logged)
+        await app.close()
     (started,) = [e for e in logs if e["event"] == "processed" and e["user_id"] == str(untraced)]
     assert re.fullmatch(r"[0-9a-f]{32}", started["trace_id"])
     assert started["trace_id"] != trace

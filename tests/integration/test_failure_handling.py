@@ -1,5 +1,6 @@
 """The failure path against real Postgres and RabbitMQ: retries with backoff, the dead-letter
-store, replay with dig/plow/replay, and per-user order that survives a failure.
+store (what pkgq buries, what the broker dead-letters, the last-resort copy), and per-user order
+that survives a failure. Replays: test_dead_letter_replay.py.
 
 The retry policy is injected (short, fixed delays), so no test waits for seed 003's minutes.
 Operator commands run as real `pkgq dlq …` processes.
@@ -8,127 +9,29 @@ Operator commands run as real `pkgq dlq …` processes.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
-from typing import Any
-from uuid import UUID, uuid4
+from uuid import uuid4
 
 import aio_pika
 import asyncpg
-import pytest
 from aio_pika.abc import AbstractRobustConnection
 
-from consumers.delivery import DeliveryPipeline
-from consumers.handlers import usage_record
 from consumers.retry_policy import RetryPolicy
 from consumers.unit_of_work import HandlerContext
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
-from infra.postgres import replay
 from infra.rabbit.publisher import Publisher, build_message
 from infra.settings import Settings
-from tests.support import InProcess, cli, eventually, send
-
-Applied = list[tuple[UUID, int]]
-
-
-class BillingRefusedError(Exception):
-    pass
-
-
-def usage_pipeline(
-    pool: asyncpg.Pool,
-    policy: RetryPolicy,
-    fails: Callable[[HandlerContext, RecordUsage], bool],
-) -> tuple[DeliveryPipeline, Applied]:
-    """The usage_record route with a handler that fails when `fails` says so, and a log of the
-    (user, upload) of every application that went through the real handler."""
-    applied: Applied = []
-
-    async def handler(ctx: HandlerContext, body: RecordUsage) -> None:
-        if fails(ctx, body):
-            refuse_billing(body.upload)
-        await usage_record.handle(ctx, body)
-        applied.append((body.user_id, body.upload))
-
-    return DeliveryPipeline(pool, USAGE_RECORD, handler, policy, max_body_bytes=2**20), applied
-
-
-def refuse_billing(upload: int) -> None:
-    raise BillingRefusedError(f"rating plan for upload {upload} is missing")
-
-
-@pytest.fixture
-def fast(settings: Settings) -> Settings:
-    return settings.model_copy(update={"release_poll_interval": 0.2})
-
-
-@pytest.fixture
-async def app(
-    fast: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
-) -> AsyncIterator[InProcess]:
-    app = InProcess(fast, pool, amqp)
-    await app.start_relay()
-    yield app
-    await app.close()
-
-
-async def usage(settings: Settings, amqp: AbstractRobustConnection, user: UUID, up: int) -> UUID:
-    return await send(
-        settings, amqp, USAGE_RECORD, RecordUsage(user_id=user, upload=up, download=0)
-    )
-
-
-async def fetch(pool: asyncpg.Pool, sql: str, *args: Any) -> list[dict[str, Any]]:
-    async with pool.acquire() as conn:
-        return [dict(r) for r in await conn.fetch(sql, *args)]
-
-
-async def dead_letter_of(pool: asyncpg.Pool, message_id: UUID) -> dict[str, Any]:
-    async def stored() -> bool:
-        return bool(await rows_of(pool, message_id))
-
-    await eventually(stored, within=15)
-    (row,) = await rows_of(pool, message_id)
-    return row
-
-
-async def billed(pool: asyncpg.Pool, user: UUID, upload: int) -> None:
-    """Wait until the user's committed unbilled upload is `upload` (the handler's log of what
-    it applied is written before its transaction commits)."""
-
-    async def committed() -> bool:
-        rows = await fetch(
-            pool, "SELECT unbilled_upload FROM telecom.queue_users WHERE user_id = $1", user
-        )
-        return bool(rows) and rows[0]["unbilled_upload"] == upload
-
-    await eventually(committed, within=20)
-
-
-async def no_holds_left(pool: asyncpg.Pool) -> None:
-    """The hold is dropped in the transaction after the last parked message is applied."""
-
-    async def none() -> bool:
-        return await fetch(pool, "SELECT * FROM telecom.holds") == []
-
-    await eventually(none, within=10)
-
-
-async def rows_of(pool: asyncpg.Pool, message_id: UUID) -> list[dict[str, Any]]:
-    return await fetch(
-        pool,
-        "SELECT *, status::text AS status FROM telecom.dead_letters WHERE message_id = $1",
-        str(message_id),
-    )
-
-
-def until(condition: Callable[[], bool]) -> Callable[[], Any]:
-    async def check() -> bool:
-        return condition()
-
-    check.__qualname__ = getattr(condition, "__qualname__", "condition")
-    return check
+from tests.integration.failure_helpers import (
+    billed,
+    dead_letter_of,
+    no_holds_left,
+    rows_of,
+    until,
+    usage,
+    usage_pipeline,
+)
+from tests.support import InProcess, cli, eventually, fetch
 
 
 async def test_a_handler_that_fails_twice_then_succeeds_is_applied_once_after_retries_at_the_policy_delays(  # noqa: E501
@@ -182,7 +85,7 @@ async def test_a_poison_message_is_buried_after_the_maximum_attempts_with_its_fu
     assert dead["attempts"] == 3
     assert dead["error_type"] == "BillingRefusedError"
     assert dead["error_message"] == "rating plan for upload 3 is missing"
-    assert dead["error_location"].startswith("tests/integration/test_failure_handling.py:")
+    assert dead["error_location"].startswith("tests/integration/failure_helpers.py:")
     assert dead["error_location"].endswith(" in refuse_billing")
     assert "refuse_billing" in dead["traceback"]
     assert "BillingRefusedError: rating plan for upload 3 is missing" in dead["traceback"]
@@ -209,79 +112,6 @@ async def test_a_poison_message_is_buried_after_the_maximum_attempts_with_its_fu
     (group,) = json.loads(grouped.stdout)
     assert (group["count"], group["error_type"]) == (1, "BillingRefusedError")
     assert group["error_location"] == dead["error_location"]
-
-
-async def test_a_fixed_dead_letter_is_replayed_once_by_dig_and_a_second_dig_applies_nothing(
-    fast: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection, app: InProcess
-) -> None:
-    broken = True
-    pipeline, applied = usage_pipeline(pool, RetryPolicy(max_attempts=1), lambda *_: broken)
-    await app.start_consumers([USAGE_RECORD], pipelines={USAGE_RECORD.name: pipeline})
-    user = uuid4()
-    sent = await usage(fast, amqp, user, 5)
-    dead = await dead_letter_of(pool, sent)
-    assert dead["reason"] == "max_attempts"
-
-    broken = False  # the cause is fixed
-    dug = await cli(fast, "dlq", "dig", str(dead["id"]), "--by", "ops-alice")
-    assert dug.returncode == 0, dug.stdout + dug.stderr
-    await eventually(until(lambda: applied == [(user, 5)]))
-    await billed(pool, user, 5)
-    (row,) = await rows_of(pool, sent)
-    assert (row["status"], row["replayed_by"], row["replay_count"]) == ("replayed", "ops-alice", 1)
-
-    again = await cli(fast, "dlq", "dig", str(dead["id"]))
-    assert again.returncode == 1
-    assert "replayed" in again.stdout
-    forced = await cli(fast, "dlq", "dig", str(dead["id"]), "--force")
-    assert forced.returncode == 0, forced.stdout + forced.stderr
-
-    async def second_replay_published() -> bool:
-        rows = await fetch(
-            pool,
-            "SELECT 1 FROM telecom.outbox WHERE dedup_key = $1 AND published_at IS NOT NULL",
-            f"replay:{dead['id']}:1",
-        )
-        return bool(rows)
-
-    await eventually(second_replay_published)
-    await usage(fast, amqp, user, 1)  # queued behind the second replay on the same route
-    await eventually(until(lambda: len(applied) == 2))
-    assert applied == [(user, 5), (user, 1)]  # the second replay applied nothing
-    await billed(pool, user, 6)
-
-
-async def test_an_interrupted_bulk_replay_run_again_finishes_without_duplicates(
-    fast: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection, app: InProcess
-) -> None:
-    broken = True
-    pipeline, applied = usage_pipeline(pool, RetryPolicy(max_attempts=1), lambda *_: broken)
-    await app.start_consumers([USAGE_RECORD], pipelines={USAGE_RECORD.name: pipeline})
-    users = [uuid4() for _ in range(5)]
-    sent = [await usage(fast, amqp, u, i + 1) for i, u in enumerate(users)]
-    ids = [(await dead_letter_of(pool, m))["id"] for m in sent]
-
-    dry = await cli(fast, "dlq", "replay", "--dry-run", "--json")
-    assert dry.returncode == 0, dry.stderr
-    assert sorted(r["id"] for r in json.loads(dry.stdout)) == sorted(ids)
-    assert applied == []  # a dry run sends nothing
-
-    broken = False
-    # The first batch of a replay that was then killed: committed, marked, nothing more.
-    async with pool.acquire() as conn, conn.transaction():
-        first = await replay.replay(conn, ids[:2], "interrupted-run")
-    assert [r.replayed for r in first] == [True, True]
-
-    rerun = await cli(fast, "dlq", "replay", "--json")
-    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    assert json.loads(rerun.stdout)["replayed"] == 3  # only what the first run had not done
-    await eventually(until(lambda: len(applied) == 5))
-    assert sorted(applied) == sorted((u, i + 1) for i, u in enumerate(users))
-
-    third = await cli(fast, "dlq", "replay", "--json")
-    assert json.loads(third.stdout)["replayed"] == 0
-    replays = await fetch(pool, "SELECT 1 FROM telecom.outbox WHERE dedup_key LIKE 'replay:%'")
-    assert len(replays) == 5
 
 
 async def test_a_users_later_messages_wait_behind_a_buried_one_and_follow_it_in_order_after_dig(
@@ -458,70 +288,3 @@ async def test_a_last_resort_copy_on_the_dead_letter_exchange_is_filed_with_its_
         USAGE_RECORD.name,
     )
     assert (dead["error_type"], dead["error_message"]) == ("KeyError", "'plan'")
-
-
-async def test_plow_replays_the_n_oldest_buried_dead_letters_and_leaves_the_rest(
-    fast: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection, app: InProcess
-) -> None:
-    broken = True
-    pipeline, applied = usage_pipeline(pool, RetryPolicy(max_attempts=1), lambda *_: broken)
-    await app.start_consumers([USAGE_RECORD], pipelines={USAGE_RECORD.name: pipeline})
-    users = [uuid4() for _ in range(3)]
-    sent = []
-    for i, user in enumerate(users):  # one at a time, so their failure times are in this order
-        sent.append(await usage(fast, amqp, user, i + 1))
-        await dead_letter_of(pool, sent[-1])
-
-    broken = False
-    plowed = await cli(fast, "dlq", "plow", "2", "--json")
-    assert plowed.returncode == 0, plowed.stdout + plowed.stderr
-    assert json.loads(plowed.stdout)["replayed"] == 2
-    await eventually(until(lambda: len(applied) == 2))
-    assert sorted(applied) == sorted([(users[0], 1), (users[1], 2)])
-    statuses = [(await rows_of(pool, m))[0]["status"] for m in sent]
-    assert statuses == ["replayed", "replayed", "buried"]
-
-
-async def test_a_replay_that_fails_again_gets_retries_of_its_own_and_is_buried_again(
-    fast: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection, app: InProcess
-) -> None:
-    broken = True
-    seen: list[tuple[int, object]] = []
-
-    def fails(ctx: HandlerContext, _: RecordUsage) -> bool:
-        seen.append((ctx.envelope.attempt, None))
-        return broken
-
-    policy = RetryPolicy(max_attempts=2, backoff=lambda _: 0.1)
-    pipeline, applied = usage_pipeline(pool, policy, fails)
-    await app.start_consumers([USAGE_RECORD], pipelines={USAGE_RECORD.name: pipeline})
-    user = uuid4()
-    sent = await usage(fast, amqp, user, 4)
-    parked = await usage(fast, amqp, user, 5)
-    dead = await dead_letter_of(pool, sent)
-    assert dead["attempts"] == 2
-
-    replayed = await cli(fast, "dlq", "dig", str(dead["id"]))  # too early: still broken
-    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
-
-    async def buried_again() -> bool:
-        (row,) = await rows_of(pool, sent)
-        return bool(row["status"] == "buried" and row["replay_count"] == 1)
-
-    await eventually(buried_again, within=20)
-    assert [a for a, _ in seen] == [1, 2, 1, 2]  # the replay had its own two attempts
-    holds = await fetch(pool, "SELECT state, blocker FROM telecom.holds WHERE user_id = $1", user)
-    assert [(h["state"], h["blocker"]) for h in holds] == [("buried", sent)]
-    listed = await cli(fast, "dlq", "list", "--json")
-    assert [(r["message_id"], r["held_back"]) for r in json.loads(listed.stdout)] == [
-        (str(sent), 1)
-    ]
-
-    broken = False
-    again = await cli(fast, "dlq", "dig", str(dead["id"]))
-    assert again.returncode == 0, again.stdout + again.stderr
-    await eventually(until(lambda: applied == [(user, 4), (user, 5)]))
-    await billed(pool, user, 9)
-    assert parked not in {
-        r["message_id"] for r in await fetch(pool, "SELECT * FROM telecom.parked")
-    }

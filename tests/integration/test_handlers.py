@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
 from uuid import UUID, uuid4
@@ -37,7 +36,7 @@ from infra.outbox.sweep import sweep_overdue_expiries
 from infra.postgres import access
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
-from tests.support import InProcess, add_package, eventually, send, send_raw
+from tests.support import InProcess, StartApp, add_package, eventually, send, send_raw
 
 
 @dataclass
@@ -75,13 +74,14 @@ class World:
 
 @pytest.fixture
 async def w(
-    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection, tap: Tap
-) -> AsyncIterator[World]:
-    app = InProcess(settings, pool, amqp)
-    await app.start_consumers()
-    await app.start_relay()
-    yield World(settings, pool, amqp, tap)
-    await app.close()
+    running_app: InProcess,
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    tap: Tap,
+) -> World:
+    """The test's services, with every consumer and the relay running (`running_app`)."""
+    return World(settings, pool, amqp, tap)
 
 
 async def test_purchase_activates_the_first_item_and_grants_access(w: World) -> None:
@@ -290,29 +290,31 @@ async def test_sweep_resends_a_lost_time_expiry_and_the_item_expires(w: World) -
 
 
 async def test_usage_after_expire_at_expires_the_item_by_time_once_and_bills_the_next(
-    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection, tap: Tap
+    in_process: StartApp,
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    tap: Tap,
 ) -> None:
     """The timer is late (its consumer is down): usage must not land on the expired item, and
     when the timer finally arrives it must not announce a second expiry."""
     w = World(settings, pool, amqp, tap)
-    app = InProcess(settings, pool, amqp)
+    app = in_process(settings, pool, amqp)
     await app.start_consumers([r for r in ROUTES.values() if r is not EXPIRY_DUE])
     await app.start_relay()
-    try:
-        package = await add_package(pool, 1000, timedelta(seconds=1))
-        user = uuid4()
-        await w.send(PACKAGE_PURCHASE, PurchasePackage(user_id=user, package_id=package, amount=2))
-        await w.tap.wait_for(lambda _: w.lifecycle(user) == ["package_activate"], within=10)
-        first = w.tap.on(PACKAGE_ACTIVATE.name)[0].json()["item_id"]
-        await w.tap.wait_for(lambda seen: any(t.routing_key == EXPIRY_DUE.name for t in seen), 10)
-        await w.send(USAGE_RECORD, RecordUsage(user_id=user, upload=10, download=20))
-        await w.tap.wait_for(lambda _: w.lifecycle(user).count("package_activate") == 2, 10)
-        late = InProcess(settings, pool, amqp)
-        await late.start_consumers([EXPIRY_DUE])  # the late timer is delivered now
-        await asyncio.sleep(1.0)
-        await late.close()
-    finally:
-        await app.close()
+    package = await add_package(pool, 1000, timedelta(seconds=1))
+    user = uuid4()
+    await w.send(PACKAGE_PURCHASE, PurchasePackage(user_id=user, package_id=package, amount=2))
+    await w.tap.wait_for(lambda _: w.lifecycle(user) == ["package_activate"], within=10)
+    first = w.tap.on(PACKAGE_ACTIVATE.name)[0].json()["item_id"]
+    await w.tap.wait_for(lambda seen: any(t.routing_key == EXPIRY_DUE.name for t in seen), 10)
+    await w.send(USAGE_RECORD, RecordUsage(user_id=user, upload=10, download=20))
+    await w.tap.wait_for(lambda _: w.lifecycle(user).count("package_activate") == 2, 10)
+    late = in_process(settings, pool, amqp)
+    await late.start_consumers([EXPIRY_DUE])  # the late timer is delivered now
+    await asyncio.sleep(1.0)
+    await late.close()
+    await app.close()
     assert w.lifecycle(user)[:3] == ["package_activate", "package_expiring", "package_activate"]
     first_expiry = [t.json() for t in w.tap.on(PACKAGE_EXPIRING.name)]
     first_expiry = [e for e in first_expiry if e["item_id"] == first]

@@ -9,7 +9,6 @@ message is filed or applied, every consumer keeps consuming, and no stored body 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
@@ -44,7 +43,7 @@ from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.postgres import dead_letters, outbox, replay
 from infra.settings import Settings
-from tests.support import InProcess, cli, eventually, send_raw
+from tests.support import InProcess, cli, eventually, fetch, send_raw
 
 HUGE = "h" * (100 * 1024)
 
@@ -94,21 +93,6 @@ def hostile_variants(*, inbound: bool = True) -> list[dict[str, Any]]:
         {**forged_dead, H_DEAD_TRACEBACK: HUGE},
         *([CRASHES_RABBITMQ_3_10] if inbound else []),
     ]
-
-
-@pytest.fixture
-async def app(
-    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
-) -> AsyncIterator[InProcess]:
-    app = InProcess(settings.model_copy(update={"release_poll_interval": 0.2}), pool, amqp)
-    await app.start_relay()
-    yield app
-    await app.close()
-
-
-async def fetch(pool: asyncpg.Pool, sql: str, *args: Any) -> list[dict[str, Any]]:
-    async with pool.acquire() as conn:
-        return [dict(r) for r in await conn.fetch(sql, *args)]
 
 
 async def stored_bodies(pool: asyncpg.Pool) -> dict[int, bytes]:

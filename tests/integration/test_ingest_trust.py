@@ -15,7 +15,7 @@ from consumers import ingest
 from events.decoding import RawDelivery
 from events.envelope import CONTENT_TYPE, H_ADDRESS, H_DEAD_ERROR, H_DEAD_REASON
 from events.routes import USAGE_RECORD
-from infra.postgres import job_state
+from infra.postgres import addresses
 from infra.rabbit.outcomes import Outcome, Result
 
 PKGQ = "pkgq-runtime"
@@ -43,13 +43,13 @@ async def test_a_dead_letter_copy_from_another_publisher_is_untrusted_and_fails_
 ) -> None:
     message_id, address = uuid4(), f"order-{uuid4().hex[:8]}"
     async with pool.acquire() as conn:
-        assert await job_state.take_address(conn, address, USAGE_RECORD.name, message_id) is None
+        assert await addresses.take_address(conn, address, USAGE_RECORD.name, message_id) is None
     ingester = ingest.make_ingester(pool, trusted_publisher=PKGQ)
 
     forged = copy("mallory", str(message_id), address)
     assert await ingester([forged]) == [Result(Outcome.DEAD_LETTERED)]
     async with pool.acquire() as conn:
-        state = await job_state.address_state(conn, address)
+        state = await addresses.address_state(conn, address)
         filed = await conn.fetch("SELECT reason, source FROM telecom.dead_letters")
     assert state is not None
     assert state.state == "queued"
@@ -58,7 +58,7 @@ async def test_a_dead_letter_copy_from_another_publisher_is_untrusted_and_fails_
     genuine = copy(PKGQ, str(message_id), address)
     assert await ingester([genuine]) == [Result(Outcome.DEAD_LETTERED)]
     async with pool.acquire() as conn:
-        state = await job_state.address_state(conn, address)
+        state = await addresses.address_state(conn, address)
         reasons = {r["reason"] for r in await conn.fetch("SELECT reason FROM telecom.dead_letters")}
     assert state is not None
     assert state.state == "failed"
@@ -88,14 +88,14 @@ async def test_an_outsiders_broker_dead_letter_is_filed_but_fails_no_address_it_
 ) -> None:
     message_id, address = uuid4(), f"order-{uuid4().hex[:8]}"
     async with pool.acquire() as conn:
-        assert await job_state.take_address(conn, address, USAGE_RECORD.name, message_id) is None
+        assert await addresses.take_address(conn, address, USAGE_RECORD.name, message_id) is None
     ingester = ingest.make_ingester(pool, trusted_publisher=PKGQ)
 
     for outsider in ("mallory", None):  # a user_id of its own, or none at all
         forged = broker_dead_letter(outsider, str(message_id), address)
         assert await ingester([forged]) == [Result(Outcome.DEAD_LETTERED)]
     async with pool.acquire() as conn:
-        state = await job_state.address_state(conn, address)
+        state = await addresses.address_state(conn, address)
         filed = await conn.fetch("SELECT reason, source FROM telecom.dead_letters")
     assert state is not None
     assert state.state == "queued"  # the outsider's x-pkgq-address is data, not authority
@@ -104,6 +104,6 @@ async def test_an_outsiders_broker_dead_letter_is_filed_but_fails_no_address_it_
     genuine = broker_dead_letter(PKGQ, str(message_id), address)
     assert await ingester([genuine]) == [Result(Outcome.DEAD_LETTERED)]
     async with pool.acquire() as conn:
-        state = await job_state.address_state(conn, address)
+        state = await addresses.address_state(conn, address)
     assert state is not None
     assert state.state == "failed"

@@ -3,7 +3,6 @@ TTLs that run out while a message waits, revived messages, paused routes."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -26,17 +25,7 @@ from tests.conformance.jobs_support import (
     recording_pipeline,
     usage,
 )
-from tests.support import InProcess, eventually
-
-
-@pytest.fixture
-def fast(settings: Settings) -> Settings:
-    return settings.model_copy(update={"release_poll_interval": 0.2})
-
-
-async def fetch(pool: asyncpg.Pool, sql: str, *args: Any) -> list[dict[str, Any]]:
-    async with pool.acquire() as conn:
-        return [dict(r) for r in await conn.fetch(sql, *args)]
+from tests.support import InProcess, StartApp, eventually, fetch
 
 
 async def hold_of(pool: asyncpg.Pool, user: UUID) -> list[dict[str, Any]]:
@@ -52,17 +41,16 @@ async def reason_of(pool: asyncpg.Pool, message_id: UUID) -> str | None:
 
 @pytest.fixture
 async def running(
-    fast: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
-) -> AsyncIterator[tuple[InProcess, Recorder]]:
+    in_process: StartApp, fast: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> tuple[InProcess, Recorder]:
     recorder = Recorder()
-    app = InProcess(fast, pool, amqp)
+    app = in_process(fast, pool, amqp)
     await app.start_consumers(
         [USAGE_RECORD],
         pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder, retry_after=3600)},
     )
     await app.start_relay()
-    yield app, recorder
-    await app.close()
+    return app, recorder
 
 
 async def test_cancelling_a_group_frees_the_user_held_behind_a_member_waiting_for_its_retry(
@@ -98,7 +86,7 @@ async def test_cancelling_a_group_frees_the_user_held_behind_a_member_waiting_fo
 
 
 async def test_an_expired_retry_frees_its_user_instead_of_holding_it_for_ever(
-    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+    in_process: StartApp, settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
 ) -> None:
     user, blocker = uuid4(), uuid4()
     async with pool.acquire() as conn, conn.transaction():
@@ -129,17 +117,15 @@ async def test_an_expired_retry_frees_its_user_instead_of_holding_it_for_ever(
             "WHERE message_id = $1",
             blocker,
         )
-    app = InProcess(settings, pool, amqp)
+    app = in_process(settings, pool, amqp)
     relay = await app.start_relay()
-    try:
 
-        async def released() -> bool:
-            holds = await hold_of(pool, user)
-            return holds == [{"blocker": None, "state": "releasing"}]
+    async def released() -> bool:
+        holds = await hold_of(pool, user)
+        return holds == [{"blocker": None, "state": "releasing"}]
 
-        await eventually(released)
-    finally:
-        await app.close()
+    await eventually(released)
+    await app.close()
     assert relay.published == 0
     assert await reason_of(pool, blocker) == "expired"
 
@@ -162,33 +148,31 @@ async def test_a_retry_that_would_come_after_the_ttl_is_buried_as_expired_at_onc
 
 
 async def test_a_parked_message_whose_ttl_runs_out_is_buried_as_expired_when_released(
-    fast: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+    in_process: StartApp, fast: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
 ) -> None:
     recorder = Recorder()
-    app = InProcess(fast, pool, amqp)
+    app = in_process(fast, pool, amqp)
     jobs = Jobs(pool)
     user = uuid4()
-    try:
-        await app.start_consumers(
-            [USAGE_RECORD],
-            pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder, retry_after=1.5)},
-        )
-        await app.start_relay()
-        first = await jobs.publish(USAGE_RECORD, usage(user, FAIL_FIRST))
+    await app.start_consumers(
+        [USAGE_RECORD],
+        pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder, retry_after=1.5)},
+    )
+    await app.start_relay()
+    first = await jobs.publish(USAGE_RECORD, usage(user, FAIL_FIRST))
 
-        async def held() -> bool:
-            return len(await hold_of(pool, user)) == 1
+    async def held() -> bool:
+        return len(await hold_of(pool, user)) == 1
 
-        await eventually(held)
-        short = await jobs.publish(USAGE_RECORD, usage(user, 8), ttl=1.0, address="short")
+    await eventually(held)
+    short = await jobs.publish(USAGE_RECORD, usage(user, 8), ttl=1.0, address="short")
 
-        async def all_done() -> bool:
-            return first.message_id in recorder.applied and await hold_of(pool, user) == []
+    async def all_done() -> bool:
+        return first.message_id in recorder.applied and await hold_of(pool, user) == []
 
-        await eventually(all_done)
-        state = await jobs.wait("short", timeout=5)
-    finally:
-        await app.close()
+    await eventually(all_done)
+    state = await jobs.wait("short", timeout=5)
+    await app.close()
     assert short.message_id not in recorder.applied
     assert await reason_of(pool, short.message_id) == "expired"
     assert state.state == "failed"
@@ -225,19 +209,17 @@ async def test_reviving_a_dead_letter_clears_its_ttr_strikes(pool: asyncpg.Pool)
 
 
 async def test_a_paused_routes_messages_still_expire_when_their_ttl_runs_out(
-    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+    in_process: StartApp, settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
 ) -> None:
     jobs = Jobs(pool)
     async with pool.acquire() as conn:
         await outbox.pause_route(conn, USAGE_RECORD.name, "test")
     put = await jobs.publish(USAGE_RECORD, usage(uuid4(), 1), ttl=0.5, address="paused")
     kept = await jobs.publish(USAGE_RECORD, usage(uuid4(), 2))
-    app = InProcess(settings, pool, amqp)
+    app = in_process(settings, pool, amqp)
     await app.start_relay()
-    try:
-        state = await jobs.wait("paused", timeout=15)
-    finally:
-        await app.close()
+    state = await jobs.wait("paused", timeout=15)
+    await app.close()
     assert state.state == "failed"
     assert await reason_of(pool, put.message_id) == "expired"
     pending = await fetch(pool, "SELECT message_id FROM telecom.outbox WHERE published_at IS NULL")
@@ -245,7 +227,11 @@ async def test_a_paused_routes_messages_still_expire_when_their_ttl_runs_out(
 
 
 async def test_duplicate_deliveries_of_group_members_and_addressed_messages_count_once(
-    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection, tap: Tap
+    in_process: StartApp,
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    tap: Tap,
 ) -> None:
     """A relay re-publish or a redelivery after a crash brings a second copy: the inbox drops
     it, so a group still completes once with its true counts, and an address stays done."""
@@ -280,32 +266,30 @@ async def test_duplicate_deliveries_of_group_members_and_addressed_messages_coun
     finally:
         await publisher.close()
     recorder = Recorder()
-    app = InProcess(settings, pool, amqp)
-    try:
-        await app.start_consumers(
-            [USAGE_RECORD], pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder)}
+    app = in_process(settings, pool, amqp)
+    await app.start_consumers(
+        [USAGE_RECORD], pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder)}
+    )
+    await app.start_relay()
+
+    async def completed_and_sent() -> bool:
+        summary = await jobs.group(group.group_id)
+        return bool(summary and summary["state"] == "completed" and tap.on(QUOTA_ADJUST.name))
+
+    await eventually(completed_and_sent)
+    state = await jobs.wait("dup", timeout=10)
+
+    async def copies_taken() -> bool:  # both copies of each were delivered
+        rows = await fetch(
+            pool,
+            "SELECT sum(count) AS n FROM telecom.transition_counts "
+            "WHERE route = $1 AND transition = 'take'",
+            USAGE_RECORD.name,
         )
-        await app.start_relay()
+        return int(rows[0]["n"] or 0) == 5
 
-        async def completed_and_sent() -> bool:
-            summary = await jobs.group(group.group_id)
-            return bool(summary and summary["state"] == "completed" and tap.on(QUOTA_ADJUST.name))
-
-        await eventually(completed_and_sent)
-        state = await jobs.wait("dup", timeout=10)
-
-        async def copies_taken() -> bool:  # both copies of each were delivered
-            rows = await fetch(
-                pool,
-                "SELECT sum(count) AS n FROM telecom.transition_counts "
-                "WHERE route = $1 AND transition = 'take'",
-                USAGE_RECORD.name,
-            )
-            return int(rows[0]["n"] or 0) == 5
-
-        await eventually(copies_taken)
-    finally:
-        await app.close()
+    await eventually(copies_taken)
+    await app.close()
     summary = await jobs.group(group.group_id)
     assert summary is not None
     assert (summary["total"], summary["done"], summary["failed"]) == (2, 2, 0)

@@ -22,7 +22,7 @@ from infra.rabbit.roles import RoleUsers
 from infra.rabbit.topology import TopologyMissingError, declare_all, definitions, route_queues
 from infra.settings import Settings
 from tests.broker_users import rabbitmqctl, unique_role_users, url_for
-from tests.support import InProcess, add_package, cli, eventually, send
+from tests.support import StartApp, add_package, cli, eventually, send
 
 COMMITTED = Path(__file__).resolve().parents[2] / "deploy" / "rabbitmq" / "definitions.json"
 
@@ -61,7 +61,7 @@ async def test_a_broker_provisioned_from_the_definitions_accepts_every_process_d
 
 
 async def test_the_runtime_user_runs_pkgq_without_configure_permission_on_a_provisioned_broker(
-    settings: Settings, pool: asyncpg.Pool
+    in_process: StartApp, settings: Settings, pool: asyncpg.Pool
 ) -> None:
     parted = settings.model_copy(
         update={"queue_prefix": settings.queue_prefix + ".prov", "partitions": {}}
@@ -84,27 +84,25 @@ async def test_the_runtime_user_runs_pkgq_without_configure_permission_on_a_prov
             # Declaring is configuring: refused to the runtime user, so pkgq must not do it.
             with pytest.raises(ChannelAccessRefused):
                 await declare_all(await connection.channel(), parted)
-            app = InProcess(runtime, pool, connection)
+            app = in_process(runtime, pool, connection)
             await app.start_consumers()
             await app.start_relay()
-            try:
-                package = await add_package(pool, 1000)
-                user = uuid4()
-                await send(
-                    runtime,
-                    connection,
-                    PACKAGE_PURCHASE,
-                    PurchasePackage(user_id=user, package_id=package),
-                )
+            package = await add_package(pool, 1000)
+            user = uuid4()
+            await send(
+                runtime,
+                connection,
+                PACKAGE_PURCHASE,
+                PurchasePackage(user_id=user, package_id=package),
+            )
 
-                async def granted() -> bool:
-                    async with pool.acquire() as conn:
-                        row = await access.get_access(conn, user)
-                    return row is not None and bool(row["granted"])
+            async def granted() -> bool:
+                async with pool.acquire() as conn:
+                    row = await access.get_access(conn, user)
+                return row is not None and bool(row["granted"])
 
-                await eventually(granted)  # purchase, queuing and activate, as the runtime user
-            finally:
-                await app.close()
+            await eventually(granted)  # purchase, queuing and activate, as the runtime user
+            await app.close()
         finally:
             await connection.close()
     finally:

@@ -21,7 +21,7 @@ from infra.postgres.pool import create_pool
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
 from tests import pg_roles
-from tests.support import InProcess, add_package, eventually, send
+from tests.support import StartApp, add_package, eventually, send
 
 
 def runtime_dsn(settings: Settings) -> str:
@@ -189,6 +189,7 @@ def _unacked(queue: str) -> int:
 
 
 async def test_a_revoked_grant_makes_the_route_wait_and_log_an_error_and_buries_nothing(
+    in_process: StartApp,
     settings: Settings,
     pool: asyncpg.Pool,
     runtime_pool: asyncpg.Pool,
@@ -198,48 +199,46 @@ async def test_a_revoked_grant_makes_the_route_wait_and_log_an_error_and_buries_
     package_id = await add_package(pool, 1024)
     revoke = f"REVOKE INSERT, UPDATE ON telecom.package_queue FROM {pg_roles.RUNTIME}"
     await pool.execute(revoke)
-    app = InProcess(settings, runtime_pool, amqp)
+    app = in_process(settings, runtime_pool, amqp)
     user = uuid4()
-    try:
-        with structlog.testing.capture_logs() as logs:
-            await app.start_consumers([PACKAGE_PURCHASE])
-            await send(
-                settings,
-                amqp,
-                PACKAGE_PURCHASE,
-                PurchasePackage(user_id=user, package_id=package_id, amount=2),
-            )
+    with structlog.testing.capture_logs() as logs:
+        await app.start_consumers([PACKAGE_PURCHASE])
+        await send(
+            settings,
+            amqp,
+            PACKAGE_PURCHASE,
+            PurchasePackage(user_id=user, package_id=package_id, amount=2),
+        )
 
-            async def waited_twice_loudly() -> bool:
-                return (
-                    len(
-                        [
-                            e
-                            for e in logs
-                            if e["event"] == "infrastructure_unavailable"
-                            and e["log_level"] == "error"
-                            and "InsufficientPrivilegeError" in e["error"]
-                        ]
-                    )
-                    >= 2
+        async def waited_twice_loudly() -> bool:
+            return (
+                len(
+                    [
+                        e
+                        for e in logs
+                        if e["event"] == "infrastructure_unavailable"
+                        and e["log_level"] == "error"
+                        and "InsufficientPrivilegeError" in e["error"]
+                    ]
                 )
-
-            await eventually(waited_twice_loudly, within=30)
-        assert await pool.fetchval("SELECT count(*) FROM telecom.dead_letters") == 0
-        assert await pool.fetchval("SELECT count(*) FROM telecom.inbox") == 0
-        assert [t for t in tap.seen if t.exchange == settings.dlx] == []
-        queue = settings.queue_name(PACKAGE_PURCHASE.name)
-        assert _unacked(queue) == 1  # in hand, neither acked nor given up
-
-        await pool.execute(f"GRANT INSERT, UPDATE ON telecom.package_queue TO {pg_roles.RUNTIME}")
-
-        async def applied() -> bool:
-            count = await pool.fetchval(
-                "SELECT count(*) FROM telecom.package_queue WHERE user_id = $1", user
+                >= 2
             )
-            return bool(count == 2)
 
-        await eventually(applied, within=60)
-    finally:
-        await app.close()
+        await eventually(waited_twice_loudly, within=30)
+    assert await pool.fetchval("SELECT count(*) FROM telecom.dead_letters") == 0
+    assert await pool.fetchval("SELECT count(*) FROM telecom.inbox") == 0
+    assert [t for t in tap.seen if t.exchange == settings.dlx] == []
+    queue = settings.queue_name(PACKAGE_PURCHASE.name)
+    assert _unacked(queue) == 1  # in hand, neither acked nor given up
+
+    await pool.execute(f"GRANT INSERT, UPDATE ON telecom.package_queue TO {pg_roles.RUNTIME}")
+
+    async def applied() -> bool:
+        count = await pool.fetchval(
+            "SELECT count(*) FROM telecom.package_queue WHERE user_id = $1", user
+        )
+        return bool(count == 2)
+
+    await eventually(applied, within=60)
+    await app.close()
     assert await pool.fetchval("SELECT count(*) FROM telecom.dead_letters") == 0

@@ -14,7 +14,7 @@ from events.routes import USAGE_RECORD
 from infra.observability import StatusServer
 from infra.postgres.pool import create_pool
 from infra.settings import Settings
-from tests.support import InProcess, eventually, free_port, http_get, send, send_raw
+from tests.support import StartApp, eventually, free_port, http_get, send, send_raw
 
 
 async def test_readyz_follows_the_readiness_check_and_turns_not_ready_when_draining() -> None:
@@ -67,12 +67,12 @@ async def test_the_status_port_binds_loopback_unless_a_host_is_configured(
 
 
 async def test_readyz_answers_while_the_consumers_pool_has_no_free_connection(
-    settings: Settings, amqp: AbstractRobustConnection
+    in_process: StartApp, settings: Settings, amqp: AbstractRobustConnection
 ) -> None:
     port = free_port()
     served = settings.model_copy(update={"http_port": port, "http_host": "127.0.0.1"})
     consumers_pool = await create_pool(settings.postgres_dsn, min_size=1, max_size=1)
-    app = InProcess(served, consumers_pool, amqp)
+    app = in_process(served, consumers_pool, amqp)
     try:
         await app.start_consumers([USAGE_RECORD])
 
@@ -88,69 +88,67 @@ async def test_readyz_answers_while_the_consumers_pool_has_no_free_connection(
 
 
 async def test_a_consumer_process_reports_messages_by_outcome_and_job_states_and_transitions(
-    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+    in_process: StartApp, settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
 ) -> None:
     port = free_port()
     served = settings.model_copy(
         update={"http_port": port, "http_host": "127.0.0.1", "metrics_refresh_interval": 0.2}
     )
-    app = InProcess(served, pool, amqp)
+    app = in_process(served, pool, amqp)
     await app.start_consumers([USAGE_RECORD])
-    try:
 
-        async def ready() -> bool:
-            return (await http_get(port, "/readyz"))[0] == 200
+    async def ready() -> bool:
+        return (await http_get(port, "/readyz"))[0] == 200
 
-        await eventually(ready)
-        user = uuid4()
-        before = await acked_usage(port)
-        await send(served, amqp, USAGE_RECORD, RecordUsage(user_id=user, upload=1, download=1))
+    await eventually(ready)
+    user = uuid4()
+    before = await acked_usage(port)
+    await send(served, amqp, USAGE_RECORD, RecordUsage(user_id=user, upload=1, download=1))
 
-        async def counted() -> bool:
-            return await acked_usage(port) == before + 1
+    async def counted() -> bool:
+        return await acked_usage(port) == before + 1
 
-        await eventually(counted)
-        status, metrics = await http_get(port, "/metrics")
-        assert status == 200
-        assert 'pkgq_processing_seconds_count{route="telecom.usage_record"}' in metrics
-        assert str(user) not in metrics  # label values never carry user or message ids
-        assert (await http_get(port, "/healthz"))[0] == 200
+    await eventually(counted)
+    status, metrics = await http_get(port, "/metrics")
+    assert status == 200
+    assert 'pkgq_processing_seconds_count{route="telecom.usage_record"}' in metrics
+    assert str(user) not in metrics  # label values never carry user or message ids
+    assert (await http_get(port, "/healthz"))[0] == 200
 
-        # The registry is the test process's: other tests' deliveries count there too, so
-        # the counters are compared with what they were before.
-        duplicates_before = await usage_count(port, "duplicate")
-        duplicate = await send(
-            served, amqp, USAGE_RECORD, RecordUsage(user_id=user, upload=2, download=0)
-        )
-        await send(  # the same message again: applied once, the second is a duplicate
-            served,
-            amqp,
-            USAGE_RECORD,
-            RecordUsage(user_id=user, upload=2, download=0),
-            message_id=duplicate,
-        )
+    # The registry is the test process's: other tests' deliveries count there too, so
+    # the counters are compared with what they were before.
+    duplicates_before = await usage_count(port, "duplicate")
+    duplicate = await send(
+        served, amqp, USAGE_RECORD, RecordUsage(user_id=user, upload=2, download=0)
+    )
+    await send(  # the same message again: applied once, the second is a duplicate
+        served,
+        amqp,
+        USAGE_RECORD,
+        RecordUsage(user_id=user, upload=2, download=0),
+        message_id=duplicate,
+    )
 
-        async def duplicate_counted() -> bool:
-            return await usage_count(port, "duplicate") == duplicates_before + 1
+    async def duplicate_counted() -> bool:
+        return await usage_count(port, "duplicate") == duplicates_before + 1
 
-        await eventually(duplicate_counted)
-        assert await acked_usage(port) == before + 2
-        await send_raw(served, amqp, USAGE_RECORD, b"{not json")  # buried: invalid_json
+    await eventually(duplicate_counted)
+    assert await acked_usage(port) == before + 2
+    await send_raw(served, amqp, USAGE_RECORD, b"{not json")  # buried: invalid_json
 
-        async def buried_counted() -> bool:
-            _, text = await http_get(port, "/metrics")
-            return 'pkgq_dead_letters{route="telecom.usage_record"} 1.0' in text
+    async def buried_counted() -> bool:
+        _, text = await http_get(port, "/metrics")
+        return 'pkgq_dead_letters{route="telecom.usage_record"} 1.0' in text
 
-        await eventually(buried_counted)
-        text = (await http_get(port, "/metrics"))[1]
-        assert "pkgq_outbox_pending " in text
-        # Seed 004's states and transitions, read from Postgres.
-        assert 'pkgq_job_messages{route="telecom.usage_record",state="buried"} 1.0' in text
-        assert 'pkgq_job_messages{route="telecom.usage_record",state="done"} 2.0' in text
-        assert 'pkgq_job_transitions{route="telecom.usage_record",transition="ack"} 2.0' in text
-        assert 'pkgq_job_transitions{route="telecom.usage_record",transition="bury"} 1.0' in text
-    finally:
-        await app.close()
+    await eventually(buried_counted)
+    text = (await http_get(port, "/metrics"))[1]
+    assert "pkgq_outbox_pending " in text
+    # Seed 004's states and transitions, read from Postgres.
+    assert 'pkgq_job_messages{route="telecom.usage_record",state="buried"} 1.0' in text
+    assert 'pkgq_job_messages{route="telecom.usage_record",state="done"} 2.0' in text
+    assert 'pkgq_job_transitions{route="telecom.usage_record",transition="ack"} 2.0' in text
+    assert 'pkgq_job_transitions{route="telecom.usage_record",transition="bury"} 1.0' in text
+    await app.close()
 
 
 async def acked_usage(port: int) -> float:

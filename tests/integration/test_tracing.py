@@ -34,7 +34,7 @@ from events.routes import (
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
 from infra.tracing import configure_tracing, trace_id_of
-from tests.support import InProcess, add_package, eventually
+from tests.support import StartApp, add_package, eventually
 
 CHAIN = [
     PACKAGE_PURCHASE,
@@ -87,6 +87,7 @@ def of_trace(exporter: InMemorySpanExporter) -> dict[str, ReadableSpan]:
 
 
 async def test_one_purchases_trace_spans_every_hop_through_the_outbox_to_all_expired(
+    in_process: StartApp,
     settings: Settings,
     pool: asyncpg.Pool,
     amqp: AbstractRobustConnection,
@@ -95,24 +96,22 @@ async def test_one_purchases_trace_spans_every_hop_through_the_outbox_to_all_exp
 ) -> None:
     package = await add_package(pool, 10**9, duration=timedelta(seconds=1))
     user = uuid4()
-    app = InProcess(settings, pool, amqp)
-    try:
-        await app.start_consumers()
-        await app.start_relay()
-        await publishing.publish(
-            settings,
-            amqp,
-            PACKAGE_PURCHASE,
-            PurchasePackage(user_id=user, package_id=package),
-            traceparent=f"00-{TRACE_ID}-{ROOT_SPAN}-01",
-        )
+    app = in_process(settings, pool, amqp)
+    await app.start_consumers()
+    await app.start_relay()
+    await publishing.publish(
+        settings,
+        amqp,
+        PACKAGE_PURCHASE,
+        PurchasePackage(user_id=user, package_id=package),
+        traceparent=f"00-{TRACE_ID}-{ROOT_SPAN}-01",
+    )
 
-        async def whole_chain_traced() -> bool:
-            return set(of_trace(spans)) >= {r.name for r in CHAIN}
+    async def whole_chain_traced() -> bool:
+        return set(of_trace(spans)) >= {r.name for r in CHAIN}
 
-        await eventually(whole_chain_traced, within=30)
-    finally:
-        await app.close()
+    await eventually(whole_chain_traced, within=30)
+    await app.close()
     found = of_trace(spans)
     by_id = {span_id(span): span for span in all_of_trace(spans)}
     # Walk from the all_expired consumer's span to the root, parent by parent.

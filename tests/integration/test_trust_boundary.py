@@ -44,7 +44,7 @@ from events.routes import (
     Route,
 )
 from infra.jobs import Jobs
-from infra.postgres import access, job_state, replay
+from infra.postgres import access, addresses, groups, replay
 from infra.rabbit.connection import connect
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
@@ -151,13 +151,14 @@ async def publish_as(
 
 @pytest.fixture
 async def w(
-    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection, tap: Tap
-) -> AsyncIterator[World]:
-    app = InProcess(settings, pool, amqp)
-    await app.start_consumers()
-    await app.start_relay()
-    yield World(settings, pool, amqp, tap, await add_package(pool, 1000))
-    await app.close()
+    running_app: InProcess,
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    tap: Tap,
+) -> World:
+    """The test's services, with every consumer and the relay running (`running_app`)."""
+    return World(settings, pool, amqp, tap, await add_package(pool, 1000))
 
 
 @pytest.fixture
@@ -318,7 +319,7 @@ async def test_an_untrusted_message_neither_fails_pkgqs_job_nor_overwrites_its_d
         rows = await conn.fetch(
             "SELECT message_id, reason FROM telecom.dead_letters ORDER BY id",
         )
-        state = await job_state.address_state(conn, "ops:42")
+        state = await addresses.address_state(conn, "ops:42")
     assert [(r["message_id"], r["reason"]) for r in rows] == [
         (genuine.message_id, "unsupported_version"),
         (genuine.message_id, UNTRUSTED_PUBLISHER),
@@ -357,8 +358,8 @@ async def test_an_outsiders_forged_address_and_group_headers_join_nothing_and_it
         [(str(addressed.message_id), (H_ADDRESS,)), (str(member), (H_GROUP,))]
     )
     async with w.pool.acquire() as conn:
-        address = await job_state.address_state(conn, "ops:tls-42")
-        summary = await job_state.group_summary(conn, group.group_id)
+        address = await addresses.address_state(conn, "ops:tls-42")
+        summary = await groups.group_summary(conn, group.group_id)
         member_state = await conn.fetchval(
             "SELECT state FROM telecom.group_members WHERE message_id = $1", member
         )

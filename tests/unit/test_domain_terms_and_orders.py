@@ -5,7 +5,7 @@ clock, and cancellation announced."""
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from uuid import UUID
 
 import pytest
@@ -23,18 +23,11 @@ from domain.events import (
 )
 from domain.model import ExpiryReason, ItemStatus, Package, Terms
 from domain.queue import UserQueue
+from tests.unit.queue_builders import BASIC, ORDER, T0, USER, at
 
-USER = UUID("00000000-0000-4000-8000-000000000001")
-ORDER = UUID("00000000-0000-4000-8000-0000000000aa")
 OTHER_ORDER = UUID("00000000-0000-4000-8000-0000000000bb")
-T0 = datetime(2024, 1, 1, 12, 0, tzinfo=UTC)
-BASIC = Package(id=1, name="basic", traffic_limit=1_000)
 TIME_ONLY = Package(id=2, name="week", traffic_limit=None, duration=timedelta(days=7))
 ZERO_TRAFFIC = Package(id=3, name="empty", traffic_limit=0, duration=timedelta(days=7))
-
-
-def at(seconds: float) -> datetime:
-    return T0 + timedelta(seconds=seconds)
 
 
 def test_a_second_purchase_of_the_same_order_queues_nothing_and_names_the_first_items() -> None:

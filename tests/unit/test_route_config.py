@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from infra.route_config import RouteConfigError, load_routes_file
+from infra.route_config import RetrySettings, RouteConfigError, load_routes_file
 from infra.settings import Settings
 
 
@@ -85,3 +86,40 @@ def test_the_process_wide_concurrency_applies_where_the_file_is_silent(tmp_path:
     settings = Settings(concurrency=5, route_settings=found)
     assert settings.concurrency_for("telecom.usage_record") == 2
     assert settings.concurrency_for("telecom.all_expired") == 5
+
+
+def test_retry_settings_defaults_match_seed003() -> None:
+    config = RetrySettings()
+    assert (config.max_attempts, config.backoff, config.base_s, config.max_delay_s) == (
+        25,
+        "seed003",
+        1.0,
+        7 * 86400.0,
+    )
+
+
+@pytest.mark.parametrize("attempts", [1, 1000])
+def test_retry_settings_accepts_max_attempts_at_both_bounds(attempts: int) -> None:
+    assert RetrySettings(max_attempts=attempts).max_attempts == attempts
+
+
+@pytest.mark.parametrize("attempts", [0, -1, 1001])
+def test_retry_settings_refuses_max_attempts_outside_1_to_1000(attempts: int) -> None:
+    with pytest.raises(ValidationError, match="max_attempts"):
+        RetrySettings(max_attempts=attempts)
+
+
+def test_retry_settings_refuses_an_unknown_field() -> None:
+    with pytest.raises(ValidationError, match="max_retries"):
+        RetrySettings.model_validate({"max_retries": 3})
+
+
+def test_retry_settings_refuses_an_unknown_backoff_kind() -> None:
+    with pytest.raises(ValidationError, match="backoff"):
+        RetrySettings.model_validate({"backoff": "linear"})
+
+
+@pytest.mark.parametrize("field", ["base_s", "max_delay_s"])
+def test_retry_settings_refuses_negative_seconds(field: str) -> None:
+    with pytest.raises(ValidationError, match=field):
+        RetrySettings.model_validate({field: -1})

@@ -1,14 +1,21 @@
-"""Secrets are masked in URLs; CLI sizes and durations parse as an operator writes them."""
+"""Secrets are masked in URLs; CLI sizes and durations parse as an operator writes them; the
+retry policies by route are read from the environment and checked against the route table."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
 import pytest
+from pydantic import ValidationError
 
 from consumers.cli.durations import parse_duration
 from consumers.cli.sizes import parse_size
+from consumers.retry_policy import policy_for
+from events.routes import PACKAGE_ACTIVATE, ROUTES
+from infra.route_config import RetrySettings
 from infra.settings import Settings, mask_url
+
+ACTIVATE = PACKAGE_ACTIVATE.name
 
 
 def test_mask_url_hides_the_password_and_keeps_the_rest() -> None:
@@ -94,3 +101,61 @@ def test_an_explicit_owner_dsn_and_runtime_role_win(monkeypatch: pytest.MonkeyPa
     assert settings.owner_dsn() == "postgresql://owner:pw@db/pkgq"
     assert settings.grantee() == "pkgq_runtime_group"
     assert settings.child_env()["PKGQ_RUNTIME_ROLE"] == "pkgq_runtime_group"
+
+
+def test_retry_routes_refuses_unknown_routes_and_names_each_of_them() -> None:
+    with pytest.raises(ValidationError) as caught:
+        Settings(
+            retry_routes={
+                "bogus.route": RetrySettings(),
+                "telecom.nope": RetrySettings(),
+                ACTIVATE: RetrySettings(),
+            }
+        )
+    unknown = str(caught.value).split("routes are")[0]
+    assert "unknown route(s) ['bogus.route', 'telecom.nope']" in unknown
+    assert ACTIVATE not in unknown
+
+
+def test_retry_routes_refuses_a_short_route_name() -> None:
+    with pytest.raises(ValidationError, match="package_activate"):
+        Settings(retry_routes={"package_activate": RetrySettings()})
+
+
+def test_retry_routes_accepts_every_known_route() -> None:
+    settings = Settings(retry_routes={name: RetrySettings(max_attempts=2) for name in ROUTES})
+    assert all(settings.retry_for(name).max_attempts == 2 for name in ROUTES)
+
+
+def test_retry_for_falls_back_to_the_default_retry_settings() -> None:
+    default = RetrySettings(max_attempts=7)
+    settings = Settings(retry=default)
+    assert settings.retry_for(ACTIVATE) is default
+
+
+def test_settings_read_retry_and_retry_routes_from_the_environment_as_json(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PKGQ_RETRY", '{"max_attempts": 10, "backoff": "exponential"}')
+    monkeypatch.setenv("PKGQ_RETRY_ROUTES", '{"telecom.package_activate": {"max_attempts": 5}}')
+    settings = Settings()
+    assert settings.retry == RetrySettings(max_attempts=10, backoff="exponential")
+    assert settings.retry_for(ACTIVATE) == RetrySettings(max_attempts=5)
+    assert settings.retry_for("telecom.usage_record").max_attempts == 10
+    assert policy_for(settings, ACTIVATE).max_attempts == 5
+
+
+def test_settings_from_the_environment_refuse_an_unknown_route(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PKGQ_RETRY_ROUTES", '{"telecom.nope": {"max_attempts": 5}}')
+    with pytest.raises(ValidationError, match=r"telecom\.nope"):
+        Settings()
+
+
+def test_settings_from_the_environment_refuse_an_unknown_retry_field(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PKGQ_RETRY", '{"attempts": 5}')
+    with pytest.raises(ValidationError, match="attempts"):
+        Settings()

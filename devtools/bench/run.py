@@ -1,0 +1,83 @@
+"""The whole benchmark, phase by phase: the raw broker, pkgq's naive mode, pkgq batched, paced
+for latency, the backlog phases (devtools/bench/backlog.py) and a large table; then the
+key=value lines, ratios against the baselines measured in the same run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from devtools.bench.backlog import BACKLOG_PHASES, backlog_phases
+from devtools.bench.scenario import Bench, Scenario
+from devtools.bench.support import bench_settings
+from events.routes import ROUTES
+from infra.settings import Settings
+
+PHASES = 5 + BACKLOG_PHASES
+
+
+async def run_bench(settings: Settings, scenario: Scenario, say: Callable[[str], None]) -> int:
+    """Run every phase; `say` reports each phase's start and result (PHASES starts)."""
+    configured = bench_settings(settings, scenario.namespace)
+    if scenario.replicas > 1:
+        configured = configured.model_copy(
+            update={
+                "partitions": {name: scenario.replicas for name in ROUTES},
+                "standby_delay": 30.0,
+            }
+        )
+    bench = Bench(configured, scenario)
+    await bench.open()
+    try:
+        say(f"raw broker round trip: {scenario.raw_messages} messages")
+        raw = await bench.raw_broker()
+        say(f"  {raw.events_per_s:,.0f} msg/s")
+
+        await bench.reset(scenario.small_rows)
+        say(f"pkgq naive (batch 1, prefetch 1), {await bench.row_count():,} rows queued")
+        naive = await bench.scenario_run("naive", batch_size=1, prefetch=1)
+        say(f"  {naive.events_per_s:,.0f} events/s")
+
+        await bench.reset(scenario.small_rows)
+        say(f"pkgq (batch {scenario.batch_size}), {await bench.row_count():,} rows queued")
+        small = await bench.best_of("pkgq", scenario.repeat)
+        say(f"  {small.events_per_s:,.0f} events/s, p99 {small.percentile(0.99):.0f} ms")
+
+        await bench.reset(scenario.small_rows)
+        pace = small.events_per_s / 2
+        say(f"pkgq at half that rate ({pace:,.0f} events/s) for latency")
+        paced = await bench.scenario_run(
+            "paced", batch_size=scenario.batch_size, prefetch=scenario.prefetch, pace_eps=pace
+        )
+        say(f"  p50 {paced.percentile(0.5):.1f} ms, p99 {paced.percentile(0.99):.1f} ms")
+
+        backlog = await backlog_phases(bench, say)
+
+        await bench.reset(scenario.large_rows)
+        say(f"pkgq (batch {scenario.batch_size}), {await bench.row_count():,} rows queued")
+        large = await bench.best_of("pkgq-large", scenario.repeat)
+        say(f"  {large.events_per_s:,.0f} events/s")
+    finally:
+        await bench.close()
+
+    rss = max(v for r in (naive, small, paced, large) for v in r.rss_mb.values())
+    results = {
+        # First, so the seven figures that came before them stay the last lines.
+        **backlog,
+        "events_per_s": round(small.events_per_s, 1),
+        "p50_ms": round(paced.percentile(0.5), 1),
+        "p99_ms": round(paced.percentile(0.99), 1),
+        "rss_mb_max": round(rss, 1),
+        "ratio_vs_raw_broker": round(small.events_per_s / raw.events_per_s, 3),
+        "ratio_vs_naive": round(small.events_per_s / naive.events_per_s, 2),
+        "ratio_1m_vs_10k": round(large.events_per_s / small.events_per_s, 3),
+    }
+    say(
+        f"  scenario: {scenario.users} users x {scenario.packages} packages, "
+        f"{scenario.replicas} consumer process(es); "
+        f"events per run {small.events}; latency at half rate: {len(paced.latencies_ms)} samples; "
+        f"saturated p99 {small.percentile(0.99):.0f} ms; "
+        f"rss per process (MB): {', '.join(f'{k}={v:.0f}' for k, v in small.rss_mb.items())}"
+    )
+    for key, value in results.items():
+        print(f"{key}={value}")
+    return 0

@@ -1,0 +1,89 @@
+"""Addresses (seed 002): `telecom.addresses`, one row per address, `queued` until its message is
+done or failed. A finished address is claimed again by the next message sent to it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from uuid import UUID
+
+from infra.postgres.pool import Conn
+from infra.postgres.pruning import Rule
+
+RETENTION = Rule("addresses", "telecom.addresses", "address", "finished_at < {cutoff}")
+
+
+@dataclass(frozen=True, slots=True)
+class AddressState:
+    address: str
+    route: str
+    message_id: UUID
+    state: str
+    error: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+async def take_address(conn: Conn, address: str, route: str, message_id: UUID) -> UUID | None:
+    """Claim `address` for a new message. Returns None when claimed, else the message that holds
+    it (queued or in flight). A finished address is claimed again."""
+    taken = await conn.fetchval(
+        """
+        INSERT INTO telecom.addresses AS a (address, route, message_id, state)
+        VALUES ($1, $2, $3, 'queued')
+        ON CONFLICT (address) DO UPDATE
+            SET route = excluded.route, message_id = excluded.message_id, state = 'queued',
+                error = NULL, created_at = now(), finished_at = NULL
+            WHERE a.state <> 'queued'
+        RETURNING true
+        """,
+        address,
+        route,
+        message_id,
+    )
+    if taken:
+        return None
+    holder: UUID = await conn.fetchval(
+        "SELECT message_id FROM telecom.addresses WHERE address = $1", address
+    )
+    return holder
+
+
+async def address_state(conn: Conn, address: str) -> AddressState | None:
+    row = await conn.fetchrow(
+        "SELECT address, route, message_id, state, error, created_at, finished_at "
+        "FROM telecom.addresses WHERE address = $1",
+        address,
+    )
+    return AddressState(**dict(row)) if row is not None else None
+
+
+async def requeue_addresses(conn: Conn, message_ids: Sequence[UUID]) -> None:
+    """A failed message is sent again (a dead-letter replay): its address is queued again."""
+    if message_ids:
+        await conn.execute(
+            "UPDATE telecom.addresses SET state = 'queued', error = NULL, finished_at = NULL "
+            "WHERE message_id = ANY($1::uuid[]) AND state = 'failed'",
+            list(message_ids),
+        )
+
+
+async def mark_finished(conn: Conn, finished: Sequence[tuple[str, UUID, bool, str | None]]) -> None:
+    """(address, message_id, ok, error) each: the address, if that message still holds it,
+    becomes done (ok) or failed with the error. A done address stays done."""
+    if not finished:
+        return
+    await conn.execute(
+        """
+        UPDATE telecom.addresses a
+        SET state = CASE WHEN x.ok THEN 'done' ELSE 'failed' END, error = x.error,
+            finished_at = now()
+        FROM unnest($1::text[], $2::uuid[], $3::bool[], $4::text[]) AS x(address, m, ok, error)
+        WHERE a.address = x.address AND a.message_id = x.m AND a.state <> 'done'
+        """,
+        [f[0] for f in finished],
+        [f[1] for f in finished],
+        [f[2] for f in finished],
+        [f[3] for f in finished],
+    )

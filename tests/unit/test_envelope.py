@@ -1,0 +1,81 @@
+"""events/envelope.py: headers made JSON-ready for the store, and the headers a message is
+published again with."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from uuid import uuid4
+
+import pytest
+
+from events.envelope import (
+    H_ATTEMPT,
+    H_DEAD_AT,
+    H_DEAD_REASON,
+    H_USER_ID,
+    jsonable,
+    republished_headers,
+)
+
+
+def test_jsonable_turns_amqp_values_into_plain_json_values() -> None:
+    when = datetime(2024, 5, 6, 7, 8, 9, tzinfo=UTC)
+    user = uuid4()
+    value = {
+        "bytes": b"abc",
+        "bytearray": bytearray(b"xyz"),
+        "bad-utf8": b"a\xffb",
+        "when": when,
+        "decimal": Decimal("2.5"),
+        "uuid": user,
+        "tuple": (1, b"2"),
+        "nested": {"inner": [when, None, True, 1.5]},
+        1: "int key",
+    }
+    assert jsonable(value) == {
+        "bytes": "abc",
+        "bytearray": "xyz",
+        "bad-utf8": "a\ufffdb",
+        "when": "2024-05-06T07:08:09+00:00",
+        "decimal": "2.5",
+        "uuid": str(user),
+        "tuple": [1, "2"],
+        "nested": {"inner": ["2024-05-06T07:08:09+00:00", None, True, 1.5]},
+        "1": "int key",
+    }
+
+
+@pytest.mark.parametrize("value", [None, True, False, 0, -3, 2.5, "text"])
+def test_jsonable_leaves_json_scalars_unchanged(value: object) -> None:
+    result = jsonable(value)
+    assert result == value
+    assert type(result) is type(value)
+
+
+def test_republished_headers_drop_broker_and_pkgq_dead_marks_and_apply_updates() -> None:
+    original = {
+        "x-death": [{"count": 1}],
+        "x-first-death-exchange": "telecom",
+        "x-first-death-queue": "q1",
+        "x-first-death-reason": "rejected",
+        H_DEAD_REASON: "handler_error",
+        H_DEAD_AT: "2024-01-01T00:00:00+00:00",
+        "x-pkgq-dead-anything": "x",
+        H_USER_ID: "u",
+        H_ATTEMPT: 4,
+        "x-pkgq-first-failed-at": "2024-01-01T00:00:00+00:00",
+    }
+    kept = republished_headers(original, {H_ATTEMPT: 5, "x-new": "n"})
+    assert kept == {
+        H_USER_ID: "u",
+        H_ATTEMPT: 5,
+        "x-pkgq-first-failed-at": "2024-01-01T00:00:00+00:00",
+        "x-new": "n",
+    }
+
+
+def test_republished_headers_leave_the_original_headers_untouched() -> None:
+    original = {"x-death": [], H_ATTEMPT: 1}
+    republished_headers(original, {H_ATTEMPT: 2})
+    assert original == {"x-death": [], H_ATTEMPT: 1}
