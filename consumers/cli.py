@@ -25,6 +25,7 @@ from consumers.dlq_cli import dlq_app
 from consumers.partitions_cli import partitions_app
 from consumers.runtime import services, start_status_server, stop_on_signals
 from consumers.user_cli import user_app
+from consumers.web.command import web_app
 from events.models import WireModel
 from events.routes import ROUTES, Route
 from infra.postgres.migrate import RuntimeRoleMissingError, ensure_database, migrate
@@ -41,6 +42,7 @@ app.add_typer(user_app, name="user")
 app.add_typer(catalog_app, name="catalog")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(partitions_app, name="partitions")
+app.add_typer(web_app, name="web")
 workers_cli.register(app)
 jobs_cli.register(app)
 console = Console()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Annotated, Any
 from uuid import UUID
@@ -13,15 +14,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from consumers import publishing
+from consumers import operations
 from consumers.cli_support import load_settings, operator, text
+from consumers.queue_view import item_row
 from domain.model import QueueItem
 from domain.queue import UserQueue
-from events.models import AdjustQuota, CancelPackage, WireModel
-from events.routes import PACKAGE_CANCEL, QUOTA_ADJUST, Route
 from infra.postgres import access, queue_repo
-from infra.postgres.pool import clock, database
-from infra.rabbit.connection import connect
+from infra.postgres.pool import Conn, clock, database
 from infra.settings import Settings
 
 user_app = typer.Typer(help="Inspect and administer one user's package queue.")
@@ -30,32 +29,6 @@ console = Console()
 Reason = Annotated[
     str | None, typer.Option(help="Why (stored in the item's audit trail, 500 characters at most).")
 ]
-
-
-def item_row(item: QueueItem, now: datetime) -> dict[str, Any]:
-    """One item as `user show` reports it: its status as the clock sees it (an active item past
-    its expire_at is consumed, even while its timer is on its way), and its own terms."""
-    status = item.status_at(now)
-    return {
-        "id": item.id,
-        "package": item.terms.package_name,
-        "package_id": item.package_id,
-        "status": status.value,
-        "expired_by_time_pending_timer": status is not item.status,
-        "by_order": str(item.by_order) if item.by_order else None,
-        "created_at": item.created_at.isoformat(),
-        "activated_at": item.activated_at.isoformat() if item.activated_at else None,
-        "expire_at": item.expire_at.isoformat() if item.expire_at else None,
-        "traffic_limit": item.terms.traffic_limit,
-        "duration_s": (
-            int(item.terms.duration.total_seconds()) if item.terms.duration is not None else None
-        ),
-        "upload": item.upload,
-        "download": item.download,
-        "adjust_quota": item.adjust_quota,
-        "quota": item.quota,
-        "remaining": item.remaining if status.value in ("active", "in_queue") else 0,
-    }
 
 
 @user_app.command("show")
@@ -113,35 +86,28 @@ def user_show(
     console.print(table)
 
 
-async def _item_owner(settings: Settings, item_id: int) -> UUID:
+async def _item_command(settings: Settings, command: Callable[[Conn], Awaitable[UUID]]) -> UUID:
+    """Run one of consumers/operations.py's item commands (the console runs the same)."""
     async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
-        owner = await queue_repo.item_owner(conn, item_id)
-    if owner is None:
-        console.print(f"[red]no queue item {item_id}[/red]")
-        raise typer.Exit(1)
-    return owner
-
-
-async def _publish(settings: Settings, route: Route, body: WireModel) -> UUID:
-    conn = await connect(settings.amqp_url, "pkgq-cli")
-    try:
-        return await publishing.publish(settings, conn, route, body)
-    finally:
-        await conn.close()
+        try:
+            async with conn.transaction():
+                return await command(conn)
+        except operations.UnknownItemError as exc:
+            console.print(f"[red]{exc}[/red]")
+            raise typer.Exit(1) from None
 
 
 @user_app.command("cancel")
 def user_cancel(item_id: int, reason: Reason = None) -> None:
-    """Cancel queue item ITEM_ID (published to telecom.package_cancel, with the reason and
-    you as the operator; announced as telecom.package_cancelled once applied)."""
+    """Cancel queue item ITEM_ID (put in the outbox for telecom.package_cancel, with the reason
+    and you as the operator; announced as telecom.package_cancelled once applied)."""
     settings = load_settings()
-
-    async def go() -> UUID:
-        owner = await _item_owner(settings, item_id)
-        body = CancelPackage(user_id=owner, item_id=item_id, reason=reason, operator=operator())
-        return await _publish(settings, PACKAGE_CANCEL, body)
-
-    print(asyncio.run(go()))
+    who = operator()
+    print(
+        asyncio.run(
+            _item_command(settings, lambda c: operations.cancel_item(c, item_id, who, reason))
+        )
+    )
 
 
 @user_app.command("adjust-quota")
@@ -150,15 +116,14 @@ def user_adjust_quota(
     delta: Annotated[int, typer.Argument(help="Bytes, may be < 0.")],
     reason: Reason = None,
 ) -> None:
-    """Add DELTA bytes to ITEM_ID's adjust_quota (published to telecom.quota_adjust, with the
-    reason and you as the operator). Refused for an item with unlimited traffic."""
+    """Add DELTA bytes to ITEM_ID's adjust_quota (put in the outbox for telecom.quota_adjust,
+    with the reason and you as the operator). Refused for an item with unlimited traffic."""
     settings = load_settings()
-
-    async def go() -> UUID:
-        owner = await _item_owner(settings, item_id)
-        body = AdjustQuota(
-            user_id=owner, item_id=item_id, delta=delta, reason=reason, operator=operator()
+    who = operator()
+    print(
+        asyncio.run(
+            _item_command(
+                settings, lambda c: operations.adjust_quota(c, item_id, delta, who, reason)
+            )
         )
-        return await _publish(settings, QUOTA_ADJUST, body)
-
-    print(asyncio.run(go()))
+    )

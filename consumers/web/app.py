@@ -1,0 +1,175 @@
+"""The application factory: one FastAPI app, one asyncpg pool opened at startup and kept for the
+process's life (no per-request connection setup), Jinja2 templates and a little static CSS/JS."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import quote
+
+import asyncpg
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from starlette.middleware.sessions import SessionMiddleware
+
+from consumers.web import auth
+from consumers.web.config import WebSettings
+from infra.postgres.pool import create_pool
+from infra.settings import Settings
+
+HERE = Path(__file__).parent
+TITLE = "pkgq read API"
+VERSION = "1"
+
+
+def templates() -> Jinja2Templates:
+    found = Jinja2Templates(directory=HERE / "templates")
+    found.env.filters["short"] = _short
+    return found
+
+
+def _short(value: object, width: int = 60) -> str:
+    line = str(value if value is not None else "").replace("\n", " ")
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def create_app(
+    settings: Settings,
+    web: WebSettings,
+    pool: asyncpg.Pool | None = None,
+    *,
+    baseline: bool = False,
+) -> FastAPI:
+    """The console and the API. `pool`: an open pool to use (tests); by default the app opens
+    its own at startup, PKGQ_WEB_POOL_MAX_SIZE connections at most, and closes it at shutdown.
+    `baseline`: also serve /api/v1/baseline, a one-row SELECT behind the same auth and pool,
+    that `make bench-web` compares /current with."""
+    from consumers.web import api, dlq_pages, pages
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if pool is not None:
+            app.state.pool = pool
+            yield
+            return
+        own = await create_pool(
+            settings.postgres_dsn,
+            min_size=1,
+            max_size=web.pool_max_size,
+            application_name="pkgq-web",
+            session=settings.postgres_session(),
+        )
+        app.state.pool = own
+        try:
+            yield
+        finally:
+            await own.close()
+
+    app = FastAPI(
+        title=TITLE,
+        version=VERSION,
+        description=(
+            "pkgq's read API for node management: a user's current package (GetCurrentPackage), "
+            "all their packages (GetAllMyPackages) and the access read model. Every call needs "
+            "`Authorization: Bearer <token>` (PKGQ_WEB_TOKENS) or a console session."
+        ),
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/api/v1/openapi.json",
+    )
+    app.state.settings = settings
+    app.state.web = web
+    app.state.pool = pool
+    app.state.templates = templates()
+    app.add_middleware(
+        SessionMiddleware,
+        secret_key=web.secret,
+        session_cookie="pkgq_session",
+        max_age=web.session_ttl,
+        same_site="strict",
+        https_only=web.secure_cookies,
+    )
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    app.include_router(api.router)
+    if baseline:
+        app.include_router(api.baseline)
+    app.include_router(pages.router)
+    app.include_router(dlq_pages.router)
+
+    @app.exception_handler(auth.LoginRequiredError)
+    async def to_login(request: Request, exc: auth.LoginRequiredError) -> Response:
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return RedirectResponse(f"/login?next={quote(target)}", status_code=303)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        if request.url.path.startswith(("/api/", "/healthz", "/readyz")):
+            return await http_exception_handler(request, exc)
+        return render(
+            request,
+            "error.html",
+            {"status": exc.status_code, "detail": exc.detail},
+            status_code=exc.status_code,
+        )
+
+    return app
+
+
+def pool_of(request: Request) -> asyncpg.Pool:
+    found: asyncpg.Pool = request.app.state.pool
+    return found
+
+
+def render(
+    request: Request, name: str, context: dict[str, Any], status_code: int = 200
+) -> HTMLResponse:
+    """A console page, with what every page shows: who is signed in and the CSRF token."""
+    web: WebSettings = request.app.state.web
+    who = auth.session_principal(request, web)
+    page: HTMLResponse = request.app.state.templates.TemplateResponse(
+        request,
+        name,
+        {"who": who, "csrf": auth.csrf_token(request), **context},
+        status_code=status_code,
+    )
+    return page
+
+
+def page_viewer(request: Request) -> auth.Principal:
+    """A console page: any signed-in user, else off to the login form."""
+    who = auth.session_principal(request, request.app.state.web)
+    if who is None:
+        raise auth.LoginRequiredError
+    return who
+
+
+def page_operator(request: Request) -> auth.Principal:
+    """A console action: an operator (a viewer gets 403)."""
+    who = page_viewer(request)
+    if not who.may("operator"):
+        raise HTTPException(403, f"{who.name} is a viewer: only operators may do this")
+    return who
+
+
+def api_viewer(request: Request) -> auth.Principal:
+    """An API call: a bearer token, or a console session."""
+    web: WebSettings = request.app.state.web
+    who = auth.token_principal(request, web) or auth.session_principal(request, web)
+    if who is None:
+        raise HTTPException(
+            401,
+            "a bearer token or a console session is required",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return who
+
+
+Viewer = Annotated[auth.Principal, Depends(page_viewer)]
+Operator = Annotated[auth.Principal, Depends(page_operator)]
+ApiViewer = Annotated[auth.Principal, Depends(api_viewer)]

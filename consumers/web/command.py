@@ -1,0 +1,111 @@
+"""`pkgq web`: serve the console and the read API; create users and tokens; print the OpenAPI
+document."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from consumers.web.config import WebSettings
+
+web_app = typer.Typer(
+    help="The operator console and the read API (one ASGI process on PKGQ_WEB_PORT).",
+    invoke_without_command=True,
+)
+
+
+@web_app.callback()
+def serve(
+    ctx: typer.Context,
+    port: Annotated[int | None, typer.Option(help="Listen here (PKGQ_WEB_PORT, 8080).")] = None,
+    host: Annotated[
+        str | None, typer.Option(help="Bind address (PKGQ_WEB_HOST, 127.0.0.1).")
+    ] = None,
+    baseline: Annotated[
+        bool,
+        typer.Option(
+            "--baseline-endpoint",
+            hidden=True,
+            help="Also serve /api/v1/baseline (one-row SELECT) for `make bench-web`.",
+        ),
+    ] = False,
+) -> None:
+    """Serve the console and the API until SIGTERM/SIGINT (without a subcommand)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    import uvicorn
+
+    from consumers.cli_support import load_settings
+    from consumers.web.app import create_app
+
+    settings = load_settings(logs_to_stdout=True)
+    web = WebSettings.load()
+    problems = web.problems()
+    if problems:
+        for problem in problems:
+            typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(2)
+    app = create_app(settings, web, baseline=baseline)
+    uvicorn.run(
+        app,
+        host=host or web.host,
+        port=port if port is not None else web.port,
+        access_log=web.access_log,
+        log_config=None,  # structlog renders the stdlib records (infra/logging.py)
+        proxy_headers=False,
+    )
+
+
+@web_app.command("hash-password")
+def hash_password_cmd(
+    stdin: Annotated[bool, typer.Option("--stdin", help="Read the password from stdin.")] = False,
+) -> None:
+    """Print a password hash for PKGQ_WEB_USERS (asks for the password twice on a terminal)."""
+    from consumers.web.auth import hash_password
+
+    if stdin:
+        password = sys.stdin.readline().rstrip("\n")
+    else:
+        password = getpass.getpass("password: ")
+        if getpass.getpass("again: ") != password:
+            typer.echo("error: the passwords differ", err=True)
+            raise typer.Exit(1)
+    if len(password) < 8:
+        typer.echo("error: use at least 8 characters", err=True)
+        raise typer.Exit(1)
+    print(hash_password(password))
+
+
+@web_app.command("new-token")
+def new_token_cmd(
+    name: Annotated[str, typer.Argument(help="Who uses it, e.g. node-mgmt.")],
+    role: Annotated[str, typer.Option(help="viewer (read) or operator.")] = "viewer",
+) -> None:
+    """Make a bearer token for the API: prints the token (give it to the client) and the
+    PKGQ_WEB_TOKENS entry (only its sha256 is stored)."""
+    from consumers.web.auth import new_token
+
+    if role not in ("viewer", "operator"):
+        raise typer.BadParameter("role must be viewer or operator")
+    token, digest = new_token()
+    print(f"token: {token}")
+    print("PKGQ_WEB_TOKENS entry: " + json.dumps({name: {"role": role, "sha256": digest}}))
+
+
+def openapi_document() -> dict[str, Any]:
+    """The read API's OpenAPI document (docs/openapi.json), built without any service."""
+    from consumers.web.app import create_app
+    from infra.settings import Settings
+
+    app = create_app(Settings(), WebSettings(secret="x" * 32))
+    return app.openapi()
+
+
+@web_app.command("openapi")
+def openapi_cmd() -> None:
+    """Print the read API's OpenAPI document (docs/openapi.json is this)."""
+    print(json.dumps(openapi_document(), indent=2, sort_keys=True))
