@@ -279,7 +279,8 @@ async def test_a_viewer_may_look_but_a_replay_is_refused_with_403(
         await page.goto(f"{web.base}/dead-letters/{dead}")
         assert await page.locator("text=Replay…").count() == 0  # no buttons for a viewer
         reply = await page.goto(f"{web.base}/dead-letters/confirm?action=replay&id={dead}")
-        assert reply is not None and reply.status == 403
+        assert reply is not None
+        assert reply.status == 403
         assert "only operators" in await page.inner_text(".error")
         await shoot(page, "viewer-refused")
         # Straight to the action, with the viewer's own valid CSRF token: still refused.

@@ -86,7 +86,8 @@ async def test_current_package_follows_the_lifecycle_from_activation_to_all_expi
     assert first["traffic_used"] == 0
     assert first["traffic_remaining"] == 1000
     assert first["expire_at"] is not None
-    assert first["access"]["granted"] is True and first["access"]["item_id"] == first_id
+    assert first["access"]["granted"] is True
+    assert first["access"]["item_id"] == first_id
 
     await send(settings, amqp, USAGE_RECORD, RecordUsage(user_id=user, upload=300, download=100))
 
