@@ -92,7 +92,7 @@ async def test_current_package_follows_the_lifecycle_from_activation_to_all_expi
     await send(settings, amqp, USAGE_RECORD, RecordUsage(user_id=user, upload=300, download=100))
 
     async def used() -> bool:
-        return (await _get(http, user, "current"))["traffic_used"] == 400
+        return bool((await _get(http, user, "current"))["traffic_used"] == 400)
 
     await eventually(used)
     now = await _get(http, user, "current")
