@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.pkgq-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test check unit integration e2e bench services migrate venv clean
+.PHONY: demo test check unit integration e2e bench bench-web web-tools services migrate venv clean
 
 $(STAMP): pyproject.toml constraints.txt deploy/local/ensure-venv.sh
 	deploy/local/ensure-venv.sh $(VENV)
@@ -27,6 +27,14 @@ demo: migrate
 bench: migrate
 	$(BIN)/pkgq bench $(BENCH_ARGS)
 
+## bench-web: the read API under wrk, /current against a one-row SELECT on the same stack.
+bench-web: migrate web-tools
+	$(BIN)/pkgq web bench $(BENCH_WEB_ARGS)
+
+## web-tools: Debian's Chromium (the console's browser tests) and wrk (bench-web).
+web-tools:
+	deploy/local/ensure-web-tools.sh
+
 ## check: formatting, lint and strict typing.
 check: venv
 	$(BIN)/ruff format --check .
@@ -36,7 +44,7 @@ check: venv
 	deploy/k8s/verify.sh
 
 ## test: check, then the whole suite against the real services.
-test: check migrate
+test: check migrate web-tools
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 unit: venv
@@ -45,7 +53,7 @@ unit: venv
 integration: migrate
 	$(BIN)/pytest tests/integration $(PYTEST_ARGS)
 
-e2e: migrate
+e2e: migrate web-tools
 	$(BIN)/pytest tests/e2e $(PYTEST_ARGS)
 
 clean:

@@ -109,3 +109,37 @@ def openapi_document() -> dict[str, Any]:
 def openapi_cmd() -> None:
     """Print the read API's OpenAPI document (docs/openapi.json is this)."""
     print(json.dumps(openapi_document(), indent=2, sort_keys=True))
+
+
+@web_app.command("bench")
+def bench_cmd(
+    users: Annotated[int, typer.Option(min=1, help="Users seeded (5 items each).")] = 20_000,
+    seconds: Annotated[int, typer.Option(min=1, help="Seconds of load per endpoint.")] = 10,
+    connections: Annotated[int, typer.Option(min=1, help="wrk's open connections.")] = 32,
+    threads: Annotated[int, typer.Option(min=1, help="wrk's threads.")] = 2,
+    port: Annotated[int, typer.Option(help="Where the benchmarked pkgq web listens.")] = 18081,
+) -> None:
+    """Benchmark /api/v1/users/{id}/current with wrk against a one-row SELECT endpoint on the
+    same stack, in a database of its own (pkgq_bench_web); prints key=value lines last."""
+    import asyncio
+
+    from consumers.cli_support import load_settings
+    from consumers.web.bench import run_web_bench
+
+    settings = load_settings()
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    code = asyncio.run(
+        run_web_bench(
+            settings,
+            users=users,
+            seconds=seconds,
+            connections=connections,
+            threads=threads,
+            port=port,
+            say=say,
+        )
+    )
+    raise typer.Exit(code)
