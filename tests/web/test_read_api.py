@@ -12,7 +12,9 @@ import asyncpg
 import httpx
 import pytest
 from aio_pika.abc import AbstractRobustConnection
+from pydantic import BaseModel
 
+from consumers.web.api import Access, CurrentPackage, Packages
 from events.models import PurchasePackage, RecordUsage
 from events.routes import PACKAGE_PURCHASE, USAGE_RECORD
 from infra.settings import Settings
@@ -37,10 +39,20 @@ async def running(
     await app.close()
 
 
+MODELS: dict[str, type[BaseModel]] = {
+    "current": CurrentPackage,
+    "packages": Packages,
+    "access": Access,
+}
+
+
 async def _get(http: httpx.AsyncClient, user: UUID, what: str) -> dict[str, Any]:
+    """A 200 answer, held to the model its OpenAPI document promises (strictly: no field
+    missing, none extra)."""
     reply = await http.get(f"/api/v1/users/{user}/{what}", headers=bearer())
     assert reply.status_code == 200, reply.text
     found: dict[str, Any] = reply.json()
+    MODELS[what].model_validate(found)
     return found
 
 
