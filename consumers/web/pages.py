@@ -175,7 +175,7 @@ async def holds_page(request: Request, who: Viewer) -> Response:
         found = await holds.overview(conn, 500)
         parked = await console.parked(conn, limit=500)
     for row in parked:
-        row["body_text"] = console.body_text(row.pop("body"))
+        row["body_text"] = console.body_summary(row.pop("body"))
     return render(request, "holds.html", {"holds": found, "parked": parked})
 
 

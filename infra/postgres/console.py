@@ -61,3 +61,15 @@ def body_text(body: bytes | memoryview) -> str:
         return json.dumps(json.loads(raw), indent=2, ensure_ascii=False)
     except ValueError:
         return raw.decode("utf-8", "replace")
+
+
+def body_summary(body: bytes | memoryview) -> str:
+    """A stored body on one line, without its user_id (the row shows the user already)."""
+    raw = bytes(body)
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", "replace")
+    if isinstance(value, dict):
+        value.pop("user_id", None)
+    return json.dumps(value, ensure_ascii=False)

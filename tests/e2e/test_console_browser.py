@@ -18,6 +18,7 @@ from playwright.async_api import Page
 from events.envelope import H_SCHEMA_VERSION, H_USER_ID
 from events.models import PurchasePackage
 from events.routes import PACKAGE_PURCHASE
+from infra.postgres import dead_letters, holds
 from infra.settings import Settings
 from tests.support import PkgqProcess, add_package, eventually, send, send_raw
 from tests.web.client import OPERATOR_PASSWORD, VIEWER_PASSWORD
@@ -340,3 +341,85 @@ async def test_a_form_posted_without_its_csrf_token_is_refused_with_403(
             "SELECT status::text FROM telecom.dead_letters WHERE id = $1", dead
         )
     assert status == "buried"
+
+
+async def test_an_edited_replay_of_a_held_message_goes_first_and_its_parked_messages_follow(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    spawn: Callable[..., PkgqProcess],
+) -> None:
+    edited = await add_package(pool, 1000, name="edited")
+    after = await add_package(pool, 1000, name="parked")
+    later = await add_package(pool, 1000, name="sent while held")
+    user = uuid4()
+    blocker, parked = uuid4(), uuid4()
+    headers = {H_SCHEMA_VERSION: 1, H_USER_ID: str(user)}
+    # As the purchase consumer leaves a message that used up its retries: buried, holding its
+    # user, with the user's next purchase parked behind it.
+    async with pool.acquire() as conn:
+        dead = await dead_letters.bury(
+            conn,
+            dead_letters.NewDeadLetter(
+                source="consumer",
+                route=PACKAGE_PURCHASE.name,
+                consumer=PACKAGE_PURCHASE.short_name,
+                message_id=str(blocker),
+                user_id=user,
+                message_type=PACKAGE_PURCHASE.message_type,
+                content_type="application/json",
+                body=json.dumps(
+                    {"user_id": str(user), "package_id": edited, "amount": "1"}
+                ).encode(),
+                headers=headers,
+                reason="max_attempts",
+                error_type="ValidationError",
+                error_message="amount: Input should be a valid integer",
+                attempts=3,
+            ),
+        )
+        await holds.hold(
+            conn, "package_purchase", user, blocker, state="buried", attempts=3, error="amount"
+        )
+        await holds.park(
+            conn,
+            "package_purchase",
+            user,
+            parked,
+            PACKAGE_PURCHASE.name,
+            PACKAGE_PURCHASE.message_type,
+            PurchasePackage(user_id=user, package_id=after).model_dump_json().encode(),
+            json.dumps(headers),
+        )
+    async with console(settings, spawn) as web, browser() as chromium:
+        # A purchase that arrives now is parked behind the buried one too.
+        body_later = PurchasePackage(user_id=user, package_id=later)
+        await send(settings, amqp, PACKAGE_PURCHASE, body_later)
+        page = await sign_in(chromium, web.base, "olga", OPERATOR_PASSWORD)
+        await page.goto(f"{web.base}/holds")
+
+        async def both_parked() -> bool:
+            return await page.locator(f"#parked tr[data-user='{user}']").count() == 2
+
+        await reload_until(page, both_parked)
+        assert "buried" in await page.inner_text(f"#holds tr[data-user='{user}']")
+        await shoot(page, "holds")
+
+        await page.goto(f"{web.base}/dead-letters/{dead}/edit")
+        body = {"user_id": str(user), "package_id": edited, "amount": 1}
+        await page.fill("textarea[name=body]", json.dumps(body))
+        await page.click("button:has-text('Validate…')")
+        await page.click("button:has-text('Yes, replay the edited message')")
+        assert "replayed" in await page.inner_text("h1 .pill")
+
+        await page.goto(f"{web.base}/users/{user}")
+
+        async def in_order() -> bool:
+            return [s for _, s in await _statuses(page)] == ["active", "in_queue", "in_queue"]
+
+        await reload_until(page, in_order)
+        names = await page.locator("#items tbody tr[data-item] td:nth-child(2)").all_inner_texts()
+        assert names == ["edited", "parked", "sent while held"]  # in the user's order
+        await shoot(page, "user-after-held-replay")
+        await page.goto(f"{web.base}/holds")
+        assert await page.locator(f"tr[data-user='{user}']").count() == 0
