@@ -46,6 +46,15 @@ async def test_every_page_sends_an_anonymous_visitor_to_sign_in(
     assert reply.headers["location"] == f"/login?next={path}"
 
 
+async def test_console_pages_forbid_framing_and_foreign_scripts(http: httpx.AsyncClient) -> None:
+    page = await http.get("/login")
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+    assert page.headers["x-frame-options"] == "DENY"
+    assert "set-cookie" in page.headers  # the login form's CSRF token lives in the session
+    assert "samesite=strict" in page.headers["set-cookie"].lower()
+    assert "httponly" in page.headers["set-cookie"].lower()
+
+
 async def test_a_wrong_password_or_an_unknown_user_is_refused(http: httpx.AsyncClient) -> None:
     for user, password in [("olga", "not her password"), ("nobody", OPERATOR_PASSWORD)]:
         reply = await _sign_in(http, user, password)
