@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from consumers.web import auth
 from consumers.web.config import WebSettings
-from infra.postgres.pool import create_pool
+from infra.postgres.pool import QueryLogger, create_pool
 from infra.settings import Settings
 
 HERE = Path(__file__).parent
@@ -59,13 +59,7 @@ def create_app(
             app.state.pool = pool
             yield
             return
-        own = await create_pool(
-            settings.postgres_dsn,
-            min_size=1,
-            max_size=web.pool_max_size,
-            application_name="pkgq-web",
-            session=settings.postgres_session(),
-        )
+        own = await open_pool(settings, web)
         app.state.pool = own
         try:
             yield
@@ -151,6 +145,23 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, with_headers)
+
+
+async def open_pool(
+    settings: Settings, web: WebSettings, query_logger: QueryLogger | None = None
+) -> asyncpg.Pool:
+    """The process's one pool, kept open for its life."""
+    return await create_pool(
+        settings.postgres_dsn,
+        min_size=1,
+        max_size=web.pool_max_size,
+        application_name="pkgq-web",
+        query_logger=query_logger,
+        session=settings.postgres_session(),
+        # Requests never SET, LISTEN or lock for the session: skip the reset round trip, so an
+        # API call is one statement on the wire.
+        reset_session=False,
+    )
 
 
 def pool_of(request: Request) -> asyncpg.Pool:

@@ -16,7 +16,17 @@ from consumers.job_stats import route_stats
 from consumers.queue_view import current_package, item_row
 from consumers.web import auth
 from consumers.web.app import Operator, Viewer, pool_of, render
-from infra.postgres import console, holds, job_state, operator_actions, read_api, stats, workers
+from infra.postgres import (
+    console,
+    holds,
+    job_state,
+    operator_actions,
+    queue_repo,
+    read_api,
+    stats,
+    workers,
+)
+from infra.postgres.pool import Conn
 from infra.settings import Settings
 
 router = APIRouter(include_in_schema=False)
@@ -132,8 +142,7 @@ async def item_confirm(request: Request, item_id: int, action: str, who: Operato
         raise HTTPException(404, "no such action")
     async with pool_of(request).acquire() as conn:
         owner = await _owner(conn, item_id)
-        _, _, items = await read_api.packages(conn, owner)
-        now = (await read_api.current(conn, owner)).now
+        now, _, items = await read_api.packages(conn, owner)
     item = next(item_row(i, now) for i in items if i.id == item_id)
     return render(request, "item_confirm.html", {"item": item, "action": action, "owner": owner})
 
@@ -160,9 +169,7 @@ async def item_action(request: Request, item_id: int, action: str, who: Operator
     return RedirectResponse(f"/users/{owner}?done={quote(done)}", status_code=303)
 
 
-async def _owner(conn: Any, item_id: int) -> UUID:
-    from infra.postgres import queue_repo
-
+async def _owner(conn: Conn, item_id: int) -> UUID:
     owner = await queue_repo.item_owner(conn, item_id)
     if owner is None:
         raise HTTPException(404, f"no queue item {item_id}")

@@ -15,11 +15,12 @@ from aio_pika.abc import AbstractRobustConnection
 from pydantic import BaseModel
 
 from consumers.web.api import Access, CurrentPackage, Packages
+from consumers.web.app import open_pool
 from events.models import PurchasePackage, RecordUsage
 from events.routes import PACKAGE_PURCHASE, USAGE_RECORD
 from infra.settings import Settings
 from tests.support import InProcess, add_package, eventually, send
-from tests.web.client import bearer, client
+from tests.web.client import bearer, client, web_settings
 
 
 @pytest.fixture
@@ -232,3 +233,23 @@ async def test_the_api_refuses_anonymous_callers_with_401(
     reply = await http.get(f"/api/v1/users/{uuid4()}/current", headers=headers)
     assert reply.status_code == 401
     assert reply.headers["www-authenticate"] == "Bearer"
+
+
+async def test_each_read_is_one_statement_on_the_apps_long_lived_pool(settings: Settings) -> None:
+    statements: list[str] = []
+    web = web_settings()
+    pool = await open_pool(settings, web, query_logger=lambda q: statements.append(q.query))
+    try:
+        known = uuid4()
+        async with pool.acquire() as conn:
+            await conn.execute("INSERT INTO telecom.queue_users (user_id) VALUES ($1)", known)
+        async with client(settings, pool, web) as http:
+            for user, status in ((known, 200), (uuid4(), 404)):
+                for what in ("current", "packages", "access"):
+                    statements.clear()
+                    reply = await http.get(f"/api/v1/users/{user}/{what}", headers=bearer())
+                    assert reply.status_code == status
+                    assert len(statements) == 1, statements  # no reset, no second query
+        assert pool.get_size() == 1  # the same connection served every request
+    finally:
+        await pool.close()
