@@ -3,14 +3,20 @@ document."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import getpass
 import json
 import sys
-from typing import Annotated, Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from consumers.web.config import WebSettings
+
+if TYPE_CHECKING:
+    import uvicorn
 
 web_app = typer.Typer(
     help="The operator console and the read API (one ASGI process on PKGQ_WEB_PORT).",
@@ -50,7 +56,7 @@ def serve(
             typer.echo(f"error: {problem}", err=True)
         raise typer.Exit(2)
     app = create_app(settings, web, baseline=baseline)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=host or web.host,
         port=port if port is not None else web.port,
@@ -58,6 +64,29 @@ def serve(
         log_config=None,  # structlog renders the stdlib records (infra/logging.py)
         proxy_headers=False,
     )
+    asyncio.run(_serve(config))
+
+
+async def _serve(config: uvicorn.Config) -> None:
+    """Serve until SIGTERM or SIGINT, then finish the requests in hand and exit 0, as every
+    pkgq process does (uvicorn's own handlers would re-raise the signal at the end)."""
+    import uvicorn
+
+    from consumers.runtime import stop_on_signals
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield  # pkgq's handlers (stop_on_signals) end it instead
+
+    server = Server(config)
+    stop = stop_on_signals()
+    serving = asyncio.create_task(server.serve())
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    server.should_exit = True
+    stopping.cancel()
+    await serving
 
 
 @web_app.command("hash-password")
@@ -121,8 +150,6 @@ def bench_cmd(
 ) -> None:
     """Benchmark /api/v1/users/{id}/current with wrk against a one-row SELECT endpoint on the
     same stack, in a database of its own (pkgq_bench_web); prints key=value lines last."""
-    import asyncio
-
     from consumers.cli_support import load_settings
     from consumers.web.bench import run_web_bench
 

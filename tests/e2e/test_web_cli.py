@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
+from uuid import uuid4
 
 import pytest
 
 from consumers.web.auth import verify_password
 from infra.settings import Settings
-from tests.support import cli, pkgq
+from tests.support import PkgqProcess, cli, eventually, free_port, http_get, pkgq
+from tests.web.stack import web_env
 
 pytestmark = pytest.mark.e2e
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
@@ -56,3 +59,25 @@ def test_the_openapi_command_prints_the_committed_document(settings: Settings) -
     done = pkgq(settings, "web", "openapi")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == json.loads(COMMITTED.read_text())
+
+
+async def test_the_console_process_answers_its_probes_refuses_anonymous_calls_and_stops_on_sigterm(
+    settings: Settings, spawn: Callable[..., PkgqProcess]
+) -> None:
+    port = free_port()
+    web = spawn("web", **web_env(port))
+
+    async def ready() -> bool:
+        try:
+            return (await http_get(port, "/readyz"))[0] == 200
+        except OSError:
+            return False
+
+    await eventually(ready, within=60)
+    assert await http_get(port, "/healthz") == (200, "ok")
+    status, body = await http_get(port, f"/api/v1/users/{uuid4()}/current")
+    assert status == 401
+    assert "bearer token" in body
+    status, _ = await http_get(port, "/dead-letters")
+    assert status == 303  # to the sign-in form
+    assert web.terminate() == 0, web.logs()
