@@ -9,7 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from uuid import UUID
 
+import structlog
+
 from infra.postgres.pool import Conn
+
+log = structlog.get_logger(__name__)
 
 Action = Literal["cancel", "adjust_quota", "edit_replay", "replay", "discard"]
 
@@ -27,7 +31,7 @@ class Entry:
 
 async def record(conn: Conn, entry: Entry) -> int:
     """Inside the action's transaction: one audit row. Returns its id."""
-    return int(
+    found = int(
         await conn.fetchval(
             """
             INSERT INTO telecom.operator_actions
@@ -44,6 +48,17 @@ async def record(conn: Conn, entry: Entry) -> int:
             json.dumps(entry.detail, default=str),
         )
     )
+    # A log line too (journald, log shippers); the row is the record that counts.
+    log.info(
+        "operator_action",
+        audit_id=found,
+        actor=entry.actor,
+        action=entry.action,
+        user_id=str(entry.user_id) if entry.user_id else None,
+        item_id=entry.item_id,
+        dead_letter_id=entry.dead_letter_id,
+    )
+    return found
 
 
 async def recent(

@@ -119,3 +119,35 @@ async def test_a_groups_discard_confirms_the_ids_it_will_touch_and_records_who(
     assert states[other] == ("buried", None)
     assert audit is not None
     assert (audit["actor"], audit["action"]) == ("web:olga", "discard")
+
+
+async def test_message_data_is_shown_as_text_never_as_markup(
+    http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    script = "<script>alert(1)</script>"
+    async with pool.acquire() as conn:
+        dead = await dead_letters.bury(
+            conn,
+            dead_letters.NewDeadLetter(
+                source="consumer",
+                route=PACKAGE_PURCHASE.name,
+                consumer=PACKAGE_PURCHASE.short_name,
+                message_id=str(uuid4()),
+                user_id=None,
+                message_type=script,
+                content_type="application/json",
+                body=b'{"note": "<img src=x onerror=alert(2)>"}',
+                headers={"x-evil": script},
+                reason="schema_invalid",
+                error_type="BadMessageError",
+                error_message=script,
+                traceback=script,
+            ),
+        )
+    for path in (f"/dead-letters/{dead}", "/dead-letters"):
+        page = await http.get(path)
+        assert page.status_code == 200
+        assert "<script>alert" not in page.text
+        assert "<img src=x" not in page.text
+    detail = await http.get(f"/dead-letters/{dead}")
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in detail.text
