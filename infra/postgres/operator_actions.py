@@ -48,7 +48,8 @@ async def record(conn: Conn, entry: Entry) -> int:
             json.dumps(entry.detail, default=str),
         )
     )
-    # A log line too (journald, log shippers); the row is the record that counts.
+    # A log line too, for journald and log shippers. It tells of the attempt: the row, committed
+    # or rolled back with the action, is the record.
     log.info(
         "operator_action",
         audit_id=found,
