@@ -24,18 +24,18 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
+from consumers import operations
 from consumers.cli_support import load_settings, operator, text
 from infra.postgres import dead_letters, holds, replay
 from infra.postgres.pool import database
 from infra.settings import Settings
-from infra.transient import transient_retrying
 
 dlq_app = typer.Typer(
     help="Dead letters: list, show, group, replay (dig/plow), discard, purge; and holds."
 )
 console = Console()
 log = structlog.get_logger(__name__)
-BATCH = 200
+BATCH = operations.BATCH  # dead letters per transaction in bulk commands
 T = TypeVar("T")
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -263,23 +263,23 @@ async def _in_batches(
     """Run `step` over `ids` in transactions of BATCH, with a progress bar on a terminal.
     Returns each committed batch's result; a batch hit by a deadlock or a blip is run again."""
     results: list[T] = []
-    batches = [list(ids[i : i + BATCH]) for i in range(0, len(ids), BATCH)]
+    done: list[int] = []
+    batches = -(-len(ids) // BATCH)
     progress = Progress(console=console, transient=True) if sys.stdout.isatty() else None
     task = progress.add_task(label, total=len(ids)) if progress else None
     if progress:
         progress.start()
     try:
+
+        def advance(size: int) -> None:
+            done.append(size)
+            if progress is not None and task is not None:
+                progress.advance(task, size)
+            else:
+                log.info(label, batch=size, done=len(done), batches=batches)
+
         async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
-            for batch in batches:
-                async for attempt in transient_retrying():
-                    with attempt:
-                        async with conn.transaction():
-                            result = await step(conn, batch)
-                results.append(result)
-                if progress is not None and task is not None:
-                    progress.advance(task, len(batch))
-                else:
-                    log.info(label, batch=len(batch), done=len(results), batches=len(batches))
+            results = await operations.in_batches(conn, ids, step, advance)
     finally:
         if progress:
             progress.stop()
@@ -311,7 +311,7 @@ def _replay(
     who = by or operator()
 
     async def step(conn: Any, batch: list[int]) -> list[replay.ReplayResult]:
-        return await replay.replay(conn, batch, who, force=force, transition=transition)
+        return await operations.replay_batch(conn, batch, who, force=force, transition=transition)
 
     batches = asyncio.run(_in_batches(settings, [r["id"] for r in rows], step, "replaying"))
     results = [r for batch in batches for r in batch]
@@ -428,7 +428,7 @@ def discard_cmd(
     who = by or operator()
 
     async def step(conn: Any, batch: list[int]) -> int:
-        return await dead_letters.discard(conn, batch, who)
+        return await operations.discard_batch(conn, batch, who)
 
     discarded = sum(asyncio.run(_in_batches(settings, [r["id"] for r in rows], step, "discarding")))
     if as_json:

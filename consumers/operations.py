@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from uuid import UUID
 
-import asyncpg
-
 from events.models import AdjustQuota, CancelPackage, WireModel
 from events.routes import PACKAGE_CANCEL, QUOTA_ADJUST, ROUTES, Route
 from infra.jobs import put
@@ -150,24 +148,23 @@ async def edit_and_replay(
 
 
 async def in_batches(
-    pool: asyncpg.Pool,
+    conn: Conn,
     ids: Sequence[int],
     step: Callable[[Conn, list[int]], Awaitable[T]],
     on_batch: Callable[[int], None] | None = None,
 ) -> list[T]:
-    """Run `step` over `ids` in transactions of BATCH; a batch hit by a deadlock or a blip is
-    run again. Returns each committed batch's result."""
+    """Run `step` over `ids` in transactions of BATCH on `conn`; a batch hit by a deadlock or a
+    blip is run again. Returns each committed batch's result; `on_batch(size)` after each."""
     results: list[T] = []
-    async with pool.acquire() as conn:
-        for start in range(0, len(ids), BATCH):
-            batch = list(ids[start : start + BATCH])
-            async for attempt in transient_retrying():
-                with attempt:
-                    async with conn.transaction():
-                        result = await step(conn, batch)
-            results.append(result)
-            if on_batch is not None:
-                on_batch(len(batch))
+    for start in range(0, len(ids), BATCH):
+        batch = list(ids[start : start + BATCH])
+        async for attempt in transient_retrying():
+            with attempt:
+                async with conn.transaction():
+                    result = await step(conn, batch)
+        results.append(result)
+        if on_batch is not None:
+            on_batch(len(batch))
     return results
 
 
@@ -177,28 +174,41 @@ class BulkResult:
     skipped: list[replay.ReplayResult]
 
 
-async def replay_ids(pool: asyncpg.Pool, ids: Sequence[int], who: str) -> BulkResult:
-    """Replay these buried dead letters through the outbox, once each, with an audit row per
-    batch (their replayed_by says who, too)."""
+async def replay_batch(
+    conn: Conn, ids: list[int], who: str, *, force: bool = False, transition: str = "dig"
+) -> list[replay.ReplayResult]:
+    """Inside a transaction: replay these dead letters through the outbox (their replayed_by
+    says who) with an audit row for the batch."""
+    results = await replay.replay(conn, ids, who, force=force, transition=transition)
+    await _record_bulk(conn, "replay", who, ids, sum(r.replayed for r in results))
+    return results
 
-    async def step(conn: Conn, batch: list[int]) -> list[replay.ReplayResult]:
-        results = await replay.replay(conn, batch, who)
-        await _record_bulk(conn, "replay", who, batch, sum(r.replayed for r in results))
-        return results
 
-    flat = [r for batch in await in_batches(pool, ids, step) for r in batch]
+async def discard_batch(conn: Conn, ids: list[int], who: str) -> int:
+    """Inside a transaction: discard these buried dead letters (what they held back is
+    released in order) with an audit row for the batch."""
+    done = await dead_letters.discard(conn, ids, who)
+    await _record_bulk(conn, "discard", who, ids, done)
+    return done
+
+
+async def replay_ids(conn: Conn, ids: Sequence[int], who: str) -> BulkResult:
+    """Replay these buried dead letters, once each, in batches."""
+
+    async def step(c: Conn, batch: list[int]) -> list[replay.ReplayResult]:
+        return await replay_batch(c, batch, who)
+
+    flat = [r for batch in await in_batches(conn, ids, step) for r in batch]
     return BulkResult(sum(r.replayed for r in flat), [r for r in flat if not r.replayed])
 
 
-async def discard_ids(pool: asyncpg.Pool, ids: Sequence[int], who: str) -> int:
-    """Discard these buried dead letters; what they held back is released in order."""
+async def discard_ids(conn: Conn, ids: Sequence[int], who: str) -> int:
+    """Discard these buried dead letters, in batches."""
 
-    async def step(conn: Conn, batch: list[int]) -> int:
-        done = await dead_letters.discard(conn, batch, who)
-        await _record_bulk(conn, "discard", who, batch, done)
-        return done
+    async def step(c: Conn, batch: list[int]) -> int:
+        return await discard_batch(c, batch, who)
 
-    return sum(await in_batches(pool, ids, step))
+    return sum(await in_batches(conn, ids, step))
 
 
 async def _record_bulk(conn: Conn, action: str, who: str, ids: list[int], done: int) -> None:

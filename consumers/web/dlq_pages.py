@@ -142,16 +142,18 @@ async def act(request: Request, who: Operator) -> Response:
         ids = [int(x) for x in form.get("ids", "").split(",") if x]
     except ValueError:
         raise HTTPException(422, "ids must be numbers") from None
-    if action == "replay":
-        result = await operations.replay_ids(pool_of(request), ids, who.actor)
-        done = f"replayed {result.done} dead letter(s) through the outbox"
-        if result.skipped:
-            done += "; not replayed: " + "; ".join(f"{r.id}: {r.detail}" for r in result.skipped)
-    elif action == "discard":
-        count = await operations.discard_ids(pool_of(request), ids, who.actor)
-        done = f"discarded {count} dead letter(s)"
-    else:
+    if action not in ("replay", "discard"):
         raise HTTPException(422, "action must be replay or discard")
+    async with pool_of(request).acquire() as conn:
+        if action == "replay":
+            result = await operations.replay_ids(conn, ids, who.actor)
+            done = f"replayed {result.done} dead letter(s) through the outbox"
+            if result.skipped:
+                skipped = "; ".join(f"{r.id}: {r.detail}" for r in result.skipped)
+                done += f"; not replayed: {skipped}"
+        else:
+            count = await operations.discard_ids(conn, ids, who.actor)
+            done = f"discarded {count} dead letter(s)"
     back = f"/dead-letters/{ids[0]}" if len(ids) == 1 else "/dead-letters"
     return RedirectResponse(f"{back}?{urlencode({'done': done})}", status_code=303)
 

@@ -14,7 +14,7 @@ from consumers import operations
 from events.routes import PACKAGE_PURCHASE
 from infra.postgres import dead_letters, holds
 from infra.settings import Settings
-from tests.support import add_package
+from tests.support import add_package, cli
 
 
 async def _buried_purchase(pool: asyncpg.Pool, user: UUID, body: bytes) -> tuple[int, UUID]:
@@ -154,3 +154,28 @@ async def test_cancel_and_adjust_quota_go_through_the_outbox_with_an_audit_row(
         ("web:olga", "cancel", item, cancel),
         ("alice@host", "adjust_quota", item, adjust),
     ]
+
+
+async def test_the_cli_discards_and_replays_through_the_same_functions_with_audit_rows(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    user = uuid4()
+    body = json.dumps({"user_id": str(user), "package_id": 1}).encode()
+    discarded, _ = await _buried_purchase(pool, user, body)
+    replayed, message_id = await _buried_purchase(pool, uuid4(), body)
+    done = await cli(settings, "dlq", "discard", str(discarded), "--by", "ops@box")
+    assert done.returncode == 0, done.stderr
+    done = await cli(settings, "dlq", "dig", str(replayed), "--by", "ops@box")
+    assert done.returncode == 0, done.stderr
+    async with pool.acquire() as conn:
+        audit = await conn.fetch(
+            "SELECT actor, action, dead_letter_id FROM telecom.operator_actions ORDER BY id"
+        )
+        sent = await conn.fetchval(
+            "SELECT count(*) FROM telecom.outbox WHERE message_id = $1", message_id
+        )
+    assert [(a["actor"], a["action"], a["dead_letter_id"]) for a in audit] == [
+        ("ops@box", "discard", discarded),
+        ("ops@box", "replay", replayed),
+    ]
+    assert sent == 1
