@@ -13,6 +13,7 @@ import asyncpg
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.datastructures import MutableHeaders
@@ -200,8 +201,18 @@ def page_operator(request: Request) -> auth.Principal:
     return who
 
 
-def api_viewer(request: Request) -> auth.Principal:
-    """An API call: a bearer token, or a console session."""
+_BEARER = HTTPBearer(
+    auto_error=False,
+    description="A token from `pkgq web new-token` (its sha256 in PKGQ_WEB_TOKENS).",
+)
+
+
+def api_viewer(
+    request: Request,
+    _documented: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)],
+) -> auth.Principal:
+    """An API call: a bearer token, or a console session. (`_documented` puts the bearer scheme
+    in the OpenAPI document; the token is checked by auth.token_principal.)"""
     web: WebSettings = request.app.state.web
     who = auth.token_principal(request, web) or auth.session_principal(request, web)
     if who is None:
