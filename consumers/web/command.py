@@ -146,6 +146,9 @@ def bench_cmd(
     seconds: Annotated[int, typer.Option(min=1, help="Seconds of load per endpoint.")] = 10,
     connections: Annotated[int, typer.Option(min=1, help="wrk's open connections.")] = 32,
     threads: Annotated[int, typer.Option(min=1, help="wrk's threads.")] = 2,
+    rounds: Annotated[
+        int, typer.Option(min=1, max=10, help="Alternating rounds; each endpoint's best counts.")
+    ] = 3,
     port: Annotated[int, typer.Option(help="Where the benchmarked pkgq web listens.")] = 18081,
 ) -> None:
     """Benchmark /api/v1/users/{id}/current with wrk against a one-row SELECT endpoint on the
@@ -166,6 +169,7 @@ def bench_cmd(
             connections=connections,
             threads=threads,
             port=port,
+            rounds=rounds,
             say=say,
         )
     )
