@@ -107,7 +107,44 @@ def demo_cmd(
     raise typer.Exit(run(run_demo(settings, timeout)))
 
 
+def web_bench_cmd(
+    users: Annotated[int, typer.Option(min=1, help="Users seeded (5 items each).")] = 20_000,
+    seconds: Annotated[int, typer.Option(min=1, help="Seconds of load per endpoint.")] = 10,
+    connections: Annotated[int, typer.Option(min=1, help="wrk's open connections.")] = 32,
+    threads: Annotated[int, typer.Option(min=1, help="wrk's threads.")] = 2,
+    rounds: Annotated[
+        int, typer.Option(min=1, max=10, help="Alternating rounds; each endpoint's best counts.")
+    ] = 3,
+    port: Annotated[int, typer.Option(help="Where the benchmarked pkgq web listens.")] = 18081,
+) -> None:
+    """Benchmark /api/v1/users/{id}/current with wrk against a one-row SELECT endpoint on the
+    same stack, in a database of its own (pkgq_bench_web); prints key=value lines last."""
+    from devtools.web_bench import run_web_bench
+
+    settings = load_settings()
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    code = run(
+        run_web_bench(
+            settings,
+            users=users,
+            seconds=seconds,
+            connections=connections,
+            threads=threads,
+            port=port,
+            rounds=rounds,
+            say=say,
+        )
+    )
+    raise typer.Exit(code)
+
+
 def register(app: typer.Typer) -> None:
-    """Add `bench` and `demo` to the `pkgq` app."""
+    """Add `bench`, `demo` and `web bench` to the `pkgq` app."""
+    from consumers.cli.web import web_app
+
     app.command("bench")(bench_cmd)
     app.command("demo")(demo_cmd)
+    web_app.command("bench")(web_bench_cmd)

@@ -21,6 +21,7 @@ from consumers.cli.catalog import catalog_app
 from consumers.cli.dlq import dlq_app
 from consumers.cli.partitions import partitions_app
 from consumers.cli.user import user_app
+from consumers.cli.web import web_app
 
 app = typer.Typer(
     help="pkgq: the telecom package queue on RabbitMQ and PostgreSQL.",
@@ -60,6 +61,7 @@ app.add_typer(user_app, name="user")
 app.add_typer(catalog_app, name="catalog")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(partitions_app, name="partitions")
+app.add_typer(web_app, name="web")
 
 
 PLUGINS = "pkgq.commands"

@@ -18,6 +18,7 @@ import structlog
 import typer
 from rich.progress import Progress
 
+from consumers import operations
 from consumers.cli import exit_codes
 from consumers.cli.confirm import confirm
 from consumers.cli.durations import parse_since
@@ -36,10 +37,9 @@ from consumers.cli.running import load_settings, on_database, run
 from infra.postgres import dead_letters, replay
 from infra.postgres.pool import Conn, database
 from infra.settings import Settings
-from infra.transient import transient_retrying
 
 log = structlog.get_logger(__name__)
-BATCH = 200
+BATCH = operations.BATCH  # dead letters per transaction in bulk commands
 T = TypeVar("T")
 
 RouteOpt = Annotated[
@@ -89,23 +89,22 @@ async def _in_batches(
     step: Callable[[Conn, list[int]], Awaitable[T]],
     label: str,
 ) -> list[T]:
-    """Run `step` over `ids` in transactions of BATCH, with a progress bar on a terminal.
-    Returns each committed batch's result; a batch hit by a deadlock or a blip is run again."""
-    results: list[T] = []
-    batches = [list(ids[i : i + BATCH]) for i in range(0, len(ids), BATCH)]
+    """Run `step` over `ids` in transactions of BATCH (consumers/operations.py, as the console
+    does), with a progress bar on a terminal. Returns each committed batch's result."""
+    batches = -(-len(ids) // BATCH)
     with Progress(console=console, transient=True, disable=not sys.stdout.isatty()) as progress:
         task = progress.add_task(label, total=len(ids))
+        done = 0
+
+        def advance(size: int) -> None:
+            nonlocal done
+            done += 1
+            progress.advance(task, size)
+            if progress.disable:
+                log.info(label, batch=size, done=done, batches=batches)
+
         async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
-            for batch in batches:
-                async for attempt in transient_retrying():
-                    with attempt:
-                        async with conn.transaction():
-                            result = await step(conn, batch)
-                results.append(result)
-                progress.advance(task, len(batch))
-                if progress.disable:
-                    log.info(label, batch=len(batch), done=len(results), batches=len(batches))
-    return results
+            return await operations.in_batches(conn, ids, step, advance)
 
 
 def _find(settings: Settings, which: dead_letters.Filter) -> list[dict[str, Any]]:
@@ -124,7 +123,7 @@ def _replay(
     who = by or operator()
 
     async def step(conn: Conn, batch: list[int]) -> list[replay.ReplayResult]:
-        return await replay.replay(conn, batch, who, force=force, transition=transition)
+        return await operations.replay_batch(conn, batch, who, force=force, transition=transition)
 
     batches = run(_in_batches(settings, [r["id"] for r in rows], step, "replaying"))
     results = [r for batch in batches for r in batch]
@@ -237,7 +236,7 @@ def discard_cmd(
     who = by or operator()
 
     async def step(conn: Conn, batch: list[int]) -> int:
-        return await dead_letters.discard(conn, batch, who)
+        return await operations.discard_batch(conn, batch, who)
 
     discarded = sum(run(_in_batches(settings, found, step, "discarding")))
     show({"discarded": discarded}, as_json, lambda _: say(f"discarded {discarded} dead letter(s)"))

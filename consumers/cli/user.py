@@ -3,20 +3,19 @@ commands on its items (published like any other command, with a reason and who s
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 from uuid import UUID
 
 import typer
 
+from consumers import operations
 from consumers.cli import exit_codes
 from consumers.cli.options import JsonOpt, operator
 from consumers.cli.output import Column, console, say, show, table, text
-from consumers.cli.running import connected, load_settings, publish, run
-from domain.model import QueueItem
+from consumers.cli.running import connected, load_settings, run
+from consumers.queue_view import item_row
 from domain.queue import UserQueue
-from events.models import AdjustQuota, CancelPackage
-from events.routes import PACKAGE_CANCEL, QUOTA_ADJUST
 from infra.postgres import access, queue_repo
 from infra.postgres.pool import Conn, clock
 from infra.settings import Settings
@@ -26,33 +25,6 @@ user_app = typer.Typer(help="Inspect and administer one user's package queue.")
 Reason = Annotated[
     str | None, typer.Option(help="Why (stored in the item's audit trail, 500 characters at most).")
 ]
-
-
-def item_row(item: QueueItem, now: datetime) -> dict[str, Any]:
-    """One item as `user show` reports it: its status as the clock sees it (an active item past
-    its expire_at is consumed, even while its timer is on its way), and its own terms."""
-    status = item.status_at(now)
-    return {
-        "id": item.id,
-        "package": item.terms.package_name,
-        "package_id": item.package_id,
-        "status": status.value,
-        "expired_by_time_pending_timer": status is not item.status,
-        "by_order": str(item.by_order) if item.by_order else None,
-        "created_at": item.created_at.isoformat(),
-        "activated_at": item.activated_at.isoformat() if item.activated_at else None,
-        "expire_at": item.expire_at.isoformat() if item.expire_at else None,
-        "traffic_limit": item.terms.traffic_limit,
-        "duration_s": (
-            int(item.terms.duration.total_seconds()) if item.terms.duration is not None else None
-        ),
-        "upload": item.upload,
-        "download": item.download,
-        "used": item.used,
-        "adjust_quota": item.adjust_quota,
-        "quota": item.quota,
-        "remaining": item.remaining if status.value in ("active", "in_queue") else 0,
-    }
 
 
 async def _summary(conn: Conn, user_id: UUID) -> dict[str, Any]:
@@ -112,11 +84,18 @@ def user_show(user_id: UUID, as_json: JsonOpt = False) -> None:
     show(summary, as_json, _print_summary)
 
 
-async def _owner(settings: Settings, item_id: int) -> UUID:
-    owner = await connected(settings, lambda conn: queue_repo.item_owner(conn, item_id))
-    if owner is None:
-        exit_codes.fail(exit_codes.NOT_FOUND, f"no queue item {item_id}")
-    return owner
+async def _item_command(settings: Settings, command: Callable[[Conn], Awaitable[UUID]]) -> UUID:
+    """Run one of consumers/operations.py's item commands in a transaction (the console runs
+    the same); an unknown item is exit status 3."""
+
+    async def in_transaction(conn: Conn) -> UUID:
+        async with conn.transaction():
+            return await command(conn)
+
+    try:
+        return await connected(settings, in_transaction)
+    except operations.UnknownItemError as exc:
+        exit_codes.fail(exit_codes.NOT_FOUND, exc)
 
 
 def _published(message_id: UUID, as_json: bool) -> None:
@@ -125,16 +104,12 @@ def _published(message_id: UUID, as_json: bool) -> None:
 
 @user_app.command("cancel")
 def user_cancel(item_id: int, reason: Reason = None, as_json: JsonOpt = False) -> None:
-    """Cancel queue item ITEM_ID (published to telecom.package_cancel, with the reason and
-    you as the operator; announced as telecom.package_cancelled once applied)."""
+    """Cancel queue item ITEM_ID (put in the outbox for telecom.package_cancel, with the reason
+    and you as the operator; announced as telecom.package_cancelled once applied)."""
     settings = load_settings()
-
-    async def go() -> UUID:
-        owner = await _owner(settings, item_id)
-        body = CancelPackage(user_id=owner, item_id=item_id, reason=reason, operator=operator())
-        return await publish(settings, PACKAGE_CANCEL, body)
-
-    _published(run(go()), as_json)
+    who = operator()
+    command = _item_command(settings, lambda c: operations.cancel_item(c, item_id, who, reason))
+    _published(run(command), as_json)
 
 
 @user_app.command("adjust-quota")
@@ -144,15 +119,12 @@ def user_adjust_quota(
     reason: Reason = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Add DELTA bytes to ITEM_ID's quota adjustment (published to telecom.quota_adjust, with
-    the reason and you as the operator). Refused for an item with unlimited traffic."""
+    """Add DELTA bytes to ITEM_ID's quota adjustment (put in the outbox for
+    telecom.quota_adjust, with the reason and you as the operator). Refused for an item with
+    unlimited traffic."""
     settings = load_settings()
-
-    async def go() -> UUID:
-        owner = await _owner(settings, item_id)
-        body = AdjustQuota(
-            user_id=owner, item_id=item_id, delta=delta, reason=reason, operator=operator()
-        )
-        return await publish(settings, QUOTA_ADJUST, body)
-
-    _published(run(go()), as_json)
+    who = operator()
+    command = _item_command(
+        settings, lambda c: operations.adjust_quota(c, item_id, delta, who, reason)
+    )
+    _published(run(command), as_json)

@@ -19,7 +19,7 @@ fi
 [ -x "$pkgq" ] || { echo "$pkgq is missing: run 'make venv' first" >&2; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-units=(pkgq-relay.service pkgq-dlq-ingest.service pkgq-migrate.service pkgq.target)
+units=(pkgq-relay.service pkgq-dlq-ingest.service pkgq-migrate.service pkgq-web.service pkgq.target)
 for unit in "${units[@]}"; do
     sed "s|/opt/pkgq/.venv/bin/pkgq|$pkgq|" "$here/$unit" > "$work/$unit"
 done

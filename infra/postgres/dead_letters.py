@@ -126,6 +126,7 @@ class Filter:
     error: str | None = None
     """Case-insensitive substring of the reason, error type or error message."""
     group: str | None = None
+    user_id: UUID | None = None
     since: datetime | None = None
     older_than: datetime | None = None
     status: str | None = None
@@ -151,6 +152,8 @@ class Filter:
             )
         if self.group:
             add("d.group_key = $?", self.group)
+        if self.user_id:
+            add("d.user_id = $?", self.user_id)
         if self.since:
             add("d.last_failed_at >= $?", self.since)
         if self.older_than:

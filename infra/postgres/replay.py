@@ -6,7 +6,7 @@ message_id that is not a UUID) are refused with the reason."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -18,6 +18,7 @@ from events.envelope import (
     H_REPLAY_OF,
     H_SCHEMA_VERSION,
     H_SEQ,
+    H_USER_ID,
     preview,
     republished_headers,
 )
@@ -28,6 +29,16 @@ from infra.postgres.pool import Conn
 
 
 @dataclass(frozen=True, slots=True)
+class Edit:
+    """An operator's corrected body for a dead letter, already validated against its route's
+    model (consumers/operations.py): replayed instead of the stored one, which stays as it was
+    buried, for audit. The message keeps its message_id, so a hold it blocks still waits for it."""
+
+    body: bytes
+    user_id: UUID | None
+
+
+@dataclass(frozen=True, slots=True)
 class ReplayResult:
     id: int
     message_id: str | None
@@ -35,8 +46,9 @@ class ReplayResult:
     detail: str
 
 
-def replay_message(row: Any) -> outbox.OutboxMessage | str:
-    """The outbox row that sends a dead letter again, or why it cannot be replayed."""
+def replay_message(row: Any, edit: Edit | None = None) -> outbox.OutboxMessage | str:
+    """The outbox row that sends a dead letter again (with `edit`'s body instead of its own),
+    or why it cannot be replayed."""
     route = ROUTES.get(row["route"])
     if route is None:
         return f"route {row['route']!r} is not a pkgq route"
@@ -48,9 +60,13 @@ def replay_message(row: Any) -> outbox.OutboxMessage | str:
     except ValueError:
         return f"message_id {row['message_id']!r} is not a UUID; republish it with `pkgq publish`"
     size = row.get("body_size")
-    if size is not None and size > len(row["body"]):
+    if edit is None and size is not None and size > len(row["body"]):
         return f"only the first {len(row['body'])} of its {size} bytes were kept"
     headers = as_dict(row["headers"])
+    user_id = row["user_id"]
+    if edit is not None and edit.user_id is not None:
+        user_id = edit.user_id
+        headers[H_USER_ID] = str(edit.user_id)
     version = headers.get(H_SCHEMA_VERSION) or route.schema_version
     schema_version = _natural(version, 2**15)
     if not schema_version:
@@ -61,8 +77,8 @@ def replay_message(row: Any) -> outbox.OutboxMessage | str:
         route=route.name,
         message_type=row["message_type"] or route.message_type,
         schema_version=schema_version,
-        body=bytes(row["body"]),
-        user_id=row["user_id"],
+        body=edit.body if edit is not None else bytes(row["body"]),
+        user_id=user_id,
         seq=_natural(seq, 2**53),
         message_id=message_id,
         # Revived without its old TTL (seed 004's dig sets a new one, or none).
@@ -88,13 +104,20 @@ def _natural(value: Any, below: int) -> int | None:
 
 
 async def replay(
-    conn: Conn, ids: Sequence[int], who: str, *, force: bool = False, transition: str = "dig"
+    conn: Conn,
+    ids: Sequence[int],
+    who: str,
+    *,
+    force: bool = False,
+    transition: str = "dig",
+    edits: Mapping[int, Edit] | None = None,
 ) -> list[ReplayResult]:
     """Inside a transaction: send the given dead letters again through the outbox, once each.
 
     Only `buried` rows are replayed (any status with `force`); each is marked `replayed` in the
     same transaction as its outbox row, so an interrupted bulk replay re-run skips what was done.
     The replay keeps the message_id: if it had been applied after all, the inbox drops it.
+    `edits`: corrected bodies by dead-letter id, sent instead of the stored ones.
     """
     statuses = list(STATUSES) if force else ["buried"]
     await lock_holds(conn, ids)
@@ -103,7 +126,7 @@ async def replay(
     messages: list[outbox.OutboxMessage] = []
     replayed: list[int] = []
     for row in rows:
-        message = replay_message(row)
+        message = replay_message(row, (edits or {}).get(row["id"]))
         if isinstance(message, str):
             results.append(ReplayResult(row["id"], row["message_id"], False, message))
             continue

@@ -25,6 +25,8 @@ def commands(group: typer.Typer, prefix: str = "pkgq") -> Iterator[str]:
     for sub in group.registered_groups:
         assert sub.name is not None
         assert sub.typer_instance is not None
+        if sub.typer_instance.info.invoke_without_command:  # the group runs alone too (pkgq web)
+            yield f"{prefix} {sub.name}"
         yield from commands(sub.typer_instance, f"{prefix} {sub.name}")
 
 

@@ -1,0 +1,137 @@
+"""`pkgq web`: serve the console and the read API; create users and tokens; print the OpenAPI
+document."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import json
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from consumers.cli import exit_codes
+from consumers.web.config import WebSettings
+
+if TYPE_CHECKING:
+    import uvicorn
+
+web_app = typer.Typer(
+    help="The operator console and the read API (one ASGI process on PKGQ_WEB_PORT).",
+    invoke_without_command=True,
+)
+
+
+@web_app.callback()
+def serve(
+    ctx: typer.Context,
+    port: Annotated[int | None, typer.Option(help="Listen here (PKGQ_WEB_PORT, 8080).")] = None,
+    host: Annotated[
+        str | None, typer.Option(help="Bind address (PKGQ_WEB_HOST, 127.0.0.1).")
+    ] = None,
+    baseline: Annotated[
+        bool,
+        typer.Option(
+            "--baseline-endpoint",
+            hidden=True,
+            help="Also serve /api/v1/baseline (one-row SELECT) for `make bench-web`.",
+        ),
+    ] = False,
+) -> None:
+    """Serve the console and the API until SIGTERM/SIGINT (without a subcommand)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    import uvicorn
+
+    from consumers.cli.running import load_settings
+    from consumers.web.app import create_app
+
+    settings = load_settings(logs_to_stdout=True)
+    web = WebSettings.load()
+    problems = web.problems()
+    if problems:
+        exit_codes.fail(exit_codes.USAGE, "; ".join(problems))
+    app = create_app(settings, web, baseline=baseline)
+    config = uvicorn.Config(
+        app,
+        host=host or web.host,
+        port=port if port is not None else web.port,
+        access_log=web.access_log,
+        log_config=None,  # structlog renders the stdlib records (infra/logging.py)
+        proxy_headers=False,
+    )
+    asyncio.run(_serve(config))
+
+
+async def _serve(config: uvicorn.Config) -> None:
+    """Serve until SIGTERM or SIGINT, then finish the requests in hand and exit 0, as every
+    pkgq process does (uvicorn's own handlers would re-raise the signal at the end)."""
+    import uvicorn
+
+    from consumers.runtime import stop_on_signals
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield  # pkgq's handlers (stop_on_signals) end it instead
+
+    server = Server(config)
+    stop = stop_on_signals()
+    serving = asyncio.create_task(server.serve())
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    server.should_exit = True
+    stopping.cancel()
+    await serving
+
+
+@web_app.command("hash-password")
+def hash_password_cmd(
+    stdin: Annotated[bool, typer.Option("--stdin", help="Read the password from stdin.")] = False,
+) -> None:
+    """Print a password hash for PKGQ_WEB_USERS (asks for the password twice on a terminal)."""
+    from consumers.web.auth import hash_password
+
+    if stdin:
+        password = sys.stdin.readline().rstrip("\n")
+    else:
+        password = getpass.getpass("password: ")
+        if getpass.getpass("again: ") != password:
+            exit_codes.fail(exit_codes.USAGE, "the passwords differ")
+    if len(password) < 8:
+        exit_codes.fail(exit_codes.USAGE, "use at least 8 characters")
+    print(hash_password(password))
+
+
+@web_app.command("new-token")
+def new_token_cmd(
+    name: Annotated[str, typer.Argument(help="Who uses it, e.g. node-mgmt.")],
+    role: Annotated[str, typer.Option(help="viewer (read) or operator.")] = "viewer",
+) -> None:
+    """Make a bearer token for the API: prints the token (give it to the client) and the
+    PKGQ_WEB_TOKENS entry (only its sha256 is stored)."""
+    from consumers.web.auth import new_token
+
+    if role not in ("viewer", "operator"):
+        raise typer.BadParameter("role must be viewer or operator")
+    token, digest = new_token()
+    print(f"token: {token}")
+    print("PKGQ_WEB_TOKENS entry: " + json.dumps({name: {"role": role, "sha256": digest}}))
+
+
+def openapi_document() -> dict[str, Any]:
+    """The read API's OpenAPI document (docs/openapi.json), built without any service."""
+    from consumers.web.app import create_app
+    from infra.settings import Settings
+
+    app = create_app(Settings(), WebSettings(secret="x" * 32))
+    return app.openapi()
+
+
+@web_app.command("openapi")
+def openapi_cmd() -> None:
+    """Print the read API's OpenAPI document (docs/openapi.json is this)."""
+    print(json.dumps(openapi_document(), indent=2, sort_keys=True))

@@ -1,0 +1,211 @@
+"""The console's pages: sign-in, the overview, one user's queue (cancel and quota adjustment),
+holds and parked messages, workers, groups and addresses, and the audit trail."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+from uuid import UUID
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from pydantic import ValidationError
+
+from consumers import operations
+from consumers.job_stats import route_stats
+from consumers.queue_view import current_package, item_row
+from consumers.web import auth
+from consumers.web.dependencies import Operator, Viewer, pool_of, render
+from infra.postgres import (
+    console,
+    groups,
+    holds,
+    operator_actions,
+    queue_repo,
+    read_api,
+    stats,
+    workers,
+)
+from infra.postgres.pool import Conn
+from infra.settings import Settings
+
+router = APIRouter(include_in_schema=False)
+
+
+def _safe_next(target: str | None) -> str:
+    """Only a path on this site (never `//host` or a scheme): no open redirect."""
+    if not target or not target.startswith("/") or target.startswith("//"):
+        return "/"
+    return target
+
+
+@router.get("/login", response_class=HTMLResponse)
+async def login_form(request: Request, next: str | None = None) -> Response:
+    return render(request, "login.html", {"next": _safe_next(next), "error": None})
+
+
+@router.post("/login", response_class=HTMLResponse)
+async def login(request: Request) -> Response:
+    form = await auth.checked_form(request)
+    target = _safe_next(form.get("next"))
+    if auth.login(request, request.app.state.web, form.get("user", ""), form.get("password", "")):
+        return RedirectResponse(target, status_code=303)
+    return render(
+        request,
+        "login.html",
+        {"next": target, "error": "wrong user name or password"},
+        status_code=401,
+    )
+
+
+@router.post("/logout")
+async def logout(request: Request, who: Viewer) -> Response:
+    await auth.checked_form(request)
+    request.session.clear()
+    return RedirectResponse("/login", status_code=303)
+
+
+async def _overview(request: Request) -> dict[str, Any]:
+    settings: Settings = request.app.state.settings
+    async with pool_of(request).acquire() as conn:
+        table = await route_stats(settings, conn)
+        backlog = await stats.backlog(conn)
+        held = await console.held_users(conn)
+        running = await workers.list_workers(conn)
+    alive = [w for w in running if w.state(settings.worker_stale_after) == "alive"]
+    return {
+        "routes": [
+            {
+                "route": route,
+                "short": route.removeprefix("telecom."),
+                **row,
+                "held": held.get(route.removeprefix("telecom."), 0),
+            }
+            for route, row in table.items()
+        ],
+        "backlog": backlog,
+        "workers_alive": len(alive),
+        "workers_stale": len(running) - len(alive),
+        "held_total": sum(held.values()),
+    }
+
+
+@router.get("/", response_class=HTMLResponse)
+async def overview(request: Request, who: Viewer) -> Response:
+    return render(request, "overview.html", await _overview(request))
+
+
+@router.get("/overview/live", response_class=HTMLResponse)
+async def overview_live(request: Request, who: Viewer) -> Response:
+    """The overview's figures alone: the page's script swaps them in every few seconds."""
+    return render(request, "overview_live.html", await _overview(request))
+
+
+@router.get("/users", response_class=HTMLResponse)
+async def find_user(request: Request, who: Viewer, user_id: str | None = None) -> Response:
+    if user_id:
+        try:
+            return RedirectResponse(f"/users/{UUID(user_id.strip())}", status_code=303)
+        except ValueError:
+            return render(request, "find_user.html", {"error": f"{user_id!r} is not a UUID"}, 422)
+    return render(request, "find_user.html", {"error": None})
+
+
+@router.get("/users/{user_id}", response_class=HTMLResponse)
+async def user_page(request: Request, user_id: UUID, who: Viewer) -> Response:
+    async with pool_of(request).acquire() as conn:
+        now, known, items = await read_api.packages(conn, user_id)
+        facts = await read_api.current(conn, user_id)
+        audit = await operator_actions.recent(conn, user_id=user_id, limit=20)
+        parked = await console.parked(conn, user_id=user_id)
+    if not known:
+        raise HTTPException(404, f"pkgq has never seen a message for user {user_id}")
+    return render(
+        request,
+        "user.html",
+        {
+            "user_id": user_id,
+            "now": now,
+            "current": current_package(user_id, facts),
+            "items": [item_row(i, now) for i in items],
+            "audit": audit,
+            "parked": parked,
+            "flash": request.query_params.get("done"),
+        },
+    )
+
+
+@router.get("/items/{item_id}/{action}", response_class=HTMLResponse)
+async def item_confirm(request: Request, item_id: int, action: str, who: Operator) -> Response:
+    """The confirmation step before a cancel or a quota adjustment."""
+    if action not in ("cancel", "adjust"):
+        raise HTTPException(404, "no such action")
+    async with pool_of(request).acquire() as conn:
+        owner = await _owner(conn, item_id)
+        now, _, items = await read_api.packages(conn, owner)
+    item = next(item_row(i, now) for i in items if i.id == item_id)
+    return render(request, "item_confirm.html", {"item": item, "action": action, "owner": owner})
+
+
+@router.post("/items/{item_id}/{action}")
+async def item_action(request: Request, item_id: int, action: str, who: Operator) -> Response:
+    form = await auth.checked_form(request)
+    reason = form.get("reason") or None
+    async with pool_of(request).acquire() as conn:
+        owner = await _owner(conn, item_id)
+        try:
+            async with conn.transaction():
+                if action == "cancel":
+                    await operations.cancel_item(conn, item_id, who.actor, reason)
+                    done = f"cancel of item {item_id} sent"
+                elif action == "adjust":
+                    delta = int(form.get("delta", ""))
+                    await operations.adjust_quota(conn, item_id, delta, who.actor, reason)
+                    done = f"quota adjustment of item {item_id} by {delta} bytes sent"
+                else:
+                    raise HTTPException(404, "no such action")
+        except (ValueError, ValidationError) as exc:
+            raise HTTPException(422, f"refused: {exc}") from None
+    return RedirectResponse(f"/users/{owner}?done={quote(done)}", status_code=303)
+
+
+async def _owner(conn: Conn, item_id: int) -> UUID:
+    owner = await queue_repo.item_owner(conn, item_id)
+    if owner is None:
+        raise HTTPException(404, f"no queue item {item_id}")
+    return owner
+
+
+@router.get("/holds", response_class=HTMLResponse)
+async def holds_page(request: Request, who: Viewer) -> Response:
+    async with pool_of(request).acquire() as conn:
+        found = await holds.overview(conn, 500)
+        parked = await console.parked(conn, limit=500)
+    for row in parked:
+        row["body_text"] = console.body_summary(row.pop("body"))
+    return render(request, "holds.html", {"holds": found, "parked": parked})
+
+
+@router.get("/workers", response_class=HTMLResponse)
+async def workers_page(request: Request, who: Viewer) -> Response:
+    settings: Settings = request.app.state.settings
+    async with pool_of(request).acquire() as conn:
+        found = await workers.list_workers(conn, include_stopped=True)
+        found_groups = await groups.list_groups(conn, 100)
+        addresses = await console.addresses(conn, limit=100)
+    return render(
+        request,
+        "workers.html",
+        {
+            "workers": [w.as_dict(settings.worker_stale_after) for w in found[:200]],
+            "groups": found_groups,
+            "addresses": addresses,
+        },
+    )
+
+
+@router.get("/audit", response_class=HTMLResponse)
+async def audit_page(request: Request, who: Viewer) -> Response:
+    async with pool_of(request).acquire() as conn:
+        rows = await operator_actions.recent(conn, limit=200)
+    return render(request, "audit.html", {"rows": rows})

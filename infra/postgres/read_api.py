@@ -1,0 +1,121 @@
+"""The read paths node management calls at high rates (`pkgq web`'s /api/v1): each answers in
+one statement, on indexes (the active item: package_queue_one_active; a user's items in queue
+order: package_queue_user_order, migration 0008; access and users: their primary keys), and
+carries the database clock, so that an item past its expire_at is judged by the same clock pkgq
+expires by."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from domain.model import QueueItem
+from infra.postgres.pool import Conn
+from infra.postgres.queue_repo import _ITEM_COLUMNS, _item
+
+_ACCESS_COLUMNS = """
+    a.granted AS a_granted, a.item_id AS a_item_id, a.package_id AS a_package_id,
+    a.remaining AS a_remaining, a.expire_at AS a_expire_at, a.seq AS a_seq,
+    a.updated_at AS a_updated_at
+"""
+_KNOWN = "EXISTS (SELECT 1 FROM telecom.queue_users u WHERE u.user_id = $1) AS known"
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """The user's row of the access read model (telecom.access)."""
+
+    granted: bool
+    item_id: int | None
+    package_id: int | None
+    remaining: int | None
+    expire_at: datetime | None
+    seq: int
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Current:
+    now: datetime
+    known: bool
+    """False: pkgq has never seen a message for this user."""
+    active: QueueItem | None
+    """The stored active item (it may be past its expire_at: see QueueItem.status_at)."""
+    queued: int
+    access: Access | None
+
+
+def _access(row: Any) -> Access | None:
+    if row["a_granted"] is None:
+        return None
+    return Access(
+        granted=row["a_granted"],
+        item_id=row["a_item_id"],
+        package_id=row["a_package_id"],
+        remaining=row["a_remaining"],
+        expire_at=row["a_expire_at"],
+        seq=row["a_seq"],
+        updated_at=row["a_updated_at"],
+    )
+
+
+async def current(conn: Conn, user_id: UUID) -> Current:
+    """GetCurrentPackage's facts in one statement: the clock, whether the user is known, the
+    active item with its terms, how many wait behind it, and the access row."""
+    row = await conn.fetchrow(
+        f"""
+        SELECT now() AS now, {_KNOWN},
+               (SELECT count(*) FROM telecom.package_queue w
+                WHERE w.user_id = $1 AND w.status = 'in_queue') AS queued,
+               {_ACCESS_COLUMNS}, {_ITEM_COLUMNS}
+        FROM (SELECT 1) AS one
+        LEFT JOIN telecom.access a ON a.user_id = $1
+        LEFT JOIN telecom.package_queue q ON q.user_id = $1 AND q.status = 'active'
+        """,
+        user_id,
+    )
+    assert row is not None  # FROM (SELECT 1): always one row
+    return Current(
+        now=row["now"],
+        known=row["known"],
+        active=_item(row) if row["id"] is not None else None,
+        queued=int(row["queued"]),
+        access=_access(row),
+    )
+
+
+async def packages(conn: Conn, user_id: UUID) -> tuple[datetime, bool, list[QueueItem]]:
+    """GetAllMyPackages in one statement: (the clock, whether the user is known, every item
+    of the user in queue order)."""
+    rows = await conn.fetch(
+        f"""
+        SELECT now() AS now, {_KNOWN}, {_ITEM_COLUMNS}
+        FROM (SELECT 1) AS one
+        LEFT JOIN telecom.package_queue q ON q.user_id = $1
+        ORDER BY q.created_at, q.id
+        """,
+        user_id,
+    )
+    items = [_item(r) for r in rows if r["id"] is not None]
+    return rows[0]["now"], rows[0]["known"], items
+
+
+async def access(conn: Conn, user_id: UUID) -> tuple[datetime, bool, Access | None]:
+    """The access read model's row in one statement: (the clock, known, the row or None)."""
+    row = await conn.fetchrow(
+        f"""
+        SELECT now() AS now, {_KNOWN}, {_ACCESS_COLUMNS}
+        FROM (SELECT 1) AS one
+        LEFT JOIN telecom.access a ON a.user_id = $1
+        """,
+        user_id,
+    )
+    assert row is not None
+    return row["now"], row["known"], _access(row)
+
+
+async def select_one(conn: Conn) -> int:
+    """The benchmark's baseline: the cheapest one-row statement, through the same pool."""
+    return int(await conn.fetchval("SELECT 1"))

@@ -1,0 +1,52 @@
+"""The console's app in the test's event loop, on the test's pool, behind an httpx client."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import asyncpg
+import httpx
+
+from consumers.web.app import create_app
+from consumers.web.auth import hash_password
+from consumers.web.config import WebSettings, WebToken, WebUser
+from infra.settings import Settings
+
+VIEWER_TOKEN = "viewer-token-" + "v" * 40
+OPERATOR_PASSWORD = "operator-password"
+VIEWER_PASSWORD = "viewer-password"
+
+
+def web_settings(**overrides: object) -> WebSettings:
+    """Two users (olga the operator, vic the viewer) and a viewer token, with cheap hashes."""
+    import hashlib
+
+    values: dict[str, object] = {
+        "secret": "s" * 40,
+        "users": {
+            "olga": WebUser(role="operator", password=hash_password(OPERATOR_PASSWORD, log_n=10)),
+            "vic": WebUser(role="viewer", password=hash_password(VIEWER_PASSWORD, log_n=10)),
+        },
+        "tokens": {
+            "node-mgmt": WebToken(
+                role="viewer", sha256=hashlib.sha256(VIEWER_TOKEN.encode()).hexdigest()
+            )
+        },
+    }
+    values.update(overrides)
+    return WebSettings(**values)  # type: ignore[arg-type]  # keys are WebSettings fields
+
+
+@asynccontextmanager
+async def client(
+    settings: Settings, pool: asyncpg.Pool, web: WebSettings | None = None
+) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(settings, web or web_settings(), pool)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://console") as http:
+        yield http
+
+
+def bearer(token: str = VIEWER_TOKEN) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}

@@ -1,0 +1,96 @@
+"""A user's queue in the console, in process against real Postgres: the items in queue order,
+and a quota adjustment through its confirmation step into the outbox (as the CLI does)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from uuid import UUID, uuid4
+
+import asyncpg
+import httpx
+import pytest
+
+from infra.settings import Settings
+from tests.support import add_package
+from tests.web.client import OPERATOR_PASSWORD, client
+
+
+@pytest.fixture
+async def http(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[httpx.AsyncClient]:
+    async with client(settings, pool) as found:
+        page = await found.get("/login")
+        token = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert token is not None
+        await found.post(
+            "/login", data={"csrf": token.group(1), "user": "olga", "password": OPERATOR_PASSWORD}
+        )
+        yield found
+
+
+async def _items(pool: asyncpg.Pool, user: UUID, statuses: list[str]) -> list[int]:
+    package = await add_package(pool, 1000, name="plan")
+    async with pool.acquire() as conn:
+        await conn.execute("INSERT INTO telecom.queue_users (user_id) VALUES ($1)", user)
+        return [
+            await conn.fetchval(
+                "INSERT INTO telecom.package_queue (user_id, package_id, status, package_name, "
+                "traffic_limit, created_at) VALUES ($1, $2, $3::telecom.package_status, 'plan', "
+                "1000, now() + $4 * interval '1 second') RETURNING id",
+                user,
+                package,
+                status,
+                n,
+            )
+            for n, status in enumerate(statuses)
+        ]
+
+
+async def test_the_user_page_lists_every_item_in_queue_order_with_the_current_one(
+    http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    user = uuid4()
+    ids = await _items(pool, user, ["consumed", "active", "in_queue"])
+    page = await http.get(f"/users/{user}")
+    assert page.status_code == 200
+    rows = re.findall(r'<tr data-item="(\d+)" data-status="(\w+)" class="(\w*)">', page.text)
+    assert rows == [
+        (str(ids[0]), "consumed", ""),
+        (str(ids[1]), "active", "current"),
+        (str(ids[2]), "in_queue", ""),
+    ]
+
+
+async def test_a_quota_adjustment_is_confirmed_then_put_in_the_outbox_with_who_and_why(
+    http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    user = uuid4()
+    (item,) = await _items(pool, user, ["active"])
+    confirm = await http.get(f"/items/{item}/adjust")
+    assert confirm.status_code == 200
+    assert f"Adjust the quota of item {item}?" in confirm.text
+    token = re.search(r'name="csrf" value="([^"]+)"', confirm.text)
+    assert token is not None
+
+    bad = await http.post(f"/items/{item}/adjust", data={"csrf": token.group(1), "delta": "x"})
+    assert bad.status_code == 422
+    done = await http.post(
+        f"/items/{item}/adjust",
+        data={"csrf": token.group(1), "delta": "-250", "reason": "goodwill"},
+    )
+    assert done.status_code == 303
+    assert done.headers["location"].startswith(f"/users/{user}?done=")
+    async with pool.acquire() as conn:
+        bodies = await conn.fetch(
+            "SELECT body FROM telecom.outbox WHERE route = 'telecom.quota_adjust'"
+        )
+    assert [json.loads(bytes(b["body"])) for b in bodies] == [
+        {
+            "user_id": str(user),
+            "item_id": item,
+            "delta": -250,
+            "reason": "goodwill",
+            "operator": "web:olga",
+        }
+    ]
