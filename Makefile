@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.pkgq-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test check unit integration e2e bench bench-web web-tools services migrate venv clean
+.PHONY: demo test check unit integration e2e bench bench-web services migrate venv clean
 
 $(STAMP): pyproject.toml constraints.txt deploy/local/ensure-venv.sh
 	deploy/local/ensure-venv.sh $(VENV)
@@ -29,12 +29,8 @@ bench: migrate
 	$(BIN)/pkgq bench $(BENCH_ARGS)
 
 ## bench-web: the read API under wrk, /current against a one-row SELECT on the same stack.
-bench-web: migrate web-tools
+bench-web: migrate
 	$(BIN)/pkgq web bench $(BENCH_WEB_ARGS)
-
-## web-tools: Debian's Chromium (the console's browser tests) and wrk (bench-web).
-web-tools:
-	deploy/local/ensure-web-tools.sh
 
 ## check: formatting, lint, strict typing, the import layers and SQL only in infra/postgres;
 ## the deploy files (systemd, k8s, alert rules) and the AsyncAPI document (official parser).
@@ -51,7 +47,7 @@ check: venv
 
 ## test: check, then the whole suite against the real services: isolated tests in parallel
 ## (PKGQ_TEST_WORKERS, default 3), then the service-restart tests alone.
-test: check migrate web-tools
+test: check migrate
 	BIN=$(BIN) deploy/local/run-suite.sh $(PYTEST_ARGS)
 
 unit: venv
@@ -60,7 +56,7 @@ unit: venv
 integration: migrate
 	$(BIN)/pytest tests/integration $(PYTEST_ARGS)
 
-e2e: migrate web-tools
+e2e: migrate
 	$(BIN)/pytest tests/e2e $(PYTEST_ARGS)
 
 clean:

@@ -147,7 +147,7 @@ async def run_web_bench(
     say: Callable[[str], None],
 ) -> int:
     if shutil.which("wrk") is None:
-        say("wrk is missing: run deploy/local/ensure-web-tools.sh (apt-get install wrk)")
+        say("wrk is missing: run deploy/local/ensure-tools.sh (apt-get install wrk)")
         return 2
     settings = bench_settings(base, "bench_web")
     ids = [uuid4() for _ in range(users)]

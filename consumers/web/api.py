@@ -60,12 +60,12 @@ class AccessRow(BaseModel):
 
     granted: bool = Field(description="As the last applied event left it.")
     granted_now: bool = Field(description="granted, and not past expire_at by the clock.")
-    item_id: int | None
-    package_id: int | None
-    remaining: int | None
-    expire_at: datetime | None
-    seq: int
-    updated_at: datetime
+    item_id: int | None = Field(description="The item access was granted for; null: none.")
+    package_id: int | None = Field(description="Its package; null: none.")
+    remaining: int | None = Field(description="Bytes left when last applied; null: unlimited.")
+    expire_at: datetime | None = Field(description="When the item expires; null: never.")
+    seq: int = Field(description="The user's event sequence number that last changed the row.")
+    updated_at: datetime = Field(description="When the row was last changed.")
 
 
 class CurrentPackage(BaseModel):

@@ -4,14 +4,9 @@
 # otherwise stops with a message that says what to do.
 set -euo pipefail
 
-say() { printf 'ensure-services: %s\n' "$*" >&2; }
-die() { say "$*"; exit 1; }
-
-as_root() {
-    if [ "$(id -u)" -eq 0 ]; then "$@"; return; fi
-    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo "$@"; return; fi
-    return 1
-}
+SCRIPT=ensure-services
+# shellcheck source=deploy/local/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 apt_install() {
     command -v apt-get >/dev/null 2>&1 || die "$1 is missing and this is not a Debian system: install $1 yourself."

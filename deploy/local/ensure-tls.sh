@@ -13,8 +13,9 @@
 # (README, TLS).
 set -euo pipefail
 
-say() { printf 'ensure-tls: %s\n' "$*" >&2; }
-die() { say "$*"; exit 1; }
+SCRIPT=ensure-tls
+# shellcheck source=deploy/local/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 DIR=${PKGQ_DEV_TLS_DIR:-/etc/pkgq-dev-tls}
 RABBITMQ_CONF=${RABBITMQ_CONFIG_FILE:-/etc/rabbitmq/rabbitmq.conf}
@@ -22,12 +23,6 @@ RABBITMQ_CONF=${RABBITMQ_CONF%.conf}.conf
 DAYS_LEFT=$((30 * 24 * 3600))
 BEGIN='# BEGIN pkgq dev TLS (deploy/local/ensure-tls.sh; edits inside this block are replaced)'
 END='# END pkgq dev TLS'
-
-as_root() {
-    if [ "$(id -u)" -eq 0 ]; then "$@"; return; fi
-    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo "$@"; return; fi
-    return 1
-}
 
 if ! command -v openssl >/dev/null 2>&1; then
     if command -v apt-get >/dev/null 2>&1 && as_root true; then

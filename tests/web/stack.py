@@ -72,7 +72,7 @@ async def console(settings: Settings, spawn: Callable[..., PkgqProcess]) -> Asyn
 @asynccontextmanager
 async def browser() -> AsyncIterator[Browser]:
     if not os.access(CHROMIUM, os.X_OK):
-        raise AssertionError(f"{CHROMIUM} is missing: run deploy/local/ensure-web-tools.sh")
+        raise AssertionError(f"{CHROMIUM} is missing: run deploy/local/ensure-tools.sh")
     async with async_playwright() as driver:
         found = await driver.chromium.launch(executable_path=CHROMIUM, headless=True)
         try:
