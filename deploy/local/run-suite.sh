@@ -8,7 +8,9 @@ set -uo pipefail
 bin=${BIN:-.venv/bin}
 workers=${PKGQ_TEST_WORKERS:-3}
 
-"$bin/pytest" -n "$workers" -m "not serial" "$@"
+# --dist loadgroup: the tests marked xdist_group("heavy") (many processes each: partitions, the
+# bench, random lifecycles) run one after another on one worker instead of all at once.
+"$bin/pytest" -n "$workers" --dist loadgroup -m "not serial" "$@"
 parallel=$?
 "$bin/pytest" -m serial "$@"
 serial=$?

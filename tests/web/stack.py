@@ -106,6 +106,9 @@ async def reload_until(
     """Reload the page until `check` holds (the consumers apply things asynchronously)."""
 
     async def reloaded() -> bool:
+        # A navigation a click started (a form's GET, a redirect) finishes first: reloading in
+        # its middle is refused by the browser ("not attached to an active page").
+        await page.wait_for_load_state("load")
         await page.reload()
         return await check()
 
