@@ -13,7 +13,7 @@ import pytest
 
 from infra.rabbit.management import queue_figures
 from infra.settings import Settings
-from tests.broker_users import broker_user, rabbitmqctl, url_for
+from tests.broker_users import broker_user, set_permissions, url_for
 from tests.support import PkgqProcess, cli, eventually
 from tests.tls_support import make_ca, tls_settings
 
@@ -48,9 +48,8 @@ async def test_run_and_relay_over_amqps_and_verify_full_apply_a_purchase_and_mas
 ) -> None:
     # A broker user of the test's own with a password that must never appear in any output.
     name = f"pkgq-t-{uuid4().hex[:10]}-tls"
-    async with broker_user(name) as password:
-        await rabbitmqctl("set_permissions", "-p", "/", name, ".*", ".*", ".*")
-        await rabbitmqctl("set_user_tags", name, "monitoring")
+    async with broker_user(name, tags="monitoring") as password:
+        await set_permissions(name, ".*", ".*", ".*")
         plain = Settings.model_validate(
             {**settings.model_dump(), "amqp_url": url_for(settings, name, password)}
         )

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -21,7 +19,13 @@ from infra.rabbit.connection import connect
 from infra.rabbit.roles import RoleUsers
 from infra.rabbit.topology import TopologyMissingError, declare_all, definitions, route_queues
 from infra.settings import Settings
-from tests.broker_users import rabbitmqctl, unique_role_users, url_for
+from tests.broker_users import (
+    change_password,
+    delete_user,
+    import_definitions,
+    unique_role_users,
+    url_for,
+)
 from tests.support import StartApp, add_package, cli, eventually, send
 
 COMMITTED = Path(__file__).resolve().parents[2] / "deploy" / "rabbitmq" / "definitions.json"
@@ -71,7 +75,7 @@ async def test_the_runtime_user_runs_pkgq_without_configure_permission_on_a_prov
     try:
         await import_definitions(document)
         password = uuid4().hex  # the definitions carry no passwords: the operator sets them
-        await rabbitmqctl("change_password", users.runtime, password)
+        await change_password(users.runtime, password)
         runtime = parted.model_copy(
             update={
                 "amqp_url": url_for(parted, users.runtime, password),
@@ -109,14 +113,6 @@ async def test_the_runtime_user_runs_pkgq_without_configure_permission_on_a_prov
         await delete_provisioned(parted, users)
 
 
-async def import_definitions(document: dict[str, Any]) -> None:
-    with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
-        json.dump(document, file)
-        file.flush()
-        os.chmod(file.name, 0o644)  # rabbitmqctl reads it as the broker's own user
-        await rabbitmqctl("import_definitions", file.name)
-
-
 async def provisioned(connection: AbstractRobustConnection, document: dict[str, Any]) -> bool:
     """Whether every queue of the document exists (the import finishes asynchronously)."""
     probe = await connection.channel()
@@ -142,7 +138,7 @@ async def delete_provisioned(settings: Settings, users: RoleUsers) -> None:
     finally:
         await connection.close()
     for user in (users.runtime, users.publisher, users.operator, users.autoscaler):
-        await rabbitmqctl("delete_user", user)
+        await delete_user(user)
 
 
 async def test_pkgq_definitions_lists_the_roles_without_passwords_and_no_users_leaves_them_out(
@@ -187,7 +183,7 @@ async def test_the_operator_may_declare_and_bind_the_whole_topology_and_its_alte
     try:
         await import_definitions(document)
         password = uuid4().hex
-        await rabbitmqctl("change_password", users.operator, password)
+        await change_password(users.operator, password)
         operator = await connect(url_for(ours, users.operator, password), "pkgq-test-operator")
         try:
             await eventually(lambda: provisioned(operator, document), within=30)

@@ -48,7 +48,13 @@ from infra.postgres import access, addresses, groups, replay
 from infra.rabbit.connection import connect
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
-from tests.broker_users import broker_user, grant, rabbitmqctl, unique_role_users, url_for
+from tests.broker_users import (
+    broker_user,
+    grant,
+    set_permissions,
+    unique_role_users,
+    url_for,
+)
 from tests.support import InProcess, add_package, eventually, raw_for, send
 
 FROZEN_SEQ = 2**62
@@ -182,7 +188,7 @@ async def loose_publisher(
     without the topic permissions, where only pkgq's own check stands."""
     name = f"pkgq-t-{uuid4().hex[:10]}-loose"
     async with broker_user(name) as password:
-        await rabbitmqctl("set_permissions", "-p", "/", name, "^$", ".*", "^$")
+        await set_permissions(name, "^$", ".*", "^$")
         connection = await connect(url_for(settings, name, password), "pkgq-test-loose")
         yield name, connection
         await connection.close()
