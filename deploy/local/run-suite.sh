@@ -8,9 +8,7 @@ set -uo pipefail
 bin=${BIN:-.venv/bin}
 workers=${PKGQ_TEST_WORKERS:-3}
 
-# --dist loadgroup: the tests marked xdist_group("heavy") (many processes each: partitions, the
-# bench, random lifecycles) run one after another on one worker instead of all at once.
-"$bin/pytest" -n "$workers" --dist loadgroup -m "not serial" "$@"
+"$bin/pytest" -n "$workers" -m "not serial" "$@"
 parallel=$?
 "$bin/pytest" -m serial "$@"
 serial=$?

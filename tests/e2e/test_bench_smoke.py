@@ -14,7 +14,7 @@ import pytest
 from infra.settings import Settings
 from tests.support import cli
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("heavy")]  # one at a time (run-suite.sh)
+pytestmark = pytest.mark.e2e
 
 KEYS = [
     "ratio_vs_simple_consumer",

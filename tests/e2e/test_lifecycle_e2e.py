@@ -15,7 +15,7 @@ from infra.settings import Settings
 from tests.e2e.workload import Workload
 from tests.support import PkgqProcess
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("heavy")]  # one at a time (run-suite.sh)
+pytestmark = pytest.mark.e2e
 
 
 @pytest.mark.parametrize("batch_size", ["1", "32"], ids=["unbatched", "batched"])

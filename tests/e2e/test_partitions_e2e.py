@@ -28,7 +28,7 @@ from infra.settings import Settings
 from tests.e2e.workload import USERS, Workload
 from tests.support import PkgqProcess, cli, eventually
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("heavy")]  # one at a time (run-suite.sh)
+pytestmark = pytest.mark.e2e
 
 FOUR = {name: 4 for name in ROUTES}
 
