@@ -7,11 +7,9 @@ prefix, and both are removed afterwards, so tests never see each other's data or
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import warnings
 from collections.abc import AsyncIterator, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from uuid import uuid4
 
 import asyncpg
@@ -93,70 +91,23 @@ def make_settings(namespace: str, **overrides: object) -> Settings:
     return Settings(**values)  # type: ignore[arg-type]  # keys are Settings fields
 
 
-class SpareDatabases:
-    """Test databases copied from the template one test ahead, in a thread of their own.
-
-    A copy costs about half a second here, mostly waiting on the disk; made while the previous
-    test runs, it costs a test nothing. A spare whose copy failed (Postgres restarting under a
-    `serial` test) is made again when it is taken."""
-
-    def __init__(self, template: str) -> None:
-        self.template = template
-        self._maker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pkgq-spare-db")
-        self._next: Future[str] | None = None
-
-    async def take(self) -> str:
-        spare, self._next = self._next, self._maker.submit(self._create)
-        if spare is not None:
-            with contextlib.suppress(Exception):
-                return await asyncio.wrap_future(spare)
-        return await asyncio.to_thread(self._create)
-
-    def retire(self, name: str) -> None:
-        """Drop a test's database in the same thread, after the test (it need not wait)."""
-        self._maker.submit(lambda: asyncio.run(_drop_database(name)))
-
-    def close(self) -> None:
-        if self._next is not None:
-            with contextlib.suppress(Exception):
-                self.retire(self._next.result())
-        self._maker.shutdown(wait=True)  # every retired database dropped
-
-    def _create(self) -> str:
-        name = f"pkgq_t_{uuid4().hex[:12]}"
-        asyncio.run(_create_database(name, self.template))
-        return name
-
-
-async def _create_database(name: str, template: str) -> None:
-    admin = await _admin()
-    try:
-        await admin.execute(f"CREATE DATABASE {name} TEMPLATE {template} OWNER {pg_roles.OWNER}")
-    finally:
-        await admin.close()
-
-
-async def _drop_database(name: str) -> None:
-    admin = await _admin()
-    try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    finally:
-        await admin.close()
-
-
-@pytest.fixture(scope="session")
-def spare_databases(template_db: str) -> Iterator[SpareDatabases]:
-    spares = SpareDatabases(template_db)
-    yield spares
-    spares.close()
-
-
 @pytest.fixture
-async def settings(spare_databases: SpareDatabases) -> AsyncIterator[Settings]:
-    namespace = await spare_databases.take()
+async def settings(template_db: str) -> AsyncIterator[Settings]:
+    namespace = f"pkgq_t_{uuid4().hex[:12]}"
+    admin = await _admin()
+    try:
+        await admin.execute(
+            f"CREATE DATABASE {namespace} TEMPLATE {template_db} OWNER {pg_roles.OWNER}"
+        )
+    finally:
+        await admin.close()
     settings = make_settings(namespace)
     yield settings
-    spare_databases.retire(namespace)
+    admin = await _admin()
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {namespace} WITH (FORCE)")
+    finally:
+        await admin.close()
     conn = await connect(AMQP_URL, "pkgq-test-cleanup")
     try:
         channel = await conn.channel()

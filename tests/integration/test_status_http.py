@@ -136,15 +136,18 @@ async def test_a_consumer_process_reports_messages_by_outcome_and_job_states_and
     assert await acked_usage(port) == before + 2
     await send_raw(served, amqp, USAGE_RECORD, b"{not json")  # buried: invalid_json
 
+    # Seed 004's states and transitions are read from Postgres on a refresh of their own: wait
+    # for the bury to show there too.
     async def buried_counted() -> bool:
         _, text = await http_get(port, "/metrics")
-        return 'pkgq_dead_letters{route="telecom.usage_record"} 1.0' in text
+        return (
+            'pkgq_dead_letters{route="telecom.usage_record"} 1.0' in text
+            and 'pkgq_job_messages{route="telecom.usage_record",state="buried"} 1.0' in text
+        )
 
     await eventually(buried_counted)
     text = (await http_get(port, "/metrics"))[1]
     assert "pkgq_outbox_pending " in text
-    # Seed 004's states and transitions, read from Postgres.
-    assert 'pkgq_job_messages{route="telecom.usage_record",state="buried"} 1.0' in text
     assert 'pkgq_job_messages{route="telecom.usage_record",state="done"} 2.0' in text
     assert 'pkgq_job_transitions{route="telecom.usage_record",transition="ack"} 2.0' in text
     assert 'pkgq_job_transitions{route="telecom.usage_record",transition="bury"} 1.0' in text
