@@ -38,6 +38,7 @@ from events.envelope import (
     bounded_text,
     job_marks,
     jsonable,
+    without_pkgq_marks,
 )
 from events.partitioning import route_of_key
 from events.routes import ROUTES, UNTRUSTED_PUBLISHER
@@ -224,6 +225,12 @@ def make_ingester(
 
     async def ingest(raw: RawDelivery) -> Outcome:
         dead = to_dead_letter(raw, trusted_publisher, main_exchange)
+        if trusted_publisher is not None and raw.publisher != trusted_publisher:
+            # Stored without an outsider's pkgq marks, so a replay (sent as pkgq) cannot make
+            # them pkgq's own.
+            stripped = without_pkgq_marks(dead.headers)
+            if stripped is not None:
+                dead = dataclasses.replace(dead, headers=stripped)
         async with pool.acquire(timeout=10) as conn, conn.transaction():
             try:
                 async with conn.transaction():  # a savepoint: the fallback below can follow

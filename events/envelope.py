@@ -47,6 +47,9 @@ H_EXPIRES_AT = "x-pkgq-expires-at"
 """TTL: not delivered after this instant (ISO 8601); recorded as expired instead."""
 H_PRIORITY = "x-pkgq-priority"
 JOB_MARKS = (H_ADDRESS, H_GROUP, H_GROUP_END)
+PKGQ_MARKS = (*JOB_MARKS, H_FIRST_FAILED_AT, H_LAST_ERROR, H_REPLAY_OF, H_REPLAY_GENERATION)
+"""What only pkgq may say about a message on its way through (its jobs, its failure history,
+its replays): taken off any message another publisher sent, wherever pkgq reads or stores it."""
 """Headers that tie a message to pkgq's jobs (an address, a group). pkgq believes them only
 from its own AMQP user (the broker-validated user_id): an outsider's would let it finish, fail
 or join someone else's address or group. See `without_job_marks`."""
@@ -145,12 +148,12 @@ def clean_text(value: str) -> str:
     return value.replace("\x00", "\\0").encode("utf-8", "replace").decode("utf-8")
 
 
-def without_job_marks(headers: Mapping[str, Any]) -> dict[str, Any] | None:
-    """`headers` without the JOB_MARKS, for a message pkgq did not publish itself; None when
+def without_pkgq_marks(headers: Mapping[str, Any]) -> dict[str, Any] | None:
+    """`headers` without the PKGQ_MARKS, for a message pkgq did not publish itself; None when
     it carries none (nothing to take away)."""
-    if not any(name in headers for name in JOB_MARKS):
+    if not any(name in headers for name in PKGQ_MARKS):
         return None
-    return {k: v for k, v in headers.items() if k not in JOB_MARKS}
+    return {k: v for k, v in headers.items() if k not in PKGQ_MARKS}
 
 
 def job_marks(headers: Mapping[str, Any]) -> tuple[str | None, UUID | None]:

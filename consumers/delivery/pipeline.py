@@ -44,7 +44,7 @@ from consumers.registry import needs_of
 from consumers.retry_policy import RetryPolicy
 from consumers.unit_of_work import Handler, NeedsOf
 from events.decoding import RawDelivery
-from events.envelope import bounded_text, without_job_marks
+from events.envelope import bounded_text, without_pkgq_marks
 from events.routes import Route
 from infra.postgres import strikes, transitions
 from infra.postgres.pool import Conn
@@ -156,8 +156,8 @@ class DeliveryPipeline:
         return [results.get(i, Result(Outcome.GIVEN_BACK)) for i in range(len(raws))]
 
     def _distrusted(self, raws: Sequence[RawDelivery]) -> Sequence[RawDelivery]:
-        """The deliveries with an outsider's job marks (x-pkgq-address, x-pkgq-group: see
-        events.envelope.JOB_MARKS) taken away, before anything reads, parks, retries or buries
+        """The deliveries with an outsider's pkgq marks (job marks, failure and replay history:
+        events.envelope.PKGQ_MARKS) taken away, before anything reads, parks, retries or buries
         them: the message is applied as if it had none, and no address or group of pkgq's
         hears of it. Only with a trusted publisher to compare against."""
         if self._trusted_publisher is None:
@@ -165,7 +165,9 @@ class DeliveryPipeline:
         kept: list[RawDelivery] = []
         for raw in raws:
             headers = (
-                None if raw.publisher == self._trusted_publisher else without_job_marks(raw.headers)
+                None
+                if raw.publisher == self._trusted_publisher
+                else without_pkgq_marks(raw.headers)
             )
             if headers is not None:
                 log.info(

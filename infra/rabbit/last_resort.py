@@ -20,6 +20,7 @@ from events.envelope import (
     H_DEAD_REASON,
     H_DEAD_TRACEBACK,
     republished_headers,
+    without_pkgq_marks,
 )
 from infra.rabbit.deliveries import channel_open
 from infra.rabbit.outcomes import Outcome
@@ -51,6 +52,8 @@ async def copy_to_dead_letters(
     # Without any x-death or x-pkgq-dead-* it came with: the ingester believes the dead-letter
     # headers only on a message without x-death, and these must be pkgq's own, not a sender's.
     headers = republished_headers(message.headers or {}, {})
+    if message.user_id != publisher.user_id:  # an outsider's marks must not become pkgq's
+        headers = without_pkgq_marks(headers) or headers
     headers.update(
         {
             H_DEAD_REASON: reason,

@@ -67,6 +67,11 @@ class Publisher:
         self._exchange = exchange
         self._user_id = user_id
 
+    @property
+    def user_id(self) -> str | None:
+        """The AMQP user_id it stamps on what it publishes (pkgq's own user)."""
+        return self._user_id
+
     @classmethod
     async def open(
         cls, connection: AbstractRobustConnection, exchange_name: str, user_id: str | None = None

@@ -300,11 +300,7 @@ async def test_a_viewer_may_look_but_a_replay_is_refused_with_403(
             form={"csrf": csrf or "", "action": "replay", "ids": str(dead)},
         )
         assert posted.status == 403
-    async with pool.acquire() as conn:
-        status = await conn.fetchval(
-            "SELECT status::text FROM telecom.dead_letters WHERE id = $1", dead
-        )
-    assert status == "buried"
+    assert await dead_letter_status(pool, dead) == "buried"
 
 
 async def test_a_form_posted_without_its_csrf_token_is_refused_with_403(
@@ -336,11 +332,7 @@ async def test_a_form_posted_without_its_csrf_token_is_refused_with_403(
             f"{web.base}/login", form={"user": "olga", "password": OPERATOR_PASSWORD}
         )
         assert no_token_login.status == 403
-    async with pool.acquire() as conn:
-        status = await conn.fetchval(
-            "SELECT status::text FROM telecom.dead_letters WHERE id = $1", dead
-        )
-    assert status == "buried"
+    assert await dead_letter_status(pool, dead) == "buried"
 
 
 async def test_an_edited_replay_of_a_held_message_goes_first_and_its_parked_messages_follow(
@@ -423,3 +415,11 @@ async def test_an_edited_replay_of_a_held_message_goes_first_and_its_parked_mess
         await shoot(page, "user-after-held-replay")
         await page.goto(f"{web.base}/holds")
         assert await page.locator(f"tr[data-user='{user}']").count() == 0
+
+
+async def dead_letter_status(pool: asyncpg.Pool, dead: int) -> str:
+    async with pool.acquire() as conn:
+        status: str = await conn.fetchval(
+            "SELECT status::text FROM telecom.dead_letters WHERE id = $1", dead
+        )
+    return status

@@ -7,6 +7,7 @@ one too: it is filed as `untrusted_publisher`, and says nothing about pkgq's job
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from uuid import uuid4
 
 import asyncpg
@@ -21,21 +22,30 @@ from infra.rabbit.outcomes import Outcome, Result
 PKGQ = "pkgq-runtime"
 
 
-def copy(publisher: str, message_id: str, address: str) -> RawDelivery:
+def dead_letter(
+    publisher: str | None, message_id: str, headers: Mapping[str, object]
+) -> RawDelivery:
+    """A usage record reaching the dead-letter queue with `headers`, published by `publisher`."""
     return RawDelivery(
         body=b'{"user_id": "00000000-0000-4000-8000-000000000001", "upload": 1, "download": 1}',
         message_id=message_id,
         message_type=USAGE_RECORD.message_type,
         content_type=CONTENT_TYPE,
         timestamp=None,
-        headers={
-            H_DEAD_REASON: "handler_error",
-            H_DEAD_ERROR: "RuntimeError: boom",
-            H_ADDRESS: address,
-        },
+        headers=headers,
         routing_key=USAGE_RECORD.name,
         publisher=publisher,
     )
+
+
+def copy(publisher: str, message_id: str, address: str) -> RawDelivery:
+    """A last-resort copy: pkgq's dead-letter headers and no `x-death`."""
+    headers = {
+        H_DEAD_REASON: "handler_error",
+        H_DEAD_ERROR: "RuntimeError: boom",
+        H_ADDRESS: address,
+    }
+    return dead_letter(publisher, message_id, headers)
 
 
 async def test_a_dead_letter_copy_from_another_publisher_is_untrusted_and_fails_no_job(
@@ -68,19 +78,8 @@ async def test_a_dead_letter_copy_from_another_publisher_is_untrusted_and_fails_
 def broker_dead_letter(publisher: str | None, message_id: str, address: str) -> RawDelivery:
     """A message the broker dead-lettered (a TTL expiry: it has `x-death`), carrying an
     address header, as published by `publisher`."""
-    return RawDelivery(
-        body=b'{"user_id": "00000000-0000-4000-8000-000000000001", "upload": 1, "download": 1}',
-        message_id=message_id,
-        message_type=USAGE_RECORD.message_type,
-        content_type=CONTENT_TYPE,
-        timestamp=None,
-        headers={
-            "x-death": [{"reason": "expired", "queue": "pkgq.usage_record", "count": 1}],
-            H_ADDRESS: address,
-        },
-        routing_key=USAGE_RECORD.name,
-        publisher=publisher,
-    )
+    expired = [{"reason": "expired", "queue": "pkgq.usage_record", "count": 1}]
+    return dead_letter(publisher, message_id, {"x-death": expired, H_ADDRESS: address})
 
 
 async def test_an_outsiders_broker_dead_letter_is_filed_but_fails_no_address_it_names(
@@ -96,10 +95,12 @@ async def test_an_outsiders_broker_dead_letter_is_filed_but_fails_no_address_it_
         assert await ingester([forged]) == [Result(Outcome.DEAD_LETTERED)]
     async with pool.acquire() as conn:
         state = await addresses.address_state(conn, address)
-        filed = await conn.fetch("SELECT reason, source FROM telecom.dead_letters")
+        filed = await conn.fetch("SELECT reason, source, headers FROM telecom.dead_letters")
     assert state is not None
     assert state.state == "queued"  # the outsider's x-pkgq-address is data, not authority
     assert {(r["reason"], r["source"]) for r in filed} == {("expired", "broker")}
+    # Stored without it, so that replaying the letter (sent as pkgq) cannot make it pkgq's.
+    assert all(H_ADDRESS not in r["headers"] for r in filed)
 
     genuine = broker_dead_letter(PKGQ, str(message_id), address)
     assert await ingester([genuine]) == [Result(Outcome.DEAD_LETTERED)]

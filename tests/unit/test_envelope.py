@@ -10,12 +10,17 @@ from uuid import uuid4
 import pytest
 
 from events.envelope import (
+    H_ADDRESS,
     H_ATTEMPT,
     H_DEAD_AT,
     H_DEAD_REASON,
+    H_FIRST_FAILED_AT,
+    H_REPLAY_GENERATION,
+    H_REPLAY_OF,
     H_USER_ID,
     jsonable,
     republished_headers,
+    without_pkgq_marks,
 )
 
 
@@ -79,3 +84,16 @@ def test_republished_headers_leave_the_original_headers_untouched() -> None:
     original = {"x-death": [], H_ATTEMPT: 1}
     republished_headers(original, {H_ATTEMPT: 2})
     assert original == {"x-death": [], H_ATTEMPT: 1}
+
+
+def test_an_outsiders_pkgq_marks_come_off_and_its_other_headers_stay() -> None:
+    forged = {
+        H_ADDRESS: "bill:42",
+        H_REPLAY_GENERATION: 7,  # would give a message a fresh attempt budget
+        H_REPLAY_OF: "1",
+        H_FIRST_FAILED_AT: "2020-01-01T00:00:00+00:00",
+        H_USER_ID: "u",
+        "x-custom": "kept",
+    }
+    assert without_pkgq_marks(forged) == {H_USER_ID: "u", "x-custom": "kept"}
+    assert without_pkgq_marks({H_USER_ID: "u"}) is None  # nothing to take away
