@@ -44,12 +44,13 @@ async def _item_command(
     who: str,
     make: Callable[[UUID], WireModel],
     detail: dict[str, Any],
+    message_id: UUID | None,
 ) -> UUID:
     owner = await queue_repo.item_owner(conn, item_id)
     if owner is None:
         raise UnknownItemError(item_id)
     body = make(owner)  # validated by its model: a reason too long is refused here
-    result = await put(conn, route, body)
+    result = await put(conn, route, body, message_id=message_id)
     await operator_actions.record(
         conn,
         operator_actions.Entry(
@@ -64,9 +65,17 @@ async def _item_command(
     return result.message_id
 
 
-async def cancel_item(conn: Conn, item_id: int, who: str, reason: str | None = None) -> UUID:
+async def cancel_item(
+    conn: Conn,
+    item_id: int,
+    who: str,
+    reason: str | None = None,
+    *,
+    message_id: UUID | None = None,
+) -> UUID:
     """Inside a transaction: put a CancelPackage for the item in the outbox, recorded as `who`'s.
-    Returns its message_id. UnknownItemError if there is no such item."""
+    Returns its message_id. UnknownItemError if there is no such item. `message_id`: the
+    command's own (a form's one-time id, so that posting it twice sends it once)."""
     return await _item_command(
         conn,
         PACKAGE_CANCEL,
@@ -74,13 +83,21 @@ async def cancel_item(conn: Conn, item_id: int, who: str, reason: str | None = N
         who,
         lambda owner: CancelPackage(user_id=owner, item_id=item_id, reason=reason, operator=who),
         {"reason": reason},
+        message_id,
     )
 
 
 async def adjust_quota(
-    conn: Conn, item_id: int, delta: int, who: str, reason: str | None = None
+    conn: Conn,
+    item_id: int,
+    delta: int,
+    who: str,
+    reason: str | None = None,
+    *,
+    message_id: UUID | None = None,
 ) -> UUID:
-    """Inside a transaction: put an AdjustQuota (DELTA bytes, may be < 0) in the outbox."""
+    """Inside a transaction: put an AdjustQuota (DELTA bytes, may be < 0) in the outbox
+    (`message_id` as for cancel_item)."""
     return await _item_command(
         conn,
         QUOTA_ADJUST,
@@ -90,6 +107,7 @@ async def adjust_quota(
             user_id=owner, item_id=item_id, delta=delta, reason=reason, operator=who
         ),
         {"delta": delta, "reason": reason},
+        message_id,
     )
 
 

@@ -183,15 +183,13 @@ async def edit_check(request: Request, dead_letter_id: int, who: Operator) -> Re
 async def edit_replay(request: Request, dead_letter_id: int, who: Operator) -> Response:
     form = await auth.checked_form(request)
     text = form.get("body", "")
-    async with pool_of(request).acquire() as conn:
-        try:
-            async with conn.transaction():
-                await operations.edit_and_replay(conn, dead_letter_id, text, who.actor)
-        except (ValidationError, operations.EditRefusedError) as exc:
-            row = await _buried(request, dead_letter_id)
-            return render(
-                request, "dlq_edit.html", _edit_context(row, text, exc, confirm=False), 422
-            )
+    try:
+        async with pool_of(request).acquire() as conn, conn.transaction():
+            await operations.edit_and_replay(conn, dead_letter_id, text, who.actor)
+    except (ValidationError, operations.EditRefusedError) as exc:
+        # The connection is back in the pool before the error page takes one of its own.
+        row = await _buried(request, dead_letter_id)
+        return render(request, "dlq_edit.html", _edit_context(row, text, exc, confirm=False), 422)
     done = "the edited message was replayed through the outbox; the original is kept for audit"
     return RedirectResponse(
         f"/dead-letters/{dead_letter_id}?{urlencode({'done': done})}", status_code=303

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 from urllib.parse import quote
-from uuid import UUID
+from uuid import UUID, uuid4
 
+import asyncpg
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
@@ -143,8 +144,12 @@ async def item_confirm(request: Request, item_id: int, action: str, who: Operato
     async with pool_of(request).acquire() as conn:
         owner = await _owner(conn, item_id)
         now, _, items = await read_api.packages(conn, owner)
-    item = next(item_row(i, now) for i in items if i.id == item_id)
-    return render(request, "item_confirm.html", {"item": item, "action": action, "owner": owner})
+    item = next((item_row(i, now) for i in items if i.id == item_id), None)
+    if item is None:  # gone between the two reads
+        raise HTTPException(404, f"no queue item {item_id}")
+    # The command's message_id, fixed now: a form posted twice sends the command once.
+    context = {"item": item, "action": action, "owner": owner, "command_id": uuid4()}
+    return render(request, "item_confirm.html", context)
 
 
 @router.post("/items/{item_id}/{action}")
@@ -154,16 +159,23 @@ async def item_action(request: Request, item_id: int, action: str, who: Operator
     async with pool_of(request).acquire() as conn:
         owner = await _owner(conn, item_id)
         try:
+            command_id = UUID(str(form["command_id"])) if form.get("command_id") else None
             async with conn.transaction():
                 if action == "cancel":
-                    await operations.cancel_item(conn, item_id, who.actor, reason)
+                    await operations.cancel_item(
+                        conn, item_id, who.actor, reason, message_id=command_id
+                    )
                     done = f"cancel of item {item_id} sent"
                 elif action == "adjust":
                     delta = int(form.get("delta", ""))
-                    await operations.adjust_quota(conn, item_id, delta, who.actor, reason)
+                    await operations.adjust_quota(
+                        conn, item_id, delta, who.actor, reason, message_id=command_id
+                    )
                     done = f"quota adjustment of item {item_id} by {delta} bytes sent"
                 else:
                     raise HTTPException(404, "no such action")
+        except asyncpg.UniqueViolationError:  # this form was posted before: sent once already
+            done = f"item {item_id}: that command was sent already"
         except (ValueError, ValidationError) as exc:
             raise HTTPException(422, f"refused: {exc}") from None
     return RedirectResponse(f"/users/{owner}?done={quote(done)}", status_code=303)

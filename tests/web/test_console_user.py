@@ -94,3 +94,29 @@ async def test_a_quota_adjustment_is_confirmed_then_put_in_the_outbox_with_who_a
             "operator": "web:olga",
         }
     ]
+
+
+async def test_a_confirmation_form_posted_twice_sends_its_command_once(
+    http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    user = uuid4()
+    (item,) = await _items(pool, user, ["active"])
+    confirm = await http.get(f"/items/{item}/adjust")
+    token = re.search(r'name="csrf" value="([^"]+)"', confirm.text)
+    command = re.search(r'name="command_id" value="([^"]+)"', confirm.text)
+    assert token is not None
+    assert command is not None
+    form = {"csrf": token.group(1), "command_id": command.group(1), "delta": "100"}
+    first = await http.post(f"/items/{item}/adjust", data=form)
+    again = await http.post(f"/items/{item}/adjust", data=form)  # a double click, a resubmit
+    assert (first.status_code, again.status_code) == (303, 303)
+    assert "sent%20already" in again.headers["location"]
+    async with pool.acquire() as conn:
+        sent = await conn.fetch(
+            "SELECT message_id FROM telecom.outbox WHERE route = 'telecom.quota_adjust'"
+        )
+        audited = await conn.fetchval(
+            "SELECT count(*) FROM telecom.operator_actions WHERE action = 'adjust_quota'"
+        )
+    assert [str(r["message_id"]) for r in sent] == [command.group(1)]
+    assert audited == 1
