@@ -122,15 +122,23 @@ async def test_a_stale_relays_partition_lease_is_taken_over_and_its_rows_are_pub
         relay = PkgqProcess(settings, "relay", **FAST_PERMITS)
         try:
 
+            async def published_at_recorded() -> datetime | None:
+                async with pool.acquire() as conn:
+                    found: datetime | None = await conn.fetchval(
+                        "SELECT published_at FROM telecom.outbox WHERE message_id = $1",
+                        message_id,
+                    )
+                return found
+
             async def published() -> bool:
-                return any(m.message_id == str(message_id) for m in tap.seen)
+                # On the broker, and marked published (the relay commits that after the
+                # confirm, so the tap can see the message first).
+                seen = any(m.message_id == str(message_id) for m in tap.seen)
+                return seen and await published_at_recorded() is not None
 
             await eventually(published, within=60)
-
-            async with pool.acquire() as conn:
-                published_at: datetime = await conn.fetchval(
-                    "SELECT published_at FROM telecom.outbox WHERE message_id = $1", message_id
-                )
+            published_at = await published_at_recorded()
+            assert published_at is not None
             listed = await workers_listed(settings)
             the_hung = listed[1]
             the_relay = listed[relay.proc.pid]
