@@ -47,7 +47,7 @@ from infra.postgres.pool import Conn
 from infra.rabbit.consumer import Outcome, Processor, QueueConsumer, Result
 from infra.rabbit.topology import declare_exchanges
 from infra.settings import Settings
-from infra.transient import is_outage
+from infra.transient import is_transient, transient_retrying
 
 log = structlog.get_logger(__name__)
 
@@ -231,6 +231,23 @@ def make_ingester(
             stripped = without_pkgq_marks(dead.headers)
             if stripped is not None:
                 dead = dataclasses.replace(dead, headers=stripped)
+        # A blip (a deadlock with a finishing job, a serialization failure) runs the whole
+        # filing again: the letter keeps its full form, and its address and group still hear.
+        async for attempt in transient_retrying():
+            with attempt:
+                dead_id, dead = await store(raw, dead)
+        log.warning(
+            "dead_letter_ingested",
+            id=dead_id,
+            source=dead.source,
+            reason=dead.reason,
+            dead_route=dead.route,
+        )
+        return Outcome.DEAD_LETTERED
+
+    async def store(
+        raw: RawDelivery, dead: dead_letters.NewDeadLetter
+    ) -> tuple[int, dead_letters.NewDeadLetter]:
         async with pool.acquire(timeout=10) as conn, conn.transaction():
             try:
                 async with conn.transaction():  # a savepoint: the fallback below can follow
@@ -243,21 +260,14 @@ def make_ingester(
                         if trusted or dead.reason != UNROUTABLE:
                             await _finish(conn, raw, dead, marks_believed=trusted)
             except Exception as exc:
-                if is_outage(exc):
-                    raise  # waited out by the consumer, then filed as it is
+                if is_transient(exc):
+                    raise  # a blip is retried above; an outage is waited out by the consumer
                 # Something in it Postgres will not store as given: keep the message anyway,
                 # in its safe form, rather than send it round the queue for ever.
                 log.error("dead_letter_stored_degraded", error=repr(exc)[:500])  # noqa: TRY400
                 dead = safe_form(raw, f"Postgres refused it: {type(exc).__name__}")
                 dead_id = await dead_letters.bury(conn, dead)
-        log.warning(
-            "dead_letter_ingested",
-            id=dead_id,
-            source=dead.source,
-            reason=dead.reason,
-            dead_route=dead.route,
-        )
-        return Outcome.DEAD_LETTERED
+        return dead_id, dead
 
     return ingest_all
 

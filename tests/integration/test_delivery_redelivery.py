@@ -12,9 +12,7 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import asyncpg
-import pytest
 
-from consumers import ingest
 from consumers.delivery import DeliveryPipeline
 from consumers.handlers import usage_record
 from consumers.registry import HANDLERS
@@ -224,29 +222,6 @@ async def test_header_values_postgres_cannot_hold_do_not_break_the_failure_path(
         "SELECT headers->>'x-note' AS note, headers->>'x-ratio' AS ratio FROM telecom.outbox",
     )
     assert (retry["note"], retry["ratio"]) == ("a\\0b", "nan")
-
-
-async def test_the_ingester_keeps_a_message_whose_headers_postgres_refuses_as_text(
-    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Headers are made storable before they reach Postgres; should something still slip
-    # through, the ingester must store the message anyway instead of requeueing it for ever.
-    monkeypatch.setattr(ingest, "jsonable", lambda headers: headers)
-    raw = RawDelivery(
-        body=b"{}",
-        message_id=str(uuid4()),
-        message_type="X",
-        content_type=CONTENT_TYPE,
-        timestamp=None,
-        headers={"x-death": [{"reason": "expired", "queue": "q"}], "x-note": "a\x00b"},
-        routing_key="telecom.usage_record",
-    )
-    assert await ingest.make_ingester(pool)([raw]) == [Result(Outcome.DEAD_LETTERED)]
-    (dead,) = await rows(
-        pool, "SELECT headers::text AS headers, error_message FROM telecom.dead_letters"
-    )
-    assert "x-pkgq-unstorable-headers" in dead["headers"]
-    assert "filed without its headers" in dead["error_message"]
 
 
 async def test_two_copies_of_a_failing_message_in_one_batch_keep_the_user_held_behind_it(

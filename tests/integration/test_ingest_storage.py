@@ -1,0 +1,73 @@
+"""consumers/ingest.py against Postgres: a dead letter is always stored, in its full form when
+Postgres can take it (a blip runs the filing again), in its safe form when it cannot."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import uuid4
+
+import asyncpg
+import pytest
+
+from consumers import ingest
+from events.decoding import RawDelivery
+from events.envelope import CONTENT_TYPE
+from infra.rabbit.consumer import Outcome, Result
+
+
+def dead_delivery(**headers: Any) -> RawDelivery:
+    return RawDelivery(
+        body=b"{}",
+        message_id=str(uuid4()),
+        message_type="X",
+        content_type=CONTENT_TYPE,
+        timestamp=None,
+        headers={"x-death": [{"reason": "expired", "queue": "q"}], **headers},
+        routing_key="telecom.usage_record",
+    )
+
+
+async def stored(pool: asyncpg.Pool) -> list[asyncpg.Record]:
+    async with pool.acquire() as conn:
+        return list(
+            await conn.fetch(
+                "SELECT headers::text AS headers, reason, error_message FROM telecom.dead_letters"
+            )
+        )
+
+
+async def test_the_ingester_keeps_a_message_whose_headers_postgres_refuses_as_text(
+    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Headers are made storable before they reach Postgres; should something still slip
+    # through, the ingester must store the message anyway instead of requeueing it for ever.
+    monkeypatch.setattr(ingest, "jsonable", lambda headers: headers)
+    raw = dead_delivery(**{"x-note": "a\x00b"})
+    assert await ingest.make_ingester(pool)([raw]) == [Result(Outcome.DEAD_LETTERED)]
+    (dead,) = await stored(pool)
+    assert "x-pkgq-unstorable-headers" in dead["headers"]
+    assert "filed without its headers" in dead["error_message"]
+
+
+async def test_a_deadlock_while_filing_files_the_letter_again_in_full_not_in_its_safe_form(
+    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Finishing the letter's job can deadlock with a worker finishing the same job: that is a
+    # blip, so the whole filing runs again rather than dropping to the headerless safe form.
+    real_finish = ingest._finish
+    calls: list[str] = []
+
+    async def deadlocks_once(*args: Any, **kwargs: Any) -> None:
+        calls.append("finish")
+        if len(calls) == 1:
+            raise asyncpg.DeadlockDetectedError("deadlock detected")
+        await real_finish(*args, **kwargs)
+
+    monkeypatch.setattr(ingest, "_finish", deadlocks_once)
+    raw = dead_delivery(**{"x-note": "kept"})
+    assert await ingest.make_ingester(pool)([raw]) == [Result(Outcome.DEAD_LETTERED)]
+    (dead,) = await stored(pool)  # one letter: the first try's row was rolled back
+    assert calls == ["finish", "finish"]
+    assert dead["reason"] == "expired"
+    assert "kept" in dead["headers"]
+    assert "x-pkgq-unstorable-headers" not in dead["headers"]
