@@ -99,9 +99,9 @@ def to_dead_letter(
             return safe_form(raw, f"its headers could not be read ({type(exc).__name__})")
     if (
         trusted_publisher is not None
-        and H_DEAD_REASON in raw.headers
-        and "x-death" not in raw.headers
         and raw.publisher != trusted_publisher
+        and (H_DEAD_REASON in raw.headers or "x-death" in raw.headers)
+        and _broker_death(raw.headers) is None
     ):
         return dataclasses.replace(
             safe_form(raw, "dead-letter headers from a publisher that is not pkgq"),
@@ -143,10 +143,14 @@ def _to_dead_letter(raw: RawDelivery) -> dead_letters.NewDeadLetter:
             else None,
             **common,
         )
-    death: dict[str, Any] = {}
-    if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
-        death = deaths[0]
-    reason = _text(death.get("reason") or headers.get("x-first-death-reason") or "unknown", 100)
+    death = _broker_death(headers) or {}
+    first_reason = headers.get("x-first-death-reason")
+    if death:
+        reason = death["reason"]
+    elif first_reason in BROKER_REASONS:
+        reason = first_reason
+    else:
+        reason = "unknown"
     queue = _text(death.get("queue") or headers.get("x-first-death-queue") or "", 255)
     keys = death.get("routing-keys")
     if isinstance(keys, list) and keys:
@@ -163,6 +167,21 @@ def _to_dead_letter(raw: RawDelivery) -> dead_letters.NewDeadLetter:
         attempts=count if isinstance(count, int) and not isinstance(count, bool) else 1,
         **common,
     )
+
+
+BROKER_REASONS = frozenset({"rejected", "expired", "maxlen", "delivery_limit"})
+"""Why RabbitMQ dead-letters a message: the only reasons a broker dead letter is filed under."""
+
+
+def _broker_death(headers: Any) -> dict[str, Any] | None:
+    """The newest `x-death` entry when it has the broker's shape (a table whose reason is one
+    the broker gives), else None: a forged or mangled `x-death` names no reason, and does not
+    make an outsider's copy pass for a broker dead letter."""
+    deaths = headers.get("x-death")
+    if not (isinstance(deaths, list) and deaths and isinstance(deaths[0], dict)):
+        return None
+    death: dict[str, Any] = deaths[0]
+    return death if death.get("reason") in BROKER_REASONS else None
 
 
 def _unroutable(raw: RawDelivery, exchange: str) -> dead_letters.NewDeadLetter:
@@ -279,7 +298,7 @@ async def _finish(
     will never come) blocks its user's later messages no more. `marks_believed`: whether its
     address and group headers are pkgq's own (events.envelope.JOB_MARKS); an outsider's dead
     letter names no job of pkgq's, whatever its headers say."""
-    if dead.reason == "expired":
+    if dead.reason == "expired" and marks_believed:  # pkgq's own retry, not a lookalike
         with contextlib.suppress(ValueError):
             await holds.release_expired_retry(conn, UUID(str(dead.message_id)))
     address, group = job_marks(raw.headers) if marks_believed else (None, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -237,3 +238,31 @@ def test_dead_letter_headers_are_made_json_ready() -> None:
     assert dead.headers["x-death"][0]["time"] == "2024-01-02T03:04:05+00:00"
     assert dead.route == "rk"
     assert json.loads(json.dumps(dead.headers)) == dead.headers
+
+
+TRUSTED = "pkgq"
+
+
+def test_a_forged_x_death_from_an_outsider_does_not_pass_for_a_broker_dead_letter() -> None:
+    # Not the broker's shape (a text, not a list of tables): the dead-letter headers beside it
+    # are an outsider's, so the copy is filed as untrusted, not under the reason it claims.
+    raw = delivery(
+        {"x-death": "forged", H_DEAD_REASON: "handler_error", "x-first-death-reason": "owned"}
+    )
+    raw = dataclasses.replace(raw, publisher="outsider")
+    dead = to_dead_letter(raw, trusted_publisher=TRUSTED)
+    assert dead.reason == "untrusted_publisher"
+
+
+def test_a_broker_dead_letter_reason_the_broker_never_gives_is_filed_as_unknown() -> None:
+    assert to_dead_letter(delivery(x_death(reason="i-said-so", queue="q"))).reason == "unknown"
+    first = {"x-death": ["not a table"], "x-first-death-reason": "i-said-so"}
+    assert to_dead_letter(delivery(first)).reason == "unknown"
+
+
+def test_a_broker_dead_letter_of_an_outsiders_message_keeps_the_brokers_reason() -> None:
+    # The broker puts its own entry first, whatever the publisher sent along.
+    headers = {"x-death": [{"reason": "maxlen", "queue": "q1"}, {"reason": "forged"}]}
+    raw = dataclasses.replace(delivery(headers), publisher="outsider")
+    dead = to_dead_letter(raw, trusted_publisher=TRUSTED)
+    assert (dead.source, dead.reason, dead.consumer) == ("broker", "maxlen", "package_activate")
