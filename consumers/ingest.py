@@ -117,20 +117,15 @@ def to_dead_letter(
 def _to_dead_letter(raw: RawDelivery) -> dead_letters.NewDeadLetter:
     headers = jsonable(dict(raw.headers))
     route = route_of_key(bounded_text(raw.routing_key or "", 255))
-    common: dict[str, Any] = {
-        "message_id": _optional(raw.message_id),
-        "user_id": _user(headers),
-        "message_type": _optional(raw.message_type),
-        "content_type": _optional(raw.content_type),
-        "body": raw.body,
-        "headers": headers,
-    }
     deaths = headers.get("x-death")
     if H_DEAD_REASON in headers and deaths is None:
         error = _text(headers.get(H_DEAD_ERROR) or "", 4000)
         error_type, _, message = error.partition(": ")
         consumer = headers.get(H_DEAD_CONSUMER)
-        return dead_letters.NewDeadLetter(
+        return _filed(
+            raw,
+            headers,
+            _user(headers),
             source="consumer",
             route=route,
             consumer=_text(consumer, 255) if consumer else _consumer_of(route, None),
@@ -141,7 +136,6 @@ def _to_dead_letter(raw: RawDelivery) -> dead_letters.NewDeadLetter:
             traceback=_text(headers[H_DEAD_TRACEBACK], 16000)
             if headers.get(H_DEAD_TRACEBACK) is not None
             else None,
-            **common,
         )
     death = _broker_death(headers) or {}
     first_reason = headers.get("x-first-death-reason")
@@ -156,7 +150,10 @@ def _to_dead_letter(raw: RawDelivery) -> dead_letters.NewDeadLetter:
     if isinstance(keys, list) and keys:
         route = route_of_key(_text(keys[0], 255))
     count = death.get("count", 1)
-    return dead_letters.NewDeadLetter(
+    return _filed(
+        raw,
+        headers,
+        _user(headers),
         source="broker",
         route=route,
         consumer=_consumer_of(route, queue),
@@ -165,7 +162,6 @@ def _to_dead_letter(raw: RawDelivery) -> dead_letters.NewDeadLetter:
         error_message=f"RabbitMQ dead-lettered it from queue {queue!r}: {reason}",
         error_location=f"queue {queue}",
         attempts=count if isinstance(count, int) and not isinstance(count, bool) else 1,
-        **common,
     )
 
 
@@ -188,22 +184,35 @@ def _unroutable(raw: RawDelivery, exchange: str) -> dead_letters.NewDeadLetter:
     headers = jsonable(dict(raw.headers))
     key = bounded_text(raw.routing_key or "", 255)
     route = route_of_key(key)
-    return dead_letters.NewDeadLetter(
+    return _filed(
+        raw,
+        headers,
+        _user(headers),
         source="broker",
         route=route,
         consumer=_consumer_of(route, None),
-        message_id=_optional(raw.message_id),
-        user_id=_user(headers),
-        message_type=_optional(raw.message_type),
-        content_type=_optional(raw.content_type),
-        body=raw.body,
-        headers=headers,
         reason=UNROUTABLE,
         error_type="UnroutableMessage",
         error_message=f"no queue is bound for routing key {key!r} on exchange {exchange!r}: "
         "a partitioned route takes `<route>.p<k>` keys only (docs/publishing.md); check the "
         "publisher's partition map against PKGQ_PARTITIONS",
         error_location=f"exchange {exchange}",
+    )
+
+
+def _filed(
+    raw: RawDelivery, headers: dict[str, Any], user_id: UUID | None, **why: Any
+) -> dead_letters.NewDeadLetter:
+    """`raw` filed as it came (its id, type, content type and body, bounded) with `headers`
+    (JSON-ready), and `why`: source, route, consumer, reason and the error fields."""
+    return dead_letters.NewDeadLetter(
+        message_id=_optional(raw.message_id),
+        user_id=user_id,
+        message_type=_optional(raw.message_type),
+        content_type=_optional(raw.content_type),
+        body=raw.body,
+        headers=headers,
+        **why,
     )
 
 
@@ -215,20 +224,18 @@ def safe_form(raw: RawDelivery, why: str) -> dead_letters.NewDeadLetter:
     """The last form a dead letter is filed in: its body (bounded by the store) and plain text
     only, none of its headers. Stored under a key of its own (source `broker`, hashed), so it
     can never replace another row."""
-    return dead_letters.NewDeadLetter(
+    # The message_id keeps two refused messages with the same body apart (the key hashes it).
+    headers = {
+        "x-pkgq-unstorable-headers": bounded_text(why, 500),
+        "message_id": _optional(raw.message_id),
+    }
+    return _filed(
+        raw,
+        headers,
+        None,
         source="broker",
         route=route_of_key(bounded_text(raw.routing_key or "", 255)),
         consumer="dead_letters",
-        message_id=_optional(raw.message_id),
-        user_id=None,
-        message_type=_optional(raw.message_type),
-        content_type=_optional(raw.content_type),
-        body=raw.body,
-        # The message_id keeps two refused messages with the same body apart (the key hashes it).
-        headers={
-            "x-pkgq-unstorable-headers": bounded_text(why, 500),
-            "message_id": _optional(raw.message_id),
-        },
         reason="unstorable",
         error_type="UnstorableDeadLetter",
         error_message=f"filed without its headers: {why}",
