@@ -22,8 +22,8 @@ from infra.rabbit.connection import connect
 from infra.rabbit.tap import Tap
 from infra.rabbit.topology import declare_all, delete_all
 from infra.settings import Settings
-from tests import pg_roles
-from tests.support import InProcess, StartApp
+from tests.support import pg_roles
+from tests.support.in_process import InProcess, StartApp
 
 PG_SERVER = os.environ.get("PKGQ_TEST_PG_SERVER", "postgresql://postgres@127.0.0.1:5432")
 AMQP_URL = os.environ.get("PKGQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
@@ -75,7 +75,7 @@ def template_db() -> Iterator[str]:
 def make_settings(namespace: str, **overrides: object) -> Settings:
     """The test's settings. `postgres_dsn` is the superuser's, for fixtures that arrange and
     inspect; the `pkgq` processes a test spawns connect as the runtime role instead
-    (tests/support.py, settings_env), and migrate as the owner."""
+    (tests/support/processes.py, settings_env), and migrate as the owner."""
     values: dict[str, object] = {
         "postgres_dsn": f"{PG_SERVER}/{namespace}",
         "migrate_dsn": pg_roles.as_role(f"{PG_SERVER}/{namespace}", pg_roles.OWNER),

@@ -9,7 +9,7 @@ printed.
 Prometheus is Debian's (`prometheus`, installed by deploy/local/ensure-tools.sh when missing),
 run on a free loopback port with a throwaway data directory and pkgq's alert rules loaded; the
 bench's relay and consumer processes serve /metrics on ports it is given
-(PKGQ_BENCH_STATUS_PORT, consumers/bench_support.py). Grafana's `$__rate_interval` becomes
+(PKGQ_BENCH_STATUS_PORT, devtools/bench/support.py). Grafana's `$__rate_interval` becomes
 RATE_INTERVAL. The bench only shows healthy traffic, so a fault phase follows: a `pkgq run` of
 every route (with the dead-letter ingester) in the bench's namespace, fed with Debian's
 amqp-publish: commands without a message_id (dead letters), commands on a partition key that

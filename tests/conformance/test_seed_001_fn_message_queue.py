@@ -33,7 +33,10 @@ from infra.rabbit.topology import declare_all
 from infra.route_config import RouteSettings
 from infra.settings import Settings
 from tests.conformance.jobs_support import HANG_ONCE, Recorder, recording_pipeline, usage
-from tests.support import InProcess, PkgqProcess, StartApp, add_package, eventually, send
+from tests.support.deliveries import add_package, send
+from tests.support.in_process import InProcess, StartApp
+from tests.support.observing import eventually
+from tests.support.processes import PkgqProcess
 
 
 @pytest.fixture

@@ -47,9 +47,12 @@ from infra.postgres.outbox import RELAY_LOCK_CLASS
 from infra.rabbit.tap import Tap
 from infra.route_config import RouteSettings
 from infra.settings import Settings
-from tests import pg_roles
 from tests.conformance.jobs_support import BURY, Recorder, recording_pipeline, usage
-from tests.support import PkgqProcess, StartApp, add_package, cli, eventually, send
+from tests.support import pg_roles
+from tests.support.deliveries import add_package, send
+from tests.support.in_process import StartApp
+from tests.support.observing import eventually
+from tests.support.processes import PkgqProcess, cli
 
 pytestmark = pytest.mark.e2e
 

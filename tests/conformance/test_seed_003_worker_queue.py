@@ -33,7 +33,9 @@ from infra.jobs import Jobs
 from infra.route_config import load_routes_file
 from infra.settings import Settings
 from tests.conformance.jobs_support import Recorder, recording_pipeline, usage
-from tests.support import StartApp, cli, eventually
+from tests.support.in_process import StartApp
+from tests.support.observing import eventually
+from tests.support.processes import cli
 
 
 def test_the_backoff_is_count4_plus_15_plus_rand10_times_count_plus_1() -> None:

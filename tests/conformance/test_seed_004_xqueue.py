@@ -39,7 +39,9 @@ from tests.conformance.jobs_support import (
     recording_pipeline,
     usage,
 )
-from tests.support import StartApp, cli, eventually
+from tests.support.in_process import StartApp
+from tests.support.observing import eventually
+from tests.support.processes import cli
 
 
 async def stats(settings: Settings) -> dict[str, Any]:

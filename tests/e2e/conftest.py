@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from infra.settings import Settings
-from tests.support import PkgqProcess
+from tests.support.processes import PkgqProcess
 
 
 @pytest.fixture

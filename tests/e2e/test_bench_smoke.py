@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 
 from infra.settings import Settings
-from tests.support import cli
+from tests.support.processes import cli
 
 pytestmark = pytest.mark.e2e
 

@@ -26,7 +26,9 @@ from events.routes import (
 )
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
-from tests.support import PkgqProcess, add_package, cli, eventually, send
+from tests.support.deliveries import add_package, send
+from tests.support.observing import eventually
+from tests.support.processes import PkgqProcess, cli
 
 pytestmark = pytest.mark.e2e
 

@@ -11,7 +11,8 @@ import pytest
 
 from events.routes import ALL_ROUTES, ROUTES
 from infra.settings import Settings
-from tests.support import PkgqProcess, cli, eventually, free_port, http_get
+from tests.support.observing import eventually
+from tests.support.processes import PkgqProcess, cli, free_port, http_get
 
 pytestmark = pytest.mark.e2e
 

@@ -19,7 +19,8 @@ from events.routes import PACKAGE_PURCHASE, ROUTES
 from infra.jobs import Jobs
 from infra.postgres import dead_letters
 from infra.settings import Settings
-from tests.support import add_package, cli
+from tests.support.deliveries import add_package
+from tests.support.processes import cli
 
 pytestmark = pytest.mark.e2e
 

@@ -11,7 +11,7 @@ import pytest
 
 from infra.postgres import dead_letters
 from infra.settings import Settings
-from tests.support import cli
+from tests.support.processes import cli
 
 pytestmark = pytest.mark.e2e
 

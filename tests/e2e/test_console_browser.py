@@ -20,7 +20,9 @@ from events.models import PurchasePackage
 from events.routes import PACKAGE_PURCHASE
 from infra.postgres import dead_letters, holds
 from infra.settings import Settings
-from tests.support import PkgqProcess, add_package, eventually, send, send_raw
+from tests.support.deliveries import add_package, send, send_raw
+from tests.support.observing import eventually
+from tests.support.processes import PkgqProcess
 from tests.web.client import OPERATOR_PASSWORD, VIEWER_PASSWORD
 from tests.web.stack import browser, console, reload_until, shoot, sign_in
 

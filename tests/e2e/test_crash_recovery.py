@@ -17,7 +17,9 @@ from events.routes import PACKAGE_ACTIVATE, PACKAGE_PURCHASE, PACKAGE_QUEUING, R
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
 from tests.e2e.workload import Workload
-from tests.support import PkgqProcess, add_package, eventually, send
+from tests.support.deliveries import add_package, send
+from tests.support.observing import eventually
+from tests.support.processes import PkgqProcess
 
 pytestmark = pytest.mark.e2e
 

@@ -17,7 +17,9 @@ import pytest
 
 from events.routes import PACKAGE_PURCHASE
 from infra.settings import Settings
-from tests.support import PkgqProcess, add_package, eventually
+from tests.support.deliveries import add_package
+from tests.support.observing import eventually
+from tests.support.processes import PkgqProcess
 
 pytestmark = pytest.mark.e2e
 

@@ -13,7 +13,7 @@ from events.routes import ALL_EXPIRED, PACKAGE_ACTIVATE, PACKAGE_EXPIRING
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
 from tests.e2e.workload import Workload
-from tests.support import PkgqProcess
+from tests.support.processes import PkgqProcess
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from infra.settings import Settings
-from tests.support import PkgqProcess, eventually, free_port, http_get
+from tests.support.observing import eventually
+from tests.support.processes import PkgqProcess, free_port, http_get
 
 pytestmark = pytest.mark.e2e
 

@@ -26,7 +26,8 @@ from infra.rabbit.connection import connect
 from infra.rabbit.topology import declare_all, delete_all
 from infra.settings import Settings
 from tests.e2e.workload import USERS, Workload
-from tests.support import PkgqProcess, cli, eventually
+from tests.support.observing import eventually
+from tests.support.processes import PkgqProcess, cli
 
 pytestmark = pytest.mark.e2e
 

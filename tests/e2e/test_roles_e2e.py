@@ -12,8 +12,10 @@ import asyncpg
 import pytest
 
 from infra.settings import Settings
-from tests import pg_roles
-from tests.support import PkgqProcess, add_package, cli, eventually
+from tests.support import pg_roles
+from tests.support.deliveries import add_package
+from tests.support.observing import eventually
+from tests.support.processes import PkgqProcess, cli
 
 pytestmark = pytest.mark.e2e
 

@@ -16,7 +16,8 @@ from aio_pika.abc import AbstractRobustConnection
 
 from infra.settings import Settings
 from tests.e2e.workload import Workload
-from tests.support import PkgqProcess, eventually, free_port, http_get
+from tests.support.observing import eventually
+from tests.support.processes import PkgqProcess, free_port, http_get
 
 pytestmark = [pytest.mark.e2e, pytest.mark.serial]
 

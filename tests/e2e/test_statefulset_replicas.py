@@ -14,7 +14,8 @@ from aio_pika.abc import AbstractRobustConnection
 from events.routes import USAGE_RECORD
 from infra.settings import Settings
 from tests.e2e.test_partitions_e2e import declared, wait_logged
-from tests.support import PkgqProcess, eventually
+from tests.support.observing import eventually
+from tests.support.processes import PkgqProcess
 
 pytestmark = pytest.mark.e2e
 

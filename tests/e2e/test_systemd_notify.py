@@ -19,7 +19,9 @@ from aio_pika.abc import AbstractRobustConnection
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.settings import Settings
-from tests.support import PkgqProcess, eventually, send
+from tests.support.deliveries import send
+from tests.support.observing import eventually
+from tests.support.processes import PkgqProcess
 
 pytestmark = pytest.mark.e2e
 

@@ -20,8 +20,9 @@ from events.models import PurchasePackage, RecordUsage
 from events.routes import PACKAGE_PURCHASE, USAGE_RECORD
 from infra.rabbit.publisher import Publisher, build_message
 from infra.settings import Settings
-from tests.broker_users import broker_user, grant, unique_role_users, url_for
-from tests.support import send, settings_env
+from tests.support.broker_users import broker_user, grant, unique_role_users, url_for
+from tests.support.deliveries import send
+from tests.support.processes import settings_env
 
 pytestmark = pytest.mark.e2e
 

@@ -13,9 +13,10 @@ import pytest
 
 from infra.rabbit.management import queue_figures
 from infra.settings import Settings
-from tests.broker_users import broker_user, set_permissions, url_for
-from tests.support import PkgqProcess, cli, eventually
-from tests.tls_support import make_ca, tls_settings
+from tests.support.broker_users import broker_user, set_permissions, url_for
+from tests.support.observing import eventually
+from tests.support.processes import PkgqProcess, cli
+from tests.support.tls import make_ca, tls_settings
 
 pytestmark = pytest.mark.e2e
 

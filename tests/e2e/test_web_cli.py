@@ -13,7 +13,8 @@ import pytest
 
 from consumers.web.auth import verify_password
 from infra.settings import Settings
-from tests.support import PkgqProcess, cli, eventually, free_port, http_get, pkgq
+from tests.support.observing import eventually
+from tests.support.processes import PkgqProcess, cli, free_port, http_get, pkgq
 from tests.web.stack import web_env
 
 pytestmark = pytest.mark.e2e

@@ -17,7 +17,8 @@ from aio_pika.abc import AbstractRobustConnection
 from events.models import PurchasePackage, RecordUsage
 from events.routes import PACKAGE_PURCHASE, USAGE_RECORD
 from infra.settings import Settings
-from tests.support import add_package, eventually, send
+from tests.support.deliveries import add_package, send
+from tests.support.observing import eventually
 
 USERS = int(os.environ.get("PKGQ_E2E_USERS", "12"))
 """Scale the end-to-end workload up with PKGQ_E2E_USERS (CI uses the small default)."""

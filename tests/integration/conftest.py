@@ -8,7 +8,7 @@ import pytest
 from aio_pika.abc import AbstractRobustConnection
 
 from infra.settings import Settings
-from tests.support import InProcess, StartApp
+from tests.support.in_process import InProcess, StartApp
 
 
 @pytest.fixture

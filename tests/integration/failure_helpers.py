@@ -17,7 +17,8 @@ from consumers.unit_of_work import HandlerContext
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.settings import Settings
-from tests.support import eventually, fetch, send
+from tests.support.deliveries import send
+from tests.support.observing import eventually, fetch
 
 Applied = list[tuple[UUID, int]]
 

@@ -15,7 +15,9 @@ from events.envelope import H_SCHEMA_VERSION
 from events.models import RecordUsage
 from events.routes import PACKAGE_CANCEL, PACKAGE_PURCHASE, USAGE_RECORD, Route
 from infra.settings import Settings
-from tests.support import InProcess, StartApp, add_package, eventually, send, send_raw
+from tests.support.deliveries import add_package, send, send_raw
+from tests.support.in_process import InProcess, StartApp
+from tests.support.observing import eventually
 
 LIMIT = 4096
 

@@ -69,7 +69,7 @@ from infra.postgres import catalog
 from infra.postgres.pool import create_pool
 from infra.rabbit.outcomes import Outcome
 from infra.settings import Settings
-from tests.support import raw_for
+from tests.support.deliveries import raw_for
 
 EXAMPLES = int(os.environ.get("PKGQ_PROPERTY_EXAMPLES", "40"))
 USERS = 3

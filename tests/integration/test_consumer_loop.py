@@ -21,7 +21,9 @@ from infra.rabbit.publisher import Publisher
 from infra.rabbit.route_consumer import route_consumer
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
-from tests.support import StartApp, eventually, send
+from tests.support.deliveries import send
+from tests.support.in_process import StartApp
+from tests.support.observing import eventually
 
 
 def close_connection_named(name: str) -> None:

@@ -27,7 +27,9 @@ from tests.integration.failure_helpers import (
     usage,
     usage_pipeline,
 )
-from tests.support import InProcess, cli, eventually, fetch
+from tests.support.in_process import InProcess
+from tests.support.observing import eventually, fetch
+from tests.support.processes import cli
 
 
 async def test_a_fixed_dead_letter_is_replayed_once_by_dig_and_a_second_dig_applies_nothing(

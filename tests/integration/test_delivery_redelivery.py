@@ -26,7 +26,7 @@ from infra.postgres import dead_letters
 from infra.postgres.pool import create_pool
 from infra.rabbit.consumer import Outcome, Result
 from infra.settings import Settings
-from tests.support import add_package, raw_for
+from tests.support.deliveries import add_package, raw_for
 
 
 def delivery(

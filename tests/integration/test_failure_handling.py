@@ -31,7 +31,9 @@ from tests.integration.failure_helpers import (
     usage,
     usage_pipeline,
 )
-from tests.support import InProcess, cli, eventually, fetch
+from tests.support.in_process import InProcess
+from tests.support.observing import eventually, fetch
+from tests.support.processes import cli
 
 
 async def test_a_handler_that_fails_twice_then_succeeds_is_applied_once_after_retries_at_the_policy_delays(  # noqa: E501

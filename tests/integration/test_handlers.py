@@ -36,7 +36,9 @@ from infra.outbox.sweep import sweep_overdue_expiries
 from infra.postgres import access
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
-from tests.support import InProcess, StartApp, add_package, eventually, send, send_raw
+from tests.support.deliveries import add_package, send, send_raw
+from tests.support.in_process import InProcess, StartApp
+from tests.support.observing import eventually
 
 
 @dataclass

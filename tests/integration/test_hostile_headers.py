@@ -43,7 +43,10 @@ from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.postgres import dead_letters, outbox, replay
 from infra.settings import Settings
-from tests.support import InProcess, cli, eventually, fetch, send_raw
+from tests.support.deliveries import send_raw
+from tests.support.in_process import InProcess
+from tests.support.observing import eventually, fetch
+from tests.support.processes import cli
 
 HUGE = "h" * (100 * 1024)
 

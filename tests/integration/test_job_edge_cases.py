@@ -25,7 +25,8 @@ from tests.conformance.jobs_support import (
     recording_pipeline,
     usage,
 )
-from tests.support import InProcess, StartApp, eventually, fetch
+from tests.support.in_process import InProcess, StartApp
+from tests.support.observing import eventually, fetch
 
 
 async def hold_of(pool: asyncpg.Pool, user: UUID) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ import pytest
 
 from infra.postgres.migrate import migrate
 from infra.settings import Settings
-from tests import pg_roles
+from tests.support import pg_roles
 
 LOCAL = Path(__file__).resolve().parents[2] / "deploy" / "local"
 

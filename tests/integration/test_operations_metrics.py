@@ -22,7 +22,9 @@ from events.routes import USAGE_RECORD
 from infra.postgres import holds, workers
 from infra.rabbit.management import management_base
 from infra.settings import Settings
-from tests.support import InProcess, eventually, free_port, http_get
+from tests.support.in_process import InProcess
+from tests.support.observing import eventually
+from tests.support.processes import free_port, http_get
 
 
 def _served(settings: Settings) -> tuple[Settings, int]:

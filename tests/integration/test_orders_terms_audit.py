@@ -26,7 +26,7 @@ from events.routes import (
 )
 from infra.postgres import catalog
 from infra.rabbit.outcomes import Outcome
-from tests.support import add_package, raw_for
+from tests.support.deliveries import add_package, raw_for
 
 
 async def run(pool: asyncpg.Pool, route: Route, raws: Sequence[RawDelivery]) -> list[Outcome]:

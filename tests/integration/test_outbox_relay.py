@@ -22,7 +22,7 @@ from infra.postgres import outbox, queue_repo
 from infra.rabbit.tap import Tap
 from infra.rabbit.topology import route_queues
 from infra.settings import Settings
-from tests.support import eventually
+from tests.support.observing import eventually
 
 NOWHERE = Route("telecom.nowhere", PackageExpiringEvent)
 

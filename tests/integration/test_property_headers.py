@@ -12,7 +12,9 @@ from events.envelope import H_MESSAGE_ID, H_MESSAGE_TYPE, H_SCHEMA_VERSION, H_US
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.settings import Settings
-from tests.support import InProcess, eventually, send_raw
+from tests.support.deliveries import send_raw
+from tests.support.in_process import InProcess
+from tests.support.observing import eventually
 
 
 async def _applied(pool: asyncpg.Pool) -> list[UUID]:

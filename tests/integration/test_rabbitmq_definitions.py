@@ -19,14 +19,17 @@ from infra.rabbit.connection import connect
 from infra.rabbit.roles import RoleUsers
 from infra.rabbit.topology import TopologyMissingError, declare_all, definitions, route_queues
 from infra.settings import Settings
-from tests.broker_users import (
+from tests.support.broker_users import (
     change_password,
     delete_user,
     import_definitions,
     unique_role_users,
     url_for,
 )
-from tests.support import StartApp, add_package, cli, eventually, send
+from tests.support.deliveries import add_package, send
+from tests.support.in_process import StartApp
+from tests.support.observing import eventually
+from tests.support.processes import cli
 
 COMMITTED = Path(__file__).resolve().parents[2] / "deploy" / "rabbitmq" / "definitions.json"
 

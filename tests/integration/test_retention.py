@@ -11,7 +11,7 @@ import asyncpg
 
 from infra.postgres import retention, transitions
 from infra.settings import Settings
-from tests.support import cli
+from tests.support.processes import cli
 
 DAY = 86400.0
 RETENTION = 7 * DAY

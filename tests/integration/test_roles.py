@@ -20,8 +20,10 @@ from infra.postgres.migrate import RuntimeRoleMissingError, migrate
 from infra.postgres.pool import create_pool
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
-from tests import pg_roles
-from tests.support import StartApp, add_package, eventually, send
+from tests.support import pg_roles
+from tests.support.deliveries import add_package, send
+from tests.support.in_process import StartApp
+from tests.support.observing import eventually
 
 
 def runtime_dsn(settings: Settings) -> str:

@@ -10,7 +10,7 @@ import pytest
 from infra.postgres.migrate import available_migrations, migrate
 from infra.postgres.pool import Conn
 from infra.settings import Settings
-from tests.support import add_package
+from tests.support.deliveries import add_package
 
 
 async def _insert_item(conn: Conn, user: object, package: int, status: str) -> None:

@@ -37,7 +37,7 @@ from infra.postgres.pool import create_pool
 from infra.postgres.statements import StatementLog
 from infra.rabbit.outcomes import Outcome
 from infra.settings import Settings
-from tests.support import add_package, raw_for
+from tests.support.deliveries import add_package, raw_for
 
 SIZES = (8, 32, 128)
 MAX_STATEMENTS = 15

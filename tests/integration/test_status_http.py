@@ -14,7 +14,10 @@ from events.routes import USAGE_RECORD
 from infra.observability import StatusServer
 from infra.postgres.pool import create_pool
 from infra.settings import Settings
-from tests.support import StartApp, eventually, free_port, http_get, send, send_raw
+from tests.support.deliveries import send, send_raw
+from tests.support.in_process import StartApp
+from tests.support.observing import eventually
+from tests.support.processes import free_port, http_get
 
 
 async def test_readyz_follows_the_readiness_check_and_turns_not_ready_when_draining() -> None:

@@ -7,7 +7,7 @@ from uuid import UUID, uuid4
 import asyncpg
 
 from infra.outbox.sweep import sweep_overdue_expiries
-from tests.support import add_package
+from tests.support.deliveries import add_package
 
 GRACE = 60.0
 

@@ -17,7 +17,7 @@ from infra.rabbit.connection import open_amqp
 from infra.settings import Settings
 from infra.tls import TlsConfigError, TlsVerifyError
 from infra.transient import is_outage, is_transient, needs_operator
-from tests.tls_support import make_ca, tls_settings
+from tests.support.tls import make_ca, tls_settings
 
 
 def _broker_connection(name: str) -> dict[str, object]:

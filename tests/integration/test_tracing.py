@@ -34,7 +34,9 @@ from events.routes import (
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
 from infra.tracing import configure_tracing, trace_id_of
-from tests.support import StartApp, add_package, eventually
+from tests.support.deliveries import add_package
+from tests.support.in_process import StartApp
+from tests.support.observing import eventually
 
 CHAIN = [
     PACKAGE_PURCHASE,

@@ -48,14 +48,16 @@ from infra.postgres import access, addresses, groups, replay
 from infra.rabbit.connection import connect
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
-from tests.broker_users import (
+from tests.support.broker_users import (
     broker_user,
     grant,
     set_permissions,
     unique_role_users,
     url_for,
 )
-from tests.support import InProcess, add_package, eventually, raw_for, send
+from tests.support.deliveries import add_package, raw_for, send
+from tests.support.in_process import InProcess
+from tests.support.observing import eventually
 
 FROZEN_SEQ = 2**62
 """The x-seq of the forgery in the issue: taken on trust, it would make every later genuine

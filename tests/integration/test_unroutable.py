@@ -25,7 +25,8 @@ from events.models import RecordUsage
 from events.routes import INBOUND_ROUTES, USAGE_RECORD
 from infra.rabbit.topology import declare_all, declare_exchanges, definitions, route_queues
 from infra.settings import Settings
-from tests.support import InProcess, eventually
+from tests.support.in_process import InProcess
+from tests.support.observing import eventually
 
 
 def _usage(user: str) -> aio_pika.Message:

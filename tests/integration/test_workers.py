@@ -15,7 +15,8 @@ from infra.outbox.housekeeping import EXPIRY_SWEEP, RETENTION, housekeeping_fore
 from infra.postgres import leases, workers
 from infra.postgres.outbox import RELAY_LOCK_CLASS
 from infra.settings import Settings
-from tests.support import add_package, eventually
+from tests.support.deliveries import add_package
+from tests.support.observing import eventually
 
 
 async def _register(pool: asyncpg.Pool, name: str = "w", routes: list[str] | None = None) -> UUID:

@@ -19,7 +19,7 @@ from events.routes import (
 )
 from infra.rabbit.roles import DEFAULT_USERS, inbound_keys_pattern, role_definitions
 from infra.settings import Settings
-from tests.support import raw_for
+from tests.support.deliveries import raw_for
 
 
 def published_by(raw: RawDelivery, publisher: str | None) -> RawDelivery:

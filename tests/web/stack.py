@@ -15,7 +15,8 @@ from playwright.async_api import Browser, Page, async_playwright
 
 from consumers.web.auth import hash_password
 from infra.settings import Settings
-from tests.support import PkgqProcess, eventually, free_port, http_get
+from tests.support.observing import eventually
+from tests.support.processes import PkgqProcess, free_port, http_get
 from tests.web.client import OPERATOR_PASSWORD, VIEWER_PASSWORD
 
 CHROMIUM = "/usr/bin/chromium"

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from infra.settings import Settings
-from tests.support import add_package
+from tests.support.deliveries import add_package
 from tests.web.client import OPERATOR_PASSWORD, client
 
 

@@ -14,7 +14,8 @@ from consumers import operations
 from events.routes import PACKAGE_PURCHASE
 from infra.postgres import dead_letters, holds
 from infra.settings import Settings
-from tests.support import add_package, cli
+from tests.support.deliveries import add_package
+from tests.support.processes import cli
 
 
 async def _buried_purchase(pool: asyncpg.Pool, user: UUID, body: bytes) -> tuple[int, UUID]:

@@ -19,7 +19,9 @@ from consumers.web.dependencies import open_pool
 from events.models import PurchasePackage, RecordUsage
 from events.routes import PACKAGE_PURCHASE, USAGE_RECORD
 from infra.settings import Settings
-from tests.support import InProcess, add_package, eventually, send
+from tests.support.deliveries import add_package, send
+from tests.support.in_process import InProcess
+from tests.support.observing import eventually
 from tests.web.client import bearer, client, web_settings
 
 

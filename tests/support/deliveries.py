@@ -1,0 +1,137 @@
+"""Messages for tests: a delivery built without AMQP, a package in the catalog, a message
+published through the real broker (as pkgq would, or raw, as an outsider could)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+from uuid import UUID, uuid4
+
+import asyncpg
+import pika
+from aio_pika.abc import AbstractRobustConnection
+
+from consumers import publishing
+from events.decoding import RawDelivery
+from events.envelope import CONTENT_TYPE, H_SCHEMA_VERSION, H_SEQ, H_USER_ID
+from events.models import WireModel
+from events.routes import Route
+from infra.postgres import catalog
+from infra.rabbit.publisher import Publisher, build_message
+from infra.settings import Settings
+from infra.transient import is_transient
+
+
+def raw_for(route: Route, body: WireModel, *, seq: int | None = None) -> RawDelivery:
+    """A delivery of `body` on `route` as the broker would hand it over (no AMQP involved)."""
+    headers: dict[str, object] = {H_SCHEMA_VERSION: 1, H_USER_ID: str(body.user_id)}
+    if seq is not None:
+        headers[H_SEQ] = seq
+    return RawDelivery(
+        body=body.model_dump_json().encode(),
+        message_id=str(uuid4()),
+        message_type=route.message_type,
+        content_type=CONTENT_TYPE,
+        timestamp=None,
+        headers=headers,
+    )
+
+
+async def add_package(
+    pool: asyncpg.Pool,
+    traffic: int | None,
+    duration: timedelta | None = None,
+    name: str = "test",
+) -> int:
+    async with pool.acquire() as conn:
+        return (await catalog.add_package(conn, name, traffic, duration)).id
+
+
+async def send(
+    settings: Settings,
+    amqp: AbstractRobustConnection,
+    route: Route,
+    body: WireModel,
+    message_id: UUID | None = None,
+) -> UUID:
+    """Publish with a confirm; while the broker restarts, retry with the same message_id."""
+    message_id = message_id or uuid4()
+    for attempt in range(120):
+        try:
+            return await publishing.publish(settings, amqp, route, body, message_id=message_id)
+        except Exception as exc:
+            # RuntimeError: aio-pika's "Connection was not opened" while it reconnects.
+            if attempt == 119 or not (is_transient(exc) or isinstance(exc, RuntimeError)):
+                raise
+            await asyncio.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
+async def send_raw(
+    settings: Settings,
+    amqp: AbstractRobustConnection,
+    route: Route,
+    body: bytes,
+    *,
+    message_id: str | None = "fresh",
+    message_type: str | None = "route",
+    content_type: str | None = CONTENT_TYPE,
+    headers: dict[str, Any] | None = None,
+) -> str | None:
+    """Publish arbitrary bytes and properties, to exercise the bad-input paths."""
+    mid = str(uuid4()) if message_id == "fresh" else message_id
+    if mid is None:
+        await asyncio.to_thread(
+            _publish_without_message_id,
+            settings,
+            route.name,
+            body,
+            route.message_type if message_type == "route" else message_type,
+            content_type,
+            headers if headers is not None else {H_SCHEMA_VERSION: route.schema_version},
+        )
+        return None
+    publisher = await Publisher.open(amqp, settings.exchange, user_id=settings.amqp_user)
+    try:
+        message = build_message(
+            body,
+            message_id=mid,
+            message_type=route.message_type if message_type == "route" else message_type,
+            headers=headers if headers is not None else {H_SCHEMA_VERSION: route.schema_version},
+            content_type=content_type,
+        )
+        await publisher.publish(message, route.name)
+    finally:
+        await publisher.close()
+    return mid
+
+
+def _publish_without_message_id(
+    settings: Settings,
+    routing_key: str,
+    body: bytes,
+    message_type: str | None,
+    content_type: str | None,
+    headers: dict[str, Any],
+) -> None:
+    """Publish through pika, which (unlike aiormq) does not invent a message_id."""
+    connection = pika.BlockingConnection(pika.URLParameters(settings.amqp_url))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.basic_publish(
+            settings.exchange,
+            routing_key,
+            body,
+            properties=pika.BasicProperties(
+                content_type=content_type,
+                type=message_type,
+                headers=headers,
+                delivery_mode=2,
+                user_id=settings.amqp_user,  # as pkgq's own publishers do: trusted everywhere
+            ),
+            mandatory=True,
+        )
+    finally:
+        connection.close()

@@ -1,0 +1,96 @@
+"""Real `pkgq` processes started through the CLI, their environment, and their status port."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+
+from infra.settings import Settings
+from tests.support import pg_roles
+
+
+def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """A spawned `pkgq` process's environment: it connects as the session's runtime role (the
+    owner for `pkgq migrate`), as in production, whatever role the test's fixtures use."""
+    return {
+        **os.environ,
+        **settings.child_env(),
+        "PKGQ_POSTGRES_DSN": pg_roles.as_role(settings.postgres_dsn, pg_roles.RUNTIME),
+        "PKGQ_LOG_FORMAT": "json",
+        "PKGQ_LOG_LEVEL": "info",
+        **extra,
+    }
+
+
+def pkgq(
+    settings: Settings, *args: str, stdin: str | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run one `pkgq` command (python -m consumers ...) against the test's namespace, with
+    `env` added to its environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "consumers", *args],
+        env=settings_env(settings, **env),
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+async def cli(
+    settings: Settings, *args: str, stdin: str | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(pkgq, settings, *args, stdin=stdin, **env)
+
+
+class PkgqProcess:
+    """A real `pkgq` process started through the CLI (python -m consumers ...)."""
+
+    def __init__(self, settings: Settings, *args: str, **env: str) -> None:
+        self.args = args
+        self.log = tempfile.NamedTemporaryFile(prefix="pkgq-", suffix=".log")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "consumers", *args],
+            env=settings_env(settings, **env),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def terminate(self, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def logs(self) -> str:
+        self.log.flush()
+        with open(self.log.name, "rb") as f:
+            return f.read().decode(errors="replace")
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (for a process's status port)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def http_get(port: int, path: str) -> tuple[int, str]:
+    """GET a path of a local status port: (status code, body)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.0\r\nHost: test\r\n\r\n".encode())
+    await writer.drain()
+    response = (await reader.read()).decode()
+    writer.close()
+    head, _, body = response.partition("\r\n\r\n")
+    return int(head.split()[1]), body
