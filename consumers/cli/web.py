@@ -46,7 +46,7 @@ def serve(
         return
     import uvicorn
 
-    from consumers.cli.running import load_settings
+    from consumers.cli.running import load_settings, run
     from consumers.web.app import create_app
 
     settings = load_settings(logs_to_stdout=True)
@@ -63,7 +63,7 @@ def serve(
         log_config=None,  # structlog renders the stdlib records (infra/logging.py)
         proxy_headers=False,
     )
-    asyncio.run(_serve(config))
+    run(_serve(config))
 
 
 async def _serve(config: uvicorn.Config) -> None:
