@@ -259,10 +259,12 @@ async def test_user_show_reports_an_item_past_its_expire_at_as_expired_before_it
 
     spawn("relay")  # the timer runs and the stored status catches up
 
-    async def consumed() -> bool:
-        return await statuses(pool, user) == ["consumed"]
+    async def consumed_and_announced() -> bool:
+        # The status commits before the relay publishes package_expiring: wait for both.
+        announced = events_of(tap, settings, PACKAGE_EXPIRING.name, user)
+        return bool(announced) and await statuses(pool, user) == ["consumed"]
 
-    await eventually(consumed, within=30)
+    await eventually(consumed_and_announced, within=30)
     expired = [e["reason"] for e in events_of(tap, settings, PACKAGE_EXPIRING.name, user)]
     assert expired == ["time"]
 
