@@ -4,6 +4,7 @@ commands on its items (published like any other command, with a reason and who s
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict
 from typing import Annotated, Any
 from uuid import UUID
 
@@ -16,8 +17,8 @@ from consumers.cli.output import Column, console, say, show, table, text
 from consumers.cli.running import connected, load_settings, run
 from consumers.queue_view import item_row
 from domain.queue import UserQueue
-from infra.postgres import access, queue_repo
-from infra.postgres.pool import Conn, clock
+from infra.postgres import read_api
+from infra.postgres.pool import Conn
 from infra.settings import Settings
 
 user_app = typer.Typer(help="Inspect and administer one user's package queue.")
@@ -27,22 +28,21 @@ Reason = Annotated[
 ]
 
 
-async def _summary(conn: Conn, user_id: UUID) -> dict[str, Any]:
-    items = await queue_repo.load_user_items(conn, user_id)
-    grant = await access.get_access(conn, user_id)
-    user = await queue_repo.user_row(conn, user_id)
-    now = await clock(conn)  # the clock pkgq expires by
+async def summary(conn: Conn, user_id: UUID) -> dict[str, Any]:
+    """The user's state in one statement (the read API's user_state), on the clock pkgq
+    expires by."""
+    state = await read_api.user_state(conn, user_id)
+    now, items = state.now, state.items
     current = UserQueue(user_id, items=items).current_at(now)
     rows = [item_row(i, now) for i in items]
     return {
         "user_id": str(user_id),
         "as_of": now.isoformat(),
         "current": next((r for r in rows if current and r["id"] == current.id), None),
-        "access": dict(grant) if grant else None,
+        # the access row's columns, as `SELECT *` gave them
+        "access": {"user_id": user_id, **asdict(state.access)} if state.access else None,
         "unbilled": (
-            {"upload": user["unbilled_upload"], "download": user["unbilled_download"]}
-            if user
-            else None
+            {"upload": state.unbilled[0], "download": state.unbilled[1]} if state.unbilled else None
         ),
         "packages": rows,
     }
@@ -80,8 +80,8 @@ def user_show(user_id: UUID, as_json: JsonOpt = False) -> None:
     """Current package, access, and all packages of USER_ID (quota and remaining: null or
     'unlimited' for unlimited traffic)."""
     settings = load_settings()
-    summary = run(connected(settings, lambda conn: _summary(conn, user_id)))
-    show(summary, as_json, _print_summary)
+    shown = run(connected(settings, lambda conn: summary(conn, user_id)))
+    show(shown, as_json, _print_summary)
 
 
 async def _item_command(settings: Settings, command: Callable[[Conn], Awaitable[UUID]]) -> UUID:

@@ -96,30 +96,41 @@ async def lift(conn: Conn, consumer: str, user_id: UUID) -> None:
     )
 
 
-async def release_blocked_by(conn: Conn, message_ids: Sequence[UUID]) -> int:
+_RELEASE_BLOCKED = """
+    UPDATE telecom.holds SET blocker = NULL, state = 'releasing', updated_at = now()
+    WHERE blocker = ANY($1::uuid[])
+"""
+
+
+async def release_blocked_by(
+    conn: Conn, message_ids: Sequence[UUID], *, consumer: str | None = None
+) -> int:
     """Messages that will never be delivered again (withdrawn by a group cancel, expired before
-    their retry was published) block nothing any more: release the holds they block, so that
-    the consumers' release poll applies what is parked behind them. Returns how many."""
+    their retry was published, discarded as dead letters) block nothing any more: release the
+    holds they block (on `consumer` only, when given), so that the consumers' release poll
+    applies what is parked behind them. Returns how many."""
     if not message_ids:
         return 0
-    status = await conn.execute(
-        "UPDATE telecom.holds SET blocker = NULL, state = 'releasing', updated_at = now() "
-        "WHERE blocker = ANY($1::uuid[])",
-        list(message_ids),
-    )
+    if consumer is None:
+        status = await conn.execute(_RELEASE_BLOCKED, list(message_ids))
+    else:  # with the consumer, the holds_blocker index (consumer, blocker) serves it
+        status = await conn.execute(
+            _RELEASE_BLOCKED + " AND consumer = $2", list(message_ids), consumer
+        )
     return int(status.split()[-1])
 
 
-async def release_blocked_by_dead_letter(conn: Conn, consumer: str, message_id: str) -> None:
-    """A dead letter was discarded: the holds its message blocks on `consumer` are released."""
-    await conn.execute(
-        """
-        UPDATE telecom.holds SET blocker = NULL, state = 'releasing', updated_at = now()
-        WHERE consumer = $1 AND blocker::text = $2
-        """,
-        consumer,
-        message_id,
-    )
+async def release_blocked_by_dead_letter(conn: Conn, consumer: str, message_id: str | None) -> int:
+    """A dead letter was discarded: the holds its message blocks on `consumer` are released.
+    Its message_id is text as it came (or none); one that is not a UUID blocks nothing
+    (blockers are UUIDs, parsed from message ids the same way), so nothing is released."""
+    if message_id is None:
+        return 0
+    try:
+        blocker = UUID(message_id)
+    except ValueError:
+        return 0
+    return await release_blocked_by(conn, [blocker], consumer=consumer)
 
 
 async def retry_replayed(conn: Conn, dead_letter_ids: Sequence[int]) -> None:

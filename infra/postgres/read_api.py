@@ -86,20 +86,53 @@ async def current(conn: Conn, user_id: UUID) -> Current:
     )
 
 
-async def packages(conn: Conn, user_id: UUID) -> tuple[datetime, bool, list[QueueItem]]:
-    """GetAllMyPackages in one statement: (the clock, whether the user is known, every item
-    of the user in queue order)."""
+@dataclass(frozen=True, slots=True)
+class UserState:
+    """A user's whole state as it is now (`pkgq user show`'s facts)."""
+
+    now: datetime
+    known: bool
+    """False: pkgq has never seen a message for this user."""
+    items: list[QueueItem]
+    """Every item of the user, in queue order."""
+    access: Access | None
+    unbilled: tuple[int, int] | None
+    """Usage not yet billed to an item: (upload, download); None for an unknown user."""
+
+
+async def user_state(conn: Conn, user_id: UUID) -> UserState:
+    """The clock, the user's row, access row and every item in queue order, in one statement
+    (one row per item, or one row of NULL item columns when the user has none)."""
     rows = await conn.fetch(
         f"""
-        SELECT now() AS now, {_KNOWN}, {_ITEM_COLUMNS}
+        SELECT now() AS now, u.user_id IS NOT NULL AS known,
+               u.unbilled_upload AS u_unbilled_upload, u.unbilled_download AS u_unbilled_download,
+               {_ACCESS_COLUMNS}, {_ITEM_COLUMNS}
         FROM (SELECT 1) AS one
+        LEFT JOIN telecom.queue_users u ON u.user_id = $1
+        LEFT JOIN telecom.access a ON a.user_id = $1
         LEFT JOIN telecom.package_queue q ON q.user_id = $1
         ORDER BY q.created_at, q.id
         """,
         user_id,
     )
-    items = [_item(r) for r in rows if r["id"] is not None]
-    return rows[0]["now"], rows[0]["known"], items
+    first = rows[0]  # FROM (SELECT 1) LEFT JOIN ...: at least one row
+    return UserState(
+        now=first["now"],
+        known=first["known"],
+        items=[_item(r) for r in rows if r["id"] is not None],
+        access=_access(first),
+        unbilled=(
+            (first["u_unbilled_upload"], first["u_unbilled_download"]) if first["known"] else None
+        ),
+    )
+
+
+async def packages(conn: Conn, user_id: UUID) -> tuple[datetime, bool, list[QueueItem]]:
+    """GetAllMyPackages in one statement (user_state's): (the clock, whether the user is known,
+    every item of the user in queue order)."""
+    state = await user_state(conn, user_id)
+    return state.now, state.known, state.items
 
 
 async def access(conn: Conn, user_id: UUID) -> tuple[datetime, bool, Access | None]:

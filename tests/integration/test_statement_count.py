@@ -13,6 +13,7 @@ from uuid import UUID, uuid4
 import asyncpg
 import pytest
 
+from consumers.cli.user import summary
 from consumers.delivery import DeliveryPipeline
 from consumers.registry import HANDLERS
 from consumers.retry_policy import RetryPolicy
@@ -185,3 +186,27 @@ async def test_the_statement_log_counts_every_statement_of_a_batch_including_beg
     # asyncpg resets a connection it takes back into the pool: a round trip, so it counts
     assert log.statements[-1].startswith("SELECT pg_advisory_unlock_all()")
     assert count == len(log.statements) > 3
+
+
+async def test_user_show_reads_a_users_summary_in_one_statement_whatever_its_item_count(
+    counted: tuple[asyncpg.Pool, StatementLog],
+) -> None:
+    pool, log = counted
+    package = await add_package(pool, 1000, timedelta(days=1))
+    counts: dict[int, int] = {}
+    for amount in (0, 1, 8):
+        user = uuid4()
+        if amount:
+            purchase = PurchasePackage(user_id=user, package_id=package, amount=amount)
+            _, outcomes = await _run(
+                pool, log, PACKAGE_PURCHASE, [raw_for(PACKAGE_PURCHASE, purchase)]
+            )
+            assert outcomes == [Outcome.ACKED]
+        async with pool.acquire() as conn:
+            await log.settled()
+            log.clear()
+            shown = await summary(conn, user)
+            counts[amount] = await log.settled()
+        assert len(shown["packages"]) == amount
+        assert (shown["unbilled"] is None) == (amount == 0)  # the user's row came too
+    assert counts == {0: 1, 1: 1, 8: 1}, counts

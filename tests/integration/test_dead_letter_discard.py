@@ -1,0 +1,82 @@
+"""Discarding a buried dead letter releases the holds its message blocks: on its own consumer
+only, and none when its message_id is not a UUID (a blocker always is one)."""
+
+from __future__ import annotations
+
+from uuid import UUID, uuid4
+
+import asyncpg
+import pytest
+
+from infra.postgres import dead_letters
+from infra.postgres.pool import Conn
+
+CONSUMER = "usage_record"
+
+
+async def _hold(conn: Conn, consumer: str, blocker: UUID) -> UUID:
+    user = uuid4()
+    await conn.execute(
+        "INSERT INTO telecom.holds (consumer, user_id, blocker, state) "
+        "VALUES ($1, $2, $3, 'buried')",
+        consumer,
+        user,
+        blocker,
+    )
+    return user
+
+
+async def _bury(conn: Conn, consumer: str, message_id: str | None) -> int:
+    dead_id: int = await conn.fetchval(
+        "INSERT INTO telecom.dead_letters (dedup_key, source, route, consumer, message_id, body, "
+        "reason, error_type, error_message) VALUES ($1, 'consumer', 'telecom.usage_record', $2, "
+        "$3, '{}', 'r', 'E', 'm') RETURNING id",
+        str(uuid4()),
+        consumer,
+        message_id,
+    )
+    return dead_id
+
+
+async def _discard(pool: asyncpg.Pool, dead_id: int) -> int:
+    async with pool.acquire() as conn, conn.transaction():
+        return await dead_letters.discard(conn, [dead_id], "ops-test")
+
+
+async def _blockers(pool: asyncpg.Pool, users: list[UUID]) -> list[UUID | None]:
+    async with pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT user_id, blocker FROM telecom.holds WHERE user_id = ANY($1::uuid[])", users
+        )
+    by_user = {r["user_id"]: r["blocker"] for r in rows}
+    return [by_user[u] for u in users]
+
+
+@pytest.mark.parametrize("message_id", ["not-a-uuid", "", "1234", None])
+async def test_discarding_a_dead_letter_whose_message_id_is_not_a_uuid_releases_nothing(
+    pool: asyncpg.Pool, message_id: str | None
+) -> None:
+    blocker = uuid4()
+    async with pool.acquire() as conn:
+        held = await _hold(conn, CONSUMER, blocker)
+        dead_id = await _bury(conn, CONSUMER, message_id)
+    assert await _discard(pool, dead_id) == 1  # no error: the letter is discarded
+    async with pool.acquire() as conn:
+        status = await conn.fetchval(
+            "SELECT status::text FROM telecom.dead_letters WHERE id = $1", dead_id
+        )
+    assert status == "discarded"
+    assert await _blockers(pool, [held]) == [blocker]  # the hold still waits on its blocker
+
+
+async def test_discarding_a_dead_letter_releases_the_holds_its_message_blocks_on_its_consumer_only(
+    pool: asyncpg.Pool,
+) -> None:
+    blocker, other = uuid4(), uuid4()
+    async with pool.acquire() as conn:
+        mine = await _hold(conn, CONSUMER, blocker)
+        elsewhere = await _hold(conn, "package_purchase", blocker)  # same id, another consumer
+        unrelated = await _hold(conn, CONSUMER, other)
+        dead_id = await _bury(conn, CONSUMER, str(blocker))
+    assert await _discard(pool, dead_id) == 1
+    assert await _blockers(pool, [mine, elsewhere, unrelated]) == [None, blocker, other]
