@@ -31,6 +31,8 @@ from infra.postgres.pool import Conn
 from infra.settings import Settings
 
 router = APIRouter(include_in_schema=False)
+WORKERS_SHOWN = 200
+"""Workers on the workers page (the most recently started first); the page says how many more."""
 
 
 def _safe_next(target: str | None) -> str:
@@ -202,14 +204,15 @@ async def holds_page(request: Request, who: Viewer) -> Response:
 async def workers_page(request: Request, who: Viewer) -> Response:
     settings: Settings = request.app.state.settings
     async with pool_of(request).acquire() as conn:
-        found = await workers.list_workers(conn, include_stopped=True)
+        found, total = await workers.first_workers(conn, WORKERS_SHOWN)
         found_groups = await groups.list_groups(conn, 100)
         addresses = await console.addresses(conn, limit=100)
     return render(
         request,
         "workers.html",
         {
-            "workers": [w.as_dict(settings.worker_stale_after) for w in found[:200]],
+            "workers": [w.as_dict(settings.worker_stale_after) for w in found],
+            "workers_total": total,
             "groups": found_groups,
             "addresses": addresses,
         },

@@ -14,18 +14,13 @@ import pytest
 
 from infra.settings import Settings
 from tests.support import add_package
-from tests.web.client import OPERATOR_PASSWORD, client
+from tests.web.client import client, sign_in
 
 
 @pytest.fixture
 async def http(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[httpx.AsyncClient]:
     async with client(settings, pool) as found:
-        page = await found.get("/login")
-        token = re.search(r'name="csrf" value="([^"]+)"', page.text)
-        assert token is not None
-        await found.post(
-            "/login", data={"csrf": token.group(1), "user": "olga", "password": OPERATOR_PASSWORD}
-        )
+        assert (await sign_in(found)).status_code == 303
         yield found
 
 
