@@ -45,8 +45,10 @@ async def _item_command(
     make: Callable[[UUID], WireModel],
     detail: dict[str, Any],
     message_id: UUID | None,
+    owner: UUID | None,
 ) -> UUID:
-    owner = await queue_repo.item_owner(conn, item_id)
+    if owner is None:
+        owner = await queue_repo.item_owner(conn, item_id)
     if owner is None:
         raise UnknownItemError(item_id)
     body = make(owner)  # validated by its model: a reason too long is refused here
@@ -72,10 +74,14 @@ async def cancel_item(
     reason: str | None = None,
     *,
     message_id: UUID | None = None,
+    owner: UUID | None = None,
 ) -> UUID:
     """Inside a transaction: put a CancelPackage for the item in the outbox, recorded as `who`'s.
     Returns its message_id. UnknownItemError if there is no such item. `message_id`: the
-    command's own (a form's one-time id, so that posting it twice sends it once)."""
+    command's own (a form's one-time id, so that posting it twice sends it once). `owner`: the
+    item's user when the caller has read it already (the console, for its 404 and its way
+    back), so it is not read twice; an item never changes hands, so a read before the
+    transaction is as good as one in it (neither locks anything)."""
     return await _item_command(
         conn,
         PACKAGE_CANCEL,
@@ -84,6 +90,7 @@ async def cancel_item(
         lambda owner: CancelPackage(user_id=owner, item_id=item_id, reason=reason, operator=who),
         {"reason": reason},
         message_id,
+        owner,
     )
 
 
@@ -95,9 +102,10 @@ async def adjust_quota(
     reason: str | None = None,
     *,
     message_id: UUID | None = None,
+    owner: UUID | None = None,
 ) -> UUID:
     """Inside a transaction: put an AdjustQuota (DELTA bytes, may be < 0) in the outbox
-    (`message_id` as for cancel_item)."""
+    (`message_id` and `owner` as for cancel_item)."""
     return await _item_command(
         conn,
         QUOTA_ADJUST,
@@ -108,6 +116,7 @@ async def adjust_quota(
         ),
         {"delta": delta, "reason": reason},
         message_id,
+        owner,
     )
 
 

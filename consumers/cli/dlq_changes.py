@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
 from typing import Annotated, Any, TypeVar
 
 import structlog
 import typer
 from rich.progress import Progress
 
-from consumers import operations
+from consumers import dead_letter_filter, operations
 from consumers.cli import exit_codes
 from consumers.cli.confirm import confirm
 from consumers.cli.durations import parse_since
@@ -30,7 +29,6 @@ from consumers.cli.options import (
     as_parameter,
     duration,
     operator,
-    route_name,
 )
 from consumers.cli.output import console, say, show, text
 from consumers.cli.running import load_settings, on_database, run
@@ -42,9 +40,15 @@ log = structlog.get_logger(__name__)
 BATCH = operations.BATCH  # dead letters per transaction in bulk commands
 T = TypeVar("T")
 
+
+def _route(name: str | None) -> str | None:
+    """`--route`, full or short, as the full name (typer callback, so the error names it)."""
+    return None if name is None else as_parameter(dead_letter_filter.route, name)
+
+
 RouteOpt = Annotated[
     str | None,
-    typer.Option("--route", help="Only this route (e.g. usage_record).", callback=route_name),
+    typer.Option("--route", help="Only this route (e.g. usage_record).", callback=_route),
 ]
 ErrorOpt = Annotated[
     str | None, typer.Option("--error", help="Reason, error type or message contains TEXT.")
@@ -54,11 +58,6 @@ SinceOpt = Annotated[
     str | None,
     typer.Option("--since", help="Failed since: an ISO time, or a duration ago (2h, 1w)."),
 ]
-
-
-def since_option(value: str | None) -> datetime | None:
-    """`--since`: an ISO time or a duration ago, or a usage error."""
-    return None if value is None else as_parameter(parse_since, value)
 
 
 def matching(
@@ -71,16 +70,22 @@ def matching(
     status: str | None = "buried",
     limit: int | None = None,
 ) -> dead_letters.Filter:
-    """The dead letters the filter options name (by default the buried ones)."""
-    return dead_letters.Filter(
-        ids=ids or (),
-        route=route,
-        error=error,
-        group=group,
-        since=since_option(since),
-        status=status,
-        limit=limit,
-    )
+    """The dead letters the filter options name (by default the buried ones; None: every
+    status), read as the console reads its filters (consumers/dead_letter_filter.py), `--since`
+    also as a duration ago. A value that cannot be read is a usage error."""
+    try:
+        return dead_letter_filter.parse(
+            route_name=route,
+            error=error,
+            group=group,
+            since=since,
+            status_name=status,
+            ids=ids,
+            limit=limit,
+            read_time=parse_since,
+        )
+    except dead_letter_filter.FilterError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 async def _in_batches(

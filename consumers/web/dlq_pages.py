@@ -7,16 +7,14 @@ functions `pkgq dlq` uses. Bulk actions confirm the exact ids the operator was s
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
-from uuid import UUID
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
 
-from consumers import operations
+from consumers import dead_letter_filter, operations
 from consumers.web import auth
 from consumers.web.dependencies import Operator, Viewer, pool_of, render
 from events.routes import ROUTES
@@ -28,40 +26,24 @@ BULK_LIMIT = 1000
 _FILTER_KEYS = ("route", "reason", "user_id", "group", "since", "until", "status")
 
 
-def _moment(value: str | None, field: str) -> datetime | None:
-    if not value:
-        return None
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise HTTPException(422, f"{field}: {value!r} is not a date and time") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-
-
 def _filter(
     params: dict[str, str], *, limit: int, buried_only: bool = False
 ) -> dead_letters.Filter:
-    """The list's filters (query string or a confirmation form) as the store's Filter."""
-    status = params.get("status") or "buried"
-    if buried_only:
-        status = "buried"
-    if status != "all" and status not in dead_letters.STATUSES:
-        raise HTTPException(422, f"status must be all or one of {', '.join(dead_letters.STATUSES)}")
-    user = params.get("user_id") or None
+    """The list's filters (query string or a confirmation form) as the store's Filter, read as
+    `pkgq dlq` reads its options (consumers/dead_letter_filter.py); a bad one is a 422."""
     try:
-        user_id = UUID(user) if user else None
-    except ValueError:
-        raise HTTPException(422, f"user: {user!r} is not a UUID") from None
-    return dead_letters.Filter(
-        route=params.get("route") or None,
-        error=params.get("reason") or None,
-        group=params.get("group") or None,
-        user_id=user_id,
-        since=_moment(params.get("since"), "since"),
-        older_than=_moment(params.get("until"), "until"),
-        status=None if status == "all" else status,
-        limit=limit,
-    )
+        return dead_letter_filter.parse(
+            route_name=params.get("route"),
+            error=params.get("reason"),
+            group=params.get("group"),
+            user_id=params.get("user_id"),
+            since=params.get("since"),
+            until=params.get("until"),
+            status_name="buried" if buried_only else params.get("status") or "buried",
+            limit=limit,
+        )
+    except dead_letter_filter.FilterError as exc:
+        raise HTTPException(422, str(exc)) from None
 
 
 def _params(request: Request) -> dict[str, str]:

@@ -31,6 +31,8 @@ from infra.postgres.pool import Conn
 from infra.settings import Settings
 
 router = APIRouter(include_in_schema=False)
+WORKERS_SHOWN = 200
+"""Workers on the workers page (the most recently started first); the page says how many more."""
 
 
 def _safe_next(target: str | None) -> str:
@@ -157,19 +159,22 @@ async def item_action(request: Request, item_id: int, action: str, who: Operator
     form = await auth.checked_form(request)
     reason = form.get("reason") or None
     async with pool_of(request).acquire() as conn:
+        # The one read of the owner: a vanished item is a 404, and the owner is where the
+        # redirect goes (also when the command was sent already and its transaction rolled
+        # back). The operation is given it rather than reading it again.
         owner = await _owner(conn, item_id)
         try:
             command_id = UUID(str(form["command_id"])) if form.get("command_id") else None
             async with conn.transaction():
                 if action == "cancel":
                     await operations.cancel_item(
-                        conn, item_id, who.actor, reason, message_id=command_id
+                        conn, item_id, who.actor, reason, message_id=command_id, owner=owner
                     )
                     done = f"cancel of item {item_id} sent"
                 elif action == "adjust":
                     delta = int(form.get("delta", ""))
                     await operations.adjust_quota(
-                        conn, item_id, delta, who.actor, reason, message_id=command_id
+                        conn, item_id, delta, who.actor, reason, message_id=command_id, owner=owner
                     )
                     done = f"quota adjustment of item {item_id} by {delta} bytes sent"
                 else:
@@ -202,14 +207,15 @@ async def holds_page(request: Request, who: Viewer) -> Response:
 async def workers_page(request: Request, who: Viewer) -> Response:
     settings: Settings = request.app.state.settings
     async with pool_of(request).acquire() as conn:
-        found = await workers.list_workers(conn, include_stopped=True)
+        found, total = await workers.first_workers(conn, WORKERS_SHOWN)
         found_groups = await groups.list_groups(conn, 100)
         addresses = await console.addresses(conn, limit=100)
     return render(
         request,
         "workers.html",
         {
-            "workers": [w.as_dict(settings.worker_stale_after) for w in found[:200]],
+            "workers": [w.as_dict(settings.worker_stale_after) for w in found],
+            "workers_total": total,
             "groups": found_groups,
             "addresses": addresses,
         },

@@ -138,18 +138,34 @@ async def stop(conn: Conn, worker_id: UUID, reason: str) -> None:
 
 async def list_workers(conn: Conn, include_stopped: bool = False) -> list[Worker]:
     """Workers, most recently started first; stopped ones only with `include_stopped`."""
+    listed, _ = await _workers(conn, include_stopped, None)
+    return listed
+
+
+async def first_workers(conn: Conn, limit: int) -> tuple[list[Worker], int]:
+    """The first `limit` workers, stopped ones too, in list_workers' order, and how many there
+    are in all (counted by the same statement)."""
+    return await _workers(conn, True, limit)
+
+
+async def _workers(
+    conn: Conn, include_stopped: bool, limit: int | None
+) -> tuple[list[Worker], int]:
     rows = await conn.fetch(
         """
         SELECT id, name, role, host, pid, routes, started_at, heartbeat_at,
                extract(epoch FROM now() - heartbeat_at)::float8 AS age_s,
-               stopped_at, stop_reason
+               stopped_at, stop_reason, count(*) OVER () AS total
         FROM telecom.workers
         WHERE $1 OR stopped_at IS NULL
         ORDER BY stopped_at IS NOT NULL, started_at DESC, name
+        LIMIT $2
         """,
         include_stopped,
+        limit,
     )
-    return [from_row(Worker, r, routes=list(r["routes"]), age_s=float(r["age_s"])) for r in rows]
+    listed = [from_row(Worker, r, routes=list(r["routes"]), age_s=float(r["age_s"])) for r in rows]
+    return listed, int(rows[0]["total"]) if rows else 0
 
 
 async def reap_stale(conn: Conn, stale_after_s: float, reaper_id: UUID | str) -> list[UUID]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -46,6 +47,18 @@ async def client(
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://console") as http:
         yield http
+
+
+async def sign_in(
+    http: httpx.AsyncClient, user: str = "olga", password: str = OPERATOR_PASSWORD
+) -> httpx.Response:
+    """Sign in through the login form (olga, the operator, by default); the redirect."""
+    page = await http.get("/login")
+    token = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert token is not None
+    return await http.post(
+        "/login", data={"csrf": token.group(1), "user": user, "password": password}
+    )
 
 
 def bearer(token: str = VIEWER_TOKEN) -> dict[str, str]:

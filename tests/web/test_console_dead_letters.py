@@ -4,6 +4,7 @@ listed, recorded with who did it."""
 
 from __future__ import annotations
 
+import html
 import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -13,22 +14,16 @@ import asyncpg
 import httpx
 import pytest
 
-from events.routes import PACKAGE_PURCHASE, USAGE_RECORD, Route
+from events.routes import PACKAGE_PURCHASE, ROUTES, USAGE_RECORD, Route
 from infra.postgres import dead_letters
 from infra.settings import Settings
-from tests.web.client import OPERATOR_PASSWORD, client
+from tests.web.client import client, sign_in
 
 
 @pytest.fixture
 async def http(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[httpx.AsyncClient]:
     async with client(settings, pool) as found:
-        page = await found.get("/login")
-        token = re.search(r'name="csrf" value="([^"]+)"', page.text)
-        assert token is not None
-        signed = await found.post(
-            "/login", data={"csrf": token.group(1), "user": "olga", "password": OPERATOR_PASSWORD}
-        )
-        assert signed.status_code == 303
+        assert (await sign_in(found)).status_code == 303
         yield found
 
 
@@ -80,6 +75,19 @@ async def test_the_list_filters_by_route_reason_user_and_time(
     assert _listed(await http.get(f"/dead-letters?until={since}")) == {old}
     assert (await http.get("/dead-letters?user_id=nope")).status_code == 422
     assert (await http.get("/dead-letters?since=yesterday")).status_code == 422
+
+
+async def test_the_list_reads_its_route_as_the_cli_does_short_name_or_a_422_naming_the_known(
+    http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    now = datetime.now(UTC)
+    usage = await _bury(pool, USAGE_RECORD, uuid4(), "domain_rule", now)
+    await _bury(pool, PACKAGE_PURCHASE, uuid4(), "domain_rule", now)
+    assert _listed(await http.get(f"/dead-letters?route={USAGE_RECORD.short_name}")) == {usage}
+    unknown = await http.get("/dead-letters?route=nope")
+    assert unknown.status_code == 422
+    known = ", ".join(route.short_name for route in ROUTES.values())
+    assert f"unknown route 'nope'; known routes: {known}" in html.unescape(unknown.text)
 
 
 async def test_a_groups_discard_confirms_the_ids_it_will_touch_and_records_who(

@@ -12,20 +12,17 @@ import asyncpg
 import httpx
 import pytest
 
+from infra.postgres import queue_repo
+from infra.postgres.pool import Conn
 from infra.settings import Settings
 from tests.support.deliveries import add_package
-from tests.web.client import OPERATOR_PASSWORD, client
+from tests.web.client import client, sign_in
 
 
 @pytest.fixture
 async def http(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[httpx.AsyncClient]:
     async with client(settings, pool) as found:
-        page = await found.get("/login")
-        token = re.search(r'name="csrf" value="([^"]+)"', page.text)
-        assert token is not None
-        await found.post(
-            "/login", data={"csrf": token.group(1), "user": "olga", "password": OPERATOR_PASSWORD}
-        )
+        assert (await sign_in(found)).status_code == 303
         yield found
 
 
@@ -120,3 +117,38 @@ async def test_a_confirmation_form_posted_twice_sends_its_command_once(
         )
     assert [str(r["message_id"]) for r in sent] == [command.group(1)]
     assert audited == 1
+
+
+@pytest.mark.parametrize(("action", "fields"), [("cancel", {}), ("adjust", {"delta": "100"})])
+async def test_an_item_action_reads_the_items_owner_once_also_when_posted_twice(
+    http: httpx.AsyncClient,
+    pool: asyncpg.Pool,
+    monkeypatch: pytest.MonkeyPatch,
+    action: str,
+    fields: dict[str, str],
+) -> None:
+    user = uuid4()
+    (item,) = await _items(pool, user, ["active"])
+    confirm = await http.get(f"/items/{item}/{action}")
+    token = re.search(r'name="csrf" value="([^"]+)"', confirm.text)
+    command = re.search(r'name="command_id" value="([^"]+)"', confirm.text)
+    assert token is not None
+    assert command is not None
+    reads: list[int] = []
+    item_owner = queue_repo.item_owner
+
+    async def counted(conn: Conn, item_id: int) -> UUID | None:
+        reads.append(item_id)
+        return await item_owner(conn, item_id)
+
+    monkeypatch.setattr(queue_repo, "item_owner", counted)
+    form = {"csrf": token.group(1), "command_id": command.group(1), **fields}
+    first = await http.post(f"/items/{item}/{action}", data=form)
+    assert (first.status_code, reads) == (303, [item])
+    again = await http.post(f"/items/{item}/{action}", data=form)  # sent already: rolled back
+    assert (again.status_code, reads) == (303, [item, item])
+    for reply in (first, again):
+        assert reply.headers["location"].startswith(f"/users/{user}?done=")
+    async with pool.acquire() as conn:
+        bodies = await conn.fetch("SELECT body FROM telecom.outbox")
+    assert [json.loads(bytes(b["body"]))["user_id"] for b in bodies] == [str(user)]
