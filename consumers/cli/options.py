@@ -36,11 +36,6 @@ def route_argument(name: str, among: Mapping[str, Route] = ROUTES) -> Route:
     return among[full]
 
 
-def route_name(name: str | None) -> str | None:
-    """An optional `--route` filter as the route's full name (typer callback)."""
-    return None if name is None else route_argument(name).name
-
-
 def as_parameter(parse: Callable[[str], T], text: str) -> T:
     """`parse(text)`, with a ValueError turned into a usage error naming the value."""
     try:

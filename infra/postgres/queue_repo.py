@@ -262,14 +262,6 @@ async def load_user_items(conn: Conn, user_id: UUID) -> list[QueueItem]:
     return [_item(r) for r in rows]
 
 
-async def user_row(conn: Conn, user_id: UUID) -> asyncpg.Record | None:
-    """The user's row as it is, read-only (None: no message for the user yet)."""
-    row: asyncpg.Record | None = await conn.fetchrow(
-        "SELECT * FROM telecom.queue_users WHERE user_id = $1", user_id
-    )
-    return row
-
-
 async def item_owner(conn: Conn, item_id: int) -> UUID | None:
     owner: UUID | None = await conn.fetchval(
         "SELECT user_id FROM telecom.package_queue WHERE id = $1", item_id
