@@ -166,7 +166,7 @@ class Filter:
 HELD_BACK = """
     (SELECT count(*) FROM telecom.parked p
      JOIN telecom.holds h ON h.consumer = p.consumer AND h.user_id = p.user_id
-     WHERE p.consumer = d.consumer AND h.blocker::text = d.message_id
+     WHERE p.consumer = d.consumer AND h.blocker = telecom.message_uuid(d.message_id)
        AND d.status = 'buried')
 """
 
@@ -234,8 +234,8 @@ async def lock_holds(conn: Conn, ids: Sequence[int]) -> None:
     await conn.execute(
         """
         SELECT 1 FROM telecom.holds h
-        WHERE (h.consumer, h.blocker::text) IN (
-            SELECT d.consumer, d.message_id FROM telecom.dead_letters d
+        WHERE (h.consumer, h.blocker) IN (
+            SELECT d.consumer, telecom.message_uuid(d.message_id) FROM telecom.dead_letters d
             WHERE d.id = ANY($1::bigint[]))
         ORDER BY h.consumer, h.user_id
         FOR UPDATE OF h
@@ -308,7 +308,7 @@ _PURGEABLE = """
       AND greatest(d.last_failed_at, d.replayed_at, d.discarded_at) < now() - $1::interval
       AND NOT EXISTS (
           SELECT 1 FROM telecom.holds h
-          WHERE h.consumer = d.consumer AND h.blocker::text = d.message_id)
+          WHERE h.consumer = d.consumer AND h.blocker = telecom.message_uuid(d.message_id))
 """
 """The dead letters `purge` deletes ($1: how old they must be)."""
 

@@ -140,7 +140,7 @@ async def retry_replayed(conn: Conn, dead_letter_ids: Sequence[int]) -> None:
         UPDATE telecom.holds h SET state = 'retrying', updated_at = now()
         FROM telecom.dead_letters d
         WHERE d.id = ANY($1::bigint[]) AND h.consumer = d.consumer
-          AND h.blocker::text = d.message_id
+          AND h.blocker = telecom.message_uuid(d.message_id)
         """,
         list(dead_letter_ids),
     )

@@ -1,8 +1,11 @@
 """Discarding a buried dead letter releases the holds its message blocks: on its own consumer
-only, and none when its message_id is not a UUID (a blocker always is one)."""
+only, and none when its message_id is not a UUID (a blocker always is one). A message_id in any
+form Python reads as that UUID (capitals, no hyphens, braces) names the same blocker, in the
+list's held-back count, in purge and in discard."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from uuid import UUID, uuid4
 
 import asyncpg
@@ -80,3 +83,27 @@ async def test_discarding_a_dead_letter_releases_the_holds_its_message_blocks_on
         dead_id = await _bury(conn, CONSUMER, str(blocker))
     assert await _discard(pool, dead_id) == 1
     assert await _blockers(pool, [mine, elsewhere, unrelated]) == [None, blocker, other]
+
+
+@pytest.mark.parametrize(
+    "spelled", [str.upper, lambda text: text.replace("-", ""), lambda text: f"{{{text}}}"]
+)
+async def test_a_dead_letter_whose_message_id_is_spelled_otherwise_still_names_its_blocker(
+    pool: asyncpg.Pool, spelled: Callable[[str], str]
+) -> None:
+    blocker = uuid4()
+    async with pool.acquire() as conn:
+        held = await _hold(conn, CONSUMER, blocker)
+        await conn.execute(
+            "INSERT INTO telecom.parked (consumer, user_id, message_id, route, message_type, body) "
+            "VALUES ($1, $2, $3, 'telecom.usage_record', 'RecordUsage', '{}')",
+            CONSUMER,
+            held,
+            uuid4(),
+        )
+        dead_id = await _bury(conn, CONSUMER, spelled(str(blocker)))
+        listed = await dead_letters.get(conn, dead_id)
+    assert listed is not None
+    assert listed["held_back"] == 1  # the parked message behind it is counted
+    assert await _discard(pool, dead_id) == 1
+    assert await _blockers(pool, [held]) == [None]  # and released when it is discarded
