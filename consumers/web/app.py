@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from consumers.web import api, auth, dlq_pages, pages
 from consumers.web.config import WebSettings
 from consumers.web.dependencies import open_pool, render
+from consumers.web.throttle import Limit, LoginThrottle
 from infra.settings import Settings
 
 HERE = Path(__file__).parent
@@ -81,6 +82,10 @@ def create_app(
     app.state.web = web
     app.state.pool = pool
     app.state.templates = templates()
+    app.state.login_throttle = LoginThrottle(
+        Limit(web.login_failures, web.login_window),
+        Limit(web.login_address_failures, web.login_window),
+    )
     app.add_middleware(
         SessionMiddleware,
         secret_key=web.secret,

@@ -46,6 +46,12 @@ class WebSettings(BaseSettings):
     pool_max_size: int = Field(default=10, ge=1)
     """Postgres connections of the process: kept open, shared by every request."""
     access_log: bool = False
+    login_failures: int = Field(default=5, ge=1)
+    """Failed sign-ins as one user name within PKGQ_WEB_LOGIN_WINDOW before the next waits."""
+    login_address_failures: int = Field(default=20, ge=1)
+    """The same from one client address (looser: a proxy's users share one)."""
+    login_window: float = Field(default=300.0, gt=0)
+    """Seconds a failed sign-in counts against its name and address."""
 
     @classmethod
     def load(cls) -> WebSettings:

@@ -8,6 +8,7 @@ from urllib.parse import quote
 from uuid import UUID, uuid4
 
 import asyncpg
+import structlog
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
@@ -17,6 +18,7 @@ from consumers.job_stats import route_stats
 from consumers.queue_view import current_package, item_row
 from consumers.web import auth
 from consumers.web.dependencies import Operator, Viewer, pool_of, render
+from consumers.web.throttle import LoginThrottle
 from infra.postgres import (
     console,
     groups,
@@ -31,6 +33,7 @@ from infra.postgres.pool import Conn
 from infra.settings import Settings
 
 router = APIRouter(include_in_schema=False)
+log = structlog.get_logger(__name__)
 WORKERS_SHOWN = 200
 """Workers on the workers page (the most recently started first); the page says how many more."""
 
@@ -51,8 +54,25 @@ async def login_form(request: Request, next: str | None = None) -> Response:
 async def login(request: Request) -> Response:
     form = await auth.checked_form(request)
     target = _safe_next(form.get("next"))
-    if auth.login(request, request.app.state.web, form.get("user", ""), form.get("password", "")):
+    name = form.get("user", "")
+    address = request.client.host if request.client else "unknown"
+    throttle: LoginThrottle = request.app.state.login_throttle
+    wait = throttle.wait_for(name, address)
+    if wait:  # refused before a password hash is spent on it
+        log.warning("web_login_throttled", user=name[:64], address=address, retry_after=wait)
+        refused = render(
+            request,
+            "login.html",
+            {"next": target, "error": f"too many failed sign-ins: try again in {wait} s"},
+            status_code=429,
+        )
+        refused.headers["Retry-After"] = str(wait)
+        return refused
+    if await auth.login(request, request.app.state.web, name, form.get("password", "")):
+        throttle.succeeded(name, address)
         return RedirectResponse(target, status_code=303)
+    throttle.failed(name, address)
+    log.warning("web_login_failed", user=name[:64], address=address)
     return render(
         request,
         "login.html",

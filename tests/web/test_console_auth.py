@@ -4,6 +4,7 @@ token."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import AsyncIterator
@@ -13,6 +14,7 @@ import asyncpg
 import httpx
 import pytest
 
+from consumers.web import auth
 from infra.settings import Settings
 from tests.web.client import OPERATOR_PASSWORD, VIEWER_PASSWORD, client, web_settings
 
@@ -145,3 +147,45 @@ async def test_an_operator_action_on_a_missing_item_is_404(http: httpx.AsyncClie
     assert reply.status_code == 404
     assert f"no queue item {424242}" in reply.text
     assert (await http.get(f"/users/{uuid4()}")).status_code == 404
+
+
+async def test_too_many_wrong_passwords_for_one_name_make_the_next_sign_in_wait(
+    http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for _ in range(5):  # PKGQ_WEB_LOGIN_FAILURES, default 5
+        assert (await _sign_in(http, "olga", "guess")).status_code == 401
+    hashes: list[str] = []
+    real_verify = auth.verify_password
+
+    def counted(password: str, stored: str) -> bool:
+        hashes.append("hash")
+        return real_verify(password, stored)
+
+    monkeypatch.setattr(auth, "verify_password", counted)
+    refused = await _sign_in(http, "olga", OPERATOR_PASSWORD)  # the right one, too late
+    assert refused.status_code == 429
+    assert 0 < int(refused.headers["retry-after"]) <= 300
+    assert "too many failed sign-ins" in refused.text
+    assert hashes == []  # refused before a password hash is spent on it
+    assert (await _sign_in(http, "vic", VIEWER_PASSWORD)).status_code == 303  # others may
+    assert hashes == ["hash"]
+
+
+async def test_a_throttled_name_may_sign_in_again_once_its_failures_are_out_of_the_window(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    async with client(settings, pool, web_settings(login_failures=2, login_window=1.0)) as http:
+        for _ in range(2):
+            await _sign_in(http, "olga", "guess")
+        assert (await _sign_in(http, "olga", OPERATOR_PASSWORD)).status_code == 429
+        await asyncio.sleep(1.1)
+        assert (await _sign_in(http, "olga", OPERATOR_PASSWORD)).status_code == 303
+
+
+async def test_wrong_passwords_for_many_names_from_one_address_make_that_address_wait(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    async with client(settings, pool, web_settings(login_address_failures=3)) as http:
+        for name in ["ann", "bob", "cy"]:
+            assert (await _sign_in(http, name, "guess")).status_code == 401
+        assert (await _sign_in(http, "olga", OPERATOR_PASSWORD)).status_code == 429
