@@ -49,16 +49,35 @@ async def client(
         yield http
 
 
+def form_value(page: str, name: str) -> str:
+    """The value of the hidden field `name` in a console page's form."""
+    found = re.search(rf'name="{name}" value="([^"]*)"', page)
+    assert found is not None, f"no field {name!r} in: {page}"
+    return found.group(1)
+
+
+def csrf_of(page: str) -> str:
+    """The CSRF token a console page's form carries."""
+    return form_value(page, "csrf")
+
+
+async def csrf(http: httpx.AsyncClient, path: str) -> str:
+    """The CSRF token of the form on the page at `path`."""
+    return csrf_of((await http.get(path)).text)
+
+
 async def sign_in(
-    http: httpx.AsyncClient, user: str = "olga", password: str = OPERATOR_PASSWORD
+    http: httpx.AsyncClient,
+    user: str = "olga",
+    password: str = OPERATOR_PASSWORD,
+    *,
+    next_page: str | None = None,
 ) -> httpx.Response:
     """Sign in through the login form (olga, the operator, by default); the redirect."""
-    page = await http.get("/login")
-    token = re.search(r'name="csrf" value="([^"]+)"', page.text)
-    assert token is not None
-    return await http.post(
-        "/login", data={"csrf": token.group(1), "user": user, "password": password}
-    )
+    data = {"csrf": await csrf(http, "/login"), "user": user, "password": password}
+    if next_page is not None:
+        data["next"] = next_page
+    return await http.post("/login", data=data)
 
 
 def bearer(token: str = VIEWER_TOKEN) -> dict[str, str]:

@@ -5,7 +5,6 @@ token."""
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import AsyncIterator
 from uuid import uuid4
@@ -16,27 +15,20 @@ import pytest
 
 from consumers.web import auth
 from infra.settings import Settings
-from tests.web.client import OPERATOR_PASSWORD, VIEWER_PASSWORD, client, web_settings
+from tests.web.client import (
+    OPERATOR_PASSWORD,
+    VIEWER_PASSWORD,
+    client,
+    csrf,
+    sign_in,
+    web_settings,
+)
 
 
 @pytest.fixture
 async def http(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[httpx.AsyncClient]:
     async with client(settings, pool) as found:
         yield found
-
-
-async def _csrf(http: httpx.AsyncClient, path: str) -> str:
-    page = await http.get(path)
-    match = re.search(r'name="csrf" value="([^"]+)"', page.text)
-    assert match is not None, page.text
-    return match.group(1)
-
-
-async def _sign_in(http: httpx.AsyncClient, user: str, password: str) -> httpx.Response:
-    token = await _csrf(http, "/login")
-    return await http.post(
-        "/login", data={"csrf": token, "user": user, "password": password, "next": "/holds"}
-    )
 
 
 @pytest.mark.parametrize("path", ["/", "/dead-letters", "/holds", "/workers", "/audit"])
@@ -59,7 +51,7 @@ async def test_console_pages_forbid_framing_and_foreign_scripts(http: httpx.Asyn
 
 async def test_a_wrong_password_or_an_unknown_user_is_refused(http: httpx.AsyncClient) -> None:
     for user, password in [("olga", "not her password"), ("nobody", OPERATOR_PASSWORD)]:
-        reply = await _sign_in(http, user, password)
+        reply = await sign_in(http, user, password)
         assert reply.status_code == 401
         assert "wrong user name or password" in reply.text
     assert (await http.get("/")).status_code == 303
@@ -68,7 +60,7 @@ async def test_a_wrong_password_or_an_unknown_user_is_refused(http: httpx.AsyncC
 async def test_signing_in_opens_the_console_where_it_was_asked_for(
     http: httpx.AsyncClient,
 ) -> None:
-    reply = await _sign_in(http, "olga", OPERATOR_PASSWORD)
+    reply = await sign_in(http, "olga", OPERATOR_PASSWORD, next_page="/holds")
     assert reply.status_code == 303
     assert reply.headers["location"] == "/holds"
     page = await http.get("/")
@@ -78,7 +70,7 @@ async def test_signing_in_opens_the_console_where_it_was_asked_for(
 
 
 async def test_the_next_page_after_sign_in_stays_on_this_site(http: httpx.AsyncClient) -> None:
-    token = await _csrf(http, "/login")
+    token = await csrf(http, "/login")
     reply = await http.post(
         "/login",
         data={"csrf": token, "user": "vic", "password": VIEWER_PASSWORD, "next": "//evil.test/"},
@@ -89,7 +81,7 @@ async def test_the_next_page_after_sign_in_stays_on_this_site(http: httpx.AsyncC
 async def test_a_session_expires_after_its_ttl_however_busy(
     http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await _sign_in(http, "vic", VIEWER_PASSWORD)
+    await sign_in(http, "vic", VIEWER_PASSWORD)
     assert (await http.get("/holds")).status_code == 200
     signed_in_at = time.time()
     monkeypatch.setattr(time, "time", lambda: signed_in_at + 8 * 3600 + 1)
@@ -101,7 +93,7 @@ async def test_removing_a_user_from_the_settings_ends_their_session(
 ) -> None:
     web = web_settings()
     async with client(settings, pool, web) as http:
-        await _sign_in(http, "vic", VIEWER_PASSWORD)
+        await sign_in(http, "vic", VIEWER_PASSWORD)
         cookie = http.cookies["pkgq_session"]
     without_vic = web_settings(users={"olga": web.users["olga"]})
     async with client(settings, pool, without_vic) as http:
@@ -112,8 +104,8 @@ async def test_removing_a_user_from_the_settings_ends_their_session(
 async def test_a_viewer_may_read_but_every_action_is_refused_with_403(
     http: httpx.AsyncClient,
 ) -> None:
-    await _sign_in(http, "vic", VIEWER_PASSWORD)
-    token = await _csrf(http, "/holds")
+    await sign_in(http, "vic", VIEWER_PASSWORD)
+    token = await csrf(http, "/holds")
     assert (await http.get("/dead-letters/confirm?action=replay&id=1")).status_code == 403
     assert (await http.get("/items/1/cancel")).status_code == 403
     for path, data in [
@@ -131,7 +123,7 @@ async def test_a_form_without_its_csrf_token_or_with_another_is_refused_with_403
 ) -> None:
     no_token = await http.post("/login", data={"user": "olga", "password": OPERATOR_PASSWORD})
     assert no_token.status_code == 403
-    await _sign_in(http, "olga", OPERATOR_PASSWORD)
+    await sign_in(http, "olga", OPERATOR_PASSWORD)
     for data in [{}, {"csrf": "forged"}]:
         reply = await http.post("/items/1/cancel", data={**data, "reason": "x"})
         assert reply.status_code == 403
@@ -141,8 +133,8 @@ async def test_a_form_without_its_csrf_token_or_with_another_is_refused_with_403
 
 
 async def test_an_operator_action_on_a_missing_item_is_404(http: httpx.AsyncClient) -> None:
-    await _sign_in(http, "olga", OPERATOR_PASSWORD)
-    token = await _csrf(http, "/holds")
+    await sign_in(http, "olga", OPERATOR_PASSWORD)
+    token = await csrf(http, "/holds")
     reply = await http.post("/items/424242/cancel", data={"csrf": token})
     assert reply.status_code == 404
     assert f"no queue item {424242}" in reply.text
@@ -153,7 +145,7 @@ async def test_too_many_wrong_passwords_for_one_name_make_the_next_sign_in_wait(
     http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for _ in range(5):  # PKGQ_WEB_LOGIN_FAILURES, default 5
-        assert (await _sign_in(http, "olga", "guess")).status_code == 401
+        assert (await sign_in(http, "olga", "guess")).status_code == 401
     hashes: list[str] = []
     real_verify = auth.verify_password
 
@@ -162,12 +154,12 @@ async def test_too_many_wrong_passwords_for_one_name_make_the_next_sign_in_wait(
         return real_verify(password, stored)
 
     monkeypatch.setattr(auth, "verify_password", counted)
-    refused = await _sign_in(http, "olga", OPERATOR_PASSWORD)  # the right one, too late
+    refused = await sign_in(http, "olga", OPERATOR_PASSWORD)  # the right one, too late
     assert refused.status_code == 429
     assert 0 < int(refused.headers["retry-after"]) <= 300
     assert "too many failed sign-ins" in refused.text
     assert hashes == []  # refused before a password hash is spent on it
-    assert (await _sign_in(http, "vic", VIEWER_PASSWORD)).status_code == 303  # others may
+    assert (await sign_in(http, "vic", VIEWER_PASSWORD)).status_code == 303  # others may
     assert hashes == ["hash"]
 
 
@@ -176,10 +168,10 @@ async def test_a_throttled_name_may_sign_in_again_once_its_failures_are_out_of_t
 ) -> None:
     async with client(settings, pool, web_settings(login_failures=2, login_window=1.0)) as http:
         for _ in range(2):
-            await _sign_in(http, "olga", "guess")
-        assert (await _sign_in(http, "olga", OPERATOR_PASSWORD)).status_code == 429
+            await sign_in(http, "olga", "guess")
+        assert (await sign_in(http, "olga", OPERATOR_PASSWORD)).status_code == 429
         await asyncio.sleep(1.1)
-        assert (await _sign_in(http, "olga", OPERATOR_PASSWORD)).status_code == 303
+        assert (await sign_in(http, "olga", OPERATOR_PASSWORD)).status_code == 303
 
 
 async def test_wrong_passwords_for_many_names_from_one_address_make_that_address_wait(
@@ -187,5 +179,5 @@ async def test_wrong_passwords_for_many_names_from_one_address_make_that_address
 ) -> None:
     async with client(settings, pool, web_settings(login_address_failures=3)) as http:
         for name in ["ann", "bob", "cy"]:
-            assert (await _sign_in(http, name, "guess")).status_code == 401
-        assert (await _sign_in(http, "olga", OPERATOR_PASSWORD)).status_code == 429
+            assert (await sign_in(http, name, "guess")).status_code == 401
+        assert (await sign_in(http, "olga", OPERATOR_PASSWORD)).status_code == 429

@@ -17,7 +17,7 @@ import pytest
 from events.routes import PACKAGE_PURCHASE, ROUTES, USAGE_RECORD, Route
 from infra.postgres import dead_letters
 from infra.settings import Settings
-from tests.web.client import client, sign_in
+from tests.web.client import client, csrf_of, form_value, sign_in
 
 
 @pytest.fixture
@@ -104,14 +104,11 @@ async def test_a_groups_discard_confirms_the_ids_it_will_touch_and_records_who(
     confirm = await http.get(f"/dead-letters/confirm?action=discard&group={key}")
     assert confirm.status_code == 200
     assert "Discard 3 dead letters?" in confirm.text
-    ids = re.search(r'name="ids" value="([^"]*)"', confirm.text)
-    csrf = re.search(r'name="csrf" value="([^"]+)"', confirm.text)
-    assert ids is not None
-    assert csrf is not None
-    assert sorted(int(i) for i in ids.group(1).split(",")) == sorted(group)
+    ids, token = form_value(confirm.text, "ids"), csrf_of(confirm.text)
+    assert sorted(int(i) for i in ids.split(",")) == sorted(group)
 
     done = await http.post(
-        "/dead-letters/act", data={"csrf": csrf.group(1), "action": "discard", "ids": ids.group(1)}
+        "/dead-letters/act", data={"csrf": token, "action": "discard", "ids": ids}
     )
     assert done.status_code == 303
     assert "discarded+3+dead+letter" in done.headers["location"]

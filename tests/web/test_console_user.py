@@ -16,7 +16,7 @@ from infra.postgres import queue_repo
 from infra.postgres.pool import Conn
 from infra.settings import Settings
 from tests.support.deliveries import add_package
-from tests.web.client import client, sign_in
+from tests.web.client import client, csrf_of, form_value, sign_in
 
 
 @pytest.fixture
@@ -67,14 +67,13 @@ async def test_a_quota_adjustment_is_confirmed_then_put_in_the_outbox_with_who_a
     confirm = await http.get(f"/items/{item}/adjust")
     assert confirm.status_code == 200
     assert f"Adjust the quota of item {item}?" in confirm.text
-    token = re.search(r'name="csrf" value="([^"]+)"', confirm.text)
-    assert token is not None
+    token = csrf_of(confirm.text)
 
-    bad = await http.post(f"/items/{item}/adjust", data={"csrf": token.group(1), "delta": "x"})
+    bad = await http.post(f"/items/{item}/adjust", data={"csrf": token, "delta": "x"})
     assert bad.status_code == 422
     done = await http.post(
         f"/items/{item}/adjust",
-        data={"csrf": token.group(1), "delta": "-250", "reason": "goodwill"},
+        data={"csrf": token, "delta": "-250", "reason": "goodwill"},
     )
     assert done.status_code == 303
     assert done.headers["location"].startswith(f"/users/{user}?done=")
@@ -99,11 +98,8 @@ async def test_a_confirmation_form_posted_twice_sends_its_command_once(
     user = uuid4()
     (item,) = await _items(pool, user, ["active"])
     confirm = await http.get(f"/items/{item}/adjust")
-    token = re.search(r'name="csrf" value="([^"]+)"', confirm.text)
-    command = re.search(r'name="command_id" value="([^"]+)"', confirm.text)
-    assert token is not None
-    assert command is not None
-    form = {"csrf": token.group(1), "command_id": command.group(1), "delta": "100"}
+    token, command = csrf_of(confirm.text), form_value(confirm.text, "command_id")
+    form = {"csrf": token, "command_id": command, "delta": "100"}
     first = await http.post(f"/items/{item}/adjust", data=form)
     again = await http.post(f"/items/{item}/adjust", data=form)  # a double click, a resubmit
     assert (first.status_code, again.status_code) == (303, 303)
@@ -115,7 +111,7 @@ async def test_a_confirmation_form_posted_twice_sends_its_command_once(
         audited = await conn.fetchval(
             "SELECT count(*) FROM telecom.operator_actions WHERE action = 'adjust_quota'"
         )
-    assert [str(r["message_id"]) for r in sent] == [command.group(1)]
+    assert [str(r["message_id"]) for r in sent] == [command]
     assert audited == 1
 
 
@@ -130,10 +126,7 @@ async def test_an_item_action_reads_the_items_owner_once_also_when_posted_twice(
     user = uuid4()
     (item,) = await _items(pool, user, ["active"])
     confirm = await http.get(f"/items/{item}/{action}")
-    token = re.search(r'name="csrf" value="([^"]+)"', confirm.text)
-    command = re.search(r'name="command_id" value="([^"]+)"', confirm.text)
-    assert token is not None
-    assert command is not None
+    token, command = csrf_of(confirm.text), form_value(confirm.text, "command_id")
     reads: list[int] = []
     item_owner = queue_repo.item_owner
 
@@ -142,7 +135,7 @@ async def test_an_item_action_reads_the_items_owner_once_also_when_posted_twice(
         return await item_owner(conn, item_id)
 
     monkeypatch.setattr(queue_repo, "item_owner", counted)
-    form = {"csrf": token.group(1), "command_id": command.group(1), **fields}
+    form = {"csrf": token, "command_id": command, **fields}
     first = await http.post(f"/items/{item}/{action}", data=form)
     assert (first.status_code, reads) == (303, [item])
     again = await http.post(f"/items/{item}/{action}", data=form)  # sent already: rolled back
