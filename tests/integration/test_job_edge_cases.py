@@ -140,10 +140,14 @@ async def test_a_retry_that_would_come_after_the_ttl_is_buried_as_expired_at_onc
     later = await jobs.publish(USAGE_RECORD, usage(user, 7))
     _, recorder = running
 
-    async def later_applied() -> bool:
-        return later.message_id in recorder.applied
+    async def later_applied_and_doomed_buried() -> bool:
+        # The recorder hears of `later` inside the batch's transaction, before the commit that
+        # buries `doomed` with it: wait for the dead letter too.
+        applied = later.message_id in recorder.applied
+        return applied and await reason_of(pool, doomed.message_id) is not None
 
-    await eventually(later_applied)  # nothing held it back: the retry would be an hour away
+    # Nothing held `later` back: the retry would be an hour away.
+    await eventually(later_applied_and_doomed_buried)
     assert await reason_of(pool, doomed.message_id) == "expired"
     assert (await jobs.wait("doomed", timeout=5)).state == "failed"
 
