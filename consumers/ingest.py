@@ -47,7 +47,7 @@ from infra.postgres.pool import Conn
 from infra.rabbit.consumer import Outcome, Processor, QueueConsumer, Result
 from infra.rabbit.topology import declare_exchanges
 from infra.settings import Settings
-from infra.transient import is_transient, transient_retrying
+from infra.transient import is_outage, is_transient, transient_retrying
 
 log = structlog.get_logger(__name__)
 
@@ -87,7 +87,10 @@ def to_dead_letter(
     broker dead letter they are whatever its original publisher wrote. With
     `trusted_publisher` (pkgq's AMQP user), they are believed only from a message that user
     published (the broker validates the `user_id` property): a copy someone else published
-    straight to the dead-letter exchange is filed, in the safe form, as `untrusted_publisher`.
+    with death headers (pkgq's, or `x-death` / `x-first-death-*` not in the broker's shape)
+    is filed, in the safe form, as `untrusted_publisher`. A death header in the broker's shape
+    cannot be told from the broker's own: it is filed as a broker dead letter, under one of
+    the reasons the broker gives, and says nothing about pkgq's jobs.
 
     With `main_exchange`, a message published there (caught by its alternate exchange) is
     filed as `unroutable`."""
@@ -97,17 +100,12 @@ def to_dead_letter(
         except Exception as exc:  # noqa: BLE001  (a bug here must not requeue it for ever)
             log.error("dead_letter_unreadable", error=repr(exc)[:500])  # noqa: TRY400
             return safe_form(raw, f"its headers could not be read ({type(exc).__name__})")
-    if (
-        trusted_publisher is not None
-        and raw.publisher != trusted_publisher
-        and (H_DEAD_REASON in raw.headers or "x-death" in raw.headers)
-        and _broker_death(raw.headers) is None
-    ):
-        return dataclasses.replace(
-            safe_form(raw, "dead-letter headers from a publisher that is not pkgq"),
-            reason=UNTRUSTED_PUBLISHER,
-        )
     try:
+        if trusted_publisher not in (None, raw.publisher) and _claims_a_death(raw.headers):
+            return dataclasses.replace(
+                safe_form(raw, "dead-letter headers from a publisher that is not pkgq"),
+                reason=UNTRUSTED_PUBLISHER,
+            )
         return _to_dead_letter(raw)
     except Exception as exc:  # noqa: BLE001  (a bug here must not requeue it for ever)
         log.error("dead_letter_unreadable", error=repr(exc)[:500])  # noqa: TRY400
@@ -141,7 +139,7 @@ def _to_dead_letter(raw: RawDelivery) -> dead_letters.NewDeadLetter:
     first_reason = headers.get("x-first-death-reason")
     if death:
         reason = death["reason"]
-    elif first_reason in BROKER_REASONS:
+    elif _is_broker_reason(first_reason):
         reason = first_reason
     else:
         reason = "unknown"
@@ -169,15 +167,28 @@ BROKER_REASONS = frozenset({"rejected", "expired", "maxlen", "delivery_limit"})
 """Why RabbitMQ dead-letters a message: the only reasons a broker dead letter is filed under."""
 
 
+def _is_broker_reason(value: Any) -> bool:
+    return isinstance(value, str) and value in BROKER_REASONS
+
+
 def _broker_death(headers: Any) -> dict[str, Any] | None:
     """The newest `x-death` entry when it has the broker's shape (a table whose reason is one
-    the broker gives), else None: a forged or mangled `x-death` names no reason, and does not
-    make an outsider's copy pass for a broker dead letter."""
+    the broker gives), else None: a mangled `x-death` names no reason. Total: any value."""
     deaths = headers.get("x-death")
     if not (isinstance(deaths, list) and deaths and isinstance(deaths[0], dict)):
         return None
     death: dict[str, Any] = deaths[0]
-    return death if death.get("reason") in BROKER_REASONS else None
+    return death if _is_broker_reason(death.get("reason")) else None
+
+
+def _claims_a_death(headers: Any) -> bool:
+    """Whether an outsider's copy carries death headers not in the broker's shape: pkgq's own
+    (a last-resort copy's), or `x-death` / `x-first-death-reason` the broker did not write."""
+    if H_DEAD_REASON in headers:
+        return "x-death" not in headers or _broker_death(headers) is None
+    if "x-death" in headers:
+        return _broker_death(headers) is None
+    return "x-first-death-reason" in headers
 
 
 def _unroutable(raw: RawDelivery, exchange: str) -> dead_letters.NewDeadLetter:
@@ -259,9 +270,20 @@ def make_ingester(
                 dead = dataclasses.replace(dead, headers=stripped)
         # A blip (a deadlock with a finishing job, a serialization failure) runs the whole
         # filing again: the letter keeps its full form, and its address and group still hear.
-        async for attempt in transient_retrying():
-            with attempt:
-                dead_id, dead = await store(raw, dead)
+        try:
+            async for attempt in transient_retrying():
+                with attempt:
+                    dead_id, filed = await store(raw, dead, finish=True)
+        except Exception as exc:
+            if is_outage(exc):
+                raise  # waited out by the consumer, then filed as it is
+            # Still failing after the retries (a job row locked for good, a statement timeout):
+            # filed without telling its address and group, rather than requeued for ever.
+            log.error(  # noqa: TRY400  (the error is the news, not its traceback)
+                "dead_letter_filed_without_finishing_its_job", error=repr(exc)[:500]
+            )
+            dead_id, filed = await store(raw, dead, finish=False)
+        dead = filed
         log.warning(
             "dead_letter_ingested",
             id=dead_id,
@@ -272,7 +294,7 @@ def make_ingester(
         return Outcome.DEAD_LETTERED
 
     async def store(
-        raw: RawDelivery, dead: dead_letters.NewDeadLetter
+        raw: RawDelivery, dead: dead_letters.NewDeadLetter, *, finish: bool
     ) -> tuple[int, dead_letters.NewDeadLetter]:
         async with pool.acquire(timeout=10) as conn, conn.transaction():
             try:
@@ -280,13 +302,13 @@ def make_ingester(
                     dead_id = await dead_letters.bury(conn, dead)
                     # Addressed and grouped messages failed for good: waiters and groups hear
                     # (not from a forgery: its headers say nothing true about pkgq's jobs).
-                    if dead.reason != UNTRUSTED_PUBLISHER:
+                    if finish and dead.reason != UNTRUSTED_PUBLISHER:
                         trusted = trusted_publisher in (None, raw.publisher)
                         # An outsider's unroutable message names no job of pkgq's at all.
                         if trusted or dead.reason != UNROUTABLE:
                             await _finish(conn, raw, dead, marks_believed=trusted)
             except Exception as exc:
-                if is_transient(exc):
+                if is_outage(exc) or (finish and is_transient(exc)):
                     raise  # a blip is retried above; an outage is waited out by the consumer
                 # Something in it Postgres will not store as given: keep the message anyway,
                 # in its safe form, rather than send it round the queue for ever.

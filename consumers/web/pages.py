@@ -54,12 +54,15 @@ async def login_form(request: Request, next: str | None = None) -> Response:
 async def login(request: Request) -> Response:
     form = await auth.checked_form(request)
     target = _safe_next(form.get("next"))
+    web = request.app.state.web
     name = form.get("user", "")
     address = request.client.host if request.client else "unknown"
+    # A name that is no user's is not logged: it may be a password typed in the wrong field.
+    seen = {"user": name if name in web.users else None, "address": address}
     throttle: LoginThrottle = request.app.state.login_throttle
     wait = throttle.wait_for(name, address)
     if wait:  # refused before a password hash is spent on it
-        log.warning("web_login_throttled", user=name[:64], address=address, retry_after=wait)
+        log.warning("web_login_throttled", retry_after=wait, **seen)
         refused = render(
             request,
             "login.html",
@@ -68,11 +71,11 @@ async def login(request: Request) -> Response:
         )
         refused.headers["Retry-After"] = str(wait)
         return refused
-    if await auth.login(request, request.app.state.web, name, form.get("password", "")):
+    throttle.attempt(name, address)
+    if await auth.login(request, web, name, form.get("password", "")):
         throttle.succeeded(name, address)
         return RedirectResponse(target, status_code=303)
-    throttle.failed(name, address)
-    log.warning("web_login_failed", user=name[:64], address=address)
+    log.warning("web_login_failed", **seen)
     return render(
         request,
         "login.html",

@@ -54,7 +54,9 @@ class LoginThrottle:
                 longest = max(longest, recent[-limit.failures] + limit.window - now)
         return math.ceil(longest) if longest > 0 else 0
 
-    def failed(self, user: str, address: str) -> None:
+    def attempt(self, user: str, address: str) -> None:
+        """Count a sign-in as failed before its password is checked: sign-ins posted at once
+        see each other, so no more of them than the limit allow spend a password hash."""
         now = self._clock()
         for _, key in self._keys(user, address):
             self._failures.setdefault(key, deque()).append(now)
@@ -63,9 +65,16 @@ class LoginThrottle:
             self._failures.popitem(last=False)
 
     def succeeded(self, user: str, address: str) -> None:
-        """A right password clears the user's failures and the address's."""
-        for _, key in self._keys(user, address):
-            self._failures.pop(key, None)
+        """The password was right: the user's failures are cleared, and the address's count
+        loses this attempt only (one account's right password does not let its address go on
+        guessing other names)."""
+        user_key, address_key = (key for _, key in self._keys(user, address))
+        self._failures.pop(user_key, None)
+        counted = self._failures.get(address_key)
+        if counted:
+            counted.pop()
+            if not counted:
+                del self._failures[address_key]
 
     def tracked(self) -> int:
         """How many names and addresses have failures remembered."""

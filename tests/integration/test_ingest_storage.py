@@ -71,3 +71,23 @@ async def test_a_deadlock_while_filing_files_the_letter_again_in_full_not_in_its
     assert dead["reason"] == "expired"
     assert "kept" in dead["headers"]
     assert "x-pkgq-unstorable-headers" not in dead["headers"]
+
+
+async def test_a_filing_that_keeps_deadlocking_is_stored_in_full_without_finishing_its_job(
+    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A job row locked for good: after the retries the letter is filed anyway (never requeued
+    # for ever), with its headers, and only its address and group do not hear.
+    calls: list[str] = []
+
+    async def always_deadlocks(*args: Any, **kwargs: Any) -> None:
+        calls.append("finish")
+        raise asyncpg.DeadlockDetectedError("deadlock detected")
+
+    monkeypatch.setattr(ingest, "_finish", always_deadlocks)
+    raw = dead_delivery(**{"x-note": "kept"})
+    assert await ingest.make_ingester(pool)([raw]) == [Result(Outcome.DEAD_LETTERED)]
+    (dead,) = await stored(pool)
+    assert len(calls) == 5  # transient_retrying's attempts, then filed without it
+    assert dead["reason"] == "expired"
+    assert "kept" in dead["headers"]

@@ -266,3 +266,18 @@ def test_a_broker_dead_letter_of_an_outsiders_message_keeps_the_brokers_reason()
     raw = dataclasses.replace(delivery(headers), publisher="outsider")
     dead = to_dead_letter(raw, trusted_publisher=TRUSTED)
     assert (dead.source, dead.reason, dead.consumer) == ("broker", "maxlen", "package_activate")
+
+
+@pytest.mark.parametrize("reason", [{"a": 1}, [1, 2], None, 7])
+def test_an_x_death_reason_of_any_type_is_filed_without_raising(reason: object) -> None:
+    headers = {"x-death": [{"reason": reason, "queue": "q"}], "x-first-death-reason": reason}
+    outsider = dataclasses.replace(delivery(headers), publisher="outsider")
+    assert to_dead_letter(outsider, trusted_publisher=TRUSTED).reason == "untrusted_publisher"
+    assert to_dead_letter(delivery(headers)).reason == "unknown"
+
+
+def test_an_outsiders_first_death_headers_without_x_death_are_not_believed() -> None:
+    raw = delivery({"x-first-death-reason": "expired", "x-first-death-queue": "q"})
+    outsider = dataclasses.replace(raw, publisher="outsider")
+    dead = to_dead_letter(outsider, trusted_publisher=TRUSTED)
+    assert dead.reason == "untrusted_publisher"

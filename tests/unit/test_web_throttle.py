@@ -23,31 +23,44 @@ def test_the_wait_is_until_the_oldest_failure_that_keeps_the_count_at_the_limit_
     gate = throttle(clock)
     for step in range(3):
         assert gate.wait_for("olga", "10.0.0.1") == 0
-        gate.failed("olga", "10.0.0.1")
+        gate.attempt("olga", "10.0.0.1")
         clock.now += 10 * (step + 1)  # failures at 1000, 1010, 1030; now 1060
     assert gate.wait_for("olga", "10.0.0.1") == 0  # the first went out of the window at 1060
-    gate.failed("olga", "10.0.0.1")  # 1010, 1030, 1060
+    gate.attempt("olga", "10.0.0.1")  # 1010, 1030, 1060
     assert gate.wait_for("olga", "10.0.0.1") == 10  # 1010 + 60 - 1060
     clock.now += 10
     assert gate.wait_for("olga", "10.0.0.1") == 0
 
 
-def test_a_right_password_clears_the_names_and_the_addresss_failures() -> None:
+def test_a_right_password_clears_the_names_failures_and_only_its_own_at_the_address() -> None:
     clock = Clock()
     gate = throttle(clock)
+    for n in range(9):  # nine wrong guesses at other names from one address
+        gate.attempt(f"name-{n}", "10.0.0.1")
     for _ in range(2):
-        gate.failed("olga", "10.0.0.1")
+        gate.attempt("olga", "10.0.0.1")
+    gate.attempt("olga", "10.0.0.1")  # the right one, counted until it is checked
     gate.succeeded("olga", "10.0.0.1")
-    for _ in range(2):
-        gate.failed("olga", "10.0.0.1")
-    assert gate.wait_for("olga", "10.0.0.1") == 0
+    assert gate.wait_for("olga", "10.0.0.2") == 0  # her name's failures are gone
+    gate.attempt("vic", "10.0.0.1")  # the address's tenth failure: the guessing still counts
+    assert gate.wait_for("anyone", "10.0.0.1") == 60
+
+
+def test_sign_ins_posted_at_once_count_before_their_passwords_are_checked() -> None:
+    gate = throttle(Clock())
+    admitted = 0
+    for _ in range(10):  # all in flight together: none has failed yet
+        if gate.wait_for("olga", "10.0.0.1") == 0:
+            gate.attempt("olga", "10.0.0.1")
+            admitted += 1
+    assert admitted == 3  # the per-name limit, not ten hashes
 
 
 def test_the_address_limit_counts_failures_for_every_name() -> None:
     clock = Clock()
     gate = throttle(clock)
     for n in range(10):
-        gate.failed(f"name-{n}", "10.0.0.1")
+        gate.attempt(f"name-{n}", "10.0.0.1")
     assert gate.wait_for("someone-else", "10.0.0.1") == 60
     assert gate.wait_for("someone-else", "10.0.0.2") == 0
 
@@ -56,6 +69,6 @@ def test_a_flood_of_made_up_names_keeps_at_most_max_keys_in_memory() -> None:
     clock = Clock()
     gate = throttle(clock, max_keys=50)
     for n in range(1000):
-        gate.failed(f"name-{n}", f"10.0.{n // 250}.{n % 250}")
+        gate.attempt(f"name-{n}", f"10.0.{n // 250}.{n % 250}")
     assert gate.tracked() <= 50
     assert gate.wait_for("name-999", "10.0.3.249") == 0  # one failure each: under the limits

@@ -12,6 +12,7 @@ import httpx
 from consumers.web.app import create_app
 from consumers.web.auth import hash_password
 from consumers.web.config import WebSettings, WebToken, WebUser
+from consumers.web.throttle import LoginThrottle
 from infra.settings import Settings
 
 VIEWER_TOKEN = "viewer-token-" + "v" * 40
@@ -41,9 +42,15 @@ def web_settings(**overrides: object) -> WebSettings:
 
 @asynccontextmanager
 async def client(
-    settings: Settings, pool: asyncpg.Pool, web: WebSettings | None = None
+    settings: Settings,
+    pool: asyncpg.Pool,
+    web: WebSettings | None = None,
+    *,
+    login_throttle: LoginThrottle | None = None,
 ) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(settings, web or web_settings(), pool)
+    if login_throttle is not None:  # e.g. one on a clock the test moves
+        app.state.login_throttle = login_throttle
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://console") as http:
         yield http
