@@ -90,6 +90,17 @@ def _bounded_header(headers: Mapping[str, Any], name: str, low: int, high: int) 
     return value if low <= value < high else None
 
 
+def message_uuid(message_id: str | None) -> UUID | None:
+    """A message_id as the UUID pkgq knows the message by (None: not a UUID). The one reading:
+    decoding, a hold's blocker and a dead letter's `message_uuid` all agree on it."""
+    if message_id is None:
+        return None
+    try:
+        return UUID(message_id)
+    except ValueError:
+        return None
+
+
 def decode(route: Route, raw: RawDelivery, *, max_body_bytes: int) -> Decoded:
     """Validate a delivery for `route`: size, identity, type, version, encoding, schema."""
     if len(raw.body) > max_body_bytes:
@@ -98,12 +109,9 @@ def decode(route: Route, raw: RawDelivery, *, max_body_bytes: int) -> Decoded:
         )
     if not raw.message_id:
         raise BadMessageError("missing_message_id", "the AMQP message_id property is required")
-    try:
-        message_id = UUID(raw.message_id)
-    except ValueError:
-        raise BadMessageError(
-            "invalid_message_id", f"message_id {raw.message_id!r} is not a UUID"
-        ) from None
+    message_id = message_uuid(raw.message_id)
+    if message_id is None:
+        raise BadMessageError("invalid_message_id", f"message_id {raw.message_id!r} is not a UUID")
     if raw.content_type != CONTENT_TYPE:
         raise BadMessageError(
             "wrong_content_type", f"content_type is {raw.content_type!r}, expected {CONTENT_TYPE}"

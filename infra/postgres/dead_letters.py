@@ -15,9 +15,8 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from events.envelope import (
-    clean_text,
-)
+from events.decoding import message_uuid
+from events.envelope import clean_text
 from events.routes import UNTRUSTED_PUBLISHER
 from infra.postgres import holds
 from infra.postgres.pool import Conn
@@ -74,9 +73,9 @@ async def bury(conn: Conn, dead: NewDeadLetter) -> int:
             INSERT INTO telecom.dead_letters
                 (dedup_key, source, route, consumer, message_id, user_id, message_type,
                  content_type, body, headers, reason, error_type, error_message, error_location,
-                 traceback, attempts, first_failed_at, body_size, body_sha256)
+                 traceback, attempts, first_failed_at, body_size, body_sha256, message_uuid)
             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::text::jsonb, $11, $12, $13, $14,
-                    $15, $16, coalesce($17, now()), $18, $19)
+                    $15, $16, coalesce($17, now()), $18, $19, $20)
             ON CONFLICT (dedup_key) DO UPDATE SET
                 repeats = dead_letters.repeats + 1,
                 reason = excluded.reason,
@@ -109,6 +108,7 @@ async def bury(conn: Conn, dead: NewDeadLetter) -> int:
             dead.first_failed_at,
             len(dead.body),
             hashlib.sha256(dead.body).hexdigest(),
+            message_uuid(dead.message_id),
         )
     )
 
@@ -166,7 +166,7 @@ class Filter:
 HELD_BACK = """
     (SELECT count(*) FROM telecom.parked p
      JOIN telecom.holds h ON h.consumer = p.consumer AND h.user_id = p.user_id
-     WHERE p.consumer = d.consumer AND h.blocker = telecom.message_uuid(d.message_id)
+     WHERE p.consumer = d.consumer AND h.blocker = d.message_uuid
        AND d.status = 'buried')
 """
 
@@ -235,7 +235,7 @@ async def lock_holds(conn: Conn, ids: Sequence[int]) -> None:
         """
         SELECT 1 FROM telecom.holds h
         WHERE (h.consumer, h.blocker) IN (
-            SELECT d.consumer, telecom.message_uuid(d.message_id) FROM telecom.dead_letters d
+            SELECT d.consumer, d.message_uuid FROM telecom.dead_letters d
             WHERE d.id = ANY($1::bigint[]))
         ORDER BY h.consumer, h.user_id
         FOR UPDATE OF h
@@ -283,13 +283,12 @@ async def discard(conn: Conn, ids: Sequence[int], who: str) -> int:
         UPDATE telecom.dead_letters
         SET status = 'discarded', discarded_at = now(), discarded_by = $2
         WHERE id = ANY($1::bigint[]) AND status = 'buried'
-        RETURNING consumer, user_id, message_id
+        RETURNING id
         """,
         list(ids),
         who,
     )
-    for row in discarded:
-        await holds.release_blocked_by_dead_letter(conn, row["consumer"], row["message_id"])
+    await holds.release_discarded(conn, [row["id"] for row in discarded])
     return len(discarded)
 
 
@@ -308,7 +307,7 @@ _PURGEABLE = """
       AND greatest(d.last_failed_at, d.replayed_at, d.discarded_at) < now() - $1::interval
       AND NOT EXISTS (
           SELECT 1 FROM telecom.holds h
-          WHERE h.consumer = d.consumer AND h.blocker = telecom.message_uuid(d.message_id))
+          WHERE h.consumer = d.consumer AND h.blocker = d.message_uuid)
 """
 """The dead letters `purge` deletes ($1: how old they must be)."""
 

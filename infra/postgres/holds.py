@@ -96,54 +96,44 @@ async def lift(conn: Conn, consumer: str, user_id: UUID) -> None:
     )
 
 
-_RELEASE_BLOCKED = """
-    UPDATE telecom.holds SET blocker = NULL, state = 'releasing', updated_at = now()
-    WHERE blocker = ANY($1::uuid[])
-"""
-
-
-async def release_blocked_by(
-    conn: Conn, message_ids: Sequence[UUID], *, consumer: str | None = None
-) -> int:
+async def release_blocked_by(conn: Conn, message_ids: Sequence[UUID]) -> int:
     """Messages that will never be delivered again (withdrawn by a group cancel, expired before
-    their retry was published, discarded as dead letters) block nothing any more: release the
-    holds they block (on `consumer` only, when given), so that the consumers' release poll
-    applies what is parked behind them. Returns how many."""
+    their retry was published) block nothing any more: release the holds they block, so that
+    the consumers' release poll applies what is parked behind them. Returns how many."""
     if not message_ids:
         return 0
-    if consumer is None:
-        status = await conn.execute(_RELEASE_BLOCKED, list(message_ids))
-    else:  # with the consumer, the holds_blocker index (consumer, blocker) serves it
-        status = await conn.execute(
-            _RELEASE_BLOCKED + " AND consumer = $2", list(message_ids), consumer
-        )
+    status = await conn.execute(
+        "UPDATE telecom.holds SET blocker = NULL, state = 'releasing', updated_at = now() "
+        "WHERE blocker = ANY($1::uuid[])",
+        list(message_ids),
+    )
     return int(status.split()[-1])
 
 
-async def release_blocked_by_dead_letter(conn: Conn, consumer: str, message_id: str | None) -> int:
-    """A dead letter was discarded: the holds its message blocks on `consumer` are released.
-    Its message_id is text as it came (or none); one that is not a UUID blocks nothing
-    (blockers are UUIDs, parsed from message ids the same way), so nothing is released."""
-    if message_id is None:
-        return 0
-    try:
-        blocker = UUID(message_id)
-    except ValueError:
-        return 0
-    return await release_blocked_by(conn, [blocker], consumer=consumer)
+async def release_discarded(conn: Conn, dead_letter_ids: Sequence[int]) -> int:
+    """These dead letters were discarded: the holds their messages block on their consumers
+    are released, in one statement. Returns how many."""
+    return await _held_by(conn, dead_letter_ids, "blocker = NULL, state = 'releasing'")
 
 
 async def retry_replayed(conn: Conn, dead_letter_ids: Sequence[int]) -> None:
     """These dead letters were replayed: a hold waiting on one waits for its new delivery."""
-    await conn.execute(
-        """
-        UPDATE telecom.holds h SET state = 'retrying', updated_at = now()
+    await _held_by(conn, dead_letter_ids, "state = 'retrying'")
+
+
+async def _held_by(conn: Conn, dead_letter_ids: Sequence[int], assignment: str) -> int:
+    """Set `assignment` on the holds these dead letters' messages block on their consumers (a
+    dead letter whose message_id is not a UUID blocks nothing: its `message_uuid` is NULL)."""
+    status = await conn.execute(
+        f"""
+        UPDATE telecom.holds h SET {assignment}, updated_at = now()
         FROM telecom.dead_letters d
         WHERE d.id = ANY($1::bigint[]) AND h.consumer = d.consumer
-          AND h.blocker = telecom.message_uuid(d.message_id)
+          AND h.blocker = d.message_uuid
         """,
         list(dead_letter_ids),
     )
+    return int(status.split()[-1])
 
 
 async def release_expired_retry(conn: Conn, message_id: UUID) -> int:

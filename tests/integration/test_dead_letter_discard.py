@@ -1,17 +1,18 @@
 """Discarding a buried dead letter releases the holds its message blocks: on its own consumer
 only, and none when its message_id is not a UUID (a blocker always is one). A message_id in any
 form Python reads as that UUID (capitals, no hyphens, braces) names the same blocker, in the
-list's held-back count, in purge and in discard."""
+list's held-back count, in purge's guard, in a replay's retry and in discard."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from uuid import UUID, uuid4
 
 import asyncpg
 import pytest
 
-from infra.postgres import dead_letters
+from infra.postgres import dead_letters, holds
 from infra.postgres.pool import Conn
 
 CONSUMER = "usage_record"
@@ -30,15 +31,24 @@ async def _hold(conn: Conn, consumer: str, blocker: UUID) -> UUID:
 
 
 async def _bury(conn: Conn, consumer: str, message_id: str | None) -> int:
-    dead_id: int = await conn.fetchval(
-        "INSERT INTO telecom.dead_letters (dedup_key, source, route, consumer, message_id, body, "
-        "reason, error_type, error_message) VALUES ($1, 'consumer', 'telecom.usage_record', $2, "
-        "$3, '{}', 'r', 'E', 'm') RETURNING id",
-        str(uuid4()),
-        consumer,
-        message_id,
+    """Filed as pkgq files it (dead_letters.bury parses the message_id once, as decoding does)."""
+    return await dead_letters.bury(
+        conn,
+        dead_letters.NewDeadLetter(
+            source="consumer",
+            route="telecom.usage_record",
+            consumer=consumer,
+            message_id=message_id,
+            user_id=None,
+            message_type="RecordUsage",
+            content_type="application/json",
+            body=str(uuid4()).encode(),  # a key of its own for the id-less ones
+            headers={},
+            reason="handler_error",
+            error_type="E",
+            error_message="m",
+        ),
     )
-    return dead_id
 
 
 async def _discard(pool: asyncpg.Pool, dead_id: int) -> int:
@@ -107,3 +117,23 @@ async def test_a_dead_letter_whose_message_id_is_spelled_otherwise_still_names_i
     assert listed["held_back"] == 1  # the parked message behind it is counted
     assert await _discard(pool, dead_id) == 1
     assert await _blockers(pool, [held]) == [None]  # and released when it is discarded
+
+
+async def test_a_replayed_dead_letter_whose_id_is_in_capitals_is_not_purged_while_it_holds(
+    pool: asyncpg.Pool,
+) -> None:
+    blocker = uuid4()
+    async with pool.acquire() as conn, conn.transaction():
+        held = await _hold(conn, CONSUMER, blocker)
+        dead_id = await _bury(conn, CONSUMER, str(blocker).upper())
+        await dead_letters.mark_replayed(conn, [dead_id], "ops-test")
+        await holds.retry_replayed(conn, [dead_id])
+        await conn.execute(
+            "UPDATE telecom.dead_letters SET replayed_at = now() - interval '2 days', "
+            "last_failed_at = now() - interval '2 days' WHERE id = $1",
+            dead_id,
+        )
+        state = await conn.fetchval("SELECT state FROM telecom.holds WHERE user_id = $1", held)
+        purged = await dead_letters.purge(conn, timedelta(days=1))
+    assert state == "retrying"  # the replay's retry found the hold by its blocker
+    assert purged == 0  # and purge keeps the letter while its message holds the user back
