@@ -35,7 +35,8 @@ from infra.settings import Settings
 router = APIRouter(include_in_schema=False)
 log = structlog.get_logger(__name__)
 WORKERS_SHOWN = 200
-"""Workers on the workers page (the most recently started first); the page says how many more."""
+"""Workers on the workers page (running ones first, then stopped; the most recently started
+first in each); the page says how many more."""
 
 
 def _safe_next(target: str | None) -> str:
