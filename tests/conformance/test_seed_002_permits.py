@@ -36,6 +36,7 @@ from tests.support import pg_roles
 from tests.support.deliveries import send
 from tests.support.observing import eventually
 from tests.support.processes import PkgqProcess, cli
+from tests.support.workers import stale_worker
 
 pytestmark = pytest.mark.e2e
 
@@ -67,14 +68,9 @@ async def test_a_stale_relays_partition_lease_is_taken_over_and_its_rows_are_pub
 ) -> None:
     # A relay that hung in the middle of a round: registered, heartbeat long gone, and one of its
     # connections still in the round's transaction, holding the lease of a user's partition.
-    hung_id = uuid4()
+    hung_id = await stale_worker(pool, "pkgq-relay@hung:1", "relay", "hung", 1)
     user = uuid4()
     async with pool.acquire() as conn:
-        await workers.register(conn, hung_id, "pkgq-relay@hung:1", "relay", "hung", 1)
-        await conn.execute(
-            "UPDATE telecom.workers SET heartbeat_at = now() - interval '1 hour' WHERE id = $1",
-            hung_id,
-        )
         partition = await conn.fetchval(
             "SELECT (hashtextextended($1::text, 0) & 63)::int", str(user)
         )

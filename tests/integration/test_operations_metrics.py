@@ -19,12 +19,13 @@ from prometheus_client import REGISTRY
 
 from consumers.runtime import Services, WorkerHeartbeat, services, start_status_server
 from events.routes import USAGE_RECORD
-from infra.postgres import holds, workers
+from infra.postgres import holds
 from infra.rabbit.management import management_base
 from infra.settings import Settings
 from tests.support.in_process import InProcess
 from tests.support.observing import eventually
 from tests.support.processes import free_port, http_get
+from tests.support.workers import stale_worker
 
 
 def _served(settings: Settings) -> tuple[Settings, int]:
@@ -112,13 +113,7 @@ async def test_consumers_per_queue_follow_subscriptions_and_a_missing_queue_read
 async def test_a_heartbeat_that_reaps_a_stale_peer_counts_it_in_the_reaped_workers_metric(
     settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
 ) -> None:
-    peer = uuid4()
-    async with pool.acquire() as conn:
-        await workers.register(conn, peer, "peer", "test", "h", 2)
-        await conn.execute(
-            "UPDATE telecom.workers SET heartbeat_at = now() - interval '1 hour' WHERE id = $1",
-            peer,
-        )
+    peer = await stale_worker(pool, "peer", host="h", pid=2)
     before = REGISTRY.get_sample_value("pkgq_workers_reaped_total") or 0.0
     quick = settings.model_copy(update={"worker_stale_after": 1.0, "heartbeat_interval": 0.1})
     beat = WorkerHeartbeat(quick, Services(pool, amqp), "pkgq-test@h:1", "test", "h", 1)

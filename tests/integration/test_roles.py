@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import AsyncIterator
-from uuid import UUID, uuid4
+from uuid import uuid4
 
 import asyncpg
 import pytest
@@ -24,6 +24,7 @@ from tests.support import pg_roles
 from tests.support.deliveries import add_package, send
 from tests.support.in_process import StartApp
 from tests.support.observing import eventually
+from tests.support.workers import stale_worker
 
 
 def runtime_dsn(settings: Settings) -> str:
@@ -90,21 +91,10 @@ async def test_migrate_refuses_a_runtime_role_that_does_not_exist(settings: Sett
         await owner.close()
 
 
-async def _stale_worker(pool: asyncpg.Pool) -> UUID:
-    worker_id = uuid4()
-    async with pool.acquire() as conn:
-        await workers.register(conn, worker_id, "hung", "test", "host", 4242)
-        await conn.execute(
-            "UPDATE telecom.workers SET heartbeat_at = now() - interval '1 hour' WHERE id = $1",
-            worker_id,
-        )
-    return worker_id
-
-
 async def test_the_reaper_under_the_runtime_role_ends_a_stale_workers_backends(
     settings: Settings, runtime_pool: asyncpg.Pool
 ) -> None:
-    worker_id = await _stale_worker(runtime_pool)
+    worker_id = await stale_worker(runtime_pool)
     hung = await asyncpg.connect(
         runtime_dsn(settings),
         server_settings={"application_name": workers.application_name(worker_id)},
@@ -127,7 +117,7 @@ async def test_the_reaper_under_the_runtime_role_ends_a_stale_workers_backends(
 async def test_a_backend_the_runtime_role_may_not_end_is_left_and_the_reap_still_completes(
     settings: Settings, pool: asyncpg.Pool, runtime_pool: asyncpg.Pool
 ) -> None:
-    worker_id = await _stale_worker(runtime_pool)
+    worker_id = await stale_worker(runtime_pool)
     superuser = await asyncpg.connect(
         settings.postgres_dsn,
         server_settings={"application_name": workers.application_name(worker_id)},
