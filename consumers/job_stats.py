@@ -64,6 +64,7 @@ async def route_stats(settings: Settings, conn: Conn) -> dict[str, dict[str, Any
                 "parked": db.get("parked", 0),
                 "consumers": sum(f.consumers for f in on_broker),
                 "processed_1m": db.get("processed_1m", 0),
+                "failed_1m": db.get("failed_1m", 0),
             },
             "transitions": {t: counted.get(t, 0) for t in TRANSITIONS},
         }

@@ -79,6 +79,7 @@ def _print_stats(stats: dict[str, dict[str, Any]]) -> None:
         ),
         *((m, lambda kv, m=m: str(kv[1]["transitions"][m])) for m in _MOVES),
         ("/min", lambda kv: str(kv[1]["detail"]["processed_1m"])),
+        ("fail/min", lambda kv: str(kv[1]["detail"]["failed_1m"])),
     ]
     console.print(table(stats.items(), columns))
 
@@ -88,7 +89,8 @@ def stats_cmd(as_json: JsonOpt = False) -> None:
     not yet acknowledged), W waiting (scheduled for later, or held back behind an earlier
     message of its user), B buried (dead letters), Z processed and still remembered to drop
     duplicates (until retention), D done, and expired; and how many moved between them (put,
-    take, ack, release, bury, dig, plow, ttl, ttr, delete). Taken counts come from the
+    take, ack, release, bury, dig, plow, ttl, ttr, delete), with how many were processed (/min) and
+    dead-lettered (fail/min) in the last minute. Taken counts come from the
     RabbitMQ management API ('?' when it cannot be reached)."""
     from consumers.job_stats import route_stats
 

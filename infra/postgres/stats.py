@@ -46,7 +46,8 @@ async def backlog(conn: Conn) -> Backlog:
 async def per_route(conn: Conn) -> dict[str, dict[str, int]]:
     """Per route: outbox rows scheduled (future) and pending (due, unpublished), parked
     messages, buried dead letters (expired ones apart), processed-message records kept
-    (the inbox), and messages applied in the last minute."""
+    (the inbox), and messages applied, and dead letters filed or failed again, in the last
+    minute."""
     rows = await conn.fetch(
         """
         SELECT route, 'scheduled' AS what, count(*) AS n FROM telecom.outbox
@@ -65,6 +66,9 @@ async def per_route(conn: Conn) -> dict[str, dict[str, int]]:
         UNION ALL
         SELECT 'telecom.' || consumer, 'processed_1m', count(*) FROM telecom.inbox
             WHERE processed_at > now() - interval '1 minute' GROUP BY consumer
+        UNION ALL
+        SELECT route, 'failed_1m', count(*) FROM telecom.dead_letters
+            WHERE last_failed_at > now() - interval '1 minute' GROUP BY route
         """
     )
     found: dict[str, dict[str, int]] = {}

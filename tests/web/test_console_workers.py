@@ -1,5 +1,6 @@
 """The console's workers page in process against real Postgres: at most WORKERS_SHOWN workers,
-the most recently started first, and a note of how many there are when the list is cut."""
+running ones first, the most recently started first, and a note of how many there are when the
+list is cut."""
 
 from __future__ import annotations
 
