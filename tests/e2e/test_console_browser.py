@@ -8,66 +8,31 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from uuid import UUID, uuid4
+from uuid import uuid4
 
 import asyncpg
 import pytest
 from aio_pika.abc import AbstractRobustConnection
-from playwright.async_api import Page, expect
+from playwright.async_api import expect
 
 from events.envelope import H_SCHEMA_VERSION, H_USER_ID
 from events.models import PurchasePackage
 from events.routes import PACKAGE_PURCHASE
 from infra.postgres import dead_letters, holds
 from infra.settings import Settings
-from tests.support.deliveries import add_package, send, send_raw
+from tests.e2e.console_support import (
+    dead_letter_id,
+    dead_letter_status,
+    item_statuses,
+    malformed_purchase,
+)
+from tests.support.deliveries import add_package, send
 from tests.support.observing import eventually
 from tests.support.processes import PkgqProcess
 from tests.web.client import OPERATOR_PASSWORD, VIEWER_PASSWORD
 from tests.web.stack import browser, console, reload_until, shoot, sign_in
 
 pytestmark = pytest.mark.e2e
-
-
-async def _malformed_purchase(
-    settings: Settings, amqp: AbstractRobustConnection, user: UUID, package: int
-) -> str:
-    """A purchase its consumer refuses: `amount` is a string (strict JSON wants a number)."""
-    body = json.dumps({"user_id": str(user), "package_id": package, "amount": "2"}).encode()
-    message_id = await send_raw(
-        settings,
-        amqp,
-        PACKAGE_PURCHASE,
-        body,
-        headers={H_SCHEMA_VERSION: 1, H_USER_ID: str(user)},
-    )
-    assert message_id is not None
-    return message_id
-
-
-async def _dead_letter_id(pool: asyncpg.Pool, message_id: str) -> int:
-    async def filed() -> bool:
-        async with pool.acquire() as conn:
-            return bool(
-                await conn.fetchval(
-                    "SELECT count(*) FROM telecom.dead_letters WHERE message_id = $1", message_id
-                )
-            )
-
-    await eventually(filed)
-    async with pool.acquire() as conn:
-        found: int = await conn.fetchval(
-            "SELECT id FROM telecom.dead_letters WHERE message_id = $1", message_id
-        )
-    return found
-
-
-async def _statuses(page: Page) -> list[tuple[int, str]]:
-    rows = await page.query_selector_all("#items tbody tr[data-item]")
-    return [
-        (int(await r.get_attribute("data-item") or 0), await r.get_attribute("data-status") or "")
-        for r in rows
-    ]
 
 
 async def test_an_operator_signs_in_watches_the_overview_refresh_and_sees_the_dead_letter(
@@ -83,8 +48,8 @@ async def test_an_operator_signs_in_watches_the_overview_refresh_and_sees_the_de
         assert await page.inner_text("header .who") == "olga operator\nSign out"
         purchases = "#live tr[data-route='package_purchase']"
         assert await page.locator(f"{purchases} a.bad").count() == 0
-        message_id = await _malformed_purchase(settings, amqp, user, package)
-        dead = await _dead_letter_id(pool, message_id)
+        message_id = await malformed_purchase(settings, amqp, user, package)
+        dead = await dead_letter_id(pool, message_id)
         # The overview refreshes itself: the buried message and `pkgq run`'s consumer (from
         # the broker's management API) appear without a reload.
         await page.wait_for_selector(f"{purchases} a.bad:has-text('1')", timeout=30_000)
@@ -159,7 +124,7 @@ async def test_a_dead_letter_whose_cause_was_fixed_is_replayed_from_the_console_
         await page.goto(f"{web.base}/users/{user}")
 
         async def active() -> bool:
-            return [s for _, s in await _statuses(page)] == ["active"]
+            return [s for _, s in await item_statuses(page)] == ["active"]
 
         await reload_until(page, active)
         assert "added later" in await page.inner_text("#items")
@@ -179,8 +144,8 @@ async def test_a_schema_invalid_message_is_edited_validated_replayed_and_queued_
         await send(
             settings, amqp, PACKAGE_PURCHASE, PurchasePackage(user_id=user, package_id=first)
         )
-        message_id = await _malformed_purchase(settings, amqp, user, later)
-        dead = await _dead_letter_id(pool, message_id)
+        message_id = await malformed_purchase(settings, amqp, user, later)
+        dead = await dead_letter_id(pool, message_id)
         page = await sign_in(chromium, web.base, "olga", OPERATOR_PASSWORD)
         await page.goto(f"{web.base}/dead-letters/{dead}")
         await page.click("text=Edit and replay…")
@@ -206,7 +171,7 @@ async def test_a_schema_invalid_message_is_edited_validated_replayed_and_queued_
         await page.goto(f"{web.base}/users/{user}")
 
         async def queued_behind() -> bool:
-            return [s for _, s in await _statuses(page)] == ["active", "in_queue", "in_queue"]
+            return [s for _, s in await item_statuses(page)] == ["active", "in_queue", "in_queue"]
 
         await reload_until(page, queued_behind)
         items = await page.inner_text("#items tbody")
@@ -248,10 +213,10 @@ async def test_cancelling_a_users_active_item_in_the_console_activates_the_next(
             await page.click("button:has-text('Open')")
 
         async def one_active() -> bool:
-            return [s for _, s in await _statuses(page)] == ["active", "in_queue"]
+            return [s for _, s in await item_statuses(page)] == ["active", "in_queue"]
 
         await reload_until(page, one_active)
-        (first, _), (second, _) = await _statuses(page)
+        (first, _), (second, _) = await item_statuses(page)
         await shoot(page, "user")
         await page.click(f"tr[data-item='{first}'] >> text=Cancel…")
         assert f"Cancel item {first}?" in await page.inner_text("h1")
@@ -261,7 +226,7 @@ async def test_cancelling_a_users_active_item_in_the_console_activates_the_next(
         assert f"cancel of item {first} sent" in await page.inner_text(".flash")
 
         async def next_active() -> bool:
-            return await _statuses(page) == [(first, "cancelled"), (second, "active")]
+            return await item_statuses(page) == [(first, "cancelled"), (second, "active")]
 
         await reload_until(page, next_active)
         assert "granted" in await page.inner_text("#access")
@@ -285,7 +250,7 @@ async def test_a_viewer_may_look_but_a_replay_is_refused_with_403(
     package = await add_package(pool, 1000)
     user = uuid4()
     async with console(settings, spawn) as web, browser() as chromium:
-        dead = await _dead_letter_id(pool, await _malformed_purchase(settings, amqp, user, package))
+        dead = await dead_letter_id(pool, await malformed_purchase(settings, amqp, user, package))
         page = await sign_in(chromium, web.base, "vic", VIEWER_PASSWORD)
         await page.goto(f"{web.base}/dead-letters/{dead}")
         assert await page.locator("text=Replay…").count() == 0  # no buttons for a viewer
@@ -314,7 +279,7 @@ async def test_a_form_posted_without_its_csrf_token_is_refused_with_403(
     package = await add_package(pool, 1000)
     user = uuid4()
     async with console(settings, spawn) as web, browser() as chromium:
-        dead = await _dead_letter_id(pool, await _malformed_purchase(settings, amqp, user, package))
+        dead = await dead_letter_id(pool, await malformed_purchase(settings, amqp, user, package))
         page = await sign_in(chromium, web.base, "olga", OPERATOR_PASSWORD)
         await page.goto(f"{web.base}/dead-letters/confirm?action=discard&id={dead}")
         await shoot(page, "discard-confirm")
@@ -409,7 +374,7 @@ async def test_an_edited_replay_of_a_held_message_goes_first_and_its_parked_mess
         await page.goto(f"{web.base}/users/{user}")
 
         async def in_order() -> bool:
-            return [s for _, s in await _statuses(page)] == ["active", "in_queue", "in_queue"]
+            return [s for _, s in await item_statuses(page)] == ["active", "in_queue", "in_queue"]
 
         await reload_until(page, in_order)
         names = await page.locator("#items tbody tr[data-item] td:nth-child(2)").all_inner_texts()
@@ -417,11 +382,3 @@ async def test_an_edited_replay_of_a_held_message_goes_first_and_its_parked_mess
         await shoot(page, "user-after-held-replay")
         await page.goto(f"{web.base}/holds")
         assert await page.locator(f"tr[data-user='{user}']").count() == 0
-
-
-async def dead_letter_status(pool: asyncpg.Pool, dead: int) -> str:
-    async with pool.acquire() as conn:
-        status: str = await conn.fetchval(
-            "SELECT status::text FROM telecom.dead_letters WHERE id = $1", dead
-        )
-    return status

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
-from typing import Any
 from uuid import UUID, uuid4
 
 import asyncpg
@@ -27,6 +26,7 @@ from infra.postgres.pool import create_pool
 from infra.rabbit.consumer import Outcome, Result
 from infra.settings import Settings
 from tests.support.deliveries import add_package, raw_for
+from tests.support.observing import fetch
 
 
 def delivery(
@@ -64,11 +64,6 @@ def pipeline(pool: asyncpg.Pool, handler: Switchable, policy: RetryPolicy) -> De
     return DeliveryPipeline(pool, USAGE_RECORD, handler, policy, max_body_bytes=2**20)
 
 
-async def rows(pool: asyncpg.Pool, sql: str, *args: Any) -> list[asyncpg.Record]:
-    async with pool.acquire() as conn:
-        return list(await conn.fetch(sql, *args))
-
-
 async def test_a_failure_delivered_again_after_its_commit_schedules_one_retry_and_one_hold(
     pool: asyncpg.Pool,
 ) -> None:
@@ -78,11 +73,11 @@ async def test_a_failure_delivered_again_after_its_commit_schedules_one_retry_an
     assert await process(first) == Outcome.RETRY_SCHEDULED
     assert await process(first) == Outcome.RETRY_SCHEDULED  # the redelivery
 
-    retries = await rows(
+    retries = await fetch(
         pool, "SELECT dedup_key FROM telecom.outbox WHERE message_id = $1", UUID(first.message_id)
     )
     assert [r["dedup_key"] for r in retries] == [f"retry:usage_record:{first.message_id}:0:2"]
-    holds = await rows(pool, "SELECT blocker, state FROM telecom.holds WHERE user_id = $1", user)
+    holds = await fetch(pool, "SELECT blocker, state FROM telecom.holds WHERE user_id = $1", user)
     assert [(r["blocker"], r["state"]) for r in holds] == [(UUID(first.message_id), "retrying")]
 
 
@@ -93,7 +88,7 @@ async def test_a_buried_message_delivered_again_updates_its_dead_letter_instead_
     poison = delivery(uuid4(), 1)
     assert await process(poison) == Outcome.DEAD_LETTERED
     assert await process(poison) == Outcome.DEAD_LETTERED
-    dead = await rows(pool, "SELECT message_id, status::text FROM telecom.dead_letters")
+    dead = await fetch(pool, "SELECT message_id, status::text FROM telecom.dead_letters")
     assert [(r["message_id"], r["status"]) for r in dead] == [(poison.message_id, "buried")]
 
 
@@ -110,7 +105,7 @@ async def test_a_parked_message_delivered_twice_is_parked_once_and_applied_once_
     assert await process(m2) == Outcome.PARKED
     assert await process(m2) == Outcome.PARKED  # redelivered: keeps its first place
     assert await process(m3) == Outcome.PARKED
-    parked = await rows(pool, "SELECT message_id FROM telecom.parked ORDER BY id")
+    parked = await fetch(pool, "SELECT message_id FROM telecom.parked ORDER BY id")
     assert [str(r["message_id"]) for r in parked] == [m2.message_id, m3.message_id]
 
     handler.failing.clear()  # the cause goes away; the retry arrives
@@ -120,8 +115,8 @@ async def test_a_parked_message_delivered_twice_is_parked_once_and_applied_once_
     assert await process(m2) == Outcome.DUPLICATE  # a late redelivery applies nothing
     assert await process(retry) == Outcome.DUPLICATE
     assert handler.applied == [1, 2, 3]
-    assert await rows(pool, "SELECT * FROM telecom.holds") == []
-    assert await rows(pool, "SELECT * FROM telecom.parked") == []
+    assert await fetch(pool, "SELECT * FROM telecom.holds") == []
+    assert await fetch(pool, "SELECT * FROM telecom.parked") == []
 
 
 async def test_a_stale_earlier_attempt_of_the_blocker_arriving_after_its_retry_applies_nothing(
@@ -155,7 +150,7 @@ async def test_a_release_cut_short_by_a_crash_is_finished_by_the_release_poll(
 
     assert await process.drain_parked() == 2
     assert handler.applied == [2, 3]
-    assert await rows(pool, "SELECT * FROM telecom.holds") == []
+    assert await fetch(pool, "SELECT * FROM telecom.holds") == []
 
 
 async def test_bad_input_for_a_held_user_is_buried_at_once_not_parked(pool: asyncpg.Pool) -> None:
@@ -172,9 +167,9 @@ async def test_bad_input_for_a_held_user_is_buried_at_once_not_parked(pool: asyn
         headers=bad.headers,
     )
     assert await process(broken) == Outcome.DEAD_LETTERED
-    dead = await rows(pool, "SELECT reason, user_id FROM telecom.dead_letters")
+    dead = await fetch(pool, "SELECT reason, user_id FROM telecom.dead_letters")
     assert [(r["reason"], r["user_id"]) for r in dead] == [("invalid_json", user)]
-    assert await rows(pool, "SELECT * FROM telecom.parked") == []
+    assert await fetch(pool, "SELECT * FROM telecom.parked") == []
 
 
 async def test_a_message_without_a_user_header_is_buried_under_its_bodys_user_and_discard_frees(
@@ -194,7 +189,7 @@ async def test_a_message_without_a_user_header_is_buried_under_its_bodys_user_an
     )
     assert await process(headerless) == Outcome.DEAD_LETTERED
     assert await process(delivery(user, 2)) == Outcome.PARKED
-    (dead,) = await rows(pool, "SELECT id, user_id, message_id FROM telecom.dead_letters")
+    (dead,) = await fetch(pool, "SELECT id, user_id, message_id FROM telecom.dead_letters")
     assert (dead["user_id"], dead["message_id"]) == (user, m1.message_id)
 
     async with pool.acquire() as conn, conn.transaction():
@@ -217,7 +212,7 @@ async def test_header_values_postgres_cannot_hold_do_not_break_the_failure_path(
         m2.body, m2.message_id, m2.message_type, m2.content_type, None, {**m2.headers, **odd}
     )
     assert await process(second) == Outcome.PARKED
-    (retry,) = await rows(
+    (retry,) = await fetch(
         pool,
         "SELECT headers->>'x-note' AS note, headers->>'x-ratio' AS ratio FROM telecom.outbox",
     )
@@ -236,7 +231,7 @@ async def test_two_copies_of_a_failing_message_in_one_batch_keep_the_user_held_b
     outcomes = outcomes_of(await process.process_batch([m, m, n]))
     assert outcomes == [Outcome.RETRY_SCHEDULED, Outcome.RETRY_SCHEDULED, Outcome.PARKED]
     assert handler.applied == []  # N waits for M's retry
-    holds = await rows(pool, "SELECT blocker, state FROM telecom.holds WHERE user_id = $1", user)
+    holds = await fetch(pool, "SELECT blocker, state FROM telecom.holds WHERE user_id = $1", user)
     assert [(h["blocker"], h["state"]) for h in holds] == [(UUID(m.message_id), "retrying")]
 
 
@@ -255,7 +250,7 @@ async def test_a_redelivered_attempt_batched_with_its_own_retry_schedules_the_ne
     assert outcomes_of(await process.process_batch([a1])) == [Outcome.RETRY_SCHEDULED]
     outcomes = outcomes_of(await process.process_batch([a1, a2, n]))
     assert outcomes == [Outcome.RETRY_SCHEDULED, Outcome.RETRY_SCHEDULED, Outcome.PARKED]
-    retries = await rows(
+    retries = await fetch(
         pool, "SELECT dedup_key FROM telecom.outbox WHERE message_id = $1 ORDER BY id", mid
     )
     assert [r["dedup_key"].rsplit(":", 1)[-1] for r in retries] == ["2", "3"]
@@ -279,13 +274,13 @@ async def test_a_batch_applies_each_users_messages_in_order_and_isolates_a_failu
     ]
     # (The handler's own log is not transactional: the batch ran once unguarded, was rolled
     # back at b's failure and ran again guarded. The committed state is what counts.)
-    billed = await rows(
+    billed = await fetch(
         pool,
         "SELECT user_id, unbilled_upload FROM telecom.queue_users WHERE user_id = ANY($1)",
         [a, b],
     )
     assert {r["user_id"]: r["unbilled_upload"] for r in billed} == {a: 3, b: 10}
-    parked = await rows(pool, "SELECT user_id, body FROM telecom.parked")
+    parked = await fetch(pool, "SELECT user_id, body FROM telecom.parked")
     assert [(p["user_id"], json.loads(p["body"])["upload"]) for p in parked] == [(b, 20)]
 
 
@@ -307,7 +302,7 @@ async def test_a_timer_scheduled_and_withdrawn_within_one_batch_is_never_written
         assert await run(PACKAGE_PURCHASE)(raw_for(PACKAGE_PURCHASE, purchase)) == Outcome.ACKED
         items = [
             r["id"]
-            for r in await rows(
+            for r in await fetch(
                 pool, "SELECT id FROM telecom.package_queue WHERE user_id = $1 ORDER BY id", user
             )
         ]
@@ -318,7 +313,7 @@ async def test_a_timer_scheduled_and_withdrawn_within_one_batch_is_never_written
         return user, items
 
     async def pending_timers(items: list[int]) -> list[str]:
-        found = await rows(
+        found = await fetch(
             pool,
             "SELECT cancel_key FROM telecom.outbox WHERE route = $1 AND cancel_key = ANY($2) "
             "ORDER BY id",
@@ -366,14 +361,14 @@ async def test_a_parked_message_whose_write_back_fails_becomes_the_new_blocker_n
 
     # The second one's handler ran in memory too; its write-back is what failed.
     assert handler.applied == [1, 2**62, 2**62]
-    (billed,) = await rows(
+    (billed,) = await fetch(
         pool, "SELECT unbilled_upload FROM telecom.queue_users WHERE user_id = $1", user
     )
     assert billed["unbilled_upload"] == 1 + 2**62  # the first big one is applied, once
-    assert await rows(pool, "SELECT * FROM telecom.parked") == []
-    holds = await rows(pool, "SELECT blocker, state FROM telecom.holds WHERE user_id = $1", user)
+    assert await fetch(pool, "SELECT * FROM telecom.parked") == []
+    holds = await fetch(pool, "SELECT blocker, state FROM telecom.holds WHERE user_id = $1", user)
     assert [(h["blocker"], h["state"]) for h in holds] == [(UUID(big2.message_id), "retrying")]
-    (retried,) = await rows(
+    (retried,) = await fetch(
         pool, "SELECT headers FROM telecom.outbox WHERE message_id = $1", UUID(big2.message_id)
     )
     assert retried["headers"]["x-attempt"] == 2
@@ -396,7 +391,7 @@ async def test_a_user_row_locked_elsewhere_past_the_statement_timeout_is_the_mes
             )
             process = pipeline(impatient, Switchable(), RetryPolicy(max_attempts=5))
             assert await process(delivery(user, 7)) == Outcome.RETRY_SCHEDULED
-        holds = await rows(impatient, "SELECT state FROM telecom.holds WHERE user_id = $1", user)
+        holds = await fetch(impatient, "SELECT state FROM telecom.holds WHERE user_id = $1", user)
         assert [h["state"] for h in holds] == ["retrying"]
     finally:
         await blocker.close()

@@ -10,7 +10,6 @@ from functools import partial
 from typing import Any
 from uuid import UUID, uuid4
 
-import aio_pika
 import asyncpg
 import pytest
 import structlog.testing
@@ -21,11 +20,9 @@ from consumers.delivery import DeliveryPipeline
 from consumers.registry import HANDLERS
 from consumers.retry_policy import RetryPolicy
 from events.envelope import (
-    CONTENT_TYPE,
     H_ADDRESS,
     H_GROUP,
     H_SCHEMA_VERSION,
-    H_SEQ,
     H_USER_ID,
 )
 from events.models import (
@@ -33,7 +30,6 @@ from events.models import (
     PackageActivateEvent,
     PurchasePackage,
     RecordUsage,
-    WireModel,
 )
 from events.routes import (
     ALL_EXPIRED,
@@ -55,13 +51,15 @@ from tests.support.broker_users import (
     unique_role_users,
     url_for,
 )
-from tests.support.deliveries import add_package, raw_for, send
+from tests.support.deliveries import add_package, publish_as_outsider, raw_for, send
 from tests.support.in_process import InProcess
 from tests.support.observing import eventually
 
 FROZEN_SEQ = 2**62
 """The x-seq of the forgery in the issue: taken on trust, it would make every later genuine
 event look older and freeze the user's access row."""
+publish_as = partial(publish_as_outsider, seq=FROZEN_SEQ)
+"""Every forgery here carries the frozen x-seq unless it says otherwise."""
 
 
 @dataclass
@@ -119,42 +117,6 @@ def forged_activation(user: UUID) -> PackageActivateEvent:
 
 def forged_all_expired(user: UUID) -> AllPackageExpiredEvent:
     return AllPackageExpiredEvent(user_id=user, expired_at=0)
-
-
-async def publish_as(
-    connection: AbstractRobustConnection,
-    settings: Settings,
-    route: Route,
-    body: WireModel,
-    *,
-    seq: int | None = FROZEN_SEQ,
-    user_id: str | None = None,
-) -> str:
-    """Publish as an outsider would: pkgq's envelope, confirmed, with an optional user_id."""
-    message_id = str(uuid4())
-    headers: dict[str, Any] = {H_SCHEMA_VERSION: 1, H_USER_ID: str(body.user_id)}
-    if seq is not None:
-        headers[H_SEQ] = seq
-    channel = await connection.channel(publisher_confirms=True)
-    try:
-        exchange = await channel.get_exchange(settings.exchange, ensure=False)
-        await exchange.publish(
-            aio_pika.Message(
-                body.model_dump_json().encode(),
-                message_id=message_id,
-                type=route.message_type,
-                content_type=CONTENT_TYPE,
-                headers=headers,
-                user_id=user_id,
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            ),
-            route.name,
-            mandatory=True,
-        )
-    finally:
-        if not channel.is_closed:
-            await channel.close()
-    return message_id
 
 
 @pytest.fixture
@@ -396,21 +358,12 @@ async def _publish_forged_marks(
     ):
         user = uuid4()
         forged[user] = message_id
-        body = purchase(user, w.package)
-        channel = await publisher.channel(publisher_confirms=True)
-        try:
-            exchange = await channel.get_exchange(w.settings.exchange, ensure=False)
-            await exchange.publish(
-                aio_pika.Message(
-                    body.model_dump_json().encode(),
-                    message_id=str(message_id),
-                    type=PACKAGE_PURCHASE.message_type,
-                    content_type=CONTENT_TYPE,
-                    headers={H_SCHEMA_VERSION: 1, H_USER_ID: str(user), **marks},
-                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                ),
-                PACKAGE_PURCHASE.name,
-                mandatory=True,
-            )
-        finally:
-            await channel.close()
+        await publish_as(
+            publisher,
+            w.settings,
+            PACKAGE_PURCHASE,
+            purchase(user, w.package),
+            seq=None,
+            message_id=message_id,
+            marks=marks,
+        )

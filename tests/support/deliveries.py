@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
+import aio_pika
 import asyncpg
 import pika
 from aio_pika.abc import AbstractRobustConnection
@@ -135,3 +136,42 @@ def _publish_without_message_id(
         )
     finally:
         connection.close()
+
+
+async def publish_as_outsider(
+    connection: AbstractRobustConnection,
+    settings: Settings,
+    route: Route,
+    body: WireModel,
+    *,
+    seq: int | None = None,
+    user_id: str | None = None,
+    message_id: UUID | None = None,
+    marks: dict[str, Any] | None = None,
+) -> str:
+    """Publish as an outsider would: pkgq's envelope, confirmed, with an optional user_id,
+    message_id of its choosing and extra headers (`marks`)."""
+    message_id_text = str(message_id or uuid4())
+    headers: dict[str, Any] = {H_SCHEMA_VERSION: 1, H_USER_ID: str(body.user_id), **(marks or {})}
+    if seq is not None:
+        headers[H_SEQ] = seq
+    channel = await connection.channel(publisher_confirms=True)
+    try:
+        exchange = await channel.get_exchange(settings.exchange, ensure=False)
+        await exchange.publish(
+            aio_pika.Message(
+                body.model_dump_json().encode(),
+                message_id=message_id_text,
+                type=route.message_type,
+                content_type=CONTENT_TYPE,
+                headers=headers,
+                user_id=user_id,
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            ),
+            route.name,
+            mandatory=True,
+        )
+    finally:
+        if not channel.is_closed:
+            await channel.close()
+    return message_id_text

@@ -21,6 +21,7 @@ from events.envelope import (
 )
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
+from tests.support.hostile import nested
 
 USER = uuid4()
 GOOD = json.dumps({"user_id": str(USER), "upload": 1, "download": 2}).encode()
@@ -80,13 +81,6 @@ def test_each_bad_delivery_is_refused_with_its_own_reason(
     assert refused.value.detail
 
 
-def nested_table(depth: int) -> dict[str, object]:
-    table: dict[str, object] = {"bottom": 1}
-    for _ in range(depth - 1):
-        table = {"a": table}
-    return table
-
-
 @pytest.mark.parametrize(
     ("seq", "attempt"),
     [(-1, -(10**6)), (2**53, 0), (2**62, 10**12), ("7", "2"), (True, True), ({"t": 1}, [1])],
@@ -99,7 +93,7 @@ def test_an_out_of_range_or_mistyped_seq_or_attempt_is_ignored_not_fatal(
     assert (decoded.envelope.seq, decoded.envelope.attempt) == (None, 1)
 
 
-@pytest.mark.parametrize("value", [nested_table(600), "x" * 100_000, 12, [1, 2], b"\xff" * 10])
+@pytest.mark.parametrize("value", [nested(600), "x" * 100_000, 12, [1, 2], b"\xff" * 10])
 def test_any_value_of_a_text_header_decodes_or_is_refused_with_a_short_reason(
     value: object,
 ) -> None:
@@ -121,7 +115,7 @@ def test_any_value_of_a_text_header_decodes_or_is_refused_with_a_short_reason(
 
 
 def test_a_600_deep_schema_version_header_is_refused_with_a_short_reason() -> None:
-    headers = {H_SCHEMA_VERSION: nested_table(600)}
+    headers = {H_SCHEMA_VERSION: nested(600)}
     with pytest.raises(BadMessageError) as refused:
         decode(USAGE_RECORD, raw(headers=headers), max_body_bytes=1024)
     assert refused.value.reason == "invalid_header"
