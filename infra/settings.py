@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from infra.route_config import RetrySettings, RouteSettings, load_routes_file
+from infra.tls import amqp_tls_problem
 
 LOCAL_OWNER_DSN = "postgresql://pkgq_owner@127.0.0.1:5432/pkgq"
 """The schema owner on a dev box (deploy/local/ensure-services.sh creates it)."""
@@ -171,23 +172,12 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
-    def _tls_files_need_amqps(self) -> Settings:
-        files = [
-            name
-            for name, value in (
-                ("PKGQ_AMQP_CA_FILE", self.amqp_ca_file),
-                ("PKGQ_AMQP_CERT_FILE", self.amqp_cert_file),
-                ("PKGQ_AMQP_KEY_FILE", self.amqp_key_file),
-            )
-            if value
-        ]
-        if files and not self.amqp_tls:
-            raise ValueError(
-                f"{', '.join(files)} set but PKGQ_AMQP_URL is not amqps://: the connection "
-                "would not use TLS at all"
-            )
-        if self.amqp_key_file and not self.amqp_cert_file:
-            raise ValueError("PKGQ_AMQP_KEY_FILE set without PKGQ_AMQP_CERT_FILE")
+    def _amqp_tls_consistent(self) -> Settings:
+        problem = amqp_tls_problem(
+            self.amqp_url, self.amqp_ca_file, self.amqp_cert_file, self.amqp_key_file
+        )
+        if problem:
+            raise ValueError(problem)
         return self
 
     @field_validator("replica")
@@ -349,8 +339,9 @@ class Settings(BaseSettings):
 
     @property
     def amqp_user(self) -> str:
-        """The RabbitMQ user pkgq connects as (AMQP's default, guest, when the URL names none):
-        the user_id pkgq's messages carry, and the only one its lifecycle consumers trust."""
+        """The RabbitMQ user pkgq connects as (AMQP's default, guest, when the URL names none;
+        with `?auth=external`, the URL names the client certificate's common name): the user_id
+        pkgq's messages carry, and the only one its lifecycle consumers trust."""
         from yarl import URL  # aio-pika's own URL parser, so both read the URL alike
 
         return URL(self.amqp_url).user or "guest"

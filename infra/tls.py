@@ -171,3 +171,47 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         seen.add(id(current))
         yield current
         current = current.__cause__ or current.__context__
+
+
+def external_auth(amqp_url: str) -> bool:
+    """Whether the URL logs in to RabbitMQ by its client certificate alone (SASL EXTERNAL,
+    `?auth=external`, read by aiormq): no password anywhere."""
+    query = parse_qs(urlsplit(amqp_url).query)
+    return [value.lower() for value in query.get("auth", [])] == ["external"]
+
+
+def amqp_tls_problem(
+    amqp_url: str, ca_file: str | None, cert_file: str | None, key_file: str | None
+) -> str | None:
+    """Why these RabbitMQ TLS settings cannot work together (None: they can)."""
+    parts = urlsplit(amqp_url)
+    amqps = parts.scheme.lower() == "amqps"
+    files = [
+        name
+        for name, value in (
+            ("PKGQ_AMQP_CA_FILE", ca_file),
+            ("PKGQ_AMQP_CERT_FILE", cert_file),
+            ("PKGQ_AMQP_KEY_FILE", key_file),
+        )
+        if value
+    ]
+    if files and not amqps:
+        return (
+            f"{', '.join(files)} set but PKGQ_AMQP_URL is not amqps://: the connection would "
+            "not use TLS at all"
+        )
+    if key_file and not cert_file:
+        return "PKGQ_AMQP_KEY_FILE set without PKGQ_AMQP_CERT_FILE"
+    if external_auth(amqp_url):
+        if not (amqps and cert_file):
+            return (
+                "PKGQ_AMQP_URL asks for ?auth=external (a login by client certificate): it needs "
+                "amqps:// and PKGQ_AMQP_CERT_FILE"
+            )
+        if not parts.username or parts.password:
+            return (
+                "PKGQ_AMQP_URL with ?auth=external names the certificate's user and no password: "
+                "amqps://<common name>@host:5671/?auth=external (pkgq stamps that name on its "
+                "messages as user_id, and the broker checks it against the login)"
+            )
+    return None

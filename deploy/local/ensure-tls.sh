@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # TLS for this machine's PostgreSQL and RabbitMQ, for `make test` (the TLS tests) and for trying
 # pkgq over TLS by hand. Called by ensure-services.sh once both servers run. Idempotent:
-#   - a private CA, a server certificate (localhost, 127.0.0.1) and a client certificate (CN pkgq),
+#   - a private CA, a server certificate (localhost, 127.0.0.1) and client certificates (CN pkgq,
+#     and CN pkgq-external-test for the test of a login by certificate alone),
 #     made with openssl in $PKGQ_DEV_TLS_DIR (default /etc/pkgq-dev-tls), and made again when
 #     missing, not signed by the CA there, or within 30 days of expiry;
 #   - PostgreSQL: ssl = on with those files (ALTER SYSTEM + pg_reload_conf, no restart); plain
 #     TCP keeps working;
 #   - RabbitMQ: amqps on 127.0.0.1:5671 and the management API over https on 127.0.0.1:15671,
-#     next to 5672 and 15672. Written as a marked block into rabbitmq.conf; the node restarts
+#     next to 5672 and 15672, and a login by client certificate (SASL EXTERNAL, its common name
+#     as the user). Written as a marked block into rabbitmq.conf; the node restarts
 #     only when that block changed (and goes back to the old file if it does not come up).
 # This is a development CA for this machine only: production brings its own certificates
 # (README, TLS).
@@ -50,8 +52,9 @@ ca_fresh() {
 
 certs_fresh() {
     ca_fresh && cert_fresh "$DIR/server.pem" && cert_fresh "$DIR/client.pem" \
+        && cert_fresh "$DIR/external-test.pem" \
         && [ -s "$DIR/postgres/server.key" ] && [ -s "$DIR/rabbitmq/server.key" ] \
-        && [ -s "$DIR/client.key" ]
+        && [ -s "$DIR/client.key" ] && [ -s "$DIR/external-test.key" ]
 }
 
 make_certs() {
@@ -83,20 +86,24 @@ keyUsage = critical, digitalSignature, keyEncipherment
 extendedKeyUsage = clientAuth
 EOF
     local name
-    for name in server client; do
-        local subject=/CN=localhost
+    for name in server client external-test; do
+        local subject=/CN=localhost ext=$name
         [ "$name" = client ] && subject=/CN=pkgq
+        [ "$name" = external-test ] && subject=/CN=pkgq-external-test ext=client
         openssl req -new -newkey rsa:2048 -nodes -subj "$subject" \
             -keyout "$work/$name.key" -out "$work/$name.csr" 2>/dev/null
         openssl x509 -req -sha256 -days 825 -in "$work/$name.csr" -CA "$DIR/ca.pem" \
             -CAkey "$DIR/ca.key" -CAcreateserial -CAserial "$work/ca.srl" \
-            -extfile "$work/$name.ext" -out "$work/$name.pem" 2>/dev/null
+            -extfile "$work/$ext.ext" -out "$work/$name.pem" 2>/dev/null
         install -m 0644 "$work/$name.pem" "$DIR/$name.pem"
     done
     install -m 0600 -o postgres -g postgres "$work/server.key" "$DIR/postgres/server.key"
     install -m 0600 -o rabbitmq -g rabbitmq "$work/server.key" "$DIR/rabbitmq/server.key"
     # The client key belongs to whoever runs the tests (sudo's caller, or root).
     install -m 0600 -o "${SUDO_USER:-root}" "$work/client.key" "$DIR/client.key"
+    # The test of a login by client certificate alone logs in as its own user, CN
+    # pkgq-external-test (tests/e2e/test_tls_external_auth.py), never as pkgq's.
+    install -m 0600 -o "${SUDO_USER:-root}" "$work/external-test.key" "$DIR/external-test.key"
     RENEWED=1
 }
 
@@ -147,6 +154,10 @@ ssl_options.certfile = $DIR/server.pem
 ssl_options.keyfile = $DIR/rabbitmq/server.key
 ssl_options.verify = verify_peer
 ssl_options.fail_if_no_peer_cert = false
+auth_mechanisms.1 = PLAIN
+auth_mechanisms.2 = AMQPLAIN
+auth_mechanisms.3 = EXTERNAL
+ssl_cert_login_from = common_name
 EOF
     if rabbitmq-plugins -q is_enabled rabbitmq_management >/dev/null 2>&1; then
         cat <<EOF
@@ -198,6 +209,18 @@ ensure_rabbitmq_tls() {
     fi
 }
 
+# A login by client certificate alone (SASL EXTERNAL, the certificate's common name as the
+# user): the plugin that offers it ships with RabbitMQ; enabled before the block names it.
+ensure_external_auth_plugin() {
+    rabbitmq-plugins -q is_enabled rabbitmq_auth_mechanism_ssl >/dev/null 2>&1 && return
+    [ "$(id -u)" -eq 0 ] || die "RabbitMQ needs its rabbitmq_auth_mechanism_ssl plugin: run 'sudo $0'."
+    say "enabling RabbitMQ's rabbitmq_auth_mechanism_ssl plugin (login by client certificate)"
+    rabbitmq-plugins -q enable rabbitmq_auth_mechanism_ssl >/dev/null 2>&1 \
+        || rabbitmq-plugins -q enable --offline rabbitmq_auth_mechanism_ssl >/dev/null \
+        || die "could not enable rabbitmq_auth_mechanism_ssl; see rabbitmq-plugins list."
+}
+
 ensure_postgres_tls
+ensure_external_auth_plugin
 ensure_rabbitmq_tls
 say "TLS: PostgreSQL on 5432 (ssl), RabbitMQ amqps on 5671, CA $DIR/ca.pem"

@@ -17,6 +17,10 @@ DEV_TLS = Path(os.environ.get("PKGQ_DEV_TLS_DIR", "/etc/pkgq-dev-tls"))
 CA = DEV_TLS / "ca.pem"
 CLIENT_CERT = DEV_TLS / "client.pem"
 CLIENT_KEY = DEV_TLS / "client.key"
+EXTERNAL_USER = "pkgq-external-test"
+"""The common name of the certificate the test of a login by certificate alone presents."""
+EXTERNAL_CERT = DEV_TLS / "external-test.pem"
+EXTERNAL_KEY = DEV_TLS / "external-test.key"
 AMQPS_PORT = 5671
 
 

@@ -96,3 +96,20 @@ def test_a_certificate_not_accepted_is_an_outage_that_needs_an_operator() -> Non
     assert needs_operator(error)
     assert needs_operator(_unverified("unable to get local issuer certificate"))
     assert not needs_operator(ConnectionRefusedError(111, "refused"))
+
+
+def test_a_login_by_certificate_alone_needs_amqps_and_a_client_certificate() -> None:
+    with pytest.raises(ValidationError, match=r"needs amqps:// and PKGQ_AMQP_CERT_FILE"):
+        Settings(amqp_url="amqps://pkgq@broker:5671/?auth=external")
+    with pytest.raises(ValidationError, match=r"needs amqps:// and PKGQ_AMQP_CERT_FILE"):
+        Settings(amqp_url="amqp://pkgq@broker:5672/?auth=external")
+
+
+def test_a_login_by_certificate_names_its_user_and_no_password() -> None:
+    cert, key = "/etc/pkgq/client.pem", "/etc/pkgq/client.key"
+    for url in ["amqps://broker:5671/?auth=external", "amqps://pkgq:pw@broker:5671/?auth=external"]:
+        with pytest.raises(ValidationError, match="names the certificate's user and no password"):
+            Settings(amqp_url=url, amqp_cert_file=cert, amqp_key_file=key)
+    url = "amqps://pkgq@broker:5671/?auth=EXTERNAL"
+    settings = Settings(amqp_url=url, amqp_cert_file=cert, amqp_key_file=key)
+    assert settings.amqp_user == "pkgq"  # the user_id pkgq stamps, and trusts
