@@ -20,9 +20,10 @@ from infra.postgres.migrate import migrate
 from infra.postgres.pool import create_pool
 from infra.rabbit.connection import connect
 from infra.rabbit.tap import Tap
-from infra.rabbit.topology import declare_all, delete_all
+from infra.rabbit.topology import declare_all
 from infra.settings import Settings
 from tests.support import pg_roles
+from tests.support.broker_users import delete_namespace
 from tests.support.in_process import InProcess, StartApp
 
 PG_SERVER = os.environ.get("PKGQ_TEST_PG_SERVER", "postgresql://postgres@127.0.0.1:5432")
@@ -108,12 +109,9 @@ async def settings(template_db: str) -> AsyncIterator[Settings]:
         await admin.execute(f"DROP DATABASE IF EXISTS {namespace} WITH (FORCE)")
     finally:
         await admin.close()
-    conn = await connect(AMQP_URL, "pkgq-test-cleanup")
-    try:
-        channel = await conn.channel()
-        await delete_all(channel, settings)
-    finally:
-        await conn.close()
+    # Every queue and exchange of the namespace, under whatever prefix or partition count a
+    # test switched to (settings' own names would miss those).
+    await delete_namespace(namespace)
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from events.routes import PACKAGE_PURCHASE, ROUTES
 from infra.jobs import Jobs
 from infra.postgres import dead_letters
 from infra.settings import Settings
+from tests.support.dead_letters import buried
 from tests.support.deliveries import add_package
 from tests.support.processes import cli
 
@@ -29,24 +30,7 @@ NO_TERMINAL = ""  # stdin is a pipe with nothing in it: there is no one to ask
 
 async def bury(pool: asyncpg.Pool, route: str = "telecom.usage_record") -> int:
     """A dead letter of `route`, as a consumer files it."""
-    async with pool.acquire() as conn:
-        return await dead_letters.bury(
-            conn,
-            dead_letters.NewDeadLetter(
-                source="consumer",
-                route=route,
-                consumer=route.removeprefix("telecom."),
-                message_id=str(uuid4()),
-                user_id=uuid4(),
-                message_type="RecordUsage",
-                content_type="application/json",
-                body=b"{}",
-                headers={},
-                reason="max_attempts",
-                error_type="RuntimeError",
-                error_message="boom",
-            ),
-        )
+    return await buried(pool, route)
 
 
 async def status_of(pool: asyncpg.Pool, dead_letter_id: int) -> str | None:

@@ -26,6 +26,7 @@ from tests.e2e.console_support import (
     item_statuses,
     malformed_purchase,
 )
+from tests.support.dead_letters import consumer_dead_letter
 from tests.support.deliveries import add_package, send
 from tests.support.observing import eventually
 from tests.support.processes import PkgqProcess
@@ -319,19 +320,14 @@ async def test_an_edited_replay_of_a_held_message_goes_first_and_its_parked_mess
     async with pool.acquire() as conn:
         dead = await dead_letters.bury(
             conn,
-            dead_letters.NewDeadLetter(
-                source="consumer",
-                route=PACKAGE_PURCHASE.name,
-                consumer=PACKAGE_PURCHASE.short_name,
+            consumer_dead_letter(
+                PACKAGE_PURCHASE.name,
                 message_id=str(blocker),
                 user_id=user,
-                message_type=PACKAGE_PURCHASE.message_type,
-                content_type="application/json",
                 body=json.dumps(
                     {"user_id": str(user), "package_id": edited, "amount": "1"}
                 ).encode(),
                 headers=headers,
-                reason="max_attempts",
                 error_type="ValidationError",
                 error_message="amount: Input should be a valid integer",
                 attempts=3,

@@ -6,6 +6,7 @@ lifecycle events they publish carry that user as their user_id, which their cons
 from __future__ import annotations
 
 import json
+from typing import Any
 from uuid import uuid4
 
 import pytest
@@ -55,9 +56,15 @@ async def test_run_and_relay_log_in_by_certificate_alone_and_apply_a_purchase(
             # purchase -> queuing -> activate: the relay's lifecycle events, stamped with the
             # certificate's user, were trusted and applied by the consumers.
             await eventually(active, within=60)
-            connections = await admin("GET", "connections")
-            ours = [c for c in connections if c.get("user") == EXTERNAL_USER]
-            assert ours, connections
+            ours: list[dict[str, Any]] = []
+
+            async def listed() -> bool:
+                # The management API lists connections on its statistics interval (5 s).
+                connections = await admin("GET", "connections")
+                ours[:] = [c for c in connections if c.get("user") == EXTERNAL_USER]
+                return bool(ours)
+
+            await eventually(listed, within=30, every=1.0)
             assert {c["auth_mechanism"] for c in ours} == {"EXTERNAL"}
         finally:
             relay_code, run_code = relay.terminate(), run.terminate()

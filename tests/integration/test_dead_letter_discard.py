@@ -14,6 +14,7 @@ import pytest
 
 from infra.postgres import dead_letters, holds
 from infra.postgres.pool import Conn
+from tests.support.dead_letters import consumer_dead_letter
 
 CONSUMER = "usage_record"
 
@@ -32,23 +33,12 @@ async def _hold(conn: Conn, consumer: str, blocker: UUID) -> UUID:
 
 async def _bury(conn: Conn, consumer: str, message_id: str | None) -> int:
     """Filed as pkgq files it (dead_letters.bury parses the message_id once, as decoding does)."""
-    return await dead_letters.bury(
-        conn,
-        dead_letters.NewDeadLetter(
-            source="consumer",
-            route="telecom.usage_record",
-            consumer=consumer,
-            message_id=message_id,
-            user_id=None,
-            message_type="RecordUsage",
-            content_type="application/json",
-            body=str(uuid4()).encode(),  # a key of its own for the id-less ones
-            headers={},
-            reason="handler_error",
-            error_type="E",
-            error_message="m",
-        ),
+    dead = consumer_dead_letter(
+        consumer=consumer,
+        message_id=message_id,
+        body=str(uuid4()).encode(),  # a key of its own for the id-less ones
     )
+    return await dead_letters.bury(conn, dead)
 
 
 async def _discard(pool: asyncpg.Pool, dead_id: int) -> int:

@@ -25,6 +25,7 @@ from tests.conformance.jobs_support import (
     recording_pipeline,
     usage,
 )
+from tests.support.dead_letters import consumer_dead_letter
 from tests.support.in_process import InProcess, StartApp
 from tests.support.observing import eventually, fetch
 
@@ -188,14 +189,9 @@ async def test_reviving_a_dead_letter_clears_its_ttr_strikes(pool: asyncpg.Pool)
     async with pool.acquire() as conn, conn.transaction():
         dead_id = await dead_letters.bury(
             conn,
-            dead_letters.NewDeadLetter(
-                source="consumer",
-                route=USAGE_RECORD.name,
-                consumer="usage_record",
+            consumer_dead_letter(
                 message_id=str(message_id),
                 user_id=None,
-                message_type=USAGE_RECORD.message_type,
-                content_type="application/json",
                 body=usage(uuid4(), 1).model_dump_json().encode(),
                 headers={"x-schema-version": 1},
                 reason="ttr",

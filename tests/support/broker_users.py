@@ -1,6 +1,7 @@
 """RabbitMQ users for tests of the trust boundary: created under unique names through the
 broker's management API (as rabbitmqctl would, without starting an Erlang VM per call: about a
-second of CPU each), with a role's permissions from the definitions, and deleted afterwards."""
+second of CPU each), with a role's permissions from the definitions, and deleted afterwards;
+and the removal of everything a test declared under its namespace."""
 
 from __future__ import annotations
 
@@ -102,3 +103,22 @@ async def broker_user(name: str, tags: str = "") -> AsyncIterator[str]:
         yield password
     finally:
         await delete_user(name)
+
+
+async def delete_namespace(namespace: str) -> int:
+    """Delete every queue and exchange named `<namespace>.…`: what a test declared, under any
+    queue prefix or partition count it switched to. Returns how many were there."""
+    pattern = quote(f"^{namespace}\\.", safe="")
+    deleted = 0
+    for kind in ("queues", "exchanges"):
+        found = await admin(
+            "GET", f"{kind}/{VHOST}?page=1&page_size=500&use_regex=true&name={pattern}&columns=name"
+        )
+        for item in found["items"]:
+            try:
+                await admin("DELETE", f"{kind}/{VHOST}/{_user(item['name'])}")
+            except httpx.HTTPStatusError as gone:  # an auto-delete queue may go first
+                if gone.response.status_code != 404:
+                    raise
+            deleted += 1
+    return deleted

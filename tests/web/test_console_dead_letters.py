@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from events.routes import PACKAGE_PURCHASE, ROUTES, USAGE_RECORD, Route
-from infra.postgres import dead_letters
 from infra.settings import Settings
+from tests.support.dead_letters import buried
 from tests.web.client import client, csrf_of, form_value, sign_in
 
 
@@ -28,25 +28,15 @@ async def http(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[httpx.As
 
 
 async def _bury(pool: asyncpg.Pool, route: Route, user: UUID, reason: str, failed: datetime) -> int:
-    async with pool.acquire() as conn:
-        return await dead_letters.bury(
-            conn,
-            dead_letters.NewDeadLetter(
-                source="consumer",
-                route=route.name,
-                consumer=route.short_name,
-                message_id=str(uuid4()),
-                user_id=user,
-                message_type=route.message_type,
-                content_type="application/json",
-                body=b"{}",
-                headers={},
-                reason=reason,
-                error_type="BadMessageError",
-                error_message=f"{reason} happened",
-                first_failed_at=failed,
-            ),
-        )
+    return await buried(
+        pool,
+        route.name,
+        user_id=user,
+        reason=reason,
+        error_type="BadMessageError",
+        error_message=f"{reason} happened",
+        first_failed_at=failed,
+    )
 
 
 def _listed(page: httpx.Response) -> set[int]:
@@ -130,25 +120,18 @@ async def test_message_data_is_shown_as_text_never_as_markup(
     http: httpx.AsyncClient, pool: asyncpg.Pool
 ) -> None:
     script = "<script>alert(1)</script>"
-    async with pool.acquire() as conn:
-        dead = await dead_letters.bury(
-            conn,
-            dead_letters.NewDeadLetter(
-                source="consumer",
-                route=PACKAGE_PURCHASE.name,
-                consumer=PACKAGE_PURCHASE.short_name,
-                message_id=str(uuid4()),
-                user_id=None,
-                message_type=script,
-                content_type="application/json",
-                body=b'{"note": "<img src=x onerror=alert(2)>"}',
-                headers={"x-evil": script},
-                reason="schema_invalid",
-                error_type="BadMessageError",
-                error_message=script,
-                traceback=script,
-            ),
-        )
+    dead = await buried(
+        pool,
+        PACKAGE_PURCHASE.name,
+        user_id=None,
+        message_type=script,
+        body=b'{"note": "<img src=x onerror=alert(2)>"}',
+        headers={"x-evil": script},
+        reason="schema_invalid",
+        error_type="BadMessageError",
+        error_message=script,
+        traceback=script,
+    )
     for path in (f"/dead-letters/{dead}", "/dead-letters"):
         page = await http.get(path)
         assert page.status_code == 200

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
-from uuid import uuid4
 
 import asyncpg
 import httpx
 import pytest
 
-from infra.postgres import dead_letters
 from infra.settings import Settings
+from tests.support.dead_letters import buried
 from tests.web.client import VIEWER_PASSWORD, client, sign_in
 
 
@@ -24,24 +23,8 @@ async def http(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[httpx.As
 
 
 async def _bury(pool: asyncpg.Pool, route: str, minutes_ago: int) -> None:
+    dead_id = await buried(pool, route)
     async with pool.acquire() as conn:
-        dead_id = await dead_letters.bury(
-            conn,
-            dead_letters.NewDeadLetter(
-                source="consumer",
-                route=route,
-                consumer=route.removeprefix("telecom."),
-                message_id=str(uuid4()),
-                user_id=None,
-                message_type="RecordUsage",
-                content_type="application/json",
-                body=b"{}",
-                headers={},
-                reason="handler_error",
-                error_type="E",
-                error_message="m",
-            ),
-        )
         await conn.execute(
             "UPDATE telecom.dead_letters "
             "SET last_failed_at = now() - make_interval(mins => $2) WHERE id = $1",

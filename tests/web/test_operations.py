@@ -14,30 +14,21 @@ from consumers import operations
 from events.routes import PACKAGE_PURCHASE
 from infra.postgres import dead_letters, holds
 from infra.settings import Settings
+from tests.support.dead_letters import buried
 from tests.support.deliveries import add_package
 from tests.support.processes import cli
 
 
 async def _buried_purchase(pool: asyncpg.Pool, user: UUID, body: bytes) -> tuple[int, UUID]:
     message_id = uuid4()
-    async with pool.acquire() as conn:
-        dead = await dead_letters.bury(
-            conn,
-            dead_letters.NewDeadLetter(
-                source="consumer",
-                route=PACKAGE_PURCHASE.name,
-                consumer=PACKAGE_PURCHASE.short_name,
-                message_id=str(message_id),
-                user_id=user,
-                message_type=PACKAGE_PURCHASE.message_type,
-                content_type="application/json",
-                body=body,
-                headers={"x-schema-version": 1, "x-user-id": str(user)},
-                reason="max_attempts",
-                error_type="RuntimeError",
-                error_message="boom",
-            ),
-        )
+    dead = await buried(
+        pool,
+        PACKAGE_PURCHASE.name,
+        message_id=str(message_id),
+        user_id=user,
+        body=body,
+        headers={"x-schema-version": 1, "x-user-id": str(user)},
+    )
     return dead, message_id
 
 
