@@ -20,10 +20,10 @@ from infra.postgres.migrate import migrate
 from infra.postgres.pool import create_pool
 from infra.rabbit.connection import connect
 from infra.rabbit.tap import Tap
-from infra.rabbit.topology import declare_all
+from infra.rabbit.topology import declare_all, delete_all
 from infra.settings import Settings
 from tests.support import pg_roles
-from tests.support.broker_users import delete_namespace
+from tests.support.broker_users import delete_namespaces
 from tests.support.in_process import InProcess, StartApp
 
 PG_SERVER = os.environ.get("PKGQ_TEST_PG_SERVER", "postgresql://postgres@127.0.0.1:5432")
@@ -64,6 +64,19 @@ async def _drop_template() -> None:
                 warnings.warn(f"role {role} kept: {exc}", stacklevel=1)
     finally:
         await admin.close()
+
+
+_NAMESPACES: set[str] = set()
+"""The namespaces this session's tests used (this worker's, under xdist)."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def broker_leftovers() -> Iterator[None]:
+    """At the end of the session, whatever the tests declared under a queue prefix or a
+    partition count they switched to (a test's own clean-up deletes its settings' names)."""
+    yield
+    if _NAMESPACES:
+        asyncio.run(delete_namespaces(_NAMESPACES))
 
 
 @pytest.fixture(scope="session")
@@ -109,9 +122,13 @@ async def settings(template_db: str) -> AsyncIterator[Settings]:
         await admin.execute(f"DROP DATABASE IF EXISTS {namespace} WITH (FORCE)")
     finally:
         await admin.close()
-    # Every queue and exchange of the namespace, under whatever prefix or partition count a
-    # test switched to (settings' own names would miss those).
-    await delete_namespace(namespace)
+    conn = await connect(AMQP_URL, "pkgq-test-cleanup")
+    try:
+        channel = await conn.channel()
+        await delete_all(channel, settings)
+    finally:
+        await conn.close()
+    _NAMESPACES.add(namespace)  # the rest goes at the end of the session (broker_leftovers)
 
 
 @pytest.fixture
