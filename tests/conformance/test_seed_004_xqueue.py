@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import uuid4
 
 import asyncpg
 from aio_pika.abc import AbstractRobustConnection
@@ -39,6 +39,7 @@ from tests.conformance.jobs_support import (
     recording_pipeline,
     usage,
 )
+from tests.support.dead_letters import buried_id
 from tests.support.in_process import StartApp
 from tests.support.observing import eventually
 from tests.support.processes import cli
@@ -49,25 +50,6 @@ async def stats(settings: Settings) -> dict[str, Any]:
     assert done.returncode == 0, done.stderr
     table: dict[str, Any] = json.loads(done.stdout)
     return table
-
-
-async def dead_letter_id(pool: asyncpg.Pool, message_id: UUID) -> int:
-    async def stored() -> bool:
-        async with pool.acquire() as conn:
-            return bool(
-                await conn.fetchval(
-                    "SELECT id FROM telecom.dead_letters WHERE message_id = $1 "
-                    "AND status = 'buried'",
-                    str(message_id),
-                )
-            )
-
-    await eventually(stored)
-    async with pool.acquire() as conn:
-        found: int = await conn.fetchval(
-            "SELECT id FROM telecom.dead_letters WHERE message_id = $1", str(message_id)
-        )
-    return found
 
 
 async def test_every_state_and_transition_shows_in_pkgq_stats_and_the_counts_add_up(
@@ -96,7 +78,7 @@ async def test_every_state_and_transition_shows_in_pkgq_stats_and_the_counts_add
         return set(plain) | {hung.message_id} <= set(recorder.applied)
 
     await eventually(settled, within=30)
-    dig = await cli(settings, "dlq", "dig", str(await dead_letter_id(pool, dug.message_id)))
+    dig = await cli(settings, "dlq", "dig", str(await buried_id(pool, dug.message_id)))
     assert dig.returncode == 0, dig.stdout + dig.stderr
 
     async def dug_applied() -> bool:
@@ -115,7 +97,7 @@ async def test_every_state_and_transition_shows_in_pkgq_stats_and_the_counts_add
         )
 
     await eventually(plowed)
-    await dead_letter_id(pool, buried.message_id)
+    await buried_id(pool, buried.message_id)
 
     # T: a message held by its handler is taken (the broker's unacked count). The TTR is
     # lifted first: the broker's figures take seconds to show it.

@@ -14,7 +14,6 @@ from events.envelope import H_SCHEMA_VERSION, H_USER_ID
 from events.routes import PACKAGE_PURCHASE
 from infra.settings import Settings
 from tests.support.deliveries import send_raw
-from tests.support.observing import eventually
 
 
 async def malformed_purchase(
@@ -31,23 +30,6 @@ async def malformed_purchase(
     )
     assert message_id is not None
     return message_id
-
-
-async def dead_letter_id(pool: asyncpg.Pool, message_id: str) -> int:
-    async def filed() -> bool:
-        async with pool.acquire() as conn:
-            return bool(
-                await conn.fetchval(
-                    "SELECT count(*) FROM telecom.dead_letters WHERE message_id = $1", message_id
-                )
-            )
-
-    await eventually(filed)
-    async with pool.acquire() as conn:
-        found: int = await conn.fetchval(
-            "SELECT id FROM telecom.dead_letters WHERE message_id = $1", message_id
-        )
-    return found
 
 
 async def item_statuses(page: Page) -> list[tuple[int, str]]:

@@ -21,12 +21,11 @@ from events.routes import PACKAGE_PURCHASE
 from infra.postgres import dead_letters, holds
 from infra.settings import Settings
 from tests.e2e.console_support import (
-    dead_letter_id,
     dead_letter_status,
     item_statuses,
     malformed_purchase,
 )
-from tests.support.dead_letters import consumer_dead_letter
+from tests.support.dead_letters import buried_id, consumer_dead_letter
 from tests.support.deliveries import add_package, send
 from tests.support.observing import eventually
 from tests.support.processes import PkgqProcess
@@ -50,7 +49,7 @@ async def test_an_operator_signs_in_watches_the_overview_refresh_and_sees_the_de
         purchases = "#live tr[data-route='package_purchase']"
         assert await page.locator(f"{purchases} a.bad").count() == 0
         message_id = await malformed_purchase(settings, amqp, user, package)
-        dead = await dead_letter_id(pool, message_id)
+        dead = await buried_id(pool, message_id)
         # The overview refreshes itself: the buried message and `pkgq run`'s consumer (from
         # the broker's management API) appear without a reload.
         await page.wait_for_selector(f"{purchases} a.bad:has-text('1')", timeout=30_000)
@@ -146,7 +145,7 @@ async def test_a_schema_invalid_message_is_edited_validated_replayed_and_queued_
             settings, amqp, PACKAGE_PURCHASE, PurchasePackage(user_id=user, package_id=first)
         )
         message_id = await malformed_purchase(settings, amqp, user, later)
-        dead = await dead_letter_id(pool, message_id)
+        dead = await buried_id(pool, message_id)
         page = await sign_in(chromium, web.base, "olga", OPERATOR_PASSWORD)
         await page.goto(f"{web.base}/dead-letters/{dead}")
         await page.click("text=Edit and replay…")
@@ -251,7 +250,7 @@ async def test_a_viewer_may_look_but_a_replay_is_refused_with_403(
     package = await add_package(pool, 1000)
     user = uuid4()
     async with console(settings, spawn) as web, browser() as chromium:
-        dead = await dead_letter_id(pool, await malformed_purchase(settings, amqp, user, package))
+        dead = await buried_id(pool, await malformed_purchase(settings, amqp, user, package))
         page = await sign_in(chromium, web.base, "vic", VIEWER_PASSWORD)
         await page.goto(f"{web.base}/dead-letters/{dead}")
         assert await page.locator("text=Replay…").count() == 0  # no buttons for a viewer
@@ -280,7 +279,7 @@ async def test_a_form_posted_without_its_csrf_token_is_refused_with_403(
     package = await add_package(pool, 1000)
     user = uuid4()
     async with console(settings, spawn) as web, browser() as chromium:
-        dead = await dead_letter_id(pool, await malformed_purchase(settings, amqp, user, package))
+        dead = await buried_id(pool, await malformed_purchase(settings, amqp, user, package))
         page = await sign_in(chromium, web.base, "olga", OPERATOR_PASSWORD)
         await page.goto(f"{web.base}/dead-letters/confirm?action=discard&id={dead}")
         await shoot(page, "discard-confirm")
