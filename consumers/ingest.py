@@ -123,7 +123,6 @@ def _to_dead_letter(raw: RawDelivery) -> dead_letters.NewDeadLetter:
         return _filed(
             raw,
             headers,
-            _user(headers),
             source="consumer",
             route=route,
             consumer=_text(consumer, 255) if consumer else _consumer_of(route, None),
@@ -151,7 +150,6 @@ def _to_dead_letter(raw: RawDelivery) -> dead_letters.NewDeadLetter:
     return _filed(
         raw,
         headers,
-        _user(headers),
         source="broker",
         route=route,
         consumer=_consumer_of(route, queue),
@@ -198,7 +196,6 @@ def _unroutable(raw: RawDelivery, exchange: str) -> dead_letters.NewDeadLetter:
     return _filed(
         raw,
         headers,
-        _user(headers),
         source="broker",
         route=route,
         consumer=_consumer_of(route, None),
@@ -211,11 +208,11 @@ def _unroutable(raw: RawDelivery, exchange: str) -> dead_letters.NewDeadLetter:
     )
 
 
-def _filed(
-    raw: RawDelivery, headers: dict[str, Any], user_id: UUID | None, **why: Any
-) -> dead_letters.NewDeadLetter:
+def _filed(raw: RawDelivery, headers: dict[str, Any], **why: Any) -> dead_letters.NewDeadLetter:
     """`raw` filed as it came (its id, type, content type and body, bounded) with `headers`
-    (JSON-ready), and `why`: source, route, consumer, reason and the error fields."""
+    (JSON-ready), its user from `x-user-id` unless `why` gives `user_id`, and `why`: source,
+    route, consumer, reason and the error fields."""
+    user_id = why.pop("user_id") if "user_id" in why else _user(headers)
     return dead_letters.NewDeadLetter(
         message_id=_optional(raw.message_id),
         user_id=user_id,
@@ -243,7 +240,7 @@ def safe_form(raw: RawDelivery, why: str) -> dead_letters.NewDeadLetter:
     return _filed(
         raw,
         headers,
-        None,
+        user_id=None,
         source="broker",
         route=route_of_key(bounded_text(raw.routing_key or "", 255)),
         consumer="dead_letters",
