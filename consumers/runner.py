@@ -34,7 +34,6 @@ def pipeline_for(
         HANDLERS[route.name],
         policy or policy_for(settings, route.name),
         max_body_bytes=settings.max_body_bytes,
-        kill_before_commit=settings.fault_kill_before_commit == route.name,
         ttr=settings.ttr_for(route.name),
         trusted_publisher=settings.amqp_user,
     )

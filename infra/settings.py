@@ -12,6 +12,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from infra.faults import FaultSpecError
+from infra.faults import parse as parse_faults
 from infra.route_config import RetrySettings, RouteSettings, load_routes_file
 from infra.tls import amqp_tls_problem
 
@@ -100,13 +102,10 @@ class Settings(BaseSettings):
     log_format: str = Field(default="auto", pattern="^(auto|json|console)$")
     log_level: str = "info"
 
-    # Fault injection for the crash tests only; never set these in production.
-    fault_kill_before_commit: str | None = None
-    """Route name: SIGKILL the consumer inside its first transaction on that route, uncommitted."""
-    fault_kill_after_commit: str | None = None
-    """Route name: SIGKILL the consumer after its first commit on that route, before the ack."""
-    fault_kill_relay_after: int | None = None
-    """SIGKILL the relay after this many confirmed publishes, before it marks them done."""
+    faults: str = ""
+    """Crash tests only, never in production: the fault points that SIGKILL the process, e.g.
+    PKGQ_FAULTS="consumer.after_commit=telecom.package_queuing,relay.after_confirm@10" (see
+    infra/faults.py for the points and the syntax). The CLI enables them at start-up."""
 
     partitions: dict[str, int] = Field(default_factory=dict)
     """Queues per route, e.g. PKGQ_PARTITIONS='{"telecom.usage_record": 4}' (default 1). See
@@ -156,6 +155,22 @@ class Settings(BaseSettings):
         unknown = sorted(set(value) - set(ROUTES))
         if unknown:
             raise ValueError(f"unknown route(s) {unknown}; routes are {sorted(ROUTES)}")
+        return value
+
+    @field_validator("faults")
+    @classmethod
+    def _known_faults(cls, value: str) -> str:
+        from events.routes import ROUTES
+
+        try:
+            named = parse_faults(value)
+        except FaultSpecError as exc:
+            raise ValueError(f"PKGQ_FAULTS {value!r}: {exc}") from None
+        unknown = sorted({f.route for f in named if f.route is not None} - set(ROUTES))
+        if unknown:
+            raise ValueError(
+                f"PKGQ_FAULTS {value!r}: unknown route(s) {unknown}; routes are {sorted(ROUTES)}"
+            )
         return value
 
     @field_validator("amqp_url")

@@ -14,6 +14,7 @@ from consumers import publishing
 from consumers.cli import exit_codes
 from events.models import WireModel
 from events.routes import Route
+from infra import faults
 from infra.jobs import Jobs
 from infra.logging import configure_logging
 from infra.postgres.migrate import RuntimeRoleMissingError
@@ -27,8 +28,10 @@ T = TypeVar("T")
 
 
 def load_settings(*, logs_to_stdout: bool = False) -> Settings:
-    """Settings, with logging set up: to stdout for long-running processes, else stderr."""
+    """Settings, with logging set up: to stdout for long-running processes, else stderr; and
+    the crash tests' faults enabled, if PKGQ_FAULTS names any."""
     settings = Settings.load()
+    faults.configure(settings.faults)
     configure_logging(
         settings.log_format, settings.log_level, sys.stdout if logs_to_stdout else sys.stderr
     )

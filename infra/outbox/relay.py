@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -50,7 +48,7 @@ import structlog
 from aio_pika.abc import AbstractRobustConnection
 
 from events.envelope import H_TRACEPARENT
-from infra import tracing
+from infra import faults, tracing
 from infra.observability import RELAY_LAG, RELAYED
 from infra.outbox.housekeeping import housekeeping_forever
 from infra.postgres import job_state, outbox
@@ -96,7 +94,6 @@ class Relay:
         self._wake = asyncio.Event()
         self._publisher: Publisher | None = None
         self._listener: asyncpg.Connection | None = None
-        self._confirmed = 0
         self.published = 0
 
     async def open(self) -> None:
@@ -241,8 +238,7 @@ class Relay:
                 done.append(row.id)
                 if row.available_at is not None:
                     RELAY_LAG.observe(max(0.0, time.time() - row.available_at.timestamp()))
-                self._confirmed += 1
-                self._maybe_crash()
+                faults.hit(faults.RELAY_AFTER_CONFIRM, route=row.route)
 
         await asyncio.gather(*(send_chain(c) for c in chains.values()))
         return done, failed, "; ".join(errors[:3])
@@ -271,11 +267,6 @@ class Relay:
             await self._publisher.publish(
                 message, routing_key_for(self._settings, row.route, row.user_id)
             )
-
-    def _maybe_crash(self) -> None:
-        limit = self._settings.fault_kill_relay_after
-        if limit is not None and self._confirmed >= limit:
-            os.kill(os.getpid(), signal.SIGKILL)  # crash test: confirmed, not marked
 
     async def _ensure_listener(self) -> None:
         if self._listener is not None and not self._listener.is_closed():

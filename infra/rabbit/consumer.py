@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 import time
 import zlib
 from collections.abc import Awaitable, Callable
@@ -34,6 +32,7 @@ from aio_pika.abc import (
 
 from events.envelope import H_USER_ID, header_text
 from events.partitioning import route_of_key
+from infra import faults
 from infra.observability import IN_FLIGHT, MESSAGES
 from infra.rabbit import settle
 from infra.rabbit.deliveries import channel_open, raw_delivery
@@ -290,8 +289,7 @@ class QueueConsumer:
         finally:
             in_flight.dec(len(messages))
             self.active -= len(messages)
-        if self._settings.fault_kill_after_commit == route:
-            os.kill(os.getpid(), signal.SIGKILL)  # crash test: committed, not acked
+        faults.hit(faults.CONSUMER_AFTER_COMMIT, route=route)
         done, given_back = settle.done_and_given_back(messages, results)
         await settle.ack(done, in_order=self.lanes == 1 and not alone)
         if given_back:

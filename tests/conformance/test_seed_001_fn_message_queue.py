@@ -28,6 +28,7 @@ from aio_pika.abc import AbstractRobustConnection
 from consumers import publishing
 from events.models import PurchasePackage, RecordUsage
 from events.routes import PACKAGE_PURCHASE, USAGE_RECORD
+from infra import faults
 from infra.jobs import Jobs
 from infra.rabbit.topology import declare_all
 from infra.route_config import RouteSettings
@@ -228,7 +229,7 @@ async def test_no_message_is_lost_when_the_consumer_dies_holding_it(
         "run",
         "package_purchase",
         "--no-ingest",
-        PKGQ_FAULT_KILL_BEFORE_COMMIT=PACKAGE_PURCHASE.name,
+        PKGQ_FAULTS=f"{faults.DELIVERY_BEFORE_COMMIT}={PACKAGE_PURCHASE.name}",
     )
     user = uuid4()
     await send(settings, amqp, PACKAGE_PURCHASE, PurchasePackage(user_id=user, package_id=package))

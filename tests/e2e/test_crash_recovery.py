@@ -14,6 +14,7 @@ from aio_pika.abc import AbstractRobustConnection
 
 from events.models import PurchasePackage
 from events.routes import PACKAGE_ACTIVATE, PACKAGE_PURCHASE, PACKAGE_QUEUING, ROUTES
+from infra import faults
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
 from tests.e2e.workload import Workload
@@ -46,7 +47,11 @@ async def test_consumer_killed_after_commit_before_ack_is_redelivered_without_a_
     package = await add_package(pool, 1000)
     spawn("relay")
     spawn("run", *OTHER_ROUTES)
-    doomed = spawn("run", "package_queuing", PKGQ_FAULT_KILL_AFTER_COMMIT=PACKAGE_QUEUING.name)
+    doomed = spawn(
+        "run",
+        "package_queuing",
+        PKGQ_FAULTS=f"{faults.CONSUMER_AFTER_COMMIT}={PACKAGE_QUEUING.name}",
+    )
     user = uuid4()
     await send(
         settings,
@@ -108,7 +113,9 @@ async def test_relay_killed_mid_batch_still_delivers_everything_and_duplicates_a
         return bool(n == len(users))
 
     await eventually(all_purchases_in_outbox)
-    doomed = spawn("relay", PKGQ_FAULT_KILL_RELAY_AFTER="10", PKGQ_RELAY_BATCH_SIZE="100")
+    doomed = spawn(
+        "relay", PKGQ_FAULTS=f"{faults.RELAY_AFTER_CONFIRM}@10", PKGQ_RELAY_BATCH_SIZE="100"
+    )
     assert await _exited(doomed) == -signal.SIGKILL
     async with pool.acquire() as conn:
         unmarked = await conn.fetchval(
@@ -196,7 +203,11 @@ async def test_consumer_killed_before_commit_leaves_nothing_and_the_redelivery_a
     package = await add_package(pool, 1000)
     spawn("relay")
     spawn("run", *[r.short_name for r in ROUTES.values() if r is not PACKAGE_PURCHASE])
-    doomed = spawn("run", "package_purchase", PKGQ_FAULT_KILL_BEFORE_COMMIT=PACKAGE_PURCHASE.name)
+    doomed = spawn(
+        "run",
+        "package_purchase",
+        PKGQ_FAULTS=f"{faults.DELIVERY_BEFORE_COMMIT}={PACKAGE_PURCHASE.name}",
+    )
     user = uuid4()
     body = PurchasePackage(user_id=user, package_id=package, amount=2)
     await send(settings, amqp, PACKAGE_PURCHASE, body)

@@ -1,5 +1,5 @@
-"""infra/faults.py: the spec parses as documented, a point is a no-op unless a fault enables it,
-and an enabled fault kills at its route and its count."""
+"""infra/faults.py: the spec parses as documented and is checked at start-up (Settings), a point
+is a no-op unless a fault enables it, and an enabled fault kills at its route and its count."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+from pydantic import ValidationError
 
 from events.routes import PACKAGE_PURCHASE, PACKAGE_QUEUING
 from infra import faults
 from infra.faults import Fault, FaultSpecError
+from infra.settings import Settings
 
 QUEUING = PACKAGE_QUEUING.name
 PURCHASE = PACKAGE_PURCHASE.name
@@ -63,6 +65,26 @@ def test_blanks_and_empty_entries_are_ignored_and_an_empty_spec_names_nothing() 
 def test_a_bad_spec_is_refused_with_what_is_wrong(spec: str, message: str) -> None:
     with pytest.raises(FaultSpecError, match=re.escape(message)):
         faults.parse(spec)
+
+
+def test_settings_read_pkgq_faults_and_default_to_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings().faults == ""
+    monkeypatch.setenv("PKGQ_FAULTS", f"{faults.RELAY_AFTER_CONFIRM}@10")
+    assert Settings().faults == "relay.after_confirm@10"
+
+
+def test_settings_refuse_an_unknown_point_at_start_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PKGQ_FAULTS", "consumer.after_ack")
+    with pytest.raises(ValidationError) as info:
+        Settings()
+    text = str(info.value)
+    assert "PKGQ_FAULTS 'consumer.after_ack': unknown fault point 'consumer.after_ack'" in text
+    assert faults.CONSUMER_AFTER_COMMIT in text  # the points it could have named
+
+
+def test_settings_refuse_a_fault_for_an_unknown_route() -> None:
+    with pytest.raises(ValidationError, match=r"unknown route\(s\) \['package_queuing'\]"):
+        Settings(faults=f"{faults.CONSUMER_AFTER_COMMIT}=package_queuing")
 
 
 def test_no_point_kills_while_nothing_is_enabled(kills: list[tuple[int, int]]) -> None:
