@@ -66,3 +66,29 @@ class UnlimitedTrafficError(DomainError):
     def __init__(self, item_id: int) -> None:
         super().__init__(f"queue item {item_id} has unlimited traffic; its quota cannot change")
         self.item_id = item_id
+
+
+MAX_COUNTER = 2**63 - 1
+"""The largest number a counter holds: Postgres stores them as bigint."""
+MIN_COUNTER = -(2**63)
+
+
+class CounterOverflowError(DomainError):
+    """A command would take a counter beyond what a bigint holds, on its own or summed with
+    what is stored. Refused before anything changes: the same command fails the same way on
+    every retry."""
+
+    def __init__(self, counter: str, value: int, stored: int) -> None:
+        super().__init__(
+            f"{counter} would be {_shown(value)} (it is {_shown(stored)}), beyond what a "
+            f"counter holds ({MIN_COUNTER}..{MAX_COUNTER}): refused, nothing changed"
+        )
+        self.counter = counter
+        self.value = value
+        self.stored = stored
+
+
+def _shown(value: int) -> str:
+    """A number for a message: an absurd one by its size only (Python will not print an int of
+    more than 4300 digits, and nobody reads one of 40)."""
+    return str(value) if abs(value) < 10**30 else f"a number of {value.bit_length()} bits"

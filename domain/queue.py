@@ -5,16 +5,24 @@ targets, the unbilled usage, whether the user currently has access, and the orde
 it was asked about: a purchase names an order once, and a repeat of it queues nothing. Every
 method is a pure transition: it mutates the aggregate in memory and returns the domain events
 it caused. The caller persists the new state and the events in one transaction.
+
+Counters (traffic, unbilled usage, quota adjustments) are stored as Postgres bigint. A usage
+record or quota change that would take one beyond a bigint, on its own or summed with what is
+stored, raises CounterOverflowError before anything changes (see `counters`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from uuid import UUID
 
 from domain.errors import (
     MAX_AMOUNT,
+    MAX_COUNTER,
+    MIN_COUNTER,
+    CounterOverflowError,
     InvalidAmountError,
     ItemNotAdjustableError,
     ItemNotCancellableError,
@@ -147,9 +155,17 @@ class UserQueue:
 
         If no item is active but one is queued, the queue advances first and the traffic is
         billed to the newly active item. Only with nothing to activate is it kept as unbilled.
+        Traffic that would take a counter beyond a bigint (`counters`) is refused with
+        CounterOverflowError, and nothing changes.
         """
         if upload < 0 or download < 0:
             raise NegativeUsageError(upload, download)
+        if not self._fits_wherever_billed(upload + download):
+            # Near a counter's limit: bill a copy first, and refuse if a counter overflows.
+            self._refuse_overflow(lambda copy: copy._bill(upload, download, now))
+        return self._bill(upload, download, now)
+
+    def _bill(self, upload: int, download: int, now: datetime) -> list[DomainEvent]:
         # Traffic after the active item's time ran out (its timer may still be on the way) is
         # not billed to it: it expires by time here. Traffic while the previous item's expiry
         # is on its way to the expiring consumer belongs to the next item: activate it now
@@ -226,18 +242,73 @@ class UserQueue:
         return events + self.advance(now)
 
     def adjust_quota(self, item_id: int, delta: int, now: datetime) -> list[DomainEvent]:
-        """Raise or lower an item's adjust_quota; lowering the active one below use consumes it."""
+        """Raise or lower an item's adjust_quota; lowering the active one below use consumes it.
+        A delta that would take adjust_quota or the quota beyond a bigint is refused
+        (CounterOverflowError) before anything changes."""
         item = self.item(item_id)
         if item.status not in (ItemStatus.IN_QUEUE, ItemStatus.ACTIVE):
             raise ItemNotAdjustableError(item_id, item.status.value)
-        if item.unlimited:
+        limit = item.terms.traffic_limit
+        if limit is None:
             raise UnlimitedTrafficError(item_id)
-        item.adjust_quota += delta
+        adjusted = item.adjust_quota + delta
+        _refuse_beyond_bigint(f"item {item_id} adjust_quota", adjusted, item.adjust_quota)
+        _refuse_beyond_bigint(
+            f"item {item_id} quota (traffic_limit + adjust_quota)",
+            limit + adjusted,
+            limit + item.adjust_quota,
+        )
+        item.adjust_quota = adjusted
         if item.status is ItemStatus.IN_QUEUE:
             return []
         if item.time_exhausted(now):
             return self._consume(item, ExpiryReason.TIME, now)
         return self._after_quota_change(item, now)
+
+    # -- counters -------------------------------------------------------------------------
+
+    def counters(self) -> dict[str, int]:
+        """Every number of this queue that Postgres stores as a bigint, or that pkgq adds up
+        from them (an item's used traffic and quota, the unbilled total), by name: each must
+        stay within MIN_COUNTER..MAX_COUNTER. The unbilled total is bounded because it all
+        moves onto the next item activated, where it becomes that item's used traffic."""
+        found = {
+            "unbilled upload": self.unbilled_upload,
+            "unbilled download": self.unbilled_download,
+            "unbilled traffic (upload + download)": self.unbilled_upload + self.unbilled_download,
+        }
+        for item in self.items:
+            found[f"item {item.id} upload"] = item.upload
+            found[f"item {item.id} download"] = item.download
+            found[f"item {item.id} used traffic (upload + download)"] = item.used
+            found[f"item {item.id} adjust_quota"] = item.adjust_quota
+            if item.quota is not None:
+                found[f"item {item.id} quota (traffic_limit + adjust_quota)"] = item.quota
+        return found
+
+    def _fits_wherever_billed(self, traffic: int) -> bool:
+        """True when no counter can overflow whichever live item (or the unbilled counters)
+        `traffic` and the unbilled usage land on: the quick answer for every usage record that
+        is nowhere near a bigint's limit."""
+        live = (i.used for i in self.items if i.status in (ItemStatus.IN_QUEUE, ItemStatus.ACTIVE))
+        most = max(live, default=0)
+        return most + self.unbilled_upload + self.unbilled_download + traffic <= MAX_COUNTER
+
+    def _refuse_overflow(self, transition: Callable[[UserQueue], object]) -> None:
+        """Run `transition` on a copy of this queue and raise CounterOverflowError if it takes
+        a counter beyond a bigint. This queue is not touched either way."""
+        copy = UserQueue(
+            user_id=self.user_id,
+            items=[replace(item) for item in self.items],
+            unbilled_upload=self.unbilled_upload,
+            unbilled_download=self.unbilled_download,
+            has_access=self.has_access,
+            orders=dict(self.orders),
+        )
+        transition(copy)
+        before = self.counters()
+        for counter, value in copy.counters().items():
+            _refuse_beyond_bigint(counter, value, before.get(counter, 0))
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -292,3 +363,10 @@ class UserQueue:
         if withdraw_timer and item.expire_at is not None:
             events.append(ExpiryUnscheduled(self.user_id, item.id))
         return events
+
+
+def _refuse_beyond_bigint(counter: str, value: int, stored: int) -> None:
+    """Raise CounterOverflowError if `counter` would become `value`, beyond a bigint. A counter
+    that does not change is not judged here (it is what is stored)."""
+    if value != stored and not MIN_COUNTER <= value <= MAX_COUNTER:
+        raise CounterOverflowError(counter, value, stored)
