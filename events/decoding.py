@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,8 +24,10 @@ from events.envelope import (
     H_USER_ID,
     MAX_ADDRESS,
     Envelope,
+    clean_text,
     header_text,
     preview,
+    unstorable,
 )
 from events.models import WireModel
 from events.routes import Route
@@ -135,8 +139,12 @@ def decode(route: Route, raw: RawDelivery, *, max_body_bytes: int) -> Decoded:
     try:
         body = route.model.model_validate_json(text)
     except ValidationError as exc:
-        kind = "invalid_json" if exc.errors()[0]["type"] == "json_invalid" else "schema_invalid"
-        raise BadMessageError(kind, _summarise(exc)) from None
+        if exc.errors()[0]["type"] != "json_invalid":
+            raise BadMessageError("schema_invalid", _summarise(exc)) from None
+        unstorable_string = _lone_surrogate(text)
+        if unstorable_string is not None:
+            raise BadMessageError("schema_invalid", unstorable_string) from None
+        raise BadMessageError("invalid_json", _summarise(exc)) from None
     header_user = header_text(raw.headers, H_USER_ID, 64)
     if header_user is not None and header_user != str(body.user_id):
         raise BadMessageError(
@@ -190,4 +198,43 @@ def _summarise(exc: ValidationError) -> str:
         where = ".".join(str(p) for p in error["loc"]) or "body"
         parts.append(f"{where}: {error['msg']}")
     more = exc.error_count() - len(parts)
-    return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
+    # A field name or a message may quote the sender's NUL (an unknown key, a bad UUID).
+    return clean_text("; ".join(parts) + (f" (+{more} more)" if more > 0 else ""))
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+MAX_WALKED = 10_000
+"""JSON values looked at for a lone surrogate at most (a body is at most max_body_bytes)."""
+
+
+def _lone_surrogate(text: str) -> str | None:
+    """Where a body that pydantic's parser refused as invalid JSON holds a string with a lone
+    surrogate escape (`"\\ud800"`): `field: what`, or None when that is not why.
+
+    JSON's grammar allows such an escape and Python's json module decodes it, but no UTF-8 text
+    (nor Postgres) can hold what it decodes to: it is a text field with a character Postgres
+    cannot store, refused as schema_invalid like a NUL (events.models.Text), not malformed JSON.
+    """
+    if _SURROGATE_ESCAPE.search(text) is None:
+        return None
+    try:
+        parsed = json.loads(text)
+    except (ValueError, RecursionError):
+        return None  # broken for another reason too: invalid JSON it is
+    stack: list[tuple[str, Any]] = [("body", parsed)]
+    for _ in range(MAX_WALKED):
+        if not stack:
+            return None
+        where, value = stack.pop()
+        if isinstance(value, str):
+            problem = unstorable(value)
+            if problem is not None:
+                return f"{clean_text(where)}: text holds {problem}"
+        elif isinstance(value, dict):
+            for key, item in reversed(value.items()):
+                name = key if where == "body" else f"{where}.{key}"
+                stack.append((name, item))
+                stack.append((f"{name} (the field's name)", key))
+        elif isinstance(value, list):
+            stack.extend((f"{where}.{i}", item) for i, item in reversed(list(enumerate(value))))
+    return None

@@ -8,6 +8,7 @@ Headers: schema version, `x-user-id` (the ordering key), `x-seq` (per-user seque
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -146,6 +147,21 @@ def preview(value: Any, limit: int = 80) -> str:
 def clean_text(value: str) -> str:
     """Postgres text and jsonb cannot hold NUL or a lone surrogate: make them visible."""
     return value.replace("\x00", "\\0").encode("utf-8", "replace").decode("utf-8")
+
+
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def unstorable(value: str) -> str | None:
+    """What in `value` Postgres text and jsonb cannot store (NUL, or a UTF-16 surrogate, which
+    no UTF-8 text can hold), said without repeating it; None when it can all be stored.
+    Inbound text is refused with this (events.models); header text is cleaned (`clean_text`)."""
+    found = _UNSTORABLE.search(value)
+    if found is None:
+        return None
+    char = found.group()
+    what = "NUL" if char == "\x00" else "a lone surrogate"
+    return f"U+{ord(char):04X} ({what}) at index {found.start()}, which PostgreSQL cannot store"
 
 
 def without_pkgq_marks(headers: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -9,17 +9,35 @@ from __future__ import annotations
 from typing import Annotated
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
-from domain.errors import MAX_AMOUNT
+from domain.errors import MAX_AMOUNT, MAX_COUNTER
 from domain.model import ExpiryReason
+from events.envelope import unstorable
 
-PositiveId = Annotated[int, Field(ge=1, le=2**63 - 1)]
+PositiveId = Annotated[int, Field(ge=1, le=MAX_COUNTER)]
 Bytes = Annotated[int, Field(ge=0, le=2**62)]
+"""Traffic in one message: within a bigint (Postgres) with room to spare. Whether it still fits
+once added to what is stored is the domain's rule (domain.errors.CounterOverflowError)."""
 UnixSeconds = Annotated[int, Field(ge=0, le=2**40)]
-Reason = Annotated[str, Field(min_length=1, max_length=500)]
+
+
+def _storable(value: str) -> str:
+    problem = unstorable(value)
+    if problem is not None:
+        raise PydanticCustomError("unstorable_text", "text holds {problem}", {"problem": problem})
+    return value
+
+
+Text = Annotated[str, AfterValidator(_storable)]
+"""Every text field of a message body: Postgres text and jsonb cannot store NUL or a lone
+surrogate, so a body holding one is refused when it is decoded (schema_invalid, naming the
+field), before anything is written. tests/unit/test_wire_text.py checks that every str field
+of every wire model is a Text."""
+Reason = Annotated[Text, Field(min_length=1, max_length=500)]
 """Why an operator did it, free text, stored with the item's audit trail."""
-Operator = Annotated[str, Field(min_length=1, max_length=200)]
+Operator = Annotated[Text, Field(min_length=1, max_length=200)]
 """Who did it (`user@host` from the CLI), stored with the item's audit trail."""
 
 
