@@ -33,8 +33,8 @@ def _storable(value: str) -> str:
 Text = Annotated[str, AfterValidator(_storable)]
 """Every text field of a message body: Postgres text and jsonb cannot store NUL or a lone
 surrogate, so a body holding one is refused when it is decoded (schema_invalid, naming the
-field), before anything is written. tests/unit/test_wire_text.py checks that every str field
-of every wire model is a Text."""
+field), before anything is written. tests/unit/test_wire_text.py tries every text field of
+every route's model."""
 Reason = Annotated[Text, Field(min_length=1, max_length=500)]
 """Why an operator did it, free text, stored with the item's audit trail."""
 Operator = Annotated[Text, Field(min_length=1, max_length=200)]
