@@ -15,7 +15,7 @@ from infra.postgres.pool import Conn
 
 log = structlog.get_logger(__name__)
 
-Action = Literal["cancel", "adjust_quota", "edit_replay", "replay", "discard"]
+Action = Literal["cancel", "adjust_quota", "edit_replay", "replay", "discard", "release_hold"]
 
 
 @dataclass(frozen=True, slots=True)
