@@ -75,6 +75,12 @@ HELD_USERS = Gauge(
     "(retrying: the blocker waits for its retry; buried: it is a dead letter), from Postgres.",
     ["consumer", "state"],
 )
+INVARIANT_VIOLATIONS = Gauge(
+    "pkgq_invariant_violations",
+    "Rows breaking each invariant at its last check (infra/postgres/invariants.py; `pkgq "
+    "doctor` names them), by check; 0 when it holds. Exported by the relays.",
+    ["check"],
+)
 QUEUE_CONSUMERS = Gauge(
     "pkgq_queue_consumers",
     "Consumers subscribed to each queue pkgq consumes (active and standby), by passive declare; "

@@ -146,6 +146,9 @@ class Settings(BaseSettings):
     prune_batch_size: int = Field(default=5000, ge=1, le=1_000_000)
     housekeeping_interval: float = Field(default=30.0, gt=0)
     """How often the relay runs the lease-guarded jobs: the expiry sweep and retention."""
+    invariant_check_interval: float = Field(default=60.0, ge=0)
+    """How often the relay runs the invariant checks (`pkgq doctor`'s), under a lease, stores
+    their results and exports pkgq_invariant_violations; 0: never."""
 
     @field_validator("retry_routes", "partitions", "route_settings")
     @classmethod

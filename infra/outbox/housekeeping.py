@@ -9,6 +9,10 @@ A lease lasts three intervals and is renewed on every round by its holder; when 
 or is reaped, the lease is free at once. A failing job is logged and tried again next round: it is
 never fatal to the relay.
 
+Beside them, on its own interval (`invariant_check_interval`, 0: off), the invariant checks
+(infra/outbox/invariant_watch.py) run under their lease the same way; a relay that does not hold
+it exports the results the holder stored, so every relay reports the same figures.
+
 Without a worker id (a relay that was not started by `services()`), the jobs run without a lease:
 both are safe to run concurrently, the lease only saves duplicate work.
 """
@@ -23,6 +27,7 @@ from uuid import UUID
 import asyncpg
 import structlog
 
+from infra.outbox import invariant_watch
 from infra.outbox.sweep import sweep_overdue_expiries
 from infra.postgres import leases, retention
 from infra.settings import Settings
@@ -37,7 +42,16 @@ RETENTION = "retention"
 async def housekeeping_forever(
     settings: Settings, pool: asyncpg.Pool, worker_id: UUID | None, stop: asyncio.Event
 ) -> None:
-    """Run the lease-guarded jobs every `settings.housekeeping_interval` until `stop` is set."""
+    """Run the lease-guarded jobs every `settings.housekeeping_interval`, and the invariant
+    checks every `settings.invariant_check_interval`, until `stop` is set."""
+    async with asyncio.TaskGroup() as both:
+        both.create_task(_jobs_forever(settings, pool, worker_id, stop))
+        both.create_task(_invariants_forever(settings, pool, worker_id, stop))
+
+
+async def _jobs_forever(
+    settings: Settings, pool: asyncpg.Pool, worker_id: UUID | None, stop: asyncio.Event
+) -> None:
     ttl = 3 * settings.housekeeping_interval
 
     async def sweep() -> None:
@@ -68,6 +82,33 @@ async def housekeeping_forever(
             await _release_all(pool, worker_id, [name for name, _ in jobs])
 
 
+async def _invariants_forever(
+    settings: Settings, pool: asyncpg.Pool, worker_id: UUID | None, stop: asyncio.Event
+) -> None:
+    """The invariant checks under their lease; without it, the holder's stored results."""
+    every = settings.invariant_check_interval
+    if every <= 0:
+        return
+
+    async def check() -> None:
+        await invariant_watch.check_and_export(pool)
+
+    async def export() -> None:
+        await invariant_watch.export_stored(pool)
+
+    try:
+        while not stop.is_set():
+            if not await _run_job(
+                settings, pool, worker_id, invariant_watch.LEASE, check, 3 * every
+            ):
+                await _run_job(settings, pool, None, "invariant_export", export, 0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=every)
+    finally:
+        if worker_id is not None:
+            await _release_all(pool, worker_id, [invariant_watch.LEASE])
+
+
 async def _run_job(
     settings: Settings,
     pool: asyncpg.Pool,
@@ -75,7 +116,10 @@ async def _run_job(
     name: str,
     job: Callable[[], Awaitable[None]],
     ttl: float,
-) -> None:
+) -> bool:
+    """Run `job` if this worker holds (or takes) its lease, or without one when `worker_id` is
+    None. Returns whether it held the lease (False also when the lease could not be asked)."""
+    held = False
     try:
         if worker_id is not None:
             async with pool.acquire() as conn:
@@ -83,7 +127,8 @@ async def _run_job(
                     conn, name, worker_id, ttl, stale_after_s=settings.worker_stale_after
                 )
             if not held:
-                return
+                return False
+        held = True
         await job()
     except Exception as exc:  # the next round tries again
         if needs_operator(exc):
@@ -92,6 +137,7 @@ async def _run_job(
             log.warning("housekeeping_failed", job=name, error=repr(exc))
         else:
             log.exception("housekeeping_error", job=name)
+    return held
 
 
 async def _release_all(pool: asyncpg.Pool, worker_id: UUID, names: list[str]) -> None:
