@@ -18,7 +18,7 @@ from uuid import UUID
 from events.models import AdjustQuota, CancelPackage, WireModel
 from events.routes import PACKAGE_CANCEL, QUOTA_ADJUST, ROUTES, Route
 from infra.jobs import put
-from infra.postgres import dead_letters, operator_actions, queue_repo, replay
+from infra.postgres import dead_letters, holds, invariants, operator_actions, queue_repo, replay
 from infra.postgres.pool import Conn
 from infra.transient import transient_retrying
 
@@ -35,6 +35,15 @@ class UnknownItemError(LookupError):
 
 class EditRefusedError(ValueError):
     """An edited body that cannot be replayed, with what to do about it."""
+
+
+class UnknownHoldError(LookupError):
+    def __init__(self, consumer: str, user_id: UUID) -> None:
+        super().__init__(f"no hold on consumer {consumer!r} for user {user_id}")
+
+
+class HoldReleaseRefusedError(ValueError):
+    """A hold that is not orphaned, with why and what to do instead."""
 
 
 async def _item_command(
@@ -172,6 +181,64 @@ async def edit_and_replay(
         ),
     )
     return result
+
+
+async def release_hold(
+    conn: Conn,
+    consumer: str,
+    user_id: UUID,
+    who: str,
+    *,
+    blocker: UUID | None = None,
+    graces: invariants.Graces = invariants.GRACES,
+) -> invariants.HoldWayOut:
+    """Inside a transaction: release an orphaned hold (one whose blocker has no way out: the
+    `hold_without_way_out` invariant), matched by its consumer and user, with an audit row.
+    Its blocker is dropped (state `releasing`), and the consumer's release poll applies what is
+    parked behind it, in order. `blocker`: the one the operator was shown; a hold that waits on
+    another message by now is refused. Returns the hold as it was.
+
+    UnknownHoldError: no such hold. HoldReleaseRefusedError: it is being released already, or
+    its blocker has a way out (a retry on its way, or a buried dead letter to replay or discard:
+    releasing it would let the user's later messages overtake it)."""
+    found = await invariants.hold_way_out(conn, consumer, user_id, graces=graces, lock=True)
+    if found is None:
+        raise UnknownHoldError(consumer, user_id)
+    if found.blocker is None:
+        raise HoldReleaseRefusedError("the hold is being released already (its blocker is done)")
+    if blocker is not None and found.blocker != blocker:
+        raise HoldReleaseRefusedError(
+            f"the hold waits on message {found.blocker} now, not {blocker}: look again"
+        )
+    if found.pending_retry:
+        raise HoldReleaseRefusedError(
+            f"message {found.blocker} has a retry on its way (the outbox): wait for it"
+        )
+    if found.buried:
+        raise HoldReleaseRefusedError(
+            f"message {found.blocker} lies buried: replay or discard its dead letter instead"
+        )
+    if not await holds.release_hold(conn, consumer, user_id, found.blocker):
+        raise HoldReleaseRefusedError("the hold changed meanwhile: look again")
+    await operator_actions.record(
+        conn,
+        operator_actions.Entry(
+            actor=who,
+            action="release_hold",
+            user_id=user_id,
+            message_id=found.blocker,
+            detail={
+                "consumer": consumer,
+                "blocker": found.blocker,
+                "state": found.state,
+                "attempts": found.attempts,
+                "last_error": found.last_error,
+                "since": found.since,
+                "parked": found.parked,
+            },
+        ),
+    )
+    return found
 
 
 async def in_batches(

@@ -239,3 +239,19 @@ async def overview(conn: Conn, limit: int = 100) -> list[dict[str, Any]]:
         limit,
     )
     return [dict(r) for r in rows]
+
+
+async def release_hold(conn: Conn, consumer: str, user_id: UUID, blocker: UUID) -> bool:
+    """An operator's release of the hold on (consumer, user), matched by both and by the
+    blocker the operator was shown (a hold that moved on to another blocker is left alone;
+    never by the message_id alone, which another consumer's hold may name too): its blocker is
+    dropped and the consumer's release poll applies what is parked behind it, in order.
+    Returns whether it was released."""
+    status = await conn.execute(
+        "UPDATE telecom.holds SET blocker = NULL, state = 'releasing', updated_at = now() "
+        "WHERE consumer = $1 AND user_id = $2 AND blocker = $3",
+        consumer,
+        user_id,
+        blocker,
+    )
+    return status.endswith(" 1")
