@@ -28,6 +28,7 @@ import asyncpg
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractQueue, AbstractRobustConnection
 
+from domain.delivery import Fate
 from events.decoding import RawDelivery
 from events.envelope import (
     H_DEAD_CONSUMER,
@@ -44,7 +45,7 @@ from events.partitioning import route_of_key
 from events.routes import ROUTES, UNTRUSTED_PUBLISHER
 from infra.postgres import dead_letters, holds, job_state
 from infra.postgres.pool import Conn
-from infra.rabbit.consumer import Outcome, Processor, QueueConsumer, Result
+from infra.rabbit.consumer import Processor, QueueConsumer, Result
 from infra.rabbit.topology import declare_exchanges
 from infra.settings import Settings
 from infra.transient import is_outage, is_transient, transient_retrying
@@ -257,7 +258,7 @@ def make_ingester(
     async def ingest_all(raws: Sequence[RawDelivery]) -> list[Result]:
         return [Result(await ingest(raw)) for raw in raws]
 
-    async def ingest(raw: RawDelivery) -> Outcome:
+    async def ingest(raw: RawDelivery) -> Fate:
         dead = to_dead_letter(raw, trusted_publisher, main_exchange)
         if trusted_publisher is not None and raw.publisher != trusted_publisher:
             # Stored without an outsider's pkgq marks, so a replay (sent as pkgq) cannot make
@@ -288,7 +289,7 @@ def make_ingester(
             reason=dead.reason,
             dead_route=dead.route,
         )
-        return Outcome.DEAD_LETTERED
+        return Fate.BURIED
 
     async def store(
         raw: RawDelivery, dead: dead_letters.NewDeadLetter, *, finish: bool

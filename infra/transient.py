@@ -110,6 +110,21 @@ def is_transient(exc: BaseException) -> bool:
     )
 
 
+PERMANENT_SQLSTATES = frozenset({"23502", "23514"})  # not-null and check violations
+"""With SQLSTATE class 22 (data exception: out of range, invalid text, untranslatable
+character, ...): what Postgres refuses for the data itself, every time it is asked."""
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """A data error that can never succeed: the same statement with the same data fails the
+    same way. asyncpg refuses some such values before sending them (a number out of a column's
+    range, a lone surrogate in text) with SQLSTATE 22000: permanent too."""
+    if isinstance(exc, asyncpg.PostgresError):
+        state = _sqlstate(exc)
+        return state[:2] == "22" or state in PERMANENT_SQLSTATES
+    return isinstance(exc, UnicodeEncodeError)
+
+
 def transient_retrying(attempts: int = 5, max_wait: float = 2.0) -> AsyncRetrying:
     """Bounded, exponential, jittered, short: for a blip, not for an outage."""
     return AsyncRetrying(

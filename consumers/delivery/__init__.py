@@ -1,6 +1,6 @@
-"""What becomes of each delivery on a route, as a package of stages (see pipeline.py)."""
+"""What becomes of each delivery on a route: decide, then write (see pipeline.py)."""
 
-from consumers.delivery.failures import ErrorInfo, describe
-from consumers.delivery.pipeline import DeliveryPipeline, Mode
+from consumers.delivery.errors import ErrorInfo, describe
+from consumers.delivery.pipeline import DeliveryPipeline
 
-__all__ = ["DeliveryPipeline", "ErrorInfo", "Mode", "describe"]
+__all__ = ["DeliveryPipeline", "ErrorInfo", "describe"]

@@ -1,70 +1,80 @@
-"""The delivery pipeline of one route: what becomes of each delivery, decided in Postgres.
+"""The delivery pipeline of one route: decide, then write.
 
-A batch goes through the stages in order: decode (bad input is buried with its reason), dedup
-and holds (duplicates, expired, parked), apply (handlers in memory, one set-based write-back),
-failures (retry, hold, bury) and, after the commit, the drain of parked messages whose hold
-was lifted. The consumer loop (infra/rabbit/consumer.py) settles the results: ack, give back,
-metrics and log lines.
+One usage record, from the socket to the ack, reads one way through these files:
+infra/rabbit/consumer.py (takes a batch) -> pipeline.py (this loop) -> decode.py (bad input is
+refused) -> snapshot.py (locks and loads, fixed statements) -> executor.py (the gate of
+domain/delivery.py decides; handlers run in memory) -> writer.py (one statement per table)
+-> back to the consumer, which derives ack or give-back from each `Fate` (infra/rabbit/settle.py).
 
-Two modes, named by `Mode`: a batch runs in one transaction; if that transaction fails on
-something other than a handler (a bug, a constraint the write-back broke), each delivery runs
-in a transaction of its own, so the failure is pinned on the message that causes it and its
-neighbours commit. Outages and blips leave the pipeline: the consumer waits them out and
-runs the whole batch again, so nothing is recorded as a failure of a message.
+**The one retry loop** (`_decide_all`) takes a batch through one transaction at a time:
+- the whole batch in one transaction; if it fails on something that is not a blip (a write-back
+  a constraint refuses, a bug), the batch is split and each delivery goes alone, so the failure
+  is pinned on the message that causes it and its neighbours commit;
+- a delivery whose own transaction fails is decided again with that failure recorded as its
+  own (a data error Postgres refuses is PERMANENT: buried at once; anything else is retried
+  with backoff), without running its handler again;
+- a blip (deadlock, serialization failure, lock or statement timeout, a claim race) is run
+  again after a short pause, up to BLIP_RETRIES times per transaction, then counts as the
+  failure of what the transaction held (the batch splits; a lone delivery records it);
+- an outage leaves the loop: the consumer waits it out (infra/transient.until_done) and runs
+  the batch again, so nothing is recorded as a failure of a message;
+- TTR (seed 001): a handler that runs past the route's TTR rolls the transaction back, a strike
+  is counted, and the deliveries from it on are given back in their places ([A, B, C], A times
+  out while B is done: the queue is [A, C]); after max_attempts strikes it is buried (`ttr`).
 
-TTR (seed 001): a handler that runs past the route's TTR rolls the batch back; the deliveries
-before it are applied again and it and the ones after it are given back to the queue in their
-places ([A, B, C], A times out while B is done: the queue is [A, C], not [C, A]). After
-max_attempts strikes it is buried instead (reason `ttr`).
+Worst case, for a batch of B deliveries and R = BLIP_RETRIES: (R + 1) * (1 + 2B) transactions
+(the batch, then each delivery alone and its recording), each followed on a blip by a pause of
+at most 0.05 * k s (k = 1..R), so at most (1 + 2B) * 0.3 s of pauses; plus one transaction per
+TTR strike (at most max_attempts per delivery). tests/integration/test_delivery_loop.py proves
+the bound with blips injected.
+
+After the commit, users whose hold was lifted have their parked messages drained: the same
+loop over the parking lot (Source.PARKING) until none is left or one fails again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
-import enum
+import random
+import time
 from collections.abc import AsyncIterator, Sequence
 from uuid import UUID
 
 import asyncpg
 import structlog
 
-from consumers.delivery.apply import (
-    BLIP_RETRIES,
-    Applied,
-    Applier,
-    ClaimRaceError,
-    TimedOutError,
-    pause_after_blip,
-)
-from consumers.delivery.decode import decode_all
-from consumers.delivery.failures import Failures
-from consumers.delivery.parked import ParkingLot
+from consumers.delivery import snapshot, writer
+from consumers.delivery.decode import BadDelivery, Delivery, decode_all
+from consumers.delivery.errors import failure_of
+from consumers.delivery.executor import Decided, Executor, Known, TimedOutError, refused
+from consumers.delivery.report import report
 from consumers.registry import needs_of
 from consumers.retry_policy import RetryPolicy
 from consumers.unit_of_work import Handler, NeedsOf
+from domain.delivery import Fate, Source
 from events.decoding import RawDelivery
-from events.envelope import bounded_text, without_pkgq_marks
+from events.envelope import CONTENT_TYPE, bounded_text, without_pkgq_marks
 from events.routes import Route
-from infra.postgres import strikes, transitions
+from infra.postgres import holds, strikes, transitions
 from infra.postgres.pool import Conn
-from infra.rabbit.outcomes import Outcome, Result
+from infra.rabbit.outcomes import Result
 from infra.transient import is_outage, is_transient
 
 log = structlog.get_logger(__name__)
 
-CLAIM_RACE_RETRIES = 3
-
-
-class Mode(enum.Enum):
-    SET_BASED = "set_based"
-    """The whole batch in one transaction, with a fixed number of statements."""
-    ONE_BY_ONE = "one_by_one"
-    """Each delivery in a transaction of its own, in delivery order."""
+BLIP_RETRIES = 3
+"""How often a transaction that met a blip is run again before the blip counts as a failure."""
+DRAIN_PER_USER = 100
+"""Parked messages of one user taken into one drain transaction."""
 
 
 class DatabaseUnavailableError(ConnectionError):
     """No pooled connection could be had in time (an outage: see infra/transient.py)."""
+
+
+Item = Delivery | BadDelivery
 
 
 class DeliveryPipeline:
@@ -78,7 +88,6 @@ class DeliveryPipeline:
         policy: RetryPolicy,
         *,
         max_body_bytes: int,
-        kill_before_commit: bool = False,
         ttr: float | None = None,
         needs: NeedsOf | None = None,
         trusted_publisher: str | None = None,
@@ -92,74 +101,44 @@ class DeliveryPipeline:
         self.consumer = route.short_name
         self.policy = policy
         self._max_body_bytes = max_body_bytes
-        self.failures = Failures(route, policy)
-        self._applier = Applier(
-            route,
-            handler,
-            needs or needs_of(route.name),
-            self.failures,
-            ttr=ttr,
-            kill_before_commit=kill_before_commit,
-        )
-        self.parking = ParkingLot(
-            route, self._applier, self.failures, self._connection, max_body_bytes=max_body_bytes
-        )
+        self._needs = needs or needs_of(route.name)
+        self._executor = Executor(route, handler, policy, ttr)
+        self._polled_at = -1e9
 
     @property
     def ttr(self) -> float | None:
         """Seconds a handler may run on one message (None: no limit)."""
-        return self._applier.ttr
+        return self._executor.ttr
 
     @ttr.setter
     def ttr(self, seconds: float | None) -> None:
-        self._applier.ttr = seconds
+        self._executor.ttr = seconds
 
-    async def __call__(self, raw: RawDelivery) -> Outcome:
+    async def __call__(self, raw: RawDelivery) -> Fate:
         (result,) = await self.process_batch([raw])
-        return result.outcome
+        return result.fate
 
     async def process_batch(self, raws: Sequence[RawDelivery]) -> list[Result]:
         """Decide the fate of deliveries; a result per delivery, in delivery order."""
-        raws = self._distrusted(raws)
-        results: dict[int, Result] = {}
-        known: dict[int, Exception] = {}
-        """Failures this delivery attempt already met, by index: recorded again when the batch
-        runs again (after a TTR), not met a second time by calling the handler twice."""
-        end = len(raws)
-        mode = Mode.SET_BASED
-        races = blips = 0
-        drain: set[UUID] = set()
-        while pending := [i for i in range(end) if i not in results]:
-            try:
-                if mode is Mode.SET_BASED:
-                    applied = await self._in_one_transaction(raws, pending, known)
-                    results.update(applied.results)
-                    drain |= applied.drain
-                else:
-                    await self._one_by_one(raws, pending, known, results, drain)
-            except TimedOutError as timed_out:
-                end = await self._timed_out(raws, timed_out, known, end)
-            except ClaimRaceError:
-                races += 1
-                if races > CLAIM_RACE_RETRIES:
-                    raise
-            except Exception as exc:
-                if is_outage(exc) or mode is Mode.ONE_BY_ONE:
-                    raise  # an outage is waited out by the consumer, then the batch runs again
-                if is_transient(exc) and blips < BLIP_RETRIES:
-                    blips += 1
-                    await pause_after_blip(blips)
-                    continue
-                log.warning("batch_failed_one_by_one_next", size=len(pending), error=repr(exc))
-                mode = Mode.ONE_BY_ONE
+        ready, bad = decode_all(
+            self.route,
+            list(enumerate(self._distrusted(raws))),
+            max_body_bytes=self._max_body_bytes,
+            trusted_publisher=self._trusted_publisher,
+        )
+        decided, drain = await self._decide_all([*ready, *bad], Source.QUEUE)
         await self._drain(drain)
-        return [results.get(i, Result(Outcome.GIVEN_BACK)) for i in range(len(raws))]
+        return [
+            Result(d.decision.fate, d.seconds, d.trace_id)
+            if (d := decided.get(i))
+            else Result(Fate.GIVEN_BACK)
+            for i in range(len(raws))
+        ]
 
     def _distrusted(self, raws: Sequence[RawDelivery]) -> Sequence[RawDelivery]:
         """The deliveries with an outsider's pkgq marks (job marks, failure and replay history:
         events.envelope.PKGQ_MARKS) taken away, before anything reads, parks, retries or buries
-        them: the message is applied as if it had none, and no address or group of pkgq's
-        hears of it. Only with a trusted publisher to compare against."""
+        them. Only with a trusted publisher to compare against."""
         if self._trusted_publisher is None:
             return raws
         kept: list[RawDelivery] = []
@@ -181,94 +160,147 @@ class DeliveryPipeline:
             kept.append(raw)
         return kept
 
-    async def _in_one_transaction(
-        self, raws: Sequence[RawDelivery], indexes: list[int], known: dict[int, Exception]
-    ) -> Applied:
-        ready, bad = decode_all(
-            self.route,
-            [(i, raws[i]) for i in indexes],
-            max_body_bytes=self._max_body_bytes,
-            trusted_publisher=self._trusted_publisher,
-        )
-        async with self._connection() as conn, conn.transaction():
-            return await self._applier.run(conn, ready, bad, known)
-
-    async def _one_by_one(
-        self,
-        raws: Sequence[RawDelivery],
-        indexes: list[int],
-        known: dict[int, Exception],
-        results: dict[int, Result],
-        drain: set[UUID],
-    ) -> None:
-        for index in indexes:
-            applied = await self._alone(raws, index, known)
-            results.update(applied.results)
-            drain |= applied.drain
-
-    async def _alone(
-        self, raws: Sequence[RawDelivery], index: int, known: dict[int, Exception]
-    ) -> Applied:
-        """One delivery in a transaction of its own. If that transaction fails on something
-        other than an outage (a blip that persists, a constraint the write-back broke), the
-        failure is the message's own: it is recorded in a new transaction (retry and hold, or
-        bury), without its handler called again."""
-        for attempt in range(BLIP_RETRIES + 1):
+    async def _decide_all(
+        self, items: Sequence[Item], source: Source
+    ) -> tuple[dict[int, Decided], set[UUID]]:
+        """The one retry loop (see the module docstring). Returns the decisions by index (a
+        delivery without one is given back) and the users whose parked messages may go."""
+        decided: dict[int, Decided] = {}
+        drain: set[UUID] = set()
+        known = Known()
+        end = len(items) and max(i.index for i in items) + 1
+        split = False
+        blips = 0
+        while pending := sorted(
+            (i for i in items if i.index < end and i.index not in decided), key=lambda i: i.index
+        ):
+            scope = pending[:1] if split else pending
             try:
-                return await self._in_one_transaction(raws, [index], known)
-            except (TimedOutError, ClaimRaceError):
-                raise
+                done, lifted = await self._transaction(scope, source, known)
+            except TimedOutError as timed_out:
+                end = await self._timed_out(items, timed_out, known, end)
+                continue
             except Exception as exc:
                 if is_outage(exc):
-                    raise
-                if is_transient(exc) and attempt < BLIP_RETRIES:
-                    await pause_after_blip(attempt + 1)
+                    raise  # waited out by the consumer, then the batch runs again
+                if (is_transient(exc) or isinstance(exc, writer.ClaimRaceError)) and (
+                    blips < BLIP_RETRIES
+                ):
+                    blips += 1
+                    await asyncio.sleep(random.uniform(0.01, 0.05) * blips)
                     continue
-                known.setdefault(index, exc)
+                blips = 0
+                if len(scope) > 1:
+                    log.warning("batch_failed_one_by_one_next", size=len(scope), error=repr(exc))
+                    split = True
+                    continue
+                index = scope[0].index
+                if index in known.failures:
+                    raise  # recording its failure failed too: the consumer's last resort
                 log.warning("delivery_failed_alone", index=index, error=repr(exc))
-                break
-        return await self._in_one_transaction(raws, [index], known)
+                known.failures[index] = failure_of(exc)
+                continue
+            blips = 0
+            decided.update((d.index, d) for d in done)
+            drain |= set(lifted)
+            report(self.route, done)
+        return decided, drain
+
+    async def _transaction(
+        self, scope: Sequence[Item], source: Source, known: Known
+    ) -> tuple[list[Decided], list[UUID]]:
+        """Decide and write one scope of the batch in one transaction."""
+        ready = [i for i in scope if isinstance(i, Delivery)]
+        bad = [i for i in scope if isinstance(i, BadDelivery)]
+        async with self._connection() as conn, conn.transaction():
+            loaded = await snapshot.load(
+                conn, self.consumer, self._needs, ready, source, settled=frozenset(known.failures)
+            )
+            done = refused(bad) + await self._executor.run(conn, loaded, ready, known)
+            lifted = await writer.write(
+                conn,
+                self.route,
+                loaded.work,
+                done,
+                source=source,
+                holds_before=loaded.holds_before,
+                holds_after=loaded.gate.holds,
+                failed_before=loaded.failed_before,
+            )
+        return done, lifted
 
     async def _timed_out(
-        self,
-        raws: Sequence[RawDelivery],
-        timed_out: TimedOutError,
-        known: dict[int, Exception],
-        end: int,
+        self, items: Sequence[Item], timed_out: TimedOutError, known: Known, end: int
     ) -> int:
-        """Count a TTR strike; returns where the batch now ends (the rest is given back)."""
+        """Count a TTR strike; returns where the batch now ends (the rest is given back, or,
+        from the parking lot, stays parked)."""
         index = timed_out.index
-        ready, _ = decode_all(
-            self.route, [(index, raws[index])], max_body_bytes=self._max_body_bytes
-        )
+        (delivery,) = [i for i in items if i.index == index and isinstance(i, Delivery)]
         async with self._connection() as conn, conn.transaction():
-            count = await strikes.strike(conn, self.consumer, ready[0].message_id)
+            count = await strikes.strike(conn, self.consumer, delivery.message_id)
             await transitions.count_one(conn, self.route.name, "ttr")
         if count >= self.policy.max_attempts:
             log.error("ttr_exhausted", strikes=count, error=str(timed_out.error))
-            known[index] = timed_out.error  # run again: this time it is buried
+            known.failures[index] = failure_of(timed_out.error)  # run again: it is buried
             return end
         log.warning(
             "ttr_exceeded_given_back",
-            message_id=str(ready[0].message_id),
+            message_id=str(delivery.message_id),
             strikes=count,
-            given_back=end - index,
             error=str(timed_out.error),
         )
-        for later in [i for i in known if i >= index]:
-            del known[later]
+        for later in [i for i in known.failures if i >= index]:
+            del known.failures[later]
         return index
 
-    async def _drain(self, users: set[UUID]) -> None:
-        for user in sorted(users):
+    async def _drain(self, users: set[UUID]) -> int:
+        """Apply the parked messages of users whose hold was lifted, in order, while it stays
+        lifted. Returns how many were decided."""
+        total = 0
+        while users:
             try:
-                await self.parking.drain(user)
-            except Exception as exc:  # noqa: BLE001  (these deliveries are done; the poll retries)
-                log.warning("drain_deferred", user_id=str(user), error=repr(exc))
+                async with self._connection() as conn:
+                    parked = await holds.first_parked(
+                        conn, self.consumer, sorted(users), DRAIN_PER_USER
+                    )
+                raws = [
+                    RawDelivery(
+                        body=p.body,
+                        message_id=str(p.message_id),
+                        message_type=p.message_type,
+                        content_type=CONTENT_TYPE,
+                        timestamp=None,
+                        headers=p.headers,
+                    )
+                    for p in parked
+                ]
+                # It decoded when parked; a newer pkgq may differ (then it is buried as bad).
+                ready, bad = decode_all(
+                    self.route, list(enumerate(raws)), max_body_bytes=self._max_body_bytes
+                )
+                decided, users = await self._decide_all([*ready, *bad], Source.PARKING)
+            except Exception as exc:  # noqa: BLE001  (logged; the release poll tries again)
+                log.warning("drain_deferred", users=len(users), error=repr(exc))
+                with contextlib.suppress(Exception):
+                    async with self._connection() as conn:
+                        await holds.touch(conn, self.consumer, sorted(users))
+                return total
+            fates = [d.decision.fate for d in decided.values()]
+            total += sum(1 for f in fates if f is not Fate.GIVEN_BACK)
+            if Fate.GIVEN_BACK in fates or len(fates) < len(raws):
+                return total  # cut short (a TTR strike, a rival drain): the poll comes back
+        return total
 
     async def drain_parked(self) -> int:
-        """The consumer's idle task: drain the users whose holds were lifted meanwhile."""
-        return await self.parking.drain_lifted()
+        """The consumer's idle task: drain the users whose holds were lifted meanwhile (by an
+        operator's discard, or a drain a crash cut short). Every partition consumer of the
+        route calls this when idle; it looks at most once a second."""
+        if time.monotonic() - self._polled_at < 1.0:
+            return 0
+        self._polled_at = time.monotonic()
+        async with self._connection() as conn:
+            users = await holds.releasing_users(conn, self.consumer)
+        return await self._drain(set(users))
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[Conn]:

@@ -1,47 +1,69 @@
-"""Attempts per message, counted in Postgres: the retry policy's count.
+"""Attempts per message, counted in Postgres only: the retry policy's count.
 
-The `x-attempt` header is informative only: whoever publishes can set it, and a forged value
-would skip or multiply retries. Each failed attempt of a message on a consumer adds one here, in
-the delivery's transaction (a rollback takes the count back with the verdict). A replay starts
-a new generation, with attempts of its own.
+No header plays a part: whoever publishes can write `x-attempt`, and a forged value would skip,
+repeat or lose retries. The batch reads its messages' counts with its snapshot (`states`)
+and the writer adds the failures it decided (`add_many`), in the batch's transaction, so a
+rollback takes the count back with the decision. A replay starts the count over (`forget`).
+Rows of generation 0 are the count; the column stays from migration 0006, when a replay
+generation read from a header started a new count.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from uuid import UUID
 
 from infra.postgres.pool import Conn
 from infra.postgres.pruning import Rule
 
 # A message's failed attempts, last counted before the retention: its retries are long over
-# (the longest backoff is days shorter), and a replay counts in a new generation anyway.
+# (the longest backoff is days shorter), and a replay starts the count over anyway.
 RETENTION = Rule("attempts", "telecom.attempts", "ctid", "last_at < {cutoff}")
 
 
-async def count_failure(
-    conn: Conn, consumer: str, message_id: UUID, generation: int, claim: int
-) -> int:
-    """Count one more failed attempt; returns how many the message has had in its generation.
-
-    `claim` is the delivery's own x-attempt (pkgq writes count + 1 on each retry). A delivery
-    whose claim is the one counted last is that same attempt delivered again: not counted
-    again, so its retry's dedup key (made from the count) finds the retry already scheduled.
-    A forged claim can thus neither skip attempts (the count moves by one at most) nor
-    multiply retries (one retry per count)."""
-    attempts: int = await conn.fetchval(
+async def states(
+    conn: Conn, consumer: str, message_ids: Sequence[UUID]
+) -> tuple[set[UUID], dict[UUID, int]]:
+    """For a batch's snapshot, in one statement: which of the messages `consumer` applied
+    before (the inbox), and how many failed attempts each has had (absent: none)."""
+    if not message_ids:
+        return set(), {}
+    rows = await conn.fetch(
         """
-        INSERT INTO telecom.attempts (consumer, message_id, generation, attempts, last_claim)
-        VALUES ($1, $2, $3, 1, $4)
-        ON CONFLICT (consumer, message_id, generation) DO UPDATE SET
-            attempts = attempts.attempts
-                       + CASE WHEN attempts.last_claim = excluded.last_claim THEN 0 ELSE 1 END,
-            last_claim = excluded.last_claim,
-            last_at = now()
-        RETURNING attempts
+        SELECT m.id AS message_id,
+               EXISTS (SELECT 1 FROM telecom.inbox i
+                       WHERE i.consumer = $1 AND i.message_id = m.id) AS seen,
+               (SELECT a.attempts FROM telecom.attempts a
+                WHERE a.consumer = $1 AND a.message_id = m.id AND a.generation = 0) AS attempts
+        FROM unnest($2::uuid[]) AS m(id)
         """,
         consumer,
-        message_id,
-        generation,
-        claim,
+        list(dict.fromkeys(message_ids)),
     )
-    return attempts
+    seen = {r["message_id"] for r in rows if r["seen"]}
+    return seen, {r["message_id"]: r["attempts"] for r in rows if r["attempts"] is not None}
+
+
+async def add_many(conn: Conn, consumer: str, failures: Mapping[UUID, int]) -> None:
+    """Add each message's failures of this batch to its count, in one statement."""
+    if not failures:
+        return
+    await conn.execute(
+        """
+        INSERT INTO telecom.attempts AS a (consumer, message_id, generation, attempts, last_claim)
+        SELECT $1, m, 0, n, 0 FROM unnest($2::uuid[], $3::int[]) AS f(m, n)
+        ON CONFLICT (consumer, message_id, generation) DO UPDATE SET
+            attempts = a.attempts + excluded.attempts, last_at = now()
+        """,
+        consumer,
+        list(failures),
+        list(failures.values()),
+    )
+
+
+async def forget(conn: Conn, message_ids: Sequence[UUID]) -> None:
+    """The messages start over (a dead-letter replay): their counts, on every consumer, go."""
+    if message_ids:
+        await conn.execute(
+            "DELETE FROM telecom.attempts WHERE message_id = ANY($1::uuid[])", list(message_ids)
+        )

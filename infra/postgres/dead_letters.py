@@ -59,7 +59,14 @@ class NewDeadLetter:
 
 
 async def bury(conn: Conn, dead: NewDeadLetter) -> int:
-    """Store a dead letter, or refresh the row of the same message. Returns its id.
+    """Store one dead letter (see `bury_many`). Returns its id."""
+    (dead_letter_id,) = await bury_many(conn, [dead])
+    return dead_letter_id
+
+
+async def bury_many(conn: Conn, buried: Sequence[NewDeadLetter]) -> list[int]:
+    """Store dead letters, or refresh the row of the same message, in one statement. Returns
+    their ids, one per distinct dedup key (the last of a key's letters is the one stored).
 
     A message that fails again after a replay goes back to `buried` with its new error. A broker
     dead letter delivered twice to the ingester is the same event, and keeps its status. A later
@@ -67,50 +74,59 @@ async def bury(conn: Conn, dead: NewDeadLetter) -> int:
     replay sends): a message_id is no proof of identity, and anyone can publish one they know.
     It is counted in `repeats`.
     """
-    return int(
-        await conn.fetchval(
-            """
-            INSERT INTO telecom.dead_letters
-                (dedup_key, source, route, consumer, message_id, user_id, message_type,
-                 content_type, body, headers, reason, error_type, error_message, error_location,
-                 traceback, attempts, first_failed_at, body_size, body_sha256, message_uuid)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::text::jsonb, $11, $12, $13, $14,
-                    $15, $16, coalesce($17, now()), $18, $19, $20)
-            ON CONFLICT (dedup_key) DO UPDATE SET
-                repeats = dead_letters.repeats + 1,
-                reason = excluded.reason,
-                error_type = excluded.error_type,
-                error_message = excluded.error_message,
-                error_location = excluded.error_location,
-                traceback = excluded.traceback,
-                attempts = excluded.attempts,
-                last_failed_at = now(),
-                status = CASE WHEN excluded.source = 'broker' THEN dead_letters.status
-                              ELSE 'buried' END
-            RETURNING id
-            """,
-            clean_text(dead.dedup_key()),
-            dead.source,
-            clean_text(dead.route),
-            clean_text(dead.consumer),
-            _clean(dead.message_id),
-            dead.user_id,
-            _clean(dead.message_type),
-            _clean(dead.content_type),
-            dead.body[:MAX_STORED_BODY],
-            json.dumps(dead.headers),
-            clean_text(dead.reason),
-            clean_text(dead.error_type[:500]),
-            clean_text(dead.error_message[:4000]),
-            clean_text(dead.error_location[:500]),
-            _clean(dead.traceback[-16000:] if dead.traceback else None),
-            max(-(2**31), min(dead.attempts, 2**31 - 1)),
-            dead.first_failed_at,
-            len(dead.body),
-            hashlib.sha256(dead.body).hexdigest(),
-            message_uuid(dead.message_id),
-        )
+    letters = list({d.dedup_key(): d for d in buried}.values())
+    if not letters:
+        return []
+    rows = await conn.fetch(
+        """
+        INSERT INTO telecom.dead_letters
+            (dedup_key, source, route, consumer, message_id, user_id, message_type,
+             content_type, body, headers, reason, error_type, error_message, error_location,
+             traceback, attempts, first_failed_at, body_size, body_sha256, message_uuid)
+        SELECT k, src, r, c, m, u, t, ct, b, h::jsonb, rs, et, em, el, tb, a,
+               coalesce(ff, now()), bs, sha, mu
+        FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::uuid[],
+                    $7::text[], $8::text[], $9::bytea[], $10::text[], $11::text[], $12::text[],
+                    $13::text[], $14::text[], $15::text[], $16::int[], $17::timestamptz[],
+                    $18::bigint[], $19::text[], $20::uuid[])
+             WITH ORDINALITY AS d(k, src, r, c, m, u, t, ct, b, h, rs, et, em, el, tb, a, ff,
+                                  bs, sha, mu, ord)
+        ORDER BY ord
+        ON CONFLICT (dedup_key) DO UPDATE SET
+            repeats = dead_letters.repeats + 1,
+            reason = excluded.reason,
+            error_type = excluded.error_type,
+            error_message = excluded.error_message,
+            error_location = excluded.error_location,
+            traceback = excluded.traceback,
+            attempts = excluded.attempts,
+            last_failed_at = now(),
+            status = CASE WHEN excluded.source = 'broker' THEN dead_letters.status
+                          ELSE 'buried' END
+        RETURNING id
+        """,
+        [clean_text(d.dedup_key()) for d in letters],
+        [d.source for d in letters],
+        [clean_text(d.route) for d in letters],
+        [clean_text(d.consumer) for d in letters],
+        [_clean(d.message_id) for d in letters],
+        [d.user_id for d in letters],
+        [_clean(d.message_type) for d in letters],
+        [_clean(d.content_type) for d in letters],
+        [d.body[:MAX_STORED_BODY] for d in letters],
+        [json.dumps(d.headers) for d in letters],
+        [clean_text(d.reason) for d in letters],
+        [clean_text(d.error_type[:500]) for d in letters],
+        [clean_text(d.error_message[:4000]) for d in letters],
+        [clean_text(d.error_location[:500]) for d in letters],
+        [_clean(d.traceback[-16000:] if d.traceback else None) for d in letters],
+        [max(-(2**31), min(d.attempts, 2**31 - 1)) for d in letters],
+        [d.first_failed_at for d in letters],
+        [len(d.body) for d in letters],
+        [hashlib.sha256(d.body).hexdigest() for d in letters],
+        [message_uuid(d.message_id) for d in letters],
     )
+    return [int(r["id"]) for r in rows]
 
 
 def _clean(value: str | None) -> str | None:

@@ -23,7 +23,7 @@ from events.envelope import (
     republished_headers,
 )
 from events.routes import ROUTES, UNTRUSTED_PUBLISHER
-from infra.postgres import addresses, dead_letters, holds, outbox, strikes, transitions
+from infra.postgres import addresses, attempts, dead_letters, holds, outbox, strikes, transitions
 from infra.postgres.dead_letters import STATUSES, as_dict, lock_holds
 from infra.postgres.pool import Conn
 
@@ -140,7 +140,8 @@ async def replay(
     await transitions.count(conn, moves)
     revived = [m.message_id for m in messages]
     await addresses.requeue_addresses(conn, revived)
-    # A revived message has its TTR strikes anew, as it has its attempts.
+    # A revived message starts over: its attempts and its TTR strikes are counted anew.
+    await attempts.forget(conn, revived)
     await strikes.forget(conn, revived)
     await dead_letters.mark_replayed(conn, replayed, who)
     # A hold waiting on a replayed message waits for its new delivery now.

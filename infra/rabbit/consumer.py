@@ -30,6 +30,7 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
+from domain.delivery import Fate
 from events.envelope import H_USER_ID, header_text
 from events.partitioning import route_of_key
 from infra import faults
@@ -37,7 +38,7 @@ from infra.observability import IN_FLIGHT, MESSAGES
 from infra.rabbit import settle
 from infra.rabbit.deliveries import channel_open, raw_delivery
 from infra.rabbit.last_resort import copy_to_dead_letters
-from infra.rabbit.outcomes import Outcome, Processor, Result
+from infra.rabbit.outcomes import Processor, Result
 from infra.rabbit.publisher import Publisher
 from infra.settings import Settings
 from infra.transient import StoppingError, until_done
@@ -47,7 +48,7 @@ log = structlog.get_logger(__name__)
 Declare = Callable[[AbstractChannel], Awaitable[AbstractQueue]]
 Idle = Callable[[], Awaitable[object]]
 
-__all__ = ["Outcome", "Processor", "QueueConsumer", "Result"]
+__all__ = ["Processor", "QueueConsumer", "Result"]
 
 
 class QueueConsumer:
@@ -337,7 +338,7 @@ class QueueConsumer:
             return True
         if not copied:  # left unacked (redelivered): stopping, or its channel is gone
             return not self._stopping.is_set()
-        MESSAGES.labels(route=route_of_key(self.name), outcome=Outcome.DEAD_LETTERED.value).inc()
+        MESSAGES.labels(route=route_of_key(self.name), outcome=Fate.BURIED.value).inc()
         return True
 
     def _enter(self, count: int) -> None:

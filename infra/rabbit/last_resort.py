@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
+from domain.delivery import Fate
 from events.envelope import (
     H_DEAD_AT,
     H_DEAD_CONSUMER,
@@ -23,7 +24,6 @@ from events.envelope import (
     without_pkgq_marks,
 )
 from infra.rabbit.deliveries import channel_open
-from infra.rabbit.outcomes import Outcome
 from infra.rabbit.publisher import Publisher, build_message
 
 log = structlog.get_logger(__name__)
@@ -91,5 +91,5 @@ async def copy_to_dead_letters(
         await message.ack()
     except Exception as ack_error:  # noqa: BLE001  (channel gone: the inbox absorbs it)
         log.warning("ack_failed", error=repr(ack_error))
-    log.warning("dead_lettered", outcome=Outcome.DEAD_LETTERED.value, reason=reason, error=str(exc))
+    log.warning("dead_lettered", outcome=Fate.BURIED.value, reason=reason, error=str(exc))
     return True

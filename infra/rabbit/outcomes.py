@@ -1,4 +1,8 @@
-"""What a processor tells the consumer loop about each delivery it was handed."""
+"""What a processor tells the consumer loop about each delivery it was handed.
+
+The business fate of a delivery is a `Fate` (domain/delivery.py), decided by the processor;
+the transport's part is derived from it here, at the settle edge, and nowhere else.
+"""
 
 from __future__ import annotations
 
@@ -6,32 +10,27 @@ import enum
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from domain.delivery import Fate
 from events.decoding import RawDelivery
 
 
-class Outcome(enum.StrEnum):
-    ACKED = "acked"
-    DUPLICATE = "duplicate"
-    """The same message (message_id) again: the inbox knew it, nothing was run."""
-    DUPLICATE_ORDER = "duplicate_order"
-    """A purchase of an order (by_order) the user bought before, under a new message_id: the
-    handler ran, queued nothing, and the message is acked like an applied one."""
-    DEAD_LETTERED = "dead_lettered"
-    RETRY_SCHEDULED = "retried"
-    PARKED = "parked"
-    GIVEN_BACK = "given_back"
-    """Handed back to the queue in its place (the handler ran past the route's TTR)."""
-    CANCELLED = "cancelled"
-    """A member of a cancelled group: acknowledged without running the handler."""
-    EXPIRED = "expired"
-    """Delivered after its TTL: recorded as expired in the dead-letter store, not applied."""
+class Settle(enum.Enum):
+    ACK = "ack"
+    """Done with on the broker: applied, recorded, parked, scheduled again or buried."""
+    GIVE_BACK = "give_back"
+    """Back to the queue in its place: the channel is closed with it unacknowledged (a nack
+    with requeue would send it to the back of a quorum queue)."""
+
+
+def settle_of(fate: Fate) -> Settle:
+    return Settle.GIVE_BACK if fate is Fate.GIVEN_BACK else Settle.ACK
 
 
 @dataclass(frozen=True, slots=True)
 class Result:
     """One delivery's fate, as its processor decided it."""
 
-    outcome: Outcome
+    fate: Fate
     seconds: float | None = None
     """The message's own share of its batch's time (its log line's `ms`)."""
     trace_id: str | None = None

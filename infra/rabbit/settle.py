@@ -13,7 +13,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from events.decoding import RawDelivery
 from events.envelope import H_TRACEPARENT, H_USER_ID, header_text
 from infra.observability import MESSAGES, PROCESSING
-from infra.rabbit.outcomes import Outcome, Result
+from infra.rabbit.outcomes import Result, Settle, settle_of
 from infra.tracing import trace_id_of
 
 log = structlog.get_logger(__name__)
@@ -23,7 +23,7 @@ def done_and_given_back(
     messages: Sequence[AbstractIncomingMessage], results: Sequence[Result]
 ) -> tuple[list[AbstractIncomingMessage], int]:
     """The deliveries to ack, and how many go back to the queue (only a tail ever does)."""
-    given_back = sum(1 for r in results if r.outcome is Outcome.GIVEN_BACK)
+    given_back = sum(1 for r in results if settle_of(r.fate) is Settle.GIVE_BACK)
     return list(messages[: len(messages) - given_back]), given_back
 
 
@@ -55,7 +55,7 @@ def record(
     share = elapsed / len(raws)
     histogram = PROCESSING.labels(route=route)
     for raw, result in zip(raws, results, strict=True):
-        MESSAGES.labels(route=route, outcome=result.outcome.value).inc()
+        MESSAGES.labels(route=route, outcome=result.fate.value).inc()
         histogram.observe(share)
         own = result.seconds
         log.info(
@@ -65,7 +65,7 @@ def record(
             # Headers are an outsider's data: text only, bounded (never a table's repr).
             user_id=header_text(raw.headers, H_USER_ID, 64),
             trace_id=result.trace_id or trace_id_of(header_text(raw.headers, H_TRACEPARENT, 256)),
-            outcome=result.outcome.value,
+            outcome=result.fate.value,
             batch=len(raws),
             ms=round(own * 1000, 2) if own is not None else None,
             batch_ms=batch_ms,

@@ -332,18 +332,22 @@ async def test_an_edited_replay_of_a_held_message_goes_first_and_its_parked_mess
                 attempts=3,
             ),
         )
-        await holds.hold(
-            conn, "package_purchase", user, blocker, state="buried", attempts=3, error="amount"
+        await holds.hold_many(
+            conn, "package_purchase", [holds.NewHold(user, blocker, "buried", 3, "amount")]
         )
-        await holds.park(
+        await holds.park_many(
             conn,
             "package_purchase",
-            user,
-            parked,
-            PACKAGE_PURCHASE.name,
-            PACKAGE_PURCHASE.message_type,
-            PurchasePackage(user_id=user, package_id=after).model_dump_json().encode(),
-            json.dumps(headers),
+            [
+                holds.NewParked(
+                    user,
+                    parked,
+                    PACKAGE_PURCHASE.name,
+                    PACKAGE_PURCHASE.message_type,
+                    PurchasePackage(user_id=user, package_id=after).model_dump_json().encode(),
+                    headers,
+                )
+            ],
         )
     async with console(settings, spawn) as web, browser() as chromium:
         # A purchase that arrives now is parked behind the buried one too.

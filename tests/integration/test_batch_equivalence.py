@@ -31,6 +31,7 @@ import hypothesis
 import pytest
 from hypothesis import HealthCheck, example, given
 
+from domain.delivery import Fate
 from events.routes import (
     PACKAGE_PURCHASE,
     PACKAGE_QUEUING,
@@ -38,7 +39,6 @@ from events.routes import (
     USAGE_RECORD,
 )
 from infra.postgres.pool import create_pool
-from infra.rabbit.outcomes import Outcome
 from infra.settings import Settings
 from tests.integration.batch_scenarios import (
     EXAMPLES,
@@ -117,11 +117,11 @@ async def test_a_batch_reaches_the_same_state_and_outbox_as_its_messages_applied
         assert kept == [i for i, _ in raws_a], f"{where}: the runs have different items"
         if raws_b:
             results = await batched.pipeline(step.route).process_batch([r for _, r in raws_b])
-            outcomes_b = [r.outcome for r in results]
-            outcomes_a: list[Outcome] = []
+            outcomes_b = [r.fate for r in results]
+            outcomes_a: list[Fate] = []
             for _, raw in raws_a:
                 (result,) = await alone.pipeline(step.route).process_batch([raw])
-                outcomes_a.append(result.outcome)
+                outcomes_a.append(result.fate)
             assert outcomes_b == outcomes_a, f"{where}: outcomes {outcomes_b} != {outcomes_a}"
             for outcome in outcomes_b:
                 hypothesis.event(f"{step.route}: {outcome}")

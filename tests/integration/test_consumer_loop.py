@@ -11,12 +11,13 @@ from uuid import UUID, uuid4
 import asyncpg
 from aio_pika.abc import AbstractRobustConnection
 
+from domain.delivery import Fate
 from events.decoding import RawDelivery
 from events.envelope import H_DEAD_REASON
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.rabbit.connection import connect
-from infra.rabbit.consumer import Outcome, Processor, QueueConsumer, Result
+from infra.rabbit.consumer import Processor, QueueConsumer, Result
 from infra.rabbit.publisher import Publisher
 from infra.rabbit.route_consumer import route_consumer
 from infra.rabbit.tap import Tap
@@ -53,10 +54,10 @@ async def test_buffered_deliveries_of_a_closed_connection_are_redelivered_and_al
     connection = await connect(settings.amqp_url, name)
     seen: list[UUID] = []
 
-    async def slow_processor(raw: RawDelivery) -> Outcome:
+    async def slow_processor(raw: RawDelivery) -> Fate:
         await asyncio.sleep(0.02)
         seen.append(UUID(str(raw.message_id)))
-        return Outcome.ACKED
+        return Fate.APPLIED
 
     tuned = settings.model_copy(update={"prefetch": 10})  # deliveries wait in the buffer
     dead_letters = await Publisher.open(connection, settings.dlx)
@@ -84,7 +85,7 @@ async def test_buffered_deliveries_of_a_closed_connection_are_redelivered_and_al
     await connection.close()
 
 
-def one_at_a_time(processor: Callable[[RawDelivery], Awaitable[Outcome]]) -> Processor:
+def one_at_a_time(processor: Callable[[RawDelivery], Awaitable[Fate]]) -> Processor:
     """A batch processor made of a single-delivery one (batches here are of one anyway)."""
 
     async def run(raws: Sequence[RawDelivery]) -> list[Result]:
@@ -94,7 +95,7 @@ def one_at_a_time(processor: Callable[[RawDelivery], Awaitable[Outcome]]) -> Pro
 
 
 async def _consume_with(
-    settings: Settings, processor: Callable[[RawDelivery], Awaitable[Outcome]]
+    settings: Settings, processor: Callable[[RawDelivery], Awaitable[Fate]]
 ) -> tuple[QueueConsumer, AbstractRobustConnection]:
     connection = await connect(settings.amqp_url, f"pkgq-test-consumer-{uuid4().hex[:8]}")
     dead_letters = await Publisher.open(connection, settings.dlx)
@@ -110,11 +111,11 @@ async def test_an_outage_is_waited_out_and_the_message_applied_once(
 ) -> None:
     calls: list[UUID] = []
 
-    async def flaky(raw: RawDelivery) -> Outcome:
+    async def flaky(raw: RawDelivery) -> Fate:
         calls.append(UUID(str(raw.message_id)))
         if len(calls) <= 7:  # more than tenacity's 5 quick attempts: the outage path
             raise ConnectionRefusedError(111, "Connect call failed")
-        return Outcome.ACKED
+        return Fate.APPLIED
 
     consumer, connection = await _consume_with(settings, flaky)
     sent = await send(
@@ -137,13 +138,13 @@ async def test_a_bug_in_the_failure_path_itself_sends_a_confirmed_copy_to_the_dl
     poison = uuid4()
     applied: list[UUID] = []
 
-    async def buggy(raw: RawDelivery) -> Outcome:
+    async def buggy(raw: RawDelivery) -> Fate:
         if raw.message_id == str(poison):
             raise asyncpg.InterfaceError(
                 "the server expects 1 argument for this query, 2 were passed"
             )
         applied.append(UUID(str(raw.message_id)))
-        return Outcome.ACKED
+        return Fate.APPLIED
 
     consumer, connection = await _consume_with(settings, buggy)
     body = RecordUsage(user_id=uuid4(), upload=1, download=1)
@@ -226,7 +227,7 @@ async def test_a_poison_message_whose_dead_letter_copy_fails_is_not_acked_with_i
         seen.extend(UUID(str(r.message_id)) for r in raws)
         if any(r.message_id == str(poison) for r in raws):
             raise RuntimeError("a bug in the failure path")
-        return [Result(Outcome.ACKED) for _ in raws]
+        return [Result(Fate.APPLIED) for _ in raws]
 
     gone = f"{settings.exchange}.gone"
     channel = await amqp.channel()

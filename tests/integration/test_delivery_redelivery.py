@@ -17,13 +17,14 @@ from consumers.handlers import usage_record
 from consumers.registry import HANDLERS
 from consumers.retry_policy import RetryPolicy
 from consumers.unit_of_work import HandlerContext
+from domain.delivery import Fate
 from events.decoding import RawDelivery
 from events.envelope import CONTENT_TYPE, H_ATTEMPT, H_SCHEMA_VERSION, H_USER_ID
 from events.models import PackageQueuePushEvent, PurchasePackage, RecordUsage
 from events.routes import EXPIRY_DUE, PACKAGE_PURCHASE, PACKAGE_QUEUING, USAGE_RECORD, Route
 from infra.postgres import dead_letters
 from infra.postgres.pool import create_pool
-from infra.rabbit.consumer import Outcome, Result
+from infra.rabbit.consumer import Result
 from infra.settings import Settings
 from tests.support.deliveries import add_package, raw_for
 from tests.support.observing import fetch
@@ -56,27 +57,37 @@ class Switchable:
         self.applied.append(body.upload)
 
 
-def outcomes_of(results: list[Result]) -> list[Outcome]:
-    return [r.outcome for r in results]
+def outcomes_of(results: list[Result]) -> list[Fate]:
+    return [r.fate for r in results]
 
 
 def pipeline(pool: asyncpg.Pool, handler: Switchable, policy: RetryPolicy) -> DeliveryPipeline:
     return DeliveryPipeline(pool, USAGE_RECORD, handler, policy, max_body_bytes=2**20)
 
 
-async def test_a_failure_delivered_again_after_its_commit_schedules_one_retry_and_one_hold(
+async def test_a_failure_delivered_again_after_its_commit_counts_twice_and_keeps_one_retry_pending(
     pool: asyncpg.Pool,
 ) -> None:
+    """Attempts are counted in Postgres only: the redelivered copy (a crash between commit and
+    ack) is one more failure, and its retry replaces the first one, never adds to it."""
     user = uuid4()
     process = pipeline(pool, Switchable(1), RetryPolicy(max_attempts=5, backoff=lambda _: 60.0))
     first = delivery(user, 1)
-    assert await process(first) == Outcome.RETRY_SCHEDULED
-    assert await process(first) == Outcome.RETRY_SCHEDULED  # the redelivery
+    assert await process(first) == Fate.RETRY
+    assert await process(first) == Fate.RETRY  # the redelivery
 
     retries = await fetch(
-        pool, "SELECT dedup_key FROM telecom.outbox WHERE message_id = $1", UUID(first.message_id)
+        pool,
+        "SELECT cancel_key, headers->'x-attempt' AS attempt FROM telecom.outbox "
+        "WHERE message_id = $1",
+        UUID(first.message_id),
     )
-    assert [r["dedup_key"] for r in retries] == [f"retry:usage_record:{first.message_id}:0:2"]
+    key = f"retry:usage_record:{first.message_id}"
+    assert [(r["cancel_key"], int(r["attempt"])) for r in retries] == [(key, 3)]
+    (counted,) = await fetch(
+        pool, "SELECT attempts FROM telecom.attempts WHERE message_id = $1", UUID(first.message_id)
+    )
+    assert counted["attempts"] == 2
     holds = await fetch(pool, "SELECT blocker, state FROM telecom.holds WHERE user_id = $1", user)
     assert [(r["blocker"], r["state"]) for r in holds] == [(UUID(first.message_id), "retrying")]
 
@@ -86,8 +97,8 @@ async def test_a_buried_message_delivered_again_updates_its_dead_letter_instead_
 ) -> None:
     process = pipeline(pool, Switchable(1), RetryPolicy(max_attempts=1))
     poison = delivery(uuid4(), 1)
-    assert await process(poison) == Outcome.DEAD_LETTERED
-    assert await process(poison) == Outcome.DEAD_LETTERED
+    assert await process(poison) == Fate.BURIED
+    assert await process(poison) == Fate.BURIED
     dead = await fetch(pool, "SELECT message_id, status::text FROM telecom.dead_letters")
     assert [(r["message_id"], r["status"]) for r in dead] == [(poison.message_id, "buried")]
 
@@ -101,19 +112,19 @@ async def test_a_parked_message_delivered_twice_is_parked_once_and_applied_once_
     m1 = delivery(user, 1)
     m2 = delivery(user, 2)
     m3 = delivery(user, 3)
-    assert await process(m1) == Outcome.RETRY_SCHEDULED
-    assert await process(m2) == Outcome.PARKED
-    assert await process(m2) == Outcome.PARKED  # redelivered: keeps its first place
-    assert await process(m3) == Outcome.PARKED
+    assert await process(m1) == Fate.RETRY
+    assert await process(m2) == Fate.PARKED
+    assert await process(m2) == Fate.PARKED  # redelivered: keeps its first place
+    assert await process(m3) == Fate.PARKED
     parked = await fetch(pool, "SELECT message_id FROM telecom.parked ORDER BY id")
     assert [str(r["message_id"]) for r in parked] == [m2.message_id, m3.message_id]
 
     handler.failing.clear()  # the cause goes away; the retry arrives
     retry = delivery(user, 1, message_id=UUID(m1.message_id), attempt=2)
-    assert await process(retry) == Outcome.ACKED
+    assert await process(retry) == Fate.APPLIED
     assert handler.applied == [1, 2, 3]  # released in order, right after the blocker
-    assert await process(m2) == Outcome.DUPLICATE  # a late redelivery applies nothing
-    assert await process(retry) == Outcome.DUPLICATE
+    assert await process(m2) == Fate.DUPLICATE  # a late redelivery applies nothing
+    assert await process(retry) == Fate.DUPLICATE
     assert handler.applied == [1, 2, 3]
     assert await fetch(pool, "SELECT * FROM telecom.holds") == []
     assert await fetch(pool, "SELECT * FROM telecom.parked") == []
@@ -126,11 +137,11 @@ async def test_a_stale_earlier_attempt_of_the_blocker_arriving_after_its_retry_a
     handler = Switchable(1)
     process = pipeline(pool, handler, RetryPolicy(max_attempts=5, backoff=lambda _: 60.0))
     m1 = delivery(user, 1)
-    assert await process(m1) == Outcome.RETRY_SCHEDULED
+    assert await process(m1) == Fate.RETRY
     handler.failing.clear()
     retry = delivery(user, 1, message_id=UUID(m1.message_id), attempt=2)
-    assert await process(retry) == Outcome.ACKED
-    assert await process(m1) == Outcome.DUPLICATE  # attempt 1 redelivered late
+    assert await process(retry) == Fate.APPLIED
+    assert await process(m1) == Fate.DUPLICATE  # attempt 1 redelivered late
     assert handler.applied == [1]
 
 
@@ -141,9 +152,9 @@ async def test_a_release_cut_short_by_a_crash_is_finished_by_the_release_poll(
     handler = Switchable(1)
     process = pipeline(pool, handler, RetryPolicy(max_attempts=1))
     m1 = delivery(user, 1)
-    assert await process(m1) == Outcome.DEAD_LETTERED
-    assert await process(delivery(user, 2)) == Outcome.PARKED
-    assert await process(delivery(user, 3)) == Outcome.PARKED
+    assert await process(m1) == Fate.BURIED
+    assert await process(delivery(user, 2)) == Fate.PARKED
+    assert await process(delivery(user, 3)) == Fate.PARKED
     # What `pkgq dlq discard` commits, with the consumer gone before it could apply anything.
     async with pool.acquire() as conn:
         await conn.execute("UPDATE telecom.holds SET blocker = NULL, state = 'releasing'")
@@ -156,7 +167,7 @@ async def test_a_release_cut_short_by_a_crash_is_finished_by_the_release_poll(
 async def test_bad_input_for_a_held_user_is_buried_at_once_not_parked(pool: asyncpg.Pool) -> None:
     user = uuid4()
     process = pipeline(pool, Switchable(1), RetryPolicy(max_attempts=5, backoff=lambda _: 60.0))
-    assert await process(delivery(user, 1)) == Outcome.RETRY_SCHEDULED
+    assert await process(delivery(user, 1)) == Fate.RETRY
     bad = delivery(user, 2)
     broken = RawDelivery(
         body=b'{"user_id": ',
@@ -166,7 +177,7 @@ async def test_bad_input_for_a_held_user_is_buried_at_once_not_parked(pool: asyn
         timestamp=None,
         headers=bad.headers,
     )
-    assert await process(broken) == Outcome.DEAD_LETTERED
+    assert await process(broken) == Fate.BURIED
     dead = await fetch(pool, "SELECT reason, user_id FROM telecom.dead_letters")
     assert [(r["reason"], r["user_id"]) for r in dead] == [("invalid_json", user)]
     assert await fetch(pool, "SELECT * FROM telecom.parked") == []
@@ -187,8 +198,8 @@ async def test_a_message_without_a_user_header_is_buried_under_its_bodys_user_an
         timestamp=None,
         headers={H_SCHEMA_VERSION: 1},
     )
-    assert await process(headerless) == Outcome.DEAD_LETTERED
-    assert await process(delivery(user, 2)) == Outcome.PARKED
+    assert await process(headerless) == Fate.BURIED
+    assert await process(delivery(user, 2)) == Fate.PARKED
     (dead,) = await fetch(pool, "SELECT id, user_id, message_id FROM telecom.dead_letters")
     assert (dead["user_id"], dead["message_id"]) == (user, m1.message_id)
 
@@ -206,12 +217,12 @@ async def test_header_values_postgres_cannot_hold_do_not_break_the_failure_path(
     m1 = delivery(user, 1)
     odd = {**m1.headers, "x-note": "a\x00b", "x-ratio": float("nan")}
     first = RawDelivery(m1.body, m1.message_id, m1.message_type, m1.content_type, None, odd)
-    assert await process(first) == Outcome.RETRY_SCHEDULED
+    assert await process(first) == Fate.RETRY
     m2 = delivery(user, 2)
     second = RawDelivery(
         m2.body, m2.message_id, m2.message_type, m2.content_type, None, {**m2.headers, **odd}
     )
-    assert await process(second) == Outcome.PARKED
+    assert await process(second) == Fate.PARKED
     (retry,) = await fetch(
         pool,
         "SELECT headers->>'x-note' AS note, headers->>'x-ratio' AS ratio FROM telecom.outbox",
@@ -229,13 +240,13 @@ async def test_two_copies_of_a_failing_message_in_one_batch_keep_the_user_held_b
     process = pipeline(pool, handler, RetryPolicy(max_attempts=5, backoff=lambda _: 60.0))
     m, n = delivery(user, 1), delivery(user, 2)
     outcomes = outcomes_of(await process.process_batch([m, m, n]))
-    assert outcomes == [Outcome.RETRY_SCHEDULED, Outcome.RETRY_SCHEDULED, Outcome.PARKED]
+    assert outcomes == [Fate.RETRY, Fate.RETRY, Fate.PARKED]
     assert handler.applied == []  # N waits for M's retry
     holds = await fetch(pool, "SELECT blocker, state FROM telecom.holds WHERE user_id = $1", user)
     assert [(h["blocker"], h["state"]) for h in holds] == [(UUID(m.message_id), "retrying")]
 
 
-async def test_a_redelivered_attempt_batched_with_its_own_retry_schedules_the_next_one(
+async def test_a_redelivered_attempt_batched_with_its_own_retry_counts_each_and_keeps_one_retry(
     pool: asyncpg.Pool,
 ) -> None:
     # Attempt 1 failed and its retry was committed, but the ack was lost; by the time attempt 1
@@ -247,13 +258,20 @@ async def test_a_redelivered_attempt_batched_with_its_own_retry_schedules_the_ne
     a1 = delivery(user, 1, message_id=mid, attempt=1)
     a2 = delivery(user, 1, message_id=mid, attempt=2)
     n = delivery(user, 2)
-    assert outcomes_of(await process.process_batch([a1])) == [Outcome.RETRY_SCHEDULED]
+    assert outcomes_of(await process.process_batch([a1])) == [Fate.RETRY]
     outcomes = outcomes_of(await process.process_batch([a1, a2, n]))
-    assert outcomes == [Outcome.RETRY_SCHEDULED, Outcome.RETRY_SCHEDULED, Outcome.PARKED]
+    assert outcomes == [Fate.RETRY, Fate.RETRY, Fate.PARKED]
+    # Each copy's failure counts (3 in all); one retry is pending, the next attempt's.
     retries = await fetch(
-        pool, "SELECT dedup_key FROM telecom.outbox WHERE message_id = $1 ORDER BY id", mid
+        pool,
+        "SELECT headers->'x-attempt' AS attempt FROM telecom.outbox WHERE message_id = $1",
+        mid,
     )
-    assert [r["dedup_key"].rsplit(":", 1)[-1] for r in retries] == ["2", "3"]
+    assert [int(r["attempt"]) for r in retries] == [4]
+    (counted,) = await fetch(
+        pool, "SELECT attempts FROM telecom.attempts WHERE message_id = $1", mid
+    )
+    assert counted["attempts"] == 3
     assert handler.applied == []
 
 
@@ -266,11 +284,11 @@ async def test_a_batch_applies_each_users_messages_in_order_and_isolates_a_failu
     batch = [delivery(a, 1), delivery(b, 10), delivery(a, 2), delivery(b, 3), delivery(b, 20)]
     outcomes = outcomes_of(await process.process_batch(batch))
     assert outcomes == [
-        Outcome.ACKED,
-        Outcome.ACKED,
-        Outcome.ACKED,
-        Outcome.RETRY_SCHEDULED,  # b's upload 3 fails ...
-        Outcome.PARKED,  # ... and b's next message waits behind it
+        Fate.APPLIED,
+        Fate.APPLIED,
+        Fate.APPLIED,
+        Fate.RETRY,  # b's upload 3 fails ...
+        Fate.PARKED,  # ... and b's next message waits behind it
     ]
     # (The handler's own log is not transactional: the batch ran once unguarded, was rolled
     # back at b's failure and ran again guarded. The committed state is what counts.)
@@ -299,7 +317,7 @@ async def test_a_timer_scheduled_and_withdrawn_within_one_batch_is_never_written
     async def user_with_first_item_active() -> tuple[UUID, list[int]]:
         user = uuid4()
         purchase = PurchasePackage(user_id=user, package_id=package, amount=3)
-        assert await run(PACKAGE_PURCHASE)(raw_for(PACKAGE_PURCHASE, purchase)) == Outcome.ACKED
+        assert await run(PACKAGE_PURCHASE)(raw_for(PACKAGE_PURCHASE, purchase)) == Fate.APPLIED
         items = [
             r["id"]
             for r in await fetch(
@@ -309,7 +327,7 @@ async def test_a_timer_scheduled_and_withdrawn_within_one_batch_is_never_written
         push = PackageQueuePushEvent(
             user_id=user, item_ids=items, package_id=package, pushed_at=1_795_000_000
         )
-        assert await run(PACKAGE_QUEUING)(raw_for(PACKAGE_QUEUING, push)) == Outcome.ACKED
+        assert await run(PACKAGE_QUEUING)(raw_for(PACKAGE_QUEUING, push)) == Fate.APPLIED
         return user, items
 
     async def pending_timers(items: list[int]) -> list[str]:
@@ -329,49 +347,54 @@ async def test_a_timer_scheduled_and_withdrawn_within_one_batch_is_never_written
     kept, kept_items = await user_with_first_item_active()
     batch = [usage(kept, 10), usage(kept, 5)]
     assert outcomes_of(await run(USAGE_RECORD).process_batch(batch)) == [
-        Outcome.ACKED,
-        Outcome.ACKED,
+        Fate.APPLIED,
+        Fate.APPLIED,
     ]
     assert await pending_timers(kept_items) == [f"expire:{kept_items[1]}"]
 
     # The same, then a third message uses item 2 up: its timer, still unwritten, must go.
     gone, gone_items = await user_with_first_item_active()
     batch = [usage(gone, 10), usage(gone, 5), usage(gone, 5)]
-    assert outcomes_of(await run(USAGE_RECORD).process_batch(batch)) == [Outcome.ACKED] * 3
+    assert outcomes_of(await run(USAGE_RECORD).process_batch(batch)) == [Fate.APPLIED] * 3
     assert await pending_timers(gone_items) == []
 
 
-async def test_a_parked_message_whose_write_back_fails_becomes_the_new_blocker_not_a_wedge(
+async def test_a_parked_message_that_would_overflow_a_counter_is_buried_at_once_and_frees_its_user(
     pool: asyncpg.Pool,
 ) -> None:
-    # Two usage records of 2**62 each overflow the user's bigint unbilled traffic: the second
-    # one's write-back fails while it is drained from the parking lot. It must become the
-    # user's new blocker (a retry, and a hold naming it), not stay parked behind a hold that
-    # no dead letter explains.
+    # Two usage records of 2**62 each would overflow the user's bigint unbilled traffic. The
+    # second is refused by the domain as it is drained from the parking lot: buried at once
+    # (it can never succeed), holding nothing, and the user's hold is gone.
     user = uuid4()
     handler = Switchable(1)
     process = pipeline(pool, handler, RetryPolicy(max_attempts=5, backoff=lambda _: 60.0))
     m1 = delivery(user, 1)
-    assert await process(m1) == Outcome.RETRY_SCHEDULED
+    assert await process(m1) == Fate.RETRY
     big1, big2 = delivery(user, 2**62), delivery(user, 2**62)
-    assert outcomes_of(await process.process_batch([big1, big2])) == [Outcome.PARKED] * 2
+    assert outcomes_of(await process.process_batch([big1, big2])) == [Fate.PARKED] * 2
     handler.failing.clear()
     retry = delivery(user, 1, message_id=UUID(m1.message_id), attempt=2)
-    assert await process(retry) == Outcome.ACKED  # lifts the hold and drains the lot
+    assert await process(retry) == Fate.APPLIED  # lifts the hold and drains the lot
 
-    # The second one's handler ran in memory too; its write-back is what failed.
-    assert handler.applied == [1, 2**62, 2**62]
+    assert handler.applied == [1, 2**62]
     (billed,) = await fetch(
         pool, "SELECT unbilled_upload FROM telecom.queue_users WHERE user_id = $1", user
     )
     assert billed["unbilled_upload"] == 1 + 2**62  # the first big one is applied, once
     assert await fetch(pool, "SELECT * FROM telecom.parked") == []
-    holds = await fetch(pool, "SELECT blocker, state FROM telecom.holds WHERE user_id = $1", user)
-    assert [(h["blocker"], h["state"]) for h in holds] == [(UUID(big2.message_id), "retrying")]
-    (retried,) = await fetch(
-        pool, "SELECT headers FROM telecom.outbox WHERE message_id = $1", UUID(big2.message_id)
+    assert await fetch(pool, "SELECT * FROM telecom.holds") == []
+    (dead,) = await fetch(
+        pool,
+        "SELECT reason, attempts FROM telecom.dead_letters WHERE message_id = $1",
+        big2.message_id,
     )
-    assert retried["headers"]["x-attempt"] == 2
+    assert (dead["reason"], dead["attempts"]) == ("domain_rule", 1)
+    assert (
+        await fetch(
+            pool, "SELECT 1 FROM telecom.outbox WHERE message_id = $1", UUID(big2.message_id)
+        )
+        == []
+    )
 
 
 async def test_a_user_row_locked_elsewhere_past_the_statement_timeout_is_the_messages_failure(
@@ -390,7 +413,7 @@ async def test_a_user_row_locked_elsewhere_past_the_statement_timeout_is_the_mes
                 "SELECT 1 FROM telecom.queue_users WHERE user_id = $1 FOR UPDATE", user
             )
             process = pipeline(impatient, Switchable(), RetryPolicy(max_attempts=5))
-            assert await process(delivery(user, 7)) == Outcome.RETRY_SCHEDULED
+            assert await process(delivery(user, 7)) == Fate.RETRY
         holds = await fetch(impatient, "SELECT state FROM telecom.holds WHERE user_id = $1", user)
         assert [h["state"] for h in holds] == ["retrying"]
     finally:

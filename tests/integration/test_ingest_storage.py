@@ -10,9 +10,10 @@ import asyncpg
 import pytest
 
 from consumers import ingest
+from domain.delivery import Fate
 from events.decoding import RawDelivery
 from events.envelope import CONTENT_TYPE
-from infra.rabbit.consumer import Outcome, Result
+from infra.rabbit.consumer import Result
 
 
 def dead_delivery(**headers: Any) -> RawDelivery:
@@ -43,7 +44,7 @@ async def test_the_ingester_keeps_a_message_whose_headers_postgres_refuses_as_te
     # through, the ingester must store the message anyway instead of requeueing it for ever.
     monkeypatch.setattr(ingest, "jsonable", lambda headers: headers)
     raw = dead_delivery(**{"x-note": "a\x00b"})
-    assert await ingest.make_ingester(pool)([raw]) == [Result(Outcome.DEAD_LETTERED)]
+    assert await ingest.make_ingester(pool)([raw]) == [Result(Fate.BURIED)]
     (dead,) = await stored(pool)
     assert "x-pkgq-unstorable-headers" in dead["headers"]
     assert "filed without its headers" in dead["error_message"]
@@ -65,7 +66,7 @@ async def test_a_deadlock_while_filing_files_the_letter_again_in_full_not_in_its
 
     monkeypatch.setattr(ingest, "_finish", deadlocks_once)
     raw = dead_delivery(**{"x-note": "kept"})
-    assert await ingest.make_ingester(pool)([raw]) == [Result(Outcome.DEAD_LETTERED)]
+    assert await ingest.make_ingester(pool)([raw]) == [Result(Fate.BURIED)]
     (dead,) = await stored(pool)  # one letter: the first try's row was rolled back
     assert calls == ["finish", "finish"]
     assert dead["reason"] == "expired"
@@ -86,7 +87,7 @@ async def test_a_filing_that_keeps_deadlocking_is_stored_in_full_without_finishi
 
     monkeypatch.setattr(ingest, "_finish", always_deadlocks)
     raw = dead_delivery(**{"x-note": "kept"})
-    assert await ingest.make_ingester(pool)([raw]) == [Result(Outcome.DEAD_LETTERED)]
+    assert await ingest.make_ingester(pool)([raw]) == [Result(Fate.BURIED)]
     (dead,) = await stored(pool)
     assert len(calls) == 5  # transient_retrying's attempts, then filed without it
     assert dead["reason"] == "expired"

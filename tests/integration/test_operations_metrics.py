@@ -45,16 +45,17 @@ async def test_held_users_are_counted_by_consumer_and_state_and_a_released_hold_
 ) -> None:
     retrying, buried, released = uuid4(), uuid4(), uuid4()
     async with pool.acquire() as conn:
-        await holds.hold(
-            conn, "usage_record", retrying, uuid4(), state="retrying", attempts=1, error="x"
+        await holds.hold_many(
+            conn,
+            "usage_record",
+            [
+                holds.NewHold(retrying, uuid4(), "retrying", 1, "x"),
+                holds.NewHold(buried, uuid4(), "buried", 25, "x"),
+            ],
         )
-        await holds.hold(
-            conn, "usage_record", buried, uuid4(), state="buried", attempts=25, error="x"
+        await holds.hold_many(
+            conn, "package_purchase", [holds.NewHold(released, None, "releasing", 3, "x")]
         )
-        await holds.hold(
-            conn, "package_purchase", released, uuid4(), state="buried", attempts=3, error="x"
-        )
-        await holds.lift(conn, "package_purchase", released)
     served, port = _served(settings)
     server = await start_status_server(served, lambda: True, Services(pool, amqp))
     assert server is not None

@@ -17,6 +17,7 @@ from consumers.cli.user import summary
 from consumers.delivery import DeliveryPipeline
 from consumers.registry import HANDLERS
 from consumers.retry_policy import RetryPolicy
+from domain.delivery import Fate
 from domain.model import ExpiryReason
 from events.decoding import RawDelivery
 from events.models import (
@@ -36,7 +37,6 @@ from events.routes import (
 )
 from infra.postgres.pool import create_pool
 from infra.postgres.statements import StatementLog
-from infra.rabbit.outcomes import Outcome
 from infra.settings import Settings
 from tests.support.deliveries import add_package, raw_for
 
@@ -54,14 +54,14 @@ async def counted(settings: Settings) -> AsyncIterator[tuple[asyncpg.Pool, State
 
 async def _run(
     pool: asyncpg.Pool, log: StatementLog, route: Route, raws: Sequence[RawDelivery]
-) -> tuple[int, list[Outcome]]:
+) -> tuple[int, list[Fate]]:
     pipeline = DeliveryPipeline(
         pool, route, HANDLERS[route.name], RetryPolicy(), max_body_bytes=2**20
     )
     await log.settled()
     log.clear()
     results = await pipeline.process_batch(raws)
-    return await log.settled(), [r.outcome for r in results]
+    return await log.settled(), [r.fate for r in results]
 
 
 async def _lifecycle(
@@ -78,7 +78,7 @@ async def _lifecycle(
         for u in users
     ]
     counts["purchase"], outcomes = await _run(pool, log, PACKAGE_PURCHASE, purchases)
-    assert outcomes == [Outcome.ACKED] * size
+    assert outcomes == [Fate.APPLIED] * size
     async with pool.acquire() as conn:
         rows = await conn.fetch(
             "SELECT user_id, id FROM telecom.package_queue WHERE user_id = ANY($1::uuid[])", users
@@ -94,7 +94,7 @@ async def _lifecycle(
         for u in users
     ]
     counts["queuing"], outcomes = await _run(pool, log, PACKAGE_QUEUING, pushes)
-    assert outcomes == [Outcome.ACKED] * size
+    assert outcomes == [Fate.APPLIED] * size
 
     grants = [
         raw_for(
@@ -105,17 +105,17 @@ async def _lifecycle(
         for u in users
     ]
     counts["activate"], outcomes = await _run(pool, log, PACKAGE_ACTIVATE, grants)
-    assert outcomes == [Outcome.ACKED] * size
+    assert outcomes == [Fate.APPLIED] * size
 
     usage = [raw_for(USAGE_RECORD, RecordUsage(user_id=u, upload=1, download=0)) for u in users]
     counts["usage"], outcomes = await _run(pool, log, USAGE_RECORD, usage)
-    assert outcomes == [Outcome.ACKED] * size
+    assert outcomes == [Fate.APPLIED] * size
 
     # This one uses the package up: the item is consumed, its timer withdrawn, and an expiring
     # event written.
     usage = [raw_for(USAGE_RECORD, RecordUsage(user_id=u, upload=9, download=5)) for u in users]
     counts["usage_consuming"], outcomes = await _run(pool, log, USAGE_RECORD, usage)
-    assert outcomes == [Outcome.ACKED] * size
+    assert outcomes == [Fate.APPLIED] * size
 
     expiring = [
         raw_for(
@@ -131,7 +131,7 @@ async def _lifecycle(
         for u in users
     ]
     counts["expiring"], outcomes = await _run(pool, log, PACKAGE_EXPIRING, expiring)
-    assert outcomes == [Outcome.ACKED] * size
+    assert outcomes == [Fate.APPLIED] * size
 
     async with pool.acquire() as conn:
         billed = await conn.fetchval(
@@ -201,7 +201,7 @@ async def test_user_show_reads_a_users_summary_in_one_statement_whatever_its_ite
             _, outcomes = await _run(
                 pool, log, PACKAGE_PURCHASE, [raw_for(PACKAGE_PURCHASE, purchase)]
             )
-            assert outcomes == [Outcome.ACKED]
+            assert outcomes == [Fate.APPLIED]
         async with pool.acquire() as conn:
             await log.settled()
             log.clear()

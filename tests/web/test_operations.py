@@ -41,18 +41,13 @@ async def test_an_edited_replay_keeps_the_users_parked_messages_waiting_behind_i
     dead, message_id = await _buried_purchase(pool, user, original)
     later = uuid4()
     async with pool.acquire() as conn:
-        await holds.hold(
-            conn, "package_purchase", user, message_id, state="buried", attempts=3, error="boom"
+        await holds.hold_many(
+            conn, "package_purchase", [holds.NewHold(user, message_id, "buried", 3, "boom")]
         )
-        await holds.park(
+        await holds.park_many(
             conn,
             "package_purchase",
-            user,
-            later,
-            PACKAGE_PURCHASE.name,
-            "PurchasePackage",
-            b"{}",
-            "{}",
+            [holds.NewParked(user, later, PACKAGE_PURCHASE.name, "PurchasePackage", b"{}", {})],
         )
         edited = json.dumps({"user_id": str(user), "package_id": package, "amount": 2})
         async with conn.transaction():

@@ -1,0 +1,101 @@
+"""The snapshot a batch is decided on, loaded in a fixed number of statements.
+
+In this order, one statement each, whatever the batch's size:
+1. lock the users' rows (created if missing), in user_id order, then their holds on the
+   consumer (the lock order every writer of holds keeps: user, then hold), and, for messages
+   taken from the parking lot, their parked rows;
+2. read which messages the consumer applied before and how often each has failed;
+3. load the users' live items with their terms, and what the route's messages need besides
+   (targeted items, catalog entries, new item ids, the orders purchases name), and lock the
+   group members among the messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from uuid import UUID
+
+from consumers.delivery.decode import Delivery
+from consumers.unit_of_work import Needs, NeedsOf, UnitOfWork
+from domain.delivery import Facts, Gate, Hold, Source
+from infra.postgres import attempts, catalog, groups, holds, queue_repo
+from infra.postgres.pool import Conn
+
+
+@dataclass
+class Snapshot:
+    work: UnitOfWork
+    """The users' queues in memory, which the handlers change."""
+    gate: Gate
+    """What decides each delivery (domain/delivery.py)."""
+    facts: dict[int, Facts]
+    """What the snapshot says of each delivery, by its index in the batch."""
+    holds_before: dict[UUID, Hold]
+    """The users' holds as loaded (the gate's change as the batch goes)."""
+    failed_before: set[UUID]
+    """Messages that had failed before this batch (a retry of theirs may be pending)."""
+
+
+async def load(
+    conn: Conn,
+    consumer: str,
+    needs_of: NeedsOf,
+    ready: Sequence[Delivery],
+    source: Source,
+    *,
+    settled: frozenset[int] = frozenset(),
+) -> Snapshot:
+    """Inside the batch's transaction. `settled`: deliveries whose failure is known already
+    (their run only records it): their users' rows are not locked, so a row that someone else
+    keeps locked past the statement timeout does not fail the recording too."""
+    users = sorted({d.user_id for d in ready if d.user_id is not None})
+    rows, now = await queue_repo.lock_users(
+        conn, {d.user_id for d in ready if d.user_id is not None and d.index not in settled}
+    )
+    held = await holds.lock_many(conn, consumer, users)
+    ids = [d.message_id for d in ready]
+    if source is Source.PARKING:
+        # Another drain may have taken some meanwhile: those are gone from the batch.
+        still = await holds.lock_parked(conn, consumer, ids)
+        ready = [d for d in ready if d.message_id in still]
+    seen, counted = await attempts.states(conn, consumer, ids)
+    needs = [needs_of(d.decoded.body) for d in ready if d.message_id not in seen]
+    wanted = Needs(
+        item_ids=tuple(i for n in needs for i in n.item_ids),
+        package_ids=tuple(p for n in needs for p in n.package_ids),
+        new_items=sum(n.new_items for n in needs),
+        orders=tuple(o for n in needs for o in n.orders),
+    )
+    items = await queue_repo.load_items(conn, rows, wanted.item_ids) if rows else {}
+    # Orders are looked up by (user, by_order), not found among the loaded items: an old
+    # order's items may all be consumed and so not loaded.
+    orders = await queue_repo.load_orders(conn, wanted.orders)
+    work = UnitOfWork(
+        now,
+        {
+            u: queue_repo.loaded_queue(row, items.get(u, []), orders.get(u))
+            for u, row in rows.items()
+        },
+    )
+    if wanted.package_ids:
+        work.packages = await catalog.get_packages(conn, wanted.package_ids)
+    if wanted.new_items:
+        work.new_ids, work.created_at = await queue_repo.allocate_item_ids(conn, wanted.new_items)
+    # A group member's row is locked until commit: a cancel waits for this batch, or this
+    # batch sees the cancel.
+    members = await groups.lock_members(
+        conn, [d.message_id for d in ready if d.decoded.envelope.group_id is not None]
+    )
+    facts = {
+        d.index: Facts(
+            index=d.index,
+            message_id=d.message_id,
+            user_id=d.user_id,
+            expires_at=d.decoded.envelope.expires_at,
+            cancelled_member=members.get(d.message_id) == "cancelled",
+        )
+        for d in ready
+    }
+    gate = Gate(now, source, seen, dict(held), dict(counted))
+    return Snapshot(work, gate, facts, held, set(counted))

@@ -1,0 +1,240 @@
+"""What becomes of a delivery: one `Decision` per delivery, decided by pure functions.
+
+A batch of one route's deliveries is decided in delivery order against the batch's snapshot
+(which messages the consumer applied before, the holds on the batch's users, each message's
+failures counted so far). The `Gate` holds that snapshot and keeps it up to date as the batch
+goes, so a failure early in a batch holds its user's later messages in the same batch:
+
+1. `Gate.admit` decides what needs no handler: a duplicate, a message past its TTL, a member of
+   a cancelled group, a message that must wait behind its user's blocker (parked). None: run
+   the handler.
+2. `Gate.decide` turns the handler's result (None, or a `Failure` of some `ErrorKind`) into the
+   decision: applied, buried at once, retried at T, or buried after its last attempt.
+3. `Gate.note` folds the decision back into the snapshot.
+
+Nothing here does I/O: the writer (consumers/delivery/writer.py) turns a batch's decisions into
+statements, and the consumer loop derives the transport's ack or give-back from the fate.
+
+Attempts are counted here and stored in Postgres only. Every failure of a message moves its
+count by one or buries it; no header of the delivery plays a part, so nobody who publishes can
+skip, repeat or lose a retry by what it writes in `x-attempt`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from uuid import UUID
+
+
+class Fate(enum.StrEnum):
+    """What became of a delivery (also the `outcome` label of pkgq's metrics and log lines)."""
+
+    APPLIED = "acked"
+    DUPLICATE = "duplicate"
+    """The same message (message_id) again: the consumer applied it before; nothing was run."""
+    DUPLICATE_ORDER = "duplicate_order"
+    """A purchase of an order bought before, under a new message_id: applied as nothing."""
+    CANCELLED = "cancelled"
+    """A member of a cancelled group: acknowledged without running the handler."""
+    EXPIRED = "expired"
+    """Taken after its TTL (or its next attempt would come after it): buried as `expired`."""
+    PARKED = "parked"
+    """Kept behind its user's blocker, to be applied in order once the blocker is done."""
+    RETRY = "retried"
+    """Failed; scheduled again at `retry_at`, its user's later messages held behind it."""
+    BURIED = "dead_lettered"
+    GIVEN_BACK = "given_back"
+    """Not decided in this run (the handler of it or of an earlier delivery ran past the
+    route's TTR): back to the queue in its place, or left parked."""
+
+
+DONE = frozenset({Fate.APPLIED, Fate.DUPLICATE_ORDER, Fate.DUPLICATE, Fate.CANCELLED, Fate.EXPIRED})
+"""Fates after which the message is finished with and never blocks anyone."""
+
+
+class Source(enum.Enum):
+    """Where the deliveries come from, which decides what a lifted hold on their user means."""
+
+    QUEUE = "queue"
+    """From the broker: behind any hold (blocked, or being drained) they are parked."""
+    PARKING = "parking"
+    """Taken from the parking lot by the drain, behind a lifted hold: they may go."""
+
+
+class ErrorKind(enum.Enum):
+    """How a failure is treated (see DESIGN.md, "the failure path")."""
+
+    RULE = "rule"
+    """A broken domain rule or a `Bury` from the handler: buried at once, holding nothing."""
+    PERMANENT = "permanent"
+    """A data error Postgres refuses every time: buried at once; it holds its user, as any
+    buried message does, since a later message of the user may depend on it."""
+    HANDLER = "handler"
+    """May pass (a bug fixed by a deploy, a dependency down): retried with backoff."""
+    TTR = "ttr"
+    """Ran past the route's TTR on every strike: buried, holding its user."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    kind: ErrorKind
+    reason: str
+    """The dead-letter reason when it is buried at once (`domain_rule`, a `Bury`'s reason,
+    `data_error`, `ttr`); a retried failure that runs out is buried as `max_attempts`."""
+    error_type: str
+    message: str
+    location: str = ""
+    traceback: str = ""
+    delay: float | None = None
+    """A `Retry`'s own pause (None: the policy's backoff)."""
+
+    @property
+    def summary(self) -> str:
+        return f"{self.error_type}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """A user's hold on the consumer: `blocker` is the message their later ones wait behind
+    (None: lifted, the parked messages are being drained in order)."""
+
+    blocker: UUID | None
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What the snapshot says of one delivery."""
+
+    index: int
+    message_id: UUID
+    user_id: UUID | None
+    expires_at: datetime | None = None
+    cancelled_member: bool = False
+    """A member of a group an operator cancelled."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    fate: Fate
+    reason: str | None = None
+    """Why it was buried (BURIED, EXPIRED)."""
+    failure: Failure | None = None
+    attempt: int = 0
+    """Its failures counted so far, this one included (0: this run counted none)."""
+    retry_at: datetime | None = None
+    holds: str | None = None
+    """`retrying` or `buried`: the message now holds its user's later messages back."""
+    lifts: bool = False
+    """It was its user's blocker and is done with: the hold is lifted, the parked may go."""
+    behind: UUID | None = None
+    """PARKED: the blocker it waits behind (None: a lifted hold being drained)."""
+    counted: bool = False
+    """This decision counts one more failure of the message."""
+
+    @property
+    def claims(self) -> bool:
+        """Recorded in the inbox as applied (a later copy is a duplicate)."""
+        return self.fate in (Fate.APPLIED, Fate.DUPLICATE_ORDER, Fate.CANCELLED)
+
+
+Backoff = Callable[[int], float | None]
+"""Seconds before the next attempt after `attempt` failures, or None: that was the last."""
+
+
+@dataclass
+class Gate:
+    """A batch's snapshot, kept up to date as its deliveries are decided (see the docstring)."""
+
+    now: datetime
+    source: Source
+    seen: set[UUID]
+    """Messages the consumer applied (or found expired) before, or in this batch so far."""
+    holds: dict[UUID, Hold]
+    """The holds on the batch's users, as the batch has left them so far."""
+    attempts: dict[UUID, int] = field(default_factory=dict)
+    """Each message's failures counted so far."""
+
+    def admit(self, facts: Facts) -> Decision | None:
+        """The decision that needs no handler, or None: run it."""
+        hold = self._hold_of(facts)
+        lifts = hold is not None and hold.blocker == facts.message_id
+        if facts.message_id in self.seen:
+            return Decision(Fate.DUPLICATE, lifts=lifts)
+        if facts.expires_at is not None and facts.expires_at <= self.now:
+            expired = Failure(
+                ErrorKind.RULE,
+                "expired",
+                "ExpiredError",
+                f"delivered after its TTL ran out at {facts.expires_at}",
+            )
+            return Decision(Fate.EXPIRED, "expired", expired, attempt=1, lifts=lifts)
+        if hold is not None and not lifts and _waits(self.source, hold):
+            return Decision(Fate.PARKED, behind=hold.blocker)
+        if facts.cancelled_member:
+            return Decision(Fate.CANCELLED, lifts=lifts)
+        return None
+
+    def decide(
+        self, facts: Facts, failure: Failure | None, backoff: Backoff, *, repeat: bool = False
+    ) -> Decision:
+        """The handler ran: `failure` is how it failed (None: it did not). `repeat`: it was a
+        purchase of an order bought before (applied as nothing)."""
+        hold = self._hold_of(facts)
+        lifts = hold is not None and hold.blocker == facts.message_id
+        if failure is None:
+            return Decision(Fate.DUPLICATE_ORDER if repeat else Fate.APPLIED, lifts=lifts)
+        attempt = self.attempts.get(facts.message_id, 0) + 1
+        held = "buried" if facts.user_id is not None else None
+        if failure.kind is ErrorKind.RULE:
+            return Decision(
+                Fate.BURIED, failure.reason, failure, attempt, lifts=lifts, counted=True
+            )
+        if failure.kind in (ErrorKind.PERMANENT, ErrorKind.TTR):
+            return Decision(Fate.BURIED, failure.reason, failure, attempt, holds=held, counted=True)
+        wait = backoff(attempt)
+        if wait is None:
+            return Decision(Fate.BURIED, "max_attempts", failure, attempt, holds=held, counted=True)
+        if failure.delay is not None:
+            wait = failure.delay
+        retry_at = self.now + timedelta(seconds=wait)
+        if facts.expires_at is not None and retry_at >= facts.expires_at:
+            # Its next attempt would come after its TTL: it will never be taken in time.
+            return Decision(Fate.EXPIRED, "expired", failure, attempt, lifts=lifts, counted=True)
+        return Decision(
+            Fate.RETRY,
+            failure=failure,
+            attempt=attempt,
+            retry_at=retry_at,
+            holds="retrying" if facts.user_id is not None else None,
+            counted=True,
+        )
+
+    def note(self, facts: Facts, decision: Decision) -> None:
+        """Fold a decision into the snapshot. Only a message that is done counts as seen: a
+        second copy of one that failed in this batch (a relay re-publish, a redelivery next to
+        its own retry) must meet the hold it left, not pass as a duplicate."""
+        if decision.fate in DONE:
+            self.seen.add(facts.message_id)
+        if decision.counted:
+            self.attempts[facts.message_id] = decision.attempt
+        user = facts.user_id
+        if user is None:
+            return
+        if decision.holds is not None:
+            self.holds[user] = Hold(facts.message_id, decision.holds)
+        elif decision.lifts:
+            self.holds[user] = Hold(None, "releasing")
+
+    def _hold_of(self, facts: Facts) -> Hold | None:
+        return self.holds.get(facts.user_id) if facts.user_id is not None else None
+
+
+def _waits(source: Source, hold: Hold) -> bool:
+    """Whether a message of a held user (not the blocker) waits behind the hold: from the
+    queue always (a lifted hold is being drained: arrivals queue up behind the parked ones);
+    from the parking lot only while the hold names a blocker again."""
+    return source is Source.QUEUE or hold.blocker is not None
