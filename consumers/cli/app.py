@@ -2,11 +2,11 @@
 
 One module per command group: services (migrate, run, relay), inspect (routes, stats,
 definitions, asyncapi), publish (publish, wait), groups (group, grant), workers (workers,
-prune), tail, user, catalog, dlq (+ dlq_changes), partitions. What they share: running (settings,
-the event loop, connections), output (tables or JSON, literal text), options (routes, durations,
---json/--yes/--dry-run), confirm, exit_codes, durations, sizes. The developer tools (bench,
-demo) live in the `devtools` package; their commands come in through the `pkgq.commands`
-entry points when it is installed.
+prune), tail, doctor, user, catalog, dlq (+ dlq_changes), partitions. What they share: running
+(settings, the event loop, connections), output (tables or JSON, literal text), options (routes,
+durations, --json/--yes/--dry-run), confirm, exit_codes, durations, sizes. The developer tools
+(bench, demo) live in the `devtools` package; their commands come in through the
+`pkgq.commands` entry points when it is installed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from consumers.cli import groups, inspect, publish, services, tail, workers
+from consumers.cli import doctor, groups, inspect, publish, services, tail, workers
 from consumers.cli.catalog import catalog_app
 from consumers.cli.dlq import dlq_app
 from consumers.cli.partitions import partitions_app
@@ -55,7 +55,7 @@ def _options(
     """pkgq: the telecom package queue on RabbitMQ and PostgreSQL."""
 
 
-for module in (services, inspect, publish, groups, workers, tail):
+for module in (services, inspect, publish, groups, workers, tail, doctor):
     module.register(app)
 app.add_typer(user_app, name="user")
 app.add_typer(catalog_app, name="catalog")

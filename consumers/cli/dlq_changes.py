@@ -1,5 +1,6 @@
 """`pkgq dlq …` that changes dead letters: dig, plow and replay (through the outbox), discard
-and purge. Bulk discards and purges ask first (`--yes`, `--dry-run`).
+and purge; and release-hold, for a hold whose blocker has no way out. Bulk discards and purges
+ask first (`--yes`, `--dry-run`).
 
 A replay writes each message to the outbox in the transaction that marks its dead letter
 `replayed`, in batches of BATCH, so a bulk replay interrupted half-way and run again sends each
@@ -12,6 +13,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Any, TypeVar
+from uuid import UUID
 
 import structlog
 import typer
@@ -32,7 +34,7 @@ from consumers.cli.options import (
 )
 from consumers.cli.output import console, say, show, text
 from consumers.cli.running import load_settings, on_database, run
-from infra.postgres import dead_letters, replay
+from infra.postgres import dead_letters, invariants, replay
 from infra.postgres.pool import Conn, database
 from infra.settings import Settings
 
@@ -275,6 +277,61 @@ def purge_cmd(
     )
 
 
+def release_hold_cmd(
+    consumer: Annotated[
+        str, typer.Option("--consumer", help="The hold's consumer, as `pkgq dlq holds` shows it.")
+    ],
+    user: Annotated[str, typer.Option("--user", help="The held user's id.")],
+    blocker: Annotated[
+        str | None,
+        typer.Option("--blocker", help="Only if the hold still waits on this message_id."),
+    ] = None,
+    by: ByOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Release an orphaned hold (`pkgq doctor`'s hold_without_way_out: no retry on its way, no
+    buried dead letter): the user's messages parked behind it are applied in order. Audited."""
+    user_id = as_parameter(UUID, user)
+    expected = None if blocker is None else as_parameter(UUID, blocker)
+    settings = load_settings()
+    who = by or operator()
+
+    async def release(conn: Conn) -> invariants.HoldWayOut:
+        async with conn.transaction():
+            found = await operations.release_hold(conn, consumer, user_id, who, blocker=expected)
+        # The check's stored result follows at once (the console's overview reads it).
+        await invariants.check_and_store(conn, names=[invariants.HOLD_WITHOUT_WAY_OUT.name])
+        return found
+
+    try:
+        found = on_database(settings, release)
+    except operations.UnknownHoldError as exc:
+        exit_codes.fail(exit_codes.NOT_FOUND, exc)
+    except operations.HoldReleaseRefusedError as exc:
+        reason = str(exc)
+        show(
+            {"released": False, "reason": reason},
+            as_json,
+            lambda _: say(text(f"not released: {reason}", style="yellow")),
+        )
+        raise typer.Exit(exit_codes.FAILED) from None
+    outcome = {
+        "released": True,
+        "consumer": consumer,
+        "user_id": str(user_id),
+        "blocker": str(found.blocker),
+        "parked": found.parked,
+    }
+    show(
+        outcome,
+        as_json,
+        lambda _: say(
+            f"released the hold on {consumer} for user {user_id} (blocker {found.blocker}); "
+            f"{found.parked} parked message(s) will be applied in order"
+        ),
+    )
+
+
 def register(app: typer.Typer) -> None:
     """Add the commands that change dead letters to the `dlq` group."""
     app.command("dig")(dig_cmd)
@@ -282,3 +339,4 @@ def register(app: typer.Typer) -> None:
     app.command("replay")(replay_cmd)
     app.command("discard")(discard_cmd)
     app.command("purge")(purge_cmd)
+    app.command("release-hold")(release_hold_cmd)

@@ -21,6 +21,7 @@ DROPPED = 4
 TIMEOUT = 5
 MISMATCH = 6
 NOT_CONFIRMED = 7
+VIOLATIONS = 8
 
 MEANINGS: dict[int, str] = {
     OK: "ok: done as asked",
@@ -36,6 +37,8 @@ MEANINGS: dict[int, str] = {
     "with other arguments, the topology not provisioned, the runtime role missing)",
     NOT_CONFIRMED: "not confirmed: a destructive command was declined at its prompt, or had no "
     "terminal to ask on and no --yes; nothing was changed",
+    VIOLATIONS: "violations: an invariant does not hold (`pkgq doctor` found rows that break it, "
+    "and names them)",
 }
 
 
