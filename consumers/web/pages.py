@@ -1,5 +1,6 @@
-"""The console's pages: sign-in, the overview, one user's queue (cancel and quota adjustment),
-holds and parked messages, workers, groups and addresses, and the audit trail."""
+"""The console's pages: sign-in, the overview (with the invariants' last results), one user's
+queue (cancel and quota adjustment), holds and parked messages (the release of an orphaned hold
+is in hold_pages.py), workers, groups and addresses, and the audit trail."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from infra.postgres import (
     console,
     groups,
     holds,
+    invariants,
     operator_actions,
     queue_repo,
     read_api,
@@ -99,8 +101,16 @@ async def _overview(request: Request) -> dict[str, Any]:
         backlog = await stats.backlog(conn)
         held = await console.held_users(conn)
         running = await workers.list_workers(conn)
+        # The checks' last stored results (the relay's, or `pkgq doctor`'s): never the checks
+        # themselves, which are too heavy for a page that refreshes every few seconds.
+        checked = await invariants.stored(conn)
     alive = [w for w in running if w.state(settings.worker_stale_after) == "alive"]
     return {
+        "invariants": checked,
+        "violated": [r for r in checked if not r.ok],
+        "invariant_about": {c.name: c.about for c in invariants.CHECKS},
+        "violations_total": sum(r.violations for r in checked),
+        "checked_at": min((r.checked_at for r in checked if r.checked_at), default=None),
         "routes": [
             {
                 "route": route,
@@ -222,9 +232,20 @@ async def holds_page(request: Request, who: Viewer) -> Response:
     async with pool_of(request).acquire() as conn:
         found = await holds.overview(conn, 500)
         parked = await console.parked(conn, limit=500)
+        # Which of them have no way out, asked now (this page does not refresh by itself).
+        orphans = await invariants.run(conn, invariants.HOLD_WITHOUT_WAY_OUT, limit=500)
+    no_way_out = {(r["consumer"], r["user_id"]) for r in orphans.sample}
+    for hold in found:
+        hold["no_way_out"] = (hold["consumer"], str(hold["user_id"])) in no_way_out
     for row in parked:
         row["body_text"] = console.body_summary(row.pop("body"))
-    return render(request, "holds.html", {"holds": found, "parked": parked})
+    context = {
+        "holds": found,
+        "parked": parked,
+        "orphaned": orphans.violations,
+        "flash": request.query_params.get("done"),
+    }
+    return render(request, "holds.html", context)
 
 
 @router.get("/workers", response_class=HTMLResponse)
