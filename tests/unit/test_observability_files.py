@@ -21,6 +21,7 @@ ALERTS = {
     "PkgqHeldUsersGrowing",
     "PkgqReconnectStorm",
     "PkgqWorkerReaped",
+    "PkgqInvariantViolated",
 }
 
 
@@ -55,6 +56,7 @@ def test_the_dashboard_shows_what_an_operator_watches() -> None:
         "pkgq_held_users",
         "pkgq_job_messages",  # job states
         "pkgq_reconnects_total",
+        "pkgq_invariant_violations",
     ):
         assert metric in queries, metric
     assert "sum by (outcome)" in queries
