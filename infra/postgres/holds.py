@@ -14,20 +14,37 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+from domain.delivery import Hold
+from events.envelope import clean_text
 from infra.postgres.pool import Conn, from_row
 
 
 @dataclass(frozen=True, slots=True)
-class Hold:
-    consumer: str
+class NewHold:
+    """A hold as a batch leaves it: `blocker` None and state `releasing` when lifted."""
+
     user_id: UUID
     blocker: UUID | None
     state: str
+    attempts: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class NewParked:
+    user_id: UUID
+    message_id: UUID
+    route: str
+    message_type: str
+    body: bytes
+    headers: dict[str, Any]
+    """JSON-ready (events.envelope.jsonable)."""
 
 
 @dataclass(frozen=True, slots=True)
 class ParkedMessage:
     id: int
+    user_id: UUID
     message_id: UUID
     route: str
     message_type: str
@@ -35,65 +52,69 @@ class ParkedMessage:
     headers: dict[str, Any]
 
 
-async def lock(conn: Conn, consumer: str, user_id: UUID) -> Hold | None:
-    """Inside a transaction: the hold on (consumer, user), locked until the transaction ends."""
-    row = await conn.fetchrow(
-        "SELECT blocker, state FROM telecom.holds WHERE consumer = $1 AND user_id = $2 FOR UPDATE",
-        consumer,
-        user_id,
-    )
-    if row is None:
-        return None
-    return Hold(consumer, user_id, row["blocker"], row["state"])
-
-
-async def lock_many(conn: Conn, consumer: str, user_ids: list[UUID]) -> dict[UUID, Hold]:
-    """Inside a transaction: the holds on these users, locked in user_id order."""
+async def lock_many(conn: Conn, consumer: str, user_ids: Sequence[UUID]) -> dict[UUID, Hold]:
+    """Inside a transaction: the holds on these users, locked in user_id order. The batch's
+    user rows are locked first (the lock order of every writer of holds: user, then hold)."""
+    if not user_ids:
+        return {}
     rows = await conn.fetch(
         "SELECT user_id, blocker, state FROM telecom.holds "
         "WHERE consumer = $1 AND user_id = ANY($2::uuid[]) ORDER BY user_id FOR UPDATE",
         consumer,
-        user_ids,
+        sorted(set(user_ids)),
     )
-    return {r["user_id"]: Hold(consumer, r["user_id"], r["blocker"], r["state"]) for r in rows}
+    return {r["user_id"]: Hold(r["blocker"], r["state"]) for r in rows}
 
 
-async def hold(
-    conn: Conn,
-    consumer: str,
-    user_id: UUID,
-    blocker: UUID,
-    *,
-    state: str,
-    attempts: int,
-    error: str,
-) -> None:
-    """Make `blocker` the message the user's later messages on `consumer` wait behind."""
+async def hold_many(conn: Conn, consumer: str, holds: Sequence[NewHold]) -> None:
+    """Make each hold's blocker the message its user's later messages on `consumer` wait
+    behind (or lift it: blocker None), in one statement."""
+    if not holds:
+        return
     await conn.execute(
         """
         INSERT INTO telecom.holds (consumer, user_id, blocker, state, attempts, last_error)
-        VALUES ($1, $2, $3, $4, $5, $6)
+        SELECT $1, u, b, s, a, e
+        FROM unnest($2::uuid[], $3::uuid[], $4::text[], $5::int[], $6::text[]) AS h(u, b, s, a, e)
         ON CONFLICT (consumer, user_id) DO UPDATE SET
             blocker = excluded.blocker, state = excluded.state, attempts = excluded.attempts,
             last_error = excluded.last_error, updated_at = now()
         """,
         consumer,
-        user_id,
-        blocker,
-        state,
-        attempts,
-        error[:2000],
+        [h.user_id for h in holds],
+        [h.blocker for h in holds],
+        [h.state for h in holds],
+        [max(0, min(h.attempts, 2**31 - 1)) for h in holds],
+        [clean_text(h.error[:2000]) for h in holds],
     )
 
 
-async def lift(conn: Conn, consumer: str, user_id: UUID) -> None:
-    """The blocker is done with: its parked messages may now be applied, in order."""
-    await conn.execute(
-        "UPDATE telecom.holds SET blocker = NULL, state = 'releasing', updated_at = now() "
-        "WHERE consumer = $1 AND user_id = $2",
+async def settle_lifted(conn: Conn, consumer: str, user_ids: Sequence[UUID]) -> list[UUID]:
+    """These users' holds are lifted: a hold with nothing parked behind it is dropped, the
+    others wait for the drain (`releasing`). Returns the users whose parked messages may go."""
+    if not user_ids:
+        return []
+    rows = await conn.fetch(
+        """
+        WITH lifted AS (
+            SELECT h.user_id, EXISTS (SELECT 1 FROM telecom.parked p
+                                      WHERE p.consumer = h.consumer AND p.user_id = h.user_id)
+                              AS parked
+            FROM telecom.holds h
+            WHERE h.consumer = $1 AND h.user_id = ANY($2::uuid[])
+        ), dropped AS (
+            DELETE FROM telecom.holds h USING lifted l
+            WHERE h.consumer = $1 AND h.user_id = l.user_id AND NOT l.parked
+        )
+        UPDATE telecom.holds h SET blocker = NULL, state = 'releasing', updated_at = now()
+        FROM lifted l
+        WHERE h.consumer = $1 AND h.user_id = l.user_id AND l.parked
+        RETURNING h.user_id
+        """,
         consumer,
-        user_id,
+        sorted(set(user_ids)),
     )
+    return [r["user_id"] for r in rows]
 
 
 async def release_blocked_by(conn: Conn, message_ids: Sequence[UUID]) -> int:
@@ -154,54 +175,81 @@ async def release_expired_retry(conn: Conn, message_id: UUID) -> int:
     return int(status.split()[-1])
 
 
-async def drop(conn: Conn, consumer: str, user_id: UUID) -> None:
-    await conn.execute(
-        "DELETE FROM telecom.holds WHERE consumer = $1 AND user_id = $2", consumer, user_id
-    )
-
-
-async def park(
-    conn: Conn,
-    consumer: str,
-    user_id: UUID,
-    message_id: UUID,
-    route: str,
-    message_type: str,
-    body: bytes,
-    headers_json: str,
-) -> None:
-    """Keep a message behind the hold. Parking the same message twice keeps its first place."""
+async def park_many(conn: Conn, consumer: str, parked: Sequence[NewParked]) -> None:
+    """Keep messages behind their users' holds, in the given order. Parking the same message
+    twice keeps its first place."""
+    if not parked:
+        return
     await conn.execute(
         """
         INSERT INTO telecom.parked
             (consumer, user_id, message_id, route, message_type, body, headers)
-        VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb)
+        SELECT $1, u, m, r, t, b, h::jsonb
+        FROM unnest($2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::bytea[], $7::text[])
+             WITH ORDINALITY AS p(u, m, r, t, b, h, ord)
+        ORDER BY ord
         ON CONFLICT (consumer, message_id) DO NOTHING
         """,
         consumer,
-        user_id,
-        message_id,
-        route,
-        message_type,
-        body,
-        headers_json,
+        [p.user_id for p in parked],
+        [p.message_id for p in parked],
+        [p.route for p in parked],
+        [p.message_type for p in parked],
+        [p.body for p in parked],
+        [json.dumps(p.headers) for p in parked],
     )
 
 
-async def pop_parked(conn: Conn, consumer: str, user_id: UUID) -> ParkedMessage | None:
-    """Inside a transaction (holding the hold's lock): take the user's oldest parked message."""
-    row = await conn.fetchrow(
+async def first_parked(
+    conn: Conn, consumer: str, user_ids: Sequence[UUID], per_user: int
+) -> list[ParkedMessage]:
+    """The first `per_user` parked messages of each of these users, in arrival order (read
+    without a lock: the drain's transaction locks them with `lock_parked`)."""
+    if not user_ids:
+        return []
+    rows = await conn.fetch(
         """
-        DELETE FROM telecom.parked
-        WHERE id = (SELECT min(id) FROM telecom.parked WHERE consumer = $1 AND user_id = $2)
-        RETURNING id, message_id, route, message_type, body, headers::text AS headers
+        SELECT p.id, p.user_id, p.message_id, p.route, p.message_type, p.body,
+               p.headers::text AS headers
+        FROM unnest($2::uuid[]) AS u(user_id)
+        CROSS JOIN LATERAL (
+            SELECT * FROM telecom.parked p
+            WHERE p.consumer = $1 AND p.user_id = u.user_id ORDER BY p.id LIMIT $3
+        ) p
+        ORDER BY p.id
         """,
         consumer,
-        user_id,
+        sorted(set(user_ids)),
+        per_user,
     )
-    if row is None:
-        return None
-    return from_row(ParkedMessage, row, body=bytes(row["body"]), headers=json.loads(row["headers"]))
+    return [
+        from_row(ParkedMessage, r, body=bytes(r["body"]), headers=json.loads(r["headers"]))
+        for r in rows
+    ]
+
+
+async def lock_parked(conn: Conn, consumer: str, message_ids: Sequence[UUID]) -> set[UUID]:
+    """Inside a transaction, after the users' holds: lock these parked messages; returns those
+    still parked (another drain may have applied some meanwhile)."""
+    if not message_ids:
+        return set()
+    rows = await conn.fetch(
+        "SELECT message_id FROM telecom.parked WHERE consumer = $1 "
+        "AND message_id = ANY($2::uuid[]) ORDER BY id FOR UPDATE",
+        consumer,
+        list(message_ids),
+    )
+    return {r["message_id"] for r in rows}
+
+
+async def unpark(conn: Conn, consumer: str, message_ids: Sequence[UUID]) -> None:
+    """These parked messages were decided (applied, buried, ...): they leave the lot."""
+    if message_ids:
+        await conn.execute(
+            "DELETE FROM telecom.parked WHERE consumer = $1 AND message_id = ANY($2::uuid[])",
+            consumer,
+            list(message_ids),
+        )
 
 
 async def releasing_users(conn: Conn, consumer: str, limit: int = 100) -> list[UUID]:
@@ -215,12 +263,13 @@ async def releasing_users(conn: Conn, consumer: str, limit: int = 100) -> list[U
     return [r["user_id"] for r in rows]
 
 
-async def touch(conn: Conn, consumer: str, user_id: UUID) -> None:
-    """Send a released hold to the back of the release line (after a failed release)."""
+async def touch(conn: Conn, consumer: str, user_ids: Sequence[UUID]) -> None:
+    """Send released holds to the back of the release line (after a failed release)."""
     await conn.execute(
-        "UPDATE telecom.holds SET updated_at = now() WHERE consumer = $1 AND user_id = $2",
+        "UPDATE telecom.holds SET updated_at = now() "
+        "WHERE consumer = $1 AND user_id = ANY($2::uuid[])",
         consumer,
-        user_id,
+        list(user_ids),
     )
 
 
