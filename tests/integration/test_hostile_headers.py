@@ -219,7 +219,7 @@ async def test_hostile_broker_dead_letters_are_all_filed_with_an_honest_one_behi
         await channel.close()
 
 
-@pytest.mark.parametrize("forged", [-(10**6), 0, 25, 10**12])
+@pytest.mark.parametrize("forged", [-(10**6), 0, 1, 2, 3, 25, 10**12])
 async def test_a_forged_x_attempt_neither_skips_nor_multiplies_retries(
     forged: int,
     settings: Settings,

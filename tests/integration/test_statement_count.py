@@ -6,6 +6,7 @@ pool (BEGIN and COMMIT included). Sizes 8, 32 and 128 must cost the same, and at
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 from uuid import UUID, uuid4
@@ -15,8 +16,11 @@ import pytest
 
 from consumers.cli.user import summary
 from consumers.delivery import DeliveryPipeline
+from consumers.handler_errors import Bury
+from consumers.handlers import usage_record
 from consumers.registry import HANDLERS
 from consumers.retry_policy import RetryPolicy
+from consumers.unit_of_work import HandlerContext
 from domain.delivery import Fate
 from domain.model import ExpiryReason
 from events.decoding import RawDelivery
@@ -210,3 +214,72 @@ async def test_user_show_reads_a_users_summary_in_one_statement_whatever_its_ite
         assert len(shown["packages"]) == amount
         assert (shown["unbilled"] is None) == (amount == 0)  # the user's row came too
     assert counts == {0: 1, 1: 1, 8: 1}, counts
+
+
+FAILS, BURIES = 7, 13
+"""Uploads the failing handler below refuses: retried (a handler error), or buried (a Bury)."""
+
+
+async def _failing_usage(ctx: HandlerContext, body: RecordUsage) -> None:
+    if body.upload == FAILS:
+        raise RuntimeError("billing refused (injected)")
+    if body.upload == BURIES:
+        raise Bury("refused_by_test")
+    await usage_record.handle(ctx, body)
+
+
+async def _failure_path(pool: asyncpg.Pool, log: StatementLog, size: int) -> tuple[int, int]:
+    """Two batches of `size` users with two usage records each. In the first, a third of the
+    users' first record fails (retried: a hold, and their second record parked behind it) and
+    a sixth's is buried; bad input rides along. In the second, the retries arrive and succeed:
+    holds are lifted and the parked records drained. Returns each batch's statements."""
+    pipeline = DeliveryPipeline(
+        pool,
+        USAGE_RECORD,
+        _failing_usage,
+        RetryPolicy(backoff=lambda _: 60.0),
+        max_body_bytes=2**20,
+    )
+    users = [uuid4() for _ in range(size)]
+    first = {u: FAILS if i % 3 == 0 else BURIES if i % 6 == 1 else 1 for i, u in enumerate(users)}
+    raws = [
+        raw_for(USAGE_RECORD, RecordUsage(user_id=u, upload=first[u], download=0)) for u in users
+    ]
+    raws += [raw_for(USAGE_RECORD, RecordUsage(user_id=u, upload=2, download=0)) for u in users]
+    bad = dataclasses.replace(raws[0], body=b"{not json", message_id=str(uuid4()))
+    await log.settled()
+    log.clear()
+    fates = [r.fate for r in await pipeline.process_batch([*raws, bad])]
+    failing = fates.count(Fate.RETRY)
+    assert failing == len(range(0, size, 3)) == fates.count(Fate.PARKED)
+    assert fates.count(Fate.BURIED) == len(range(1, size, 6)) + 1
+    first_batch = await log.settled()
+
+    retries = [
+        dataclasses.replace(
+            r, body=RecordUsage(user_id=u, upload=3, download=0).model_dump_json().encode()
+        )
+        for r, u in zip(raws[:size], users, strict=True)
+        if first[u] == FAILS
+    ]
+    log.clear()
+    assert [r.fate for r in await pipeline.process_batch(retries)] == [Fate.APPLIED] * failing
+    second_batch = await log.settled()
+    async with pool.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM telecom.holds") == 0
+        assert await conn.fetchval("SELECT count(*) FROM telecom.parked") == 0
+        await conn.execute("DELETE FROM telecom.dead_letters")
+    return first_batch, second_batch
+
+
+async def test_a_batch_where_a_third_fails_costs_the_same_statements_at_every_size(
+    counted: tuple[asyncpg.Pool, StatementLog],
+) -> None:
+    pool, log = counted
+    await _failure_path(pool, log, 6)  # warm up
+    by_size = {size: await _failure_path(pool, log, size) for size in SIZES}
+    assert len(set(by_size.values())) == 1, f"statements grow with size: {by_size}"
+    print(f"statements: failing batch and recovering batch (with its drain) {by_size}")
+    failing, recovering = by_size[SIZES[0]]
+    assert failing <= MAX_STATEMENTS + 6, f"{failing} statements"
+    assert recovering <= MAX_STATEMENTS + 12, f"{recovering} statements (two transactions)"
