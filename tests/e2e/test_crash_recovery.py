@@ -20,7 +20,7 @@ from infra.settings import Settings
 from tests.e2e.workload import Workload
 from tests.support.deliveries import add_package, send
 from tests.support.observing import eventually
-from tests.support.processes import PkgqProcess
+from tests.support.processes import PkgqProcess, assert_doctor_clean
 
 pytestmark = pytest.mark.e2e
 
@@ -88,6 +88,7 @@ async def test_consumer_killed_after_commit_before_ack_is_redelivered_without_a_
             "SELECT status::text FROM telecom.package_queue WHERE user_id = $1 ORDER BY id", user
         )
     assert [r["status"] for r in statuses] == ["active", "in_queue"]
+    await assert_doctor_clean(settings)
 
 
 async def test_relay_killed_mid_batch_still_delivers_everything_and_duplicates_are_absorbed(
@@ -236,3 +237,4 @@ async def test_consumer_killed_before_commit_leaves_nothing_and_the_redelivery_a
             "SELECT count(*) FROM telecom.package_queue WHERE user_id = $1", user
         )
     assert items == 2
+    await assert_doctor_clean(settings)

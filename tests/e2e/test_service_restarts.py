@@ -17,7 +17,7 @@ from aio_pika.abc import AbstractRobustConnection
 from infra.settings import Settings
 from tests.e2e.workload import Workload
 from tests.support.observing import eventually
-from tests.support.processes import PkgqProcess, free_port, http_get
+from tests.support.processes import PkgqProcess, assert_doctor_clean, free_port, http_get
 
 pytestmark = [pytest.mark.e2e, pytest.mark.serial]
 
@@ -69,6 +69,7 @@ async def _run_with_restart(
     assert consumers.proc.poll() is None, consumers.logs()
     assert consumers.terminate() == 0, consumers.logs()
     assert relay.terminate() == 0, relay.logs()
+    await assert_doctor_clean(settings)
 
 
 async def test_postgres_restart_mid_run_loses_nothing_and_applies_nothing_twice(

@@ -94,3 +94,9 @@ async def http_get(port: int, path: str) -> tuple[int, str]:
     writer.close()
     head, _, body = response.partition("\r\n\r\n")
     return int(head.split()[1]), body
+
+
+async def assert_doctor_clean(settings: Settings) -> None:
+    """`pkgq doctor` finds every invariant holding (exit 0) on the test's database."""
+    doctor = await cli(settings, "doctor")
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
