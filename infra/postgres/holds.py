@@ -42,14 +42,10 @@ class NewParked:
 
 
 @dataclass(frozen=True, slots=True)
-class ParkedMessage:
-    id: int
-    user_id: UUID
-    message_id: UUID
-    route: str
-    message_type: str
-    body: bytes
-    headers: dict[str, Any]
+class ParkedMessage(NewParked):
+    """A parked message as stored: its place in its user's line is `id`."""
+
+    id: int = 0
 
 
 async def lock_many(conn: Conn, consumer: str, user_ids: Sequence[UUID]) -> dict[UUID, Hold]:
