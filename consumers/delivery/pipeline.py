@@ -25,7 +25,7 @@ domain/delivery.py decides; handlers run in memory) -> writer.py (one statement 
 Worst case, for a batch of B deliveries and R = BLIP_RETRIES: (R + 1) * (1 + 2B) transactions
 (the batch, then each delivery alone and its recording), each followed on a blip by a pause of
 at most 0.05 * k s (k = 1..R), so at most (1 + 2B) * 0.3 s of pauses; plus one transaction per
-TTR strike (at most max_attempts per delivery). tests/integration/test_delivery_loop.py proves
+TTR strike (at most max_attempts per delivery). tests/integration/test_failure_kinds.py (the blip that never clears) proves
 the bound with blips injected.
 
 After the commit, users whose hold was lifted have their parked messages drained: the same

@@ -1,5 +1,5 @@
 """The failure path under redelivery: the broker delivers again whatever was not acked, so every
-step of consumers/delivery.py must be safe to run twice. These call the route's processor
+step of consumers/delivery/ must be safe to run twice. These call the route's processor
 directly with the same delivery twice, as a redelivery after a crash between commit and ack
 would, against the test's own Postgres database.
 """

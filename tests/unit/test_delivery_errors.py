@@ -1,4 +1,4 @@
-"""consumers/delivery/failures.py: how a failure is described (type, message, the repo-relative
+"""consumers/delivery/errors.py: how a failure is described (type, message, the repo-relative
 raise site, the traceback) for the dead-letter store."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Callable
 from consumers.delivery import describe
 from infra.route_config import RetrySettings
 
-THIS_FILE = "tests/unit/test_delivery_failures.py"
+THIS_FILE = "tests/unit/test_delivery_errors.py"
 
 
 def _explode(message: str) -> None:
