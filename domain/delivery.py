@@ -152,7 +152,7 @@ class Gate:
     now: datetime
     source: Source
     seen: set[UUID]
-    """Messages the consumer applied (or found expired) before, or in this batch so far."""
+    """Messages the consumer applied before (the inbox), or finished in this batch so far."""
     holds: dict[UUID, Hold]
     """The holds on the batch's users, as the batch has left them so far."""
     attempts: dict[UUID, int] = field(default_factory=dict)

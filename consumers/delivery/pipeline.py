@@ -19,14 +19,16 @@ domain/delivery.py decides; handlers run in memory) -> writer.py (one statement 
 - an outage leaves the loop: the consumer waits it out (infra/transient.until_done) and runs
   the batch again, so nothing is recorded as a failure of a message;
 - TTR (seed 001): a handler that runs past the route's TTR rolls the transaction back, a strike
-  is counted, and the deliveries from it on are given back in their places ([A, B, C], A times
-  out while B is done: the queue is [A, C]); after max_attempts strikes it is buried (`ttr`).
+  is counted, the deliveries before it are decided again, and it and the ones after it are
+  given back unacknowledged, so they keep their places (the queue [A, B, C] with A taken and
+  timed out while B was taken and done elsewhere is [A, C], not [C, A]); after max_attempts
+  strikes it is buried (`ttr`).
 
 Worst case, for a batch of B deliveries and R = BLIP_RETRIES: (R + 1) * (1 + 2B) transactions
 (the batch, then each delivery alone and its recording), each followed on a blip by a pause of
 at most 0.05 * k s (k = 1..R), so at most (1 + 2B) * 0.3 s of pauses; plus one transaction per
-TTR strike (at most max_attempts per delivery). tests/integration/test_failure_kinds.py (the blip that never clears) proves
-the bound with blips injected.
+TTR strike (at most max_attempts per delivery). A blip that never clears proves the bound in
+tests/integration/test_failure_kinds.py.
 
 After the commit, users whose hold was lifted have their parked messages drained: the same
 loop over the parking lot (Source.PARKING) until none is left or one fails again.
@@ -57,7 +59,7 @@ from domain.delivery import Fate, Source
 from events.decoding import RawDelivery
 from events.envelope import CONTENT_TYPE, bounded_text, without_pkgq_marks
 from events.routes import Route
-from infra.postgres import holds, strikes, transitions
+from infra.postgres import holds, queue_repo, strikes, transitions
 from infra.postgres.pool import Conn
 from infra.rabbit.outcomes import Result
 from infra.transient import is_outage, is_transient
@@ -255,7 +257,10 @@ class DeliveryPipeline:
 
     async def _drain(self, users: set[UUID]) -> int:
         """Apply the parked messages of users whose hold was lifted, in order, while it stays
-        lifted. Returns how many were decided."""
+        lifted; a lifted hold with nothing left behind it is dropped. Returns how many were
+        decided. One user's trouble never holds the others back: a drain that fails for
+        several users is run again user by user, and only the failing one waits for the
+        release poll."""
         total = 0
         while users:
             try:
@@ -263,6 +268,11 @@ class DeliveryPipeline:
                     parked = await holds.first_parked(
                         conn, self.consumer, sorted(users), DRAIN_PER_USER
                     )
+                empty = users - {p.user_id for p in parked}
+                again = await self._settle(empty) if empty else []
+                if not parked:
+                    users = set(again)  # something was parked for them meanwhile
+                    continue
                 raws = [
                     RawDelivery(
                         body=p.body,
@@ -278,9 +288,13 @@ class DeliveryPipeline:
                 ready, bad = decode_all(
                     self.route, list(enumerate(raws)), max_body_bytes=self._max_body_bytes
                 )
-                decided, users = await self._decide_all([*ready, *bad], Source.PARKING)
+                decided, lifted = await self._decide_all([*ready, *bad], Source.PARKING)
+                users = set(lifted) | set(again)
             except Exception as exc:  # noqa: BLE001  (logged; the release poll tries again)
-                log.warning("drain_deferred", users=len(users), error=repr(exc))
+                if len(users) > 1:
+                    alone = [await self._drain({user}) for user in sorted(users)]
+                    return total + sum(alone)
+                log.warning("drain_deferred", users=sorted(map(str, users)), error=repr(exc))
                 with contextlib.suppress(Exception):
                     async with self._connection() as conn:
                         await holds.touch(conn, self.consumer, sorted(users))
@@ -290,6 +304,16 @@ class DeliveryPipeline:
             if Fate.GIVEN_BACK in fates or len(fates) < len(raws):
                 return total  # cut short (a TTR strike, a rival drain): the poll comes back
         return total
+
+    async def _settle(self, users: set[UUID]) -> list[UUID]:
+        """Drop the lifted holds of these users that have nothing parked behind them (in the
+        lock order of a batch: the users' rows, then their holds). Returns the users that do
+        have something parked (it came meanwhile)."""
+        async with self._connection() as conn, conn.transaction():
+            await queue_repo.lock_users(conn, users)
+            held = await holds.lock_many(conn, self.consumer, sorted(users))
+            lifted = [user for user, hold in held.items() if hold.blocker is None]
+            return await holds.settle_lifted(conn, self.consumer, lifted)
 
     async def drain_parked(self) -> int:
         """The consumer's idle task: drain the users whose holds were lifted meanwhile (by an

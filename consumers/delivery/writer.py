@@ -32,6 +32,7 @@ from events.envelope import (
     H_LAST_ERROR,
     H_PRIORITY,
     H_USER_ID,
+    clean_text,
     header_text,
     job_marks,
     jsonable,
@@ -61,12 +62,6 @@ class ClaimRaceError(Exception):
     batch is rolled back and run again (it is then a duplicate)."""
 
 
-def retry_key(consumer: str, message_id: UUID) -> str:
-    """The cancel key of a message's pending retry: a later decision on the message (applied,
-    buried, failed again) withdraws it while unpublished, so at most one retry is pending."""
-    return f"retry:{consumer}:{message_id}"
-
-
 async def write(
     conn: Conn,
     route: Route,
@@ -91,16 +86,13 @@ async def write(
     for user in sorted(stale):
         log.info("access_update_stale", user_id=str(user), seq=work.access_changes[user].seq)
     finished_with = [
-        d.decoded.envelope.message_id
+        outbox.retry_key(consumer, d.decoded.envelope.user_id, d.decoded.envelope.message_id)
         for d in decided
         if d.decoded is not None
         and (d.decision.counted or d.decoded.envelope.message_id in failed_before)
         and d.decision.fate not in (Fate.PARKED, Fate.GIVEN_BACK)
     ]
-    await outbox.withdraw(
-        conn,
-        [key for key, _ in work.withdrawn] + [retry_key(consumer, m) for m in finished_with],
-    )
+    await outbox.withdraw(conn, [key for key, _ in work.withdrawn] + finished_with)
     await outbox.enqueue(conn, work.rows_to_write() + _retries(route, decided, work.now))
     await audit.write(conn, work.audit)
     await job_state.finish(conn, _finished(decided))
@@ -154,13 +146,15 @@ def _retries(route: Route, decided: Sequence[Decided], now: datetime) -> list[ou
                     {
                         H_ATTEMPT: decision.attempt + 1,
                         H_FIRST_FAILED_AT: first_failed.isoformat(),
-                        H_LAST_ERROR: failure.summary[:500],
+                        H_LAST_ERROR: clean_text(failure.summary[:500]),
                     },
                 ),
                 available_at=decision.retry_at,
                 priority=_priority(headers),
                 expires_at=envelope.expires_at,
-                cancel_key=retry_key(route.short_name, envelope.message_id),
+                cancel_key=outbox.retry_key(
+                    route.short_name, envelope.user_id, envelope.message_id
+                ),
                 # A dedup key marks it as a retry (the `put` counter leaves retries out); its
                 # own suffix keeps it apart from a retry of the same count before a replay.
                 dedup_key=f"retry:{route.short_name}:{envelope.message_id}:{uuid4().hex}",
@@ -291,6 +285,10 @@ def _holds(
         if hold.blocker is None:
             if source is Source.PARKING or before.get(user) != hold or user in parked:
                 lifted.append(user)
+            if user not in before:
+                # Held and lifted within the batch (a copy of the blocker came twice): the
+                # hold row is written lifted, so settling it sees what was parked behind it.
+                made.append(holds.NewHold(user, None, "releasing"))
             continue
         if before.get(user) == hold and user not in last:
             continue

@@ -18,7 +18,7 @@ from uuid import UUID
 from events.decoding import message_uuid
 from events.envelope import clean_text
 from events.routes import UNTRUSTED_PUBLISHER
-from infra.postgres import holds
+from infra.postgres import holds, outbox
 from infra.postgres.pool import Conn
 
 STATUSES = ("buried", "replayed", "discarded")
@@ -66,7 +66,8 @@ async def bury(conn: Conn, dead: NewDeadLetter) -> int:
 
 async def bury_many(conn: Conn, buried: Sequence[NewDeadLetter]) -> list[int]:
     """Store dead letters, or refresh the row of the same message, in one statement. Returns
-    their ids, one per distinct dedup key (the last of a key's letters is the one stored).
+    their ids (in no particular order), one per distinct dedup key as stored (the last of a
+    key's letters is the one stored).
 
     A message that fails again after a replay goes back to `buried` with its new error. A broker
     dead letter delivered twice to the ingester is the same event, and keeps its status. A later
@@ -74,7 +75,7 @@ async def bury_many(conn: Conn, buried: Sequence[NewDeadLetter]) -> list[int]:
     replay sends): a message_id is no proof of identity, and anyone can publish one they know.
     It is counted in `repeats`.
     """
-    letters = list({d.dedup_key(): d for d in buried}.values())
+    letters = list({clean_text(d.dedup_key()): d for d in buried}.values())
     if not letters:
         return []
     rows = await conn.fetch(
@@ -304,7 +305,11 @@ async def discard(conn: Conn, ids: Sequence[int], who: str) -> int:
         list(ids),
         who,
     )
-    await holds.release_discarded(conn, [row["id"] for row in discarded])
+    gone = [row["id"] for row in discarded]
+    # A copy of the message that came again after its burial may have failed and be waiting
+    # for a retry: given up on, it is not retried behind the operator's back.
+    await outbox.withdraw_retries_of(conn, gone)
+    await holds.release_discarded(conn, gone)
     return len(discarded)
 
 

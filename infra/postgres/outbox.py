@@ -155,6 +155,29 @@ async def withdraw(conn: Conn, cancel_keys: Sequence[str]) -> int:
     return int(status.split()[-1])
 
 
+def retry_key(consumer: str, user_id: UUID | None, message_id: UUID) -> str:
+    """The cancel key of a message's pending retry on a consumer (see `withdraw`): at most one
+    is pending. The user is part of it: a copy of the message_id published for another user
+    never withdraws this user's retry."""
+    return f"retry:{consumer}:{user_id}:{message_id}"
+
+
+async def withdraw_retries_of(conn: Conn, dead_letter_ids: Sequence[int]) -> int:
+    """Withdraw the unpublished retries of these dead letters' messages on their consumers."""
+    if not dead_letter_ids:
+        return 0
+    status = await conn.execute(
+        """
+        DELETE FROM telecom.outbox o USING telecom.dead_letters d
+        WHERE d.id = ANY($1::bigint[]) AND o.published_at IS NULL
+          AND o.cancel_key = 'retry:' || d.consumer || ':' || coalesce(d.user_id::text, 'None')
+                             || ':' || d.message_uuid::text
+        """,
+        list(dead_letter_ids),
+    )
+    return int(status.split()[-1])
+
+
 async def lease_partitions(conn: Conn, limit: int) -> list[int]:
     """Inside a transaction: take the advisory lease of every free partition with due rows.
 

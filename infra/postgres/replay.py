@@ -143,6 +143,8 @@ async def replay(
     # A revived message starts over: its attempts and its TTR strikes are counted anew.
     await attempts.forget(conn, revived)
     await strikes.forget(conn, revived)
+    # The replay is the message's next delivery: a retry a later copy of it left is withdrawn.
+    await outbox.withdraw_retries_of(conn, replayed)
     await dead_letters.mark_replayed(conn, replayed, who)
     # A hold waiting on a replayed message waits for its new delivery now.
     await holds.retry_replayed(conn, replayed)

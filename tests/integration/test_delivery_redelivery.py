@@ -82,7 +82,7 @@ async def test_a_failure_delivered_again_after_its_commit_counts_twice_and_keeps
         "WHERE message_id = $1",
         UUID(first.message_id),
     )
-    key = f"retry:usage_record:{first.message_id}"
+    key = f"retry:usage_record:{user}:{first.message_id}"
     assert [(r["cancel_key"], int(r["attempt"])) for r in retries] == [(key, 3)]
     (counted,) = await fetch(
         pool, "SELECT attempts FROM telecom.attempts WHERE message_id = $1", UUID(first.message_id)

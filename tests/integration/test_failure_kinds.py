@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from uuid import UUID, uuid4
 
 import asyncpg
@@ -146,3 +147,47 @@ async def test_a_blip_that_never_clears_is_tried_a_bounded_number_of_times_then_
     assert transactions <= (BLIP_RETRIES + 1) * (1 + 2 * size)
     # The blip was met (R + 1) times in the batch and (R + 1) times alone, then recorded.
     assert runs.count(13) == 2 * (BLIP_RETRIES + 1)
+
+
+async def test_a_copy_of_its_message_id_for_another_user_never_withdraws_a_users_retry(
+    pool: asyncpg.Pool,
+) -> None:
+    """A publisher who knows a message_id sends it again for another user, and that copy
+    fails: the first user's pending retry stays, and so does its hold."""
+    mine, theirs, mid = uuid4(), uuid4(), uuid4()
+
+    async def refused(ctx: HandlerContext, body: RecordUsage) -> None:
+        raise RuntimeError("the rating engine is down")
+
+    policy = RetryPolicy(max_attempts=5, backoff=lambda _: 60.0)
+    pipeline = DeliveryPipeline(pool, USAGE_RECORD, refused, policy, max_body_bytes=2**20)
+    for user in (mine, theirs):
+        raw = raw_for(USAGE_RECORD, RecordUsage(user_id=user, upload=1, download=0))
+        assert await pipeline(dataclasses.replace(raw, message_id=str(mid))) == Fate.RETRY
+    pending = await fetch(
+        pool,
+        "SELECT user_id FROM telecom.outbox WHERE message_id = $1 AND published_at IS NULL",
+        mid,
+    )
+    assert sorted(r["user_id"] for r in pending) == sorted([mine, theirs])
+    held = await fetch(pool, "SELECT user_id, blocker FROM telecom.holds WHERE user_id = $1", mine)
+    assert [(r["user_id"], r["blocker"]) for r in held] == [(mine, mid)]
+
+
+async def test_a_handler_error_whose_text_postgres_cannot_store_is_still_retried(
+    pool: asyncpg.Pool,
+) -> None:
+    async def refused(ctx: HandlerContext, body: RecordUsage) -> None:
+        raise RuntimeError("the backend said a\x00b \ud800")
+
+    policy = RetryPolicy(max_attempts=5, backoff=lambda _: 60.0)
+    pipeline = DeliveryPipeline(pool, USAGE_RECORD, refused, policy, max_body_bytes=2**20)
+    user = uuid4()
+    assert (
+        await pipeline(raw_for(USAGE_RECORD, RecordUsage(user_id=user, upload=1, download=0)))
+        == Fate.RETRY
+    )
+    (retry,) = await fetch(pool, "SELECT headers FROM telecom.outbox WHERE user_id = $1", user)
+    assert "a\\0b" in retry["headers"]["x-pkgq-last-error"]
+    (hold,) = await fetch(pool, "SELECT last_error FROM telecom.holds WHERE user_id = $1", user)
+    assert "a\\0b" in hold["last_error"]
