@@ -215,8 +215,8 @@ def _lone_surrogate(text: str) -> str | None:
     (nor Postgres) can hold what it decodes to: it is a text field with a character Postgres
     cannot store, refused as schema_invalid like a NUL (events.models.Text), not malformed JSON.
     """
-    if _SURROGATE_ESCAPE.search(text) is None:
-        return None
+    if _SURROGATE_ESCAPE.search(text) is None or not text.lstrip().startswith("{"):
+        return None  # a body is a JSON object; anything else is invalid whatever it holds
     try:
         parsed = json.loads(text)
     except (ValueError, RecursionError):

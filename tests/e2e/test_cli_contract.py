@@ -80,8 +80,9 @@ def test_every_exit_status_has_one_meaning() -> None:
         exit_codes.TIMEOUT,
         exit_codes.MISMATCH,
         exit_codes.NOT_CONFIRMED,
+        exit_codes.VIOLATIONS,
     ]
-    assert codes == list(range(8))
+    assert codes == list(range(9))
     assert sorted(exit_codes.MEANINGS) == codes
     assert len(set(exit_codes.MEANINGS.values())) == len(codes)
 
