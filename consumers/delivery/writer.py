@@ -118,7 +118,9 @@ def _retries(route: Route, decided: Sequence[Decided], now: datetime) -> list[ou
     """The next attempt of each message decided RETRY (its last decision in the batch, when a
     copy of it came twice), through the outbox. `x-attempt` on it is for people to read: the
     count is in Postgres (domain/delivery.py)."""
-    rows = []
+    rows: list[outbox.OutboxMessage] = []
+    if not any(d.decision.fate is Fate.RETRY for d in decided):
+        return rows
     last = {d.decoded.envelope.message_id: d.index for d in decided if d.decoded is not None}
     for d in decided:
         if d.decoded is None or last[d.decoded.envelope.message_id] != d.index:
