@@ -161,6 +161,9 @@ def dig_cmd(
     if not rows:
         exit_codes.fail(exit_codes.NOT_FOUND, f"no dead letter {dead_letter_id}")
     r = rows[0]
+    if r["status"] == "superseded":
+        console.print(text(f"dead letter {dead_letter_id} is {replay.SUPERSEDED}", style="yellow"))
+        raise typer.Exit(exit_codes.FAILED)
     if not force and r["status"] != "buried":
         console.print(
             text(

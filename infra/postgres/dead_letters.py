@@ -21,7 +21,9 @@ from events.routes import UNTRUSTED_PUBLISHER
 from infra.postgres import holds, outbox
 from infra.postgres.pool import Conn
 
-STATUSES = ("buried", "replayed", "discarded")
+STATUSES = ("buried", "replayed", "discarded", "superseded")
+"""`superseded`: its message was applied by its consumer since (or before) it was filed; it is
+never replayed (migration 0014)."""
 MAX_STORED_BODY = 64 * 1024
 """A longer body is stored as its first 64 KiB, with its full size and sha256."""
 
@@ -83,9 +85,14 @@ async def bury_many(conn: Conn, buried: Sequence[NewDeadLetter]) -> list[int]:
         INSERT INTO telecom.dead_letters
             (dedup_key, source, route, consumer, message_id, user_id, message_type,
              content_type, body, headers, reason, error_type, error_message, error_location,
-             traceback, attempts, first_failed_at, body_size, body_sha256, message_uuid)
+             traceback, attempts, first_failed_at, body_size, body_sha256, message_uuid,
+             status)
         SELECT k, src, r, c, m, u, t, ct, b, h::jsonb, rs, et, em, el, tb, a,
-               coalesce(ff, now()), bs, sha, mu
+               coalesce(ff, now()), bs, sha, mu,
+               -- applied already (a broker copy of a message its consumer took): superseded
+               CASE WHEN EXISTS (SELECT 1 FROM telecom.inbox i
+                                 WHERE i.consumer = c AND i.message_id = mu)
+                    THEN 'superseded' ELSE 'buried' END::telecom.dead_letter_status
         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::uuid[],
                     $7::text[], $8::text[], $9::bytea[], $10::text[], $11::text[], $12::text[],
                     $13::text[], $14::text[], $15::text[], $16::int[], $17::timestamptz[],
@@ -103,7 +110,7 @@ async def bury_many(conn: Conn, buried: Sequence[NewDeadLetter]) -> list[int]:
             attempts = excluded.attempts,
             last_failed_at = now(),
             status = CASE WHEN excluded.source = 'broker' THEN dead_letters.status
-                          ELSE 'buried' END
+                          ELSE excluded.status END
         RETURNING id
         """,
         [clean_text(d.dedup_key()) for d in letters],
@@ -267,7 +274,7 @@ async def lock_replayable(conn: Conn, ids: Sequence[int], statuses: Sequence[str
     rows: list[Any] = await conn.fetch(
         """
         SELECT id, route, message_id, user_id, message_type, body, headers::text AS headers,
-               replay_count, reason, body_size
+               replay_count, reason, body_size, status::text AS status
         FROM telecom.dead_letters
         WHERE id = ANY($1::bigint[]) AND status::text = ANY($2::text[])
         ORDER BY first_failed_at, id

@@ -23,12 +23,26 @@ async def claim(conn: Conn, consumer: str, message_id: UUID) -> bool:
 
 
 async def claim_many(conn: Conn, consumer: str, message_ids: list[UUID]) -> set[UUID]:
-    """Claim many messages in one statement. Returns those claimed now (not applied before)."""
+    """Claim many messages in one statement. Returns those claimed now (not applied before).
+
+    The same statement marks `superseded` the consumer's buried dead letters of the messages it
+    claims (a resend applied after its first copy was buried): such a dead letter is never
+    replayed, however long after the inbox forgets the message (infra/postgres/replay.py)."""
     if not message_ids:
         return set()
     rows = await conn.fetch(
-        "INSERT INTO telecom.inbox (consumer, message_id) "
-        "SELECT $1, m FROM unnest($2::uuid[]) AS m ON CONFLICT DO NOTHING RETURNING message_id",
+        """
+        WITH claimed AS (
+            INSERT INTO telecom.inbox (consumer, message_id)
+            SELECT $1, m FROM unnest($2::uuid[]) AS m
+            ON CONFLICT DO NOTHING RETURNING message_id
+        ), superseded AS (
+            UPDATE telecom.dead_letters d SET status = 'superseded', superseded_at = now()
+            WHERE d.status = 'buried' AND d.consumer = $1
+              AND d.message_uuid IN (SELECT message_id FROM claimed)
+        )
+        SELECT message_id FROM claimed
+        """,
         consumer,
         list(dict.fromkeys(message_ids)),
     )

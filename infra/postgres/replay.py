@@ -46,6 +46,12 @@ class ReplayResult:
     detail: str
 
 
+SUPERSEDED = (
+    "superseded: its message was applied since it was buried (a later copy of it); a replay "
+    "would apply it twice, so it is never replayed"
+)
+
+
 def replay_message(row: Any, edit: Edit | None = None) -> outbox.OutboxMessage | str:
     """The outbox row that sends a dead letter again (with `edit`'s body instead of its own),
     or why it cannot be replayed."""
@@ -114,18 +120,23 @@ async def replay(
 ) -> list[ReplayResult]:
     """Inside a transaction: send the given dead letters again through the outbox, once each.
 
-    Only `buried` rows are replayed (any status with `force`); each is marked `replayed` in the
-    same transaction as its outbox row, so an interrupted bulk replay re-run skips what was done.
-    The replay keeps the message_id: if it had been applied after all, the inbox drops it.
+    Only `buried` rows are replayed (any status but `superseded` with `force`); each is marked
+    `replayed` in the same transaction as its outbox row, so an interrupted bulk replay re-run
+    skips what was done. The replay keeps the message_id: if it was applied since, the dead
+    letter is `superseded` and refused (even forced), however long ago; the inbox drops it too
+    while it keeps the message.
     `edits`: corrected bodies by dead-letter id, sent instead of the stored ones.
     """
-    statuses = list(STATUSES) if force else ["buried"]
+    statuses = [s for s in STATUSES if s != "superseded"] if force else ["buried"]
     await lock_holds(conn, ids)
-    rows = await dead_letters.lock_replayable(conn, ids, statuses)
+    rows = await dead_letters.lock_replayable(conn, ids, [*statuses, "superseded"])
     results: list[ReplayResult] = []
     messages: list[outbox.OutboxMessage] = []
     replayed: list[int] = []
     for row in rows:
+        if row["status"] == "superseded":  # never, even forced: it would apply twice
+            results.append(ReplayResult(row["id"], row["message_id"], False, SUPERSEDED))
+            continue
         message = replay_message(row, (edits or {}).get(row["id"]))
         if isinstance(message, str):
             results.append(ReplayResult(row["id"], row["message_id"], False, message))
