@@ -258,8 +258,8 @@ def purge_cmd(
     dry_run: DryRunOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Delete replayed and discarded dead letters older than a duration (never buried ones).
-    Asks first."""
+    """Delete replayed, discarded and superseded dead letters older than a duration (never
+    buried ones). Asks first."""
     age = duration(older_than)
     settings = load_settings()
     count = on_database(settings, lambda conn: dead_letters.count_purgeable(conn, age))
@@ -271,7 +271,9 @@ def purge_cmd(
         )
         return
     if count:
-        confirm(f"Delete {count} replayed or discarded dead letter(s) for good?", yes=yes)
+        confirm(
+            f"Delete {count} replayed, discarded or superseded dead letter(s) for good?", yes=yes
+        )
     purged = on_database(settings, lambda conn: dead_letters.purge(conn, age))
     show(
         {"purged": purged},

@@ -331,8 +331,9 @@ async def purge(conn: Conn, older_than: timedelta) -> int:
 
 
 _PURGEABLE = """
-    WHERE d.status IN ('replayed', 'discarded')
-      AND greatest(d.last_failed_at, d.replayed_at, d.discarded_at) < now() - $1::interval
+    WHERE d.status IN ('replayed', 'discarded', 'superseded')
+      AND greatest(d.last_failed_at, d.replayed_at, d.discarded_at, d.superseded_at)
+          < now() - $1::interval
       AND NOT EXISTS (
           SELECT 1 FROM telecom.holds h
           WHERE h.consumer = d.consumer AND h.blocker = d.message_uuid)
