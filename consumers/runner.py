@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Iterable
 
 import structlog
 
 from consumers.delivery import DeliveryPipeline
+from consumers.handlers import package_purchase
 from consumers.ingest import ingester
 from consumers.registry import HANDLERS
 from consumers.retry_policy import RetryPolicy, policy_for
 from consumers.runtime import Services, start_status_server
-from events.routes import Route
+from consumers.unit_of_work import Handler
+from events.routes import PACKAGE_PURCHASE, Route
 from infra.rabbit.consumer import QueueConsumer
 from infra.rabbit.publisher import Publisher
 from infra.rabbit.route_consumer import route_consumer
@@ -25,13 +28,23 @@ from infra.systemd_notify import Notifier
 log = structlog.get_logger(__name__)
 
 
+def handler_for(settings: Settings, route: Route) -> Handler:
+    """The route's handler, with the settings it takes: the purchase's cap on a user's live
+    items (PKGQ_MAX_QUEUED_ITEMS), handed to the domain as a plain number."""
+    if route.name == PACKAGE_PURCHASE.name:
+        return functools.partial(
+            package_purchase.handle, max_queued_items=settings.max_queued_items
+        )
+    return HANDLERS[route.name]
+
+
 def pipeline_for(
     settings: Settings, svc: Services, route: Route, policy: RetryPolicy | None = None
 ) -> DeliveryPipeline:
     return DeliveryPipeline(
         svc.pool,
         route,
-        HANDLERS[route.name],
+        handler_for(settings, route),
         policy or policy_for(settings, route.name),
         max_body_bytes=settings.max_body_bytes,
         ttr=settings.ttr_for(route.name),

@@ -6,6 +6,9 @@ from uuid import UUID
 
 MAX_AMOUNT = 1000
 """Upper bound on one purchase: a larger `amount` is a bug upstream, not a real order."""
+MAX_QUEUED_ITEMS = 1000
+"""Live items (in_queue and active) one user may hold unless configured otherwise
+(PKGQ_MAX_QUEUED_ITEMS): a purchase that would take the user beyond it is refused."""
 
 
 class DomainError(Exception):
@@ -16,6 +19,22 @@ class InvalidAmountError(DomainError):
     def __init__(self, amount: int) -> None:
         super().__init__(f"amount must be between 1 and {MAX_AMOUNT}, got {amount}")
         self.amount = amount
+
+
+class QueueFullError(DomainError):
+    """A purchase would take the user beyond the live items one user may hold. Refused before
+    anything changes: every retry is refused alike until the user's queue has room."""
+
+    def __init__(self, user_id: UUID, live: int, amount: int, cap: int) -> None:
+        super().__init__(
+            f"user {user_id} holds {live} live item(s) (in_queue and active); {amount} more "
+            f"would make {live + amount}, beyond the {cap} one user may hold "
+            "(PKGQ_MAX_QUEUED_ITEMS): refused, nothing changed"
+        )
+        self.user_id = user_id
+        self.live = live
+        self.amount = amount
+        self.cap = cap
 
 
 class UnknownPackageError(DomainError):

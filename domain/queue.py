@@ -21,6 +21,7 @@ from uuid import UUID
 from domain.errors import (
     MAX_AMOUNT,
     MAX_COUNTER,
+    MAX_QUEUED_ITEMS,
     MIN_COUNTER,
     CounterOverflowError,
     InvalidAmountError,
@@ -29,6 +30,7 @@ from domain.errors import (
     ItemNotFoundError,
     NegativeUsageError,
     PackageRetiredError,
+    QueueFullError,
     UnlimitedTrafficError,
 )
 from domain.events import (
@@ -74,6 +76,10 @@ class UserQueue:
         """GetAllMyPackages: every loaded item in queue order."""
         return sorted(self.items, key=QueueItem.queue_order)
 
+    def live(self) -> int:
+        """How many items the user holds in the queue (in_queue and active, as stored)."""
+        return sum(1 for i in self.items if i.status in (ItemStatus.IN_QUEUE, ItemStatus.ACTIVE))
+
     def queued(self) -> list[QueueItem]:
         return sorted(
             (i for i in self.items if i.status is ItemStatus.IN_QUEUE), key=QueueItem.queue_order
@@ -94,11 +100,15 @@ class UserQueue:
         amount: int,
         item_ids: list[int],
         now: datetime,
+        *,
+        max_queued_items: int = MAX_QUEUED_ITEMS,
     ) -> list[DomainEvent]:
         """CreateQueueItem(s): queue `amount` identical items, ids allocated by the caller.
 
         The items take the package's terms as they are now. An order (`by_order`) is bought
         once: a repeat, whatever its message id, queues nothing and says so (DuplicateOrder).
+        A user holds at most `max_queued_items` live items (in_queue and active): a purchase
+        that would take them beyond it is refused (QueueFullError) before anything changes.
         """
         if amount < 1 or amount > MAX_AMOUNT:
             raise InvalidAmountError(amount)
@@ -108,6 +118,9 @@ class UserQueue:
             return [DuplicateOrder(self.user_id, by_order, self.orders[by_order])]
         if package.retired(now):
             raise PackageRetiredError(package.id)
+        live = self.live()
+        if live + amount > max_queued_items:
+            raise QueueFullError(self.user_id, live, amount, max_queued_items)
         terms = package.terms()
         if by_order is not None:
             self.orders[by_order] = tuple(item_ids)

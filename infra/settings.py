@@ -12,6 +12,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from domain.errors import MAX_QUEUED_ITEMS
 from infra.faults import FaultSpecError
 from infra.faults import parse as parse_faults
 from infra.route_config import RetrySettings, RouteSettings, load_routes_file
@@ -70,6 +71,10 @@ class Settings(BaseSettings):
     batch_linger_ms: float = Field(default=5.0, ge=0, le=10_000)
     """How long a consumer waits for a batch to fill once it has one delivery in hand."""
     max_body_bytes: int = Field(default=1024 * 1024, ge=1)
+    max_queued_items: int = Field(default=MAX_QUEUED_ITEMS, ge=1)
+    """Live items (in_queue and active) one user may hold: a purchase beyond it is refused as
+    a domain rule (dead-lettered as domain_rule), so a batch's load of a user's items is
+    bounded."""
     pool_min_size: int = Field(default=1, ge=0)
     pool_max_size: int = Field(default=10, ge=1)
 

@@ -1,12 +1,15 @@
 """telecom.package_purchase: CreateQueueItems, then PackageQueuePushEvent. A purchase of an
-order (by_order) the user bought before queues nothing: it is acked as a duplicate order."""
+order (by_order) the user bought before queues nothing: it is acked as a duplicate order. One
+that would take the user beyond `max_queued_items` live items is refused (QueueFullError, a
+domain rule: buried at once as domain_rule). `pkgq run` binds the cap from PKGQ_MAX_QUEUED_ITEMS
+(consumers/runner.handler_for); called as it is, the handler keeps the default."""
 
 from __future__ import annotations
 
 import structlog
 
 from consumers.unit_of_work import HandlerContext, Needs, transition
-from domain.errors import UnknownPackageError
+from domain.errors import MAX_QUEUED_ITEMS, UnknownPackageError
 from domain.events import DuplicateOrder
 from events.models import PurchasePackage
 
@@ -18,7 +21,9 @@ def needs(body: PurchasePackage) -> Needs:
     return Needs(package_ids=(body.package_id,), new_items=body.amount, orders=orders)
 
 
-async def handle(ctx: HandlerContext, body: PurchasePackage) -> None:
+async def handle(
+    ctx: HandlerContext, body: PurchasePackage, *, max_queued_items: int = MAX_QUEUED_ITEMS
+) -> None:
     package = ctx.package(body.package_id)
     if package is None:
         raise UnknownPackageError(body.package_id)
@@ -28,7 +33,14 @@ async def handle(ctx: HandlerContext, body: PurchasePackage) -> None:
     events = await transition(
         ctx,
         body.user_id,
-        lambda q: q.purchase(package, body.by_order, body.amount, item_ids, queued_at),
+        lambda q: q.purchase(
+            package,
+            body.by_order,
+            body.amount,
+            item_ids,
+            queued_at,
+            max_queued_items=max_queued_items,
+        ),
     )
     for event in events:
         if isinstance(event, DuplicateOrder):
