@@ -49,6 +49,10 @@ class Fate(enum.StrEnum):
     GIVEN_BACK = "given_back"
     """Not decided in this run (the handler of it or of an earlier delivery ran past the
     route's TTR): back to the queue in its place, or left parked."""
+    UNDECIDED = "undecided"
+    """Its failure could not even be recorded (the transaction that records it failed too):
+    the consumer's last resort files a confirmed copy in the dead-letter queue; the rest of
+    its batch keeps what was decided."""
 
 
 DONE = frozenset({Fate.APPLIED, Fate.DUPLICATE_ORDER, Fate.DUPLICATE, Fate.CANCELLED, Fate.EXPIRED})

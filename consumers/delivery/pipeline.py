@@ -55,7 +55,7 @@ from consumers.delivery.report import report
 from consumers.registry import needs_of
 from consumers.retry_policy import RetryPolicy
 from consumers.unit_of_work import Handler, NeedsOf
-from domain.delivery import Fate, Source
+from domain.delivery import Decision, Fate, Source
 from events.decoding import RawDelivery
 from events.envelope import CONTENT_TYPE, bounded_text, without_pkgq_marks
 from events.routes import Route
@@ -70,6 +70,19 @@ BLIP_RETRIES = 3
 """How often a transaction that met a blip is run again before the blip counts as a failure."""
 DRAIN_PER_USER = 100
 """Parked messages of one user taken into one drain transaction."""
+
+
+def undecided(item: Item, exc: Exception) -> Decided:
+    """A delivery whose failure could not be recorded (see Fate.UNDECIDED)."""
+    decoded = item.decoded if isinstance(item, Delivery) else None
+    failure = dataclasses.replace(failure_of(exc), reason="undecided")
+    return Decided(item.index, item.raw, decoded, Decision(Fate.UNDECIDED, failure=failure))
+
+
+def _error(decision: Decision) -> str | None:
+    if decision.fate is not Fate.UNDECIDED or decision.failure is None:
+        return None
+    return decision.failure.summary
 
 
 class DatabaseUnavailableError(ConnectionError):
@@ -131,7 +144,7 @@ class DeliveryPipeline:
         decided, drain = await self._decide_all([*ready, *bad], Source.QUEUE)
         await self._drain(drain)
         return [
-            Result(d.decision.fate, d.seconds, d.trace_id)
+            Result(d.decision.fate, d.seconds, d.trace_id, _error(d.decision))
             if (d := decided.get(i))
             else Result(Fate.GIVEN_BACK)
             for i in range(len(raws))
@@ -196,11 +209,15 @@ class DeliveryPipeline:
                     log.warning("batch_failed_one_by_one_next", size=len(scope), error=repr(exc))
                     split = True
                     continue
-                index = scope[0].index
-                if index in known.failures:
-                    raise  # recording its failure failed too: the consumer's last resort
-                log.warning("delivery_failed_alone", index=index, error=repr(exc))
-                known.failures[index] = failure_of(exc)
+                item = scope[0]
+                if item.index in known.failures:
+                    # Recording its failure failed too: the consumer's last resort takes it;
+                    # what the batch decided and committed before stays decided.
+                    decided[item.index] = undecided(item, exc)
+                    report(self.route, [decided[item.index]])
+                    continue
+                log.warning("delivery_failed_alone", index=item.index, error=repr(exc))
+                known.failures[item.index] = failure_of(exc)
                 continue
             blips = 0
             decided.update((d.index, d) for d in done)
@@ -300,8 +317,8 @@ class DeliveryPipeline:
                         await holds.touch(conn, self.consumer, sorted(users))
                 return total
             fates = [d.decision.fate for d in decided.values()]
-            total += sum(1 for f in fates if f is not Fate.GIVEN_BACK)
-            if Fate.GIVEN_BACK in fates or len(fates) < len(raws):
+            total += sum(1 for f in fates if f not in (Fate.GIVEN_BACK, Fate.UNDECIDED))
+            if {Fate.GIVEN_BACK, Fate.UNDECIDED} & set(fates) or len(fates) < len(raws):
                 return total  # cut short (a TTR strike, a rival drain): the poll comes back
         return total
 

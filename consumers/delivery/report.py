@@ -48,5 +48,7 @@ def report(route: Route, decided: Sequence[Decided]) -> None:
             )
         elif decision.fate is Fate.EXPIRED:
             log.warning("expired", **fields, error=error)
+        elif decision.fate is Fate.UNDECIDED:
+            log.error("undecided_to_last_resort", **fields, error=error)
         elif decision.fate is Fate.PARKED:
             log.info("parked", **fields, behind=str(decision.behind) if decision.behind else None)

@@ -38,7 +38,7 @@ from infra.observability import IN_FLIGHT, MESSAGES
 from infra.rabbit import settle
 from infra.rabbit.deliveries import channel_open, raw_delivery
 from infra.rabbit.last_resort import copy_to_dead_letters
-from infra.rabbit.outcomes import Processor, Result
+from infra.rabbit.outcomes import Processor, Result, Settle, settle_of
 from infra.rabbit.publisher import Publisher
 from infra.settings import Settings
 from infra.transient import StoppingError, until_done
@@ -292,7 +292,19 @@ class QueueConsumer:
             self.active -= len(messages)
         faults.hit(faults.CONSUMER_AFTER_COMMIT, route=route)
         done, given_back = settle.done_and_given_back(messages, results)
-        await settle.ack(done, in_order=self.lanes == 1 and not alone)
+        # A delivery whose failure could not be recorded gets the last resort; the rest of the
+        # batch keeps what was decided (each copy is acked once it is made).
+        copies = [
+            (m, r)
+            for m, r in zip(done, results, strict=False)
+            if settle_of(r.fate) is Settle.LAST_RESORT
+        ]
+        for message, result in copies:
+            copied = await self._last_resort(message, RuntimeError(result.error))
+            if not copied and self._stopping.is_set():
+                return False  # it and the rest stay unacked: redelivered in order
+        done = [m for m in done if all(m is not c for c, _ in copies)]
+        await settle.ack(done, in_order=self.lanes == 1 and not alone and not copies)
         if given_back:
             try:
                 await self._give_back_or_fail()
@@ -319,6 +331,14 @@ class QueueConsumer:
             return True
         message = messages[0]
         log.error("processing_failed_unexpectedly", message_id=message.message_id, exc_info=exc)
+        if await self._last_resort(message, exc):
+            MESSAGES.labels(route=route_of_key(self.name), outcome=Fate.BURIED.value).inc()
+            return True
+        return not self._stopping.is_set()  # left unacked: redelivered
+
+    async def _last_resort(self, message: AbstractIncomingMessage, exc: Exception) -> bool:
+        """A confirmed copy of one delivery in the dead-letter queue, then its ack. False: no
+        copy was made (stopping, its channel gone, or given back): it is redelivered."""
         try:
             copied = await copy_to_dead_letters(
                 message,
@@ -335,11 +355,8 @@ class QueueConsumer:
             # batch's multiple-ack would take it along unprocessed.
             with contextlib.suppress(Exception):
                 await message.nack(requeue=True)
-            return True
-        if not copied:  # left unacked (redelivered): stopping, or its channel is gone
-            return not self._stopping.is_set()
-        MESSAGES.labels(route=route_of_key(self.name), outcome=Fate.BURIED.value).inc()
-        return True
+            return False
+        return copied
 
     def _enter(self, count: int) -> None:
         self.active += count

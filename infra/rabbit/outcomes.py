@@ -20,10 +20,15 @@ class Settle(enum.Enum):
     GIVE_BACK = "give_back"
     """Back to the queue in its place: the channel is closed with it unacknowledged (a nack
     with requeue would send it to the back of a quorum queue)."""
+    LAST_RESORT = "last_resort"
+    """A confirmed copy to the dead-letter exchange first (infra/rabbit/last_resort.py), then
+    the ack."""
 
 
 def settle_of(fate: Fate) -> Settle:
-    return Settle.GIVE_BACK if fate is Fate.GIVEN_BACK else Settle.ACK
+    if fate is Fate.GIVEN_BACK:
+        return Settle.GIVE_BACK
+    return Settle.LAST_RESORT if fate is Fate.UNDECIDED else Settle.ACK
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +40,8 @@ class Result:
     """The message's own share of its batch's time (its log line's `ms`)."""
     trace_id: str | None = None
     """The trace it was applied in (one it started, when it came without a `traceparent`)."""
+    error: str | None = None
+    """Why it is UNDECIDED (what its last-resort copy says)."""
 
 
 Processor = Callable[[Sequence[RawDelivery]], Awaitable[list[Result]]]
