@@ -12,7 +12,8 @@ domain/delivery.py decides; handlers run in memory) -> writer.py (one statement 
   is pinned on the message that causes it and its neighbours commit;
 - a delivery whose own transaction fails is decided again with that failure recorded as its
   own (a data error Postgres refuses is PERMANENT: buried at once; anything else is retried
-  with backoff), without running its handler again;
+  with backoff), without running its handler again; if recording it fails too, it is
+  UNDECIDED, and the consumer's last resort files a copy (the rest of the batch stays decided);
 - a blip (deadlock, serialization failure, lock or statement timeout, a claim race) is run
   again after a short pause, up to BLIP_RETRIES times per transaction, then counts as the
   failure of what the transaction held (the batch splits; a lone delivery records it);
