@@ -1,15 +1,48 @@
 """One user's queue as node management and operators see it now: the shapes `pkgq user show
 --json`, the console's user page and the read API (`/api/v1/users/...`) all answer with, built
-here once from the same domain objects and the database clock."""
+here once from the same domain objects and the database clock; and the cursor a page of a
+user's items is continued from."""
 
 from __future__ import annotations
 
-from datetime import datetime
+import re
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 from domain.model import ItemStatus, QueueItem
-from infra.postgres.read_api import Access, Current
+from infra.postgres.read_api import Access, Current, PackagesPage, Position
+
+PAGE_DEFAULT = 100
+"""Items on a page of the read API unless `limit` says otherwise."""
+PAGE_MAX = 1000
+"""The most items one page may ask for (a larger `limit` is refused)."""
+CURSOR_PATTERN = r"^[0-9]{1,19}\.[0-9]{1,19}$"
+"""A cursor: the queue position (created_at in microseconds since the epoch, item id) of the
+last item of the page before. Clients pass it back as they got it."""
+_CURSOR = re.compile(CURSOR_PATTERN)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+_MAX_ID = 2**63 - 1
+
+
+def cursor_of(item: QueueItem) -> str:
+    """The cursor of the page that starts after `item` (in queue order: created_at, id)."""
+    return f"{(item.created_at - _EPOCH) // _MICROSECOND}.{item.id}"
+
+
+def position_of(cursor: str) -> Position:
+    """The queue position a cursor names; ValueError for anything `cursor_of` cannot make."""
+    if not _CURSOR.fullmatch(cursor):
+        raise ValueError("not a cursor this API gave out (a `next` of a previous page)")
+    micros, item_id = (int(part) for part in cursor.split("."))
+    try:
+        created_at = _EPOCH + micros * _MICROSECOND
+    except OverflowError:
+        raise ValueError("not a cursor this API gave out (its time is out of range)") from None
+    if item_id > _MAX_ID:
+        raise ValueError("not a cursor this API gave out (its item id is out of range)")
+    return Position(created_at, item_id)
 
 
 def item_row(item: QueueItem, now: datetime) -> dict[str, Any]:
@@ -81,4 +114,17 @@ def current_package(user_id: UUID, facts: Current) -> dict[str, Any]:
         "traffic_remaining": item["remaining"] if item else None,
         "queued": facts.queued,
         "access": access,
+    }
+
+
+def packages_page(user_id: UUID, page: PackagesPage) -> dict[str, Any]:
+    """GetAllMyPackages, a page at a time: the items in queue order, the current item, every
+    item's count, and the cursor of the next page (None: this is the last)."""
+    return {
+        "user_id": str(user_id),
+        "as_of": page.now.isoformat(),
+        "current_item_id": page.current_id,
+        "total": page.total,
+        "next": cursor_of(page.items[-1]) if page.more else None,
+        "packages": [item_row(i, page.now) for i in page.items],
     }

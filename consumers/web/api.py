@@ -10,11 +10,19 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from consumers.queue_view import access_row, current_package, item_row
+from consumers.queue_view import (
+    CURSOR_PATTERN,
+    PAGE_DEFAULT,
+    PAGE_MAX,
+    access_row,
+    current_package,
+    packages_page,
+    position_of,
+)
 from consumers.web.dependencies import ApiViewer, pool_of
 from infra.postgres import read_api
 from infra.postgres.pool import answers
@@ -23,6 +31,15 @@ router = APIRouter()
 api = APIRouter(prefix="/api/v1", tags=["read API"])
 
 UserId = Annotated[UUID, Field(description="The user's id (a UUID).")]
+Limit = Annotated[int, Query(ge=1, le=PAGE_MAX, description=f"Items on the page (1..{PAGE_MAX}).")]
+After = Annotated[
+    str | None,
+    Query(
+        max_length=40,
+        pattern=CURSOR_PATTERN,
+        description="The `next` of the page before (opaque); absent: the first page.",
+    ),
+]
 
 
 class Item(BaseModel):
@@ -90,13 +107,21 @@ class CurrentPackage(BaseModel):
 
 
 class Packages(BaseModel):
-    """GetAllMyPackages: every item of the user, in queue order (first in, first out)."""
+    """GetAllMyPackages, a page at a time: the user's items in queue order (first in, first
+    out), keyset-paginated on that order, so a page never repeats or skips an item however
+    items are bought or change meanwhile."""
 
     model_config = ConfigDict(extra="forbid")
 
     user_id: UUID
     as_of: datetime
-    current_item_id: int | None
+    current_item_id: int | None = Field(
+        description="The active item (not past its expire_at), wherever it is in the queue."
+    )
+    total: int = Field(description="Every item of the user, whatever its status.")
+    next: str | None = Field(
+        description="Pass as `after` for the next page; null: this page is the last."
+    )
     packages: list[Item]
 
 
@@ -142,22 +167,26 @@ async def get_current_package(user_id: UserId, request: Request, who: ApiViewer)
 
 
 @api.get("/users/{user_id}/packages", response_model=Packages, responses=_ERRORS)
-async def get_all_my_packages(user_id: UserId, request: Request, who: ApiViewer) -> Any:
-    """Every package of the user in queue order, each with its status by the clock."""
+async def get_all_my_packages(
+    user_id: UserId,
+    request: Request,
+    who: ApiViewer,
+    limit: Limit = PAGE_DEFAULT,
+    after: After = None,
+) -> Any:
+    """The user's packages in queue order, a page of `limit` at a time, each with its status by
+    the clock; `next` continues after the page, and `total` counts them all."""
+    try:
+        position = position_of(after) if after is not None else None
+    except ValueError as exc:
+        raise HTTPException(
+            422, [{"loc": ["query", "after"], "msg": str(exc), "type": "value_error"}]
+        ) from None
     async with pool_of(request).acquire() as conn:
-        now, known, items = await read_api.packages(conn, user_id)
-    if not known:
+        page = await read_api.packages_page(conn, user_id, position, limit)
+    if not page.known:
         raise _unknown(user_id)
-    rows = [item_row(i, now) for i in items]
-    current = next((r["id"] for r in rows if r["status"] == "active"), None)
-    return _json(
-        {
-            "user_id": str(user_id),
-            "as_of": now.isoformat(),
-            "current_item_id": current,
-            "packages": rows,
-        }
-    )
+    return _json(packages_page(user_id, page))
 
 
 @api.get("/users/{user_id}/access", response_model=Access, responses=_ERRORS)

@@ -1,11 +1,12 @@
 """The console's pages: sign-in, the overview (with the invariants' last results), one user's
-queue (cancel and quota adjustment), holds and parked messages (the release of an orphaned hold
-is in hold_pages.py), workers, groups and addresses, and the audit trail."""
+queue a page at a time (cancel and quota adjustment), holds and parked messages (the release
+of an orphaned hold is in hold_pages.py), workers, groups and addresses, and the audit trail."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 from uuid import UUID, uuid4
 
 import asyncpg
@@ -16,7 +17,7 @@ from pydantic import ValidationError
 
 from consumers import operations
 from consumers.job_stats import route_stats
-from consumers.queue_view import current_package, item_row
+from consumers.queue_view import PAGE_MAX, current_package, cursor_of, item_row, position_of
 from consumers.web import auth
 from consumers.web.dependencies import Operator, Viewer, pool_of, render
 from consumers.web.throttle import LoginThrottle
@@ -39,6 +40,8 @@ log = structlog.get_logger(__name__)
 WORKERS_SHOWN = 200
 """Workers on the workers page (running ones first, then stopped; the most recently started
 first in each); the page says how many more."""
+USER_PAGE_ITEMS = 50
+"""Items on a page of a user's queue in the console unless `limit` says otherwise."""
 
 
 def _safe_next(target: str | None) -> str:
@@ -148,23 +151,55 @@ async def find_user(request: Request, who: Viewer, user_id: str | None = None) -
     return render(request, "find_user.html", {"error": None})
 
 
+def _page_size(limit: str | None) -> int:
+    """The `limit` of a page of a user's queue: USER_PAGE_ITEMS, or 1..PAGE_MAX (else 422)."""
+    if limit is None:
+        return USER_PAGE_ITEMS
+    if not (limit.isascii() and limit.isdigit()) or not 1 <= int(limit) <= PAGE_MAX:
+        raise HTTPException(422, f"limit must be a number from 1 to {PAGE_MAX}")
+    return int(limit)
+
+
+def _query(user_id: UUID, params: Mapping[str, str | int]) -> str:
+    return f"/users/{user_id}" + (f"?{urlencode(params)}" if params else "")
+
+
 @router.get("/users/{user_id}", response_class=HTMLResponse)
-async def user_page(request: Request, user_id: UUID, who: Viewer) -> Response:
+async def user_page(
+    request: Request,
+    user_id: UUID,
+    who: Viewer,
+    after: str | None = None,
+    limit: str | None = None,
+) -> Response:
+    """A page of the user's items in queue order (keyset on it: `after` is the cursor of the
+    page's predecessor, as the read API's `next`), with how many there are in all."""
+    size = _page_size(limit)
+    try:
+        position = position_of(after) if after is not None else None
+    except ValueError as exc:
+        raise HTTPException(422, f"after: {exc}") from None
     async with pool_of(request).acquire() as conn:
-        now, known, items = await read_api.packages(conn, user_id)
+        page = await read_api.packages_page(conn, user_id, position, size)
         facts = await read_api.current(conn, user_id)
         audit = await operator_actions.recent(conn, user_id=user_id, limit=20)
         parked = await console.parked(conn, user_id=user_id)
-    if not known:
+    if not page.known:
         raise HTTPException(404, f"pkgq has never seen a message for user {user_id}")
+    sized = {"limit": size} if limit is not None else {}
+    after_last = {"after": cursor_of(page.items[-1])} if page.more else None
     return render(
         request,
         "user.html",
         {
             "user_id": user_id,
-            "now": now,
+            "now": page.now,
             "current": current_package(user_id, facts),
-            "items": [item_row(i, now) for i in items],
+            "items": [item_row(i, page.now) for i in page.items],
+            "total": page.total,
+            "first_shown": page.before + 1,
+            "next_url": _query(user_id, {**after_last, **sized}) if after_last else None,
+            "first_url": _query(user_id, sized) if position is not None else None,
             "audit": audit,
             "parked": parked,
             "flash": request.query_params.get("done"),
@@ -178,13 +213,12 @@ async def item_confirm(request: Request, item_id: int, action: str, who: Operato
     if action not in ("cancel", "adjust"):
         raise HTTPException(404, "no such action")
     async with pool_of(request).acquire() as conn:
-        owner = await _owner(conn, item_id)
-        now, _, items = await read_api.packages(conn, owner)
-    item = next((item_row(i, now) for i in items if i.id == item_id), None)
-    if item is None:  # gone between the two reads
+        now, found = await read_api.item_by_id(conn, item_id)
+    if found is None:
         raise HTTPException(404, f"no queue item {item_id}")
+    item = item_row(found, now)
     # The command's message_id, fixed now: a form posted twice sends the command once.
-    context = {"item": item, "action": action, "owner": owner, "command_id": uuid4()}
+    context = {"item": item, "action": action, "owner": found.user_id, "command_id": uuid4()}
     return render(request, "item_confirm.html", context)
 
 

@@ -1,8 +1,8 @@
 """The read paths node management calls at high rates (`pkgq web`'s /api/v1): each answers in
 one statement, on indexes (the active item: package_queue_one_active; a user's items in queue
-order: package_queue_user_order, migration 0008; access and users: their primary keys), and
-carries the database clock, so that an item past its expire_at is judged by the same clock pkgq
-expires by."""
+order, a page at a time by keyset: package_queue_user_order, migration 0008; access and users:
+their primary keys), and carries the database clock, so that an item past its expire_at is
+judged by the same clock pkgq expires by."""
 
 from __future__ import annotations
 
@@ -128,11 +128,91 @@ async def user_state(conn: Conn, user_id: UUID) -> UserState:
     )
 
 
-async def packages(conn: Conn, user_id: UUID) -> tuple[datetime, bool, list[QueueItem]]:
-    """GetAllMyPackages in one statement (user_state's): (the clock, whether the user is known,
-    every item of the user in queue order)."""
-    state = await user_state(conn, user_id)
-    return state.now, state.known, state.items
+@dataclass(frozen=True, slots=True)
+class Position:
+    """A place in a user's queue order (created_at, id): the keyset a page starts after."""
+
+    created_at: datetime
+    item_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class PackagesPage:
+    """One page of a user's items in queue order (GetAllMyPackages, paginated)."""
+
+    now: datetime
+    known: bool
+    """False: pkgq has never seen a message for this user."""
+    items: list[QueueItem]
+    """At most `limit` items, in queue order, after the position asked for."""
+    more: bool
+    """Items follow the page's last one."""
+    total: int
+    """Every item of the user, whatever its status."""
+    before: int
+    """Items of the user at or before the position asked for (0 for the first page)."""
+    current_id: int | None
+    """The active item, unless the clock says its time is up (QueueItem.status_at)."""
+
+
+async def packages_page(
+    conn: Conn, user_id: UUID, after: Position | None, limit: int
+) -> PackagesPage:
+    """A page of the user's items in queue order, keyset-paginated on (created_at, id) after
+    `after` (None: from the first), in one statement: the clock, whether the user is known,
+    their item count (and how many come up to `after`), the current item's id, and up to
+    `limit` items (one more is read to tell whether any follow). The page walks the index
+    package_queue_user_order; the counts, its index entries of this one user."""
+    created_at, item_id = (after.created_at, after.item_id) if after else (None, None)
+    rows = await conn.fetch(
+        f"""
+        SELECT now() AS now, {_KNOWN}, c.total, c.before,
+               (SELECT a.id FROM telecom.package_queue a
+                WHERE a.user_id = $1 AND a.status = 'active'
+                  AND (a.expire_at IS NULL OR a.expire_at > now())) AS current_id,
+               {_ITEM_COLUMNS}
+        FROM (SELECT count(*) AS total,
+                     count(*) FILTER (WHERE (p.created_at, p.id) <= ($2, $3)) AS before
+              FROM telecom.package_queue p WHERE p.user_id = $1) AS c
+        LEFT JOIN LATERAL (
+            SELECT * FROM telecom.package_queue q
+            WHERE q.user_id = $1
+              AND ($2::timestamptz IS NULL OR (q.created_at, q.id) > ($2, $3))
+            ORDER BY q.created_at, q.id
+            LIMIT $4
+        ) AS q ON true
+        ORDER BY q.created_at, q.id
+        """,
+        user_id,
+        created_at,
+        item_id,
+        limit + 1,
+    )
+    first = rows[0]  # the counts are one row; LEFT JOIN LATERAL keeps it without items
+    items = [_item(r) for r in rows if r["id"] is not None]
+    return PackagesPage(
+        now=first["now"],
+        known=first["known"],
+        items=items[:limit],
+        more=len(items) > limit,
+        total=int(first["total"]),
+        before=int(first["before"] or 0),
+        current_id=first["current_id"],
+    )
+
+
+async def item_by_id(conn: Conn, item_id: int) -> tuple[datetime, QueueItem | None]:
+    """One item with its terms, whoever's it is, and the clock, in one statement."""
+    row = await conn.fetchrow(
+        f"""
+        SELECT now() AS now, {_ITEM_COLUMNS}
+        FROM (SELECT 1) AS one
+        LEFT JOIN telecom.package_queue q ON q.id = $1
+        """,
+        item_id,
+    )
+    assert row is not None  # FROM (SELECT 1): always one row
+    return row["now"], _item(row) if row["id"] is not None else None
 
 
 async def access(conn: Conn, user_id: UUID) -> tuple[datetime, bool, Access | None]:

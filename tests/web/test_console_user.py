@@ -16,6 +16,7 @@ from infra.postgres import queue_repo
 from infra.postgres.pool import Conn
 from infra.settings import Settings
 from tests.support.deliveries import add_package
+from tests.support.queue_items import queue_of
 from tests.web.client import client, csrf_of, form_value, sign_in
 
 
@@ -145,3 +146,72 @@ async def test_an_item_action_reads_the_items_owner_once_also_when_posted_twice(
     async with pool.acquire() as conn:
         bodies = await conn.fetch("SELECT body FROM telecom.outbox")
     assert [json.loads(bytes(b["body"]))["user_id"] for b in bodies] == [str(user)]
+
+
+def _rows(html: str) -> list[int]:
+    return [int(i) for i in re.findall(r'<tr data-item="(\d+)"', html)]
+
+
+def _next(html: str) -> str | None:
+    found = re.search(r'<a class="button" rel="next" href="([^"]+)"', html)
+    return found.group(1).replace("&amp;", "&") if found else None
+
+
+async def test_a_user_page_of_120_items_shows_50_of_120_and_its_next_pages_show_the_rest(
+    http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    user = uuid4()
+    in_order = await queue_of(pool, user, 120)
+
+    first = await http.get(f"/users/{user}")
+    assert first.status_code == 200
+    assert "showing 50 of 120 (items 1 to 50 in queue order)" in first.text
+    assert "First page" not in first.text
+    shown, pages, target = _rows(first.text), [first.text], _next(first.text)
+    while target is not None:
+        page = await http.get(target)
+        assert page.status_code == 200
+        shown += _rows(page.text)
+        pages.append(page.text)
+        target = _next(page.text)
+        assert len(pages) <= 5, "the pages never end"
+
+    assert shown == in_order
+    assert "showing 50 of 120 (items 51 to 100 in queue order)" in pages[1]
+    assert "showing 20 of 120 (items 101 to 120 in queue order)" in pages[2]
+    assert f'href="/users/{user}">« First page' in pages[2]
+    assert len(pages) == 3
+
+
+async def test_a_user_page_keeps_its_page_size_in_the_next_link(
+    http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    user = uuid4()
+    in_order = await queue_of(pool, user, 12)
+    first = await http.get(f"/users/{user}", params={"limit": "5"})
+    target = _next(first.text)
+    assert target is not None
+    assert "limit=5" in target
+    second = await http.get(target)
+    assert _rows(first.text) + _rows(second.text) == in_order[:10]
+    assert "showing 5 of 12 (items 6 to 10 in queue order)" in second.text
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"limit": "0"},
+        {"limit": "1001"},
+        {"limit": "x"},
+        {"after": "nope"},
+        {"after": "9" * 19 + ".1"},
+    ],
+)
+async def test_a_user_page_out_of_range_is_refused_with_422(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, params: dict[str, str]
+) -> None:
+    user = uuid4()
+    await queue_of(pool, user, 3)
+    page = await http.get(f"/users/{user}", params=params)
+    assert page.status_code == 422
+    assert "limit must be" in page.text or "after:" in page.text
