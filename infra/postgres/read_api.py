@@ -155,6 +155,11 @@ class PackagesPage:
     """The active item, unless the clock says its time is up (QueueItem.status_at)."""
 
 
+_AFTER = "coalesce($2::timestamptz, '-infinity'), coalesce($3::bigint, 0)"
+"""The position a page starts after; NULL: before every item. Never NULL itself, so the row
+comparison is an index condition in a generic plan too (not a filter over the rows before)."""
+
+
 async def packages_page(
     conn: Conn, user_id: UUID, after: Position | None, limit: int
 ) -> PackagesPage:
@@ -172,12 +177,11 @@ async def packages_page(
                   AND (a.expire_at IS NULL OR a.expire_at > now())) AS current_id,
                {_ITEM_COLUMNS}
         FROM (SELECT count(*) AS total,
-                     count(*) FILTER (WHERE (p.created_at, p.id) <= ($2, $3)) AS before
+                     count(*) FILTER (WHERE (p.created_at, p.id) <= ({_AFTER})) AS before
               FROM telecom.package_queue p WHERE p.user_id = $1) AS c
         LEFT JOIN LATERAL (
             SELECT * FROM telecom.package_queue q
-            WHERE q.user_id = $1
-              AND ($2::timestamptz IS NULL OR (q.created_at, q.id) > ($2, $3))
+            WHERE q.user_id = $1 AND (q.created_at, q.id) > ({_AFTER})
             ORDER BY q.created_at, q.id
             LIMIT $4
         ) AS q ON true
