@@ -15,12 +15,16 @@ call the owner to change it:
     outbox              outbox                   group_members       groups
     route_pauses        outbox                   workers             workers
     transition_counts   transitions              leases              leases
-    schema_migrations   migrate                  operator_actions    operator_actions
+    transition_seconds  transitions              operator_actions    operator_actions
+    schema_migrations   migrate                  dead_letter_counts  (triggers on dead_letters)
 
 Retention deletes by the rule each owner declares (its `RETENTION`, a pruning.Rule): the owner
 says which of its rows are past retention, retention.py runs the batched deletes. Modules that
 own no table call the owners, or only read: job_state (finishing a message: its address, its
 group member, an expired outbox row), replay (dead letters sent again), retention and pruning,
-overdue (the sweep's reads), stats, statements, pool, read_api and console (the web's reads).
-The benchmarks' seeding (bench_data, web_bench_data) writes only in their own databases.
+overdue (the sweep's reads), stats (the figures the status ports and the console's overview
+show, read through indexes and counters: its docstring says how, figure by figure), statements,
+pool, read_api and console (the web's reads). The benchmarks' seeding (bench_data,
+web_bench_data) and big_tables (a million rows per growing table, for the proof that stats reads
+them through indexes) write only in their own databases.
 """
