@@ -12,6 +12,10 @@ States (a message is in one of them at a time):
 
 Transitions: put, take, ack, release (a retry scheduled), bury, dig, plow, ttl (expired), ttr
 (ran past the route's TTR and given back), delete (a processed record pruned).
+
+The figures from Postgres are read cheaply (infra/postgres/stats.py: counters, counts that stop
+at stats.EXACT_UP_TO, estimates past it); a row's `estimated` names the states and details that
+are estimates. The console's overview and `pkgq stats` both show these.
 """
 
 from __future__ import annotations
@@ -28,6 +32,19 @@ from infra.rabbit.topology import route_queues
 from infra.settings import Settings
 
 STATES = ("ready", "taken", "waiting", "buried", "zombie", "done")
+_MADE_OF = {
+    "ready": ("pending",),
+    "waiting": ("scheduled", "parked"),
+    "buried": ("dead_letters",),
+    "zombie": ("kept",),
+    "expired": ("expired",),
+    "outbox_pending": ("pending",),
+    "scheduled": ("scheduled",),
+    "parked": ("parked",),
+    "processed_1m": ("processed_1m",),
+    "failed_1m": ("failed_1m",),
+}
+"""Each state or detail shown, by the Postgres figures it adds up (stats.RouteFigures)."""
 
 
 async def route_stats(settings: Settings, conn: Conn) -> dict[str, dict[str, Any]]:
@@ -43,7 +60,8 @@ async def route_stats(settings: Settings, conn: Conn) -> dict[str, dict[str, Any
                     broker[depth["queue"]] = QueueFigures(depth["ready"], -1, depth["consumers"])
     table: dict[str, dict[str, Any]] = {}
     for route in ROUTES:
-        db = figures.get(route, {})
+        db = figures.of(route)
+        guessed = figures.estimated.get(route, set())
         counted: Counter[str] = moves.get(route) or Counter()
         on_broker = [broker[q] for q in queues[route] if q in broker]
         broker_ready = sum(f.ready for f in on_broker)
@@ -67,6 +85,7 @@ async def route_stats(settings: Settings, conn: Conn) -> dict[str, dict[str, Any
                 "failed_1m": db.get("failed_1m", 0),
             },
             "transitions": {t: counted.get(t, 0) for t in TRANSITIONS},
+            "estimated": sorted(k for k, parts in _MADE_OF.items() if guessed & set(parts)),
         }
         table[route] = row
     return table

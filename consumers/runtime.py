@@ -293,6 +293,8 @@ async def start_status_server(
     never takes a connection a consumer's batch waits for, and a consumers' pool busy with a
     burst does not make the process look unready. The pool opens no connection before a
     probe or refresh needs one, and carries the worker's application_name (reaped with it).
+    The refresh reads counters, indexes and statistics only (infra/postgres/stats.py), never a
+    growing table row by row: every process runs it, every PKGQ_METRICS_REFRESH_INTERVAL.
     """
     if not settings.http_port:
         return None
@@ -324,7 +326,7 @@ async def start_status_server(
         async with pool.acquire(timeout=2) as conn:
             per_route = await stats.per_route(conn)
             moves = await transitions.totals(conn)
-        for route, found in per_route.items():
+        for route, found in per_route.counts.items():
             for state, value in {
                 "ready": found.get("pending", 0),
                 "waiting": found.get("scheduled", 0) + found.get("parked", 0),

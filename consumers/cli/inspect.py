@@ -70,16 +70,25 @@ def asyncapi_cmd() -> None:
     print(json.dumps(document(), indent=2, sort_keys=True))
 
 
+def _shown(row: dict[str, Any], key: str, value: Any) -> str:
+    """A figure as shown: `?` unknown, `~N` an estimate (past the exact count's cap)."""
+    if value is None:
+        return "?"
+    return f"~{value}" if key in row.get("estimated", ()) else str(value)
+
+
 def _print_stats(stats: dict[str, dict[str, Any]]) -> None:
     columns: list[Column] = [
         ("route", lambda kv: kv[0].removeprefix("telecom.")),
         *(
-            (head, lambda kv, s=s: "?" if kv[1][s] is None else str(kv[1][s]))
+            (head, lambda kv, s=s: _shown(kv[1], s, kv[1][s]))
             for head, s in zip(("R", "T", "W", "B", "Z", "D", "exp"), _STATES, strict=True)
         ),
         *((m, lambda kv, m=m: str(kv[1]["transitions"][m])) for m in _MOVES),
-        ("/min", lambda kv: str(kv[1]["detail"]["processed_1m"])),
-        ("fail/min", lambda kv: str(kv[1]["detail"]["failed_1m"])),
+        *(
+            (head, lambda kv, d=d: _shown(kv[1], d, kv[1]["detail"][d]))
+            for head, d in (("/min", "processed_1m"), ("fail/min", "failed_1m"))
+        ),
     ]
     console.print(table(stats.items(), columns))
 
@@ -91,7 +100,8 @@ def stats_cmd(as_json: JsonOpt = False) -> None:
     duplicates (until retention), D done, and expired; and how many moved between them (put,
     take, ack, release, bury, dig, plow, ttl, ttr, delete), with how many were processed (/min) and
     dead-lettered (fail/min) in the last minute. Taken counts come from the
-    RabbitMQ management API ('?' when it cannot be reached)."""
+    RabbitMQ management API ('?' when it cannot be reached). Nothing is counted row by row: a
+    figure past 1,000 is estimated from Postgres' statistics and shown as ~N (README, Stats)."""
     from consumers.job_stats import route_stats
 
     settings = load_settings()

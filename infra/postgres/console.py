@@ -8,6 +8,7 @@ import json
 from typing import Any
 from uuid import UUID
 
+from infra.postgres import stats
 from infra.postgres.pool import Conn
 
 
@@ -46,12 +47,12 @@ async def parked(conn: Conn, user_id: UUID | None = None, limit: int = 200) -> l
 
 
 async def held_users(conn: Conn) -> dict[str, int]:
-    """Per consumer: how many users are held back (a hold with a blocker)."""
-    rows = await conn.fetch(
-        "SELECT consumer, count(*) AS held FROM telecom.holds "
-        "WHERE blocker IS NOT NULL GROUP BY consumer"
-    )
-    return {r["consumer"]: int(r["held"]) for r in rows}
+    """Per consumer: how many users are held back (a hold with a blocker), read as the status
+    port reads them (stats.held: exact up to stats.EXACT_UP_TO per state, estimated past it)."""
+    found: dict[str, int] = {}
+    for (consumer, _), n in (await stats.held(conn))[0].items():
+        found[consumer] = found.get(consumer, 0) + n
+    return found
 
 
 def body_text(body: bytes | memoryview) -> str:
