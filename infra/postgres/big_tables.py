@@ -1,0 +1,90 @@
+"""A busy deployment's growing tables, filled fast (INSERT ... SELECT generate_series) in a
+database of its own: what proves that the status refresh and the console's overview read them
+through indexes, whatever their size (tests/integration/test_cheap_statistics.py). Never run
+against a production database."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from infra.postgres.pool import Conn
+
+FILLED = ("inbox", "outbox", "dead_letters", "holds", "parked")
+"""The tables `fill` fills: every table the refresh or the overview reads that grows."""
+
+
+async def fill(conn: Conn, rows: int, consumers: Sequence[str]) -> None:
+    """`rows` rows in each of FILLED, spread over `consumers` (and their routes,
+    `telecom.<consumer>`): processed messages (the inbox) up to a week old, published outbox
+    rows, replayed dead letters, released holds (no blocker) and parked messages. None of them
+    is due, buried or holding anyone: what a figure counts is left to the caller to add.
+
+    The rows go in with triggers off, as a restore would (session_replication_role: a
+    superuser's connection), then every table is vacuumed and analyzed, as autovacuum would."""
+    names = list(consumers)
+    await conn.execute("SET session_replication_role = replica")
+    try:
+        await conn.execute(
+            """
+            INSERT INTO telecom.inbox (consumer, message_id, processed_at)
+            SELECT ($2::text[])[1 + g % cardinality($2::text[])], gen_random_uuid(),
+                   now() - (g % 604800) * interval '1 second'
+            FROM generate_series(1, $1) AS g
+            """,
+            rows,
+            names,
+        )
+        await conn.execute(
+            """
+            INSERT INTO telecom.outbox
+                (message_id, route, message_type, schema_version, user_id, body, available_at,
+                 published_at)
+            SELECT gen_random_uuid(), 'telecom.' || ($2::text[])[1 + g % cardinality($2::text[])],
+                   'Filled', 1, gen_random_uuid(), '\\x7b7d', now() - interval '1 hour',
+                   now() - interval '1 hour' + (g % 3600) * interval '1 second'
+            FROM generate_series(1, $1) AS g
+            """,
+            rows,
+            names,
+        )
+        await conn.execute(
+            """
+            INSERT INTO telecom.dead_letters
+                (dedup_key, source, route, consumer, message_id, body, reason, error_type,
+                 error_message, status, first_failed_at, last_failed_at, replayed_at)
+            SELECT 'filled:' || g, 'consumer',
+                   'telecom.' || ($2::text[])[1 + g % cardinality($2::text[])],
+                   ($2::text[])[1 + g % cardinality($2::text[])], gen_random_uuid()::text,
+                   '\\x7b7d', 'handler_error', 'Filled', 'filled', 'replayed',
+                   now() - interval '2 days', now() - interval '1 day' - g * interval '1 ms',
+                   now() - interval '1 day'
+            FROM generate_series(1, $1) AS g
+            """,
+            rows,
+            names,
+        )
+        await conn.execute(
+            """
+            INSERT INTO telecom.holds (consumer, user_id, blocker, state)
+            SELECT ($2::text[])[1 + g % cardinality($2::text[])], gen_random_uuid(), NULL,
+                   'releasing'
+            FROM generate_series(1, $1) AS g
+            """,
+            rows,
+            names,
+        )
+        await conn.execute(
+            """
+            INSERT INTO telecom.parked
+                (consumer, user_id, message_id, route, message_type, body)
+            SELECT ($2::text[])[1 + g % cardinality($2::text[])], gen_random_uuid(),
+                   gen_random_uuid(), 'telecom.' || ($2::text[])[1 + g % cardinality($2::text[])],
+                   'Filled', '\\x7b7d'
+            FROM generate_series(1, $1) AS g
+            """,
+            rows,
+            names,
+        )
+    finally:
+        await conn.execute("RESET session_replication_role")
+    await conn.execute("VACUUM (ANALYZE) " + ", ".join(f"telecom.{t}" for t in FILLED))
