@@ -39,6 +39,7 @@ from events.envelope import (
     bounded_text,
     job_marks,
     jsonable,
+    publisher_of,
     without_pkgq_marks,
 )
 from events.partitioning import route_of_key
@@ -79,6 +80,28 @@ UNROUTABLE = "unroutable"
 
 def to_dead_letter(
     raw: RawDelivery, trusted_publisher: str | None = None, main_exchange: str | None = None
+) -> dead_letters.NewDeadLetter:
+    """What to file for a delivery on the dead-letter queue, with who published the message
+    first (`first_publisher`); see `_classified`."""
+    return dataclasses.replace(
+        _classified(raw, trusted_publisher, main_exchange),
+        publisher=first_publisher(raw, trusted_publisher),
+    )
+
+
+def first_publisher(raw: RawDelivery, trusted_publisher: str | None) -> str:
+    """Who published the message on the dead-letter queue first, as the broker verified it.
+    RabbitMQ keeps a message's properties, its user_id included, when it dead-letters it: the
+    delivery's user_id is its publisher's. A message pkgq published (a last-resort copy, an
+    expired retry or replay) names its first publisher in H_PUBLISHER, believed from pkgq's
+    user only: an outsider's header of pkgq's is ignored."""
+    if trusted_publisher is not None and raw.publisher != trusted_publisher:
+        return publisher_of({}, raw.publisher)
+    return publisher_of(raw.headers, raw.publisher)
+
+
+def _classified(
+    raw: RawDelivery, trusted_publisher: str | None, main_exchange: str | None
 ) -> dead_letters.NewDeadLetter:
     """What to file for a delivery on the dead-letter queue. Total: any header, of any type,
     size or depth, gives a bounded, storable dead letter (the ingester must never loop).
@@ -311,7 +334,10 @@ def make_ingester(
                 # Something in it Postgres will not store as given: keep the message anyway,
                 # in its safe form, rather than send it round the queue for ever.
                 log.error("dead_letter_stored_degraded", error=repr(exc)[:500])  # noqa: TRY400
-                dead = safe_form(raw, f"Postgres refused it: {type(exc).__name__}")
+                dead = dataclasses.replace(
+                    safe_form(raw, f"Postgres refused it: {type(exc).__name__}"),
+                    publisher=dead.publisher,
+                )
                 dead_id = await dead_letters.bury(conn, dead)
         return dead_id, dead
 

@@ -139,14 +139,15 @@ def validate_edit(route_name: str, text: str) -> WireModel:
 
 
 async def edit_and_replay(
-    conn: Conn, dead_letter_id: int, text: str, who: str
+    conn: Conn, dead_letter_id: int, text: str, who: str, *, pkgq_user: str
 ) -> replay.ReplayResult:
     """Inside a transaction: replay a buried dead letter with a corrected body.
 
     The body is validated against the route's model first (ValidationError: nothing happens).
     It keeps its message_id, so a hold it blocks still holds the user's later messages until the
     corrected message is applied, and the dead letter keeps the body it was buried with; the
-    audit row keeps both."""
+    audit row keeps both. It keeps its publisher too: an edit makes nobody's message pkgq's own
+    (a refusal says why, as for a replay; `pkgq_user`: pkgq's AMQP user)."""
     row = await dead_letters.get(conn, dead_letter_id)
     if row is None:
         raise EditRefusedError(f"no dead letter {dead_letter_id}")
@@ -160,7 +161,11 @@ async def edit_and_replay(
         )
     body = model.model_dump_json().encode()
     results = await replay.replay(
-        conn, [dead_letter_id], who, edits={dead_letter_id: replay.Edit(body, model.user_id)}
+        conn,
+        [dead_letter_id],
+        who,
+        pkgq_user=pkgq_user,
+        edits={dead_letter_id: replay.Edit(body, model.user_id)},
     )
     result = results[0] if results else None
     if result is None or not result.replayed:
@@ -269,11 +274,20 @@ class BulkResult:
 
 
 async def replay_batch(
-    conn: Conn, ids: list[int], who: str, *, force: bool = False, transition: str = "dig"
+    conn: Conn,
+    ids: list[int],
+    who: str,
+    *,
+    pkgq_user: str,
+    force: bool = False,
+    transition: str = "dig",
 ) -> list[replay.ReplayResult]:
     """Inside a transaction: replay these dead letters through the outbox (their replayed_by
-    says who) with an audit row for the batch."""
-    results = await replay.replay(conn, ids, who, force=force, transition=transition)
+    says who) with an audit row for the batch. `pkgq_user`: pkgq's AMQP user (see
+    replay.replay: what anyone else published on a pkgq-only route is refused, with why)."""
+    results = await replay.replay(
+        conn, ids, who, pkgq_user=pkgq_user, force=force, transition=transition
+    )
     await _record_bulk(conn, "replay", who, ids, sum(r.replayed for r in results))
     return results
 
@@ -286,11 +300,11 @@ async def discard_batch(conn: Conn, ids: list[int], who: str) -> int:
     return done
 
 
-async def replay_ids(conn: Conn, ids: Sequence[int], who: str) -> BulkResult:
-    """Replay these buried dead letters, once each, in batches."""
+async def replay_ids(conn: Conn, ids: Sequence[int], who: str, *, pkgq_user: str) -> BulkResult:
+    """Replay these buried dead letters, once each, in batches (`pkgq_user`: see replay_batch)."""
 
     async def step(c: Conn, batch: list[int]) -> list[replay.ReplayResult]:
-        return await replay_batch(c, batch, who)
+        return await replay_batch(c, batch, who, pkgq_user=pkgq_user)
 
     flat = [r for batch in await in_batches(conn, ids, step) for r in batch]
     return BulkResult(sum(r.replayed for r in flat), [r for r in flat if not r.replayed])

@@ -228,7 +228,8 @@ class HandlerContext:
 
     def record_command(self, command: CancelPackage | AdjustQuota) -> None:
         """Record an operator's command on an item in the item audit, with this message's id,
-        its reason and operator (and an adjustment's delta)."""
+        its reason and operator (and an adjustment's delta), and who published it as the broker
+        verified it (the operator is only what the body claims)."""
         self.work.audit.append(
             audit.Entry(
                 command.item_id,
@@ -238,6 +239,7 @@ class HandlerContext:
                 delta=command.delta if isinstance(command, AdjustQuota) else None,
                 reason=command.reason,
                 operator=command.operator,
+                publisher=self.envelope.publisher,
             )
         )
 

@@ -85,6 +85,9 @@ class PackageCancelled:
     was_active: bool
     reason: str | None = None
     operator: str | None = None
+    """Who the command says did it (claimed by its body)."""
+    publisher: str | None = None
+    """Who published the command, as the broker verified it (its AMQP user_id)."""
 
 
 @dataclass(frozen=True, slots=True)

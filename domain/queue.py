@@ -229,9 +229,11 @@ class UserQueue:
         now: datetime,
         reason: str | None = None,
         operator: str | None = None,
+        publisher: str | None = None,
     ) -> list[DomainEvent]:
         """Cancel (refund) an item; cancelling the active one advances the queue. Announced
-        once (PackageCancelled, with the operator's reason); a repeat changes nothing."""
+        once (PackageCancelled, with the command's reason, the operator it claims and its
+        publisher as the broker verified it); a repeat changes nothing."""
         item = self.item(item_id)
         if item.status is ItemStatus.CANCELLED:
             return []
@@ -245,7 +247,7 @@ class UserQueue:
         item.status = ItemStatus.CANCELLED
         events: list[DomainEvent] = [
             PackageCancelled(
-                self.user_id, item.id, item.package_id, now, was_active, reason, operator
+                self.user_id, item.id, item.package_id, now, was_active, reason, operator, publisher
             )
         ]
         if not was_active:

@@ -25,6 +25,7 @@ from events.envelope import (
     H_MESSAGE_ID,
     H_MESSAGE_TYPE,
     H_PRIORITY,
+    H_PUBLISHER,
     H_SCHEMA_VERSION,
     H_SEQ,
     H_TRACEPARENT,
@@ -57,6 +58,12 @@ HEADERS_SCHEMA: dict[str, Any] = {
             "format": "uuid",
             "description": "The group the message is a member of. Set by pkgq only: ignored on "
             "a message another AMQP user published.",
+        },
+        H_PUBLISHER: {
+            "type": "string",
+            "description": "Who published the message first (the broker-verified AMQP user_id, "
+            "or `unverified`), on pkgq's own retries and replays of it. Set by pkgq only: "
+            "ignored on a message another AMQP user published.",
         },
         H_EXPIRES_AT: {
             "type": "string",

@@ -27,6 +27,7 @@ from events.envelope import (
     clean_text,
     header_text,
     preview,
+    publisher_of,
     unstorable,
 )
 from events.models import WireModel
@@ -162,6 +163,7 @@ def decode(route: Route, raw: RawDelivery, *, max_body_bytes: int) -> Decoded:
         address=header_text(raw.headers, H_ADDRESS, MAX_ADDRESS),
         group_id=_uuid_header(raw.headers, H_GROUP),
         expires_at=_time_header(raw.headers, H_EXPIRES_AT),
+        publisher=publisher_of(raw.headers, raw.publisher),
     )
     return Decoded(envelope, body)
 

@@ -47,10 +47,24 @@ H_GROUP_END = "x-pkgq-group-end"
 H_EXPIRES_AT = "x-pkgq-expires-at"
 """TTL: not delivered after this instant (ISO 8601); recorded as expired instead."""
 H_PRIORITY = "x-pkgq-priority"
+H_PUBLISHER = "x-pkgq-publisher"
+"""Who first published the message: the broker-verified AMQP user_id of the delivery pkgq first
+took it from (or `unverified`), carried on pkgq's own copies of it (retries, replays, parked
+messages, last-resort copies), which the broker shows as published by pkgq. See `publisher_of`."""
+UNVERIFIED = "unverified"
+"""The publisher of a message that came without an AMQP user_id: nobody vouched for it."""
 JOB_MARKS = (H_ADDRESS, H_GROUP, H_GROUP_END)
-PKGQ_MARKS = (*JOB_MARKS, H_FIRST_FAILED_AT, H_LAST_ERROR, H_REPLAY_OF, H_REPLAY_GENERATION)
+PKGQ_MARKS = (
+    *JOB_MARKS,
+    H_FIRST_FAILED_AT,
+    H_LAST_ERROR,
+    H_REPLAY_OF,
+    H_REPLAY_GENERATION,
+    H_PUBLISHER,
+)
 """What only pkgq may say about a message on its way through (its jobs, its failure history,
-its replays): taken off any message another publisher sent, wherever pkgq reads or stores it."""
+its replays, who first published it): taken off any message another publisher sent, wherever
+pkgq reads or stores it."""
 """Headers that tie a message to pkgq's jobs (an address, a group). pkgq believes them only
 from its own AMQP user (the broker-validated user_id): an outsider's would let it finish, fail
 or join someone else's address or group. See `without_job_marks`."""
@@ -172,6 +186,22 @@ def without_pkgq_marks(headers: Mapping[str, Any]) -> dict[str, Any] | None:
     return {k: v for k, v in headers.items() if k not in PKGQ_MARKS}
 
 
+MAX_PUBLISHER = 255
+"""A publisher is kept to this many characters (RabbitMQ user names are shorter)."""
+
+
+def publisher_of(headers: Mapping[str, Any], user_id: str | None) -> str:
+    """Who first published a message delivered with these headers and AMQP `user_id`: the
+    H_PUBLISHER header pkgq's own copies carry, else `user_id`, else UNVERIFIED.
+
+    The header is believed as it stands: only on headers an outsider's copy of it was taken off
+    (`without_pkgq_marks`, which every reader of the broker's deliveries applies first)."""
+    found = header_text(headers, H_PUBLISHER, MAX_PUBLISHER)
+    if found:
+        return found
+    return bounded_text(user_id, MAX_PUBLISHER) if user_id else UNVERIFIED
+
+
 def job_marks(headers: Mapping[str, Any]) -> tuple[str | None, UUID | None]:
     """The address and group a message's headers name (None where absent or unreadable)."""
     group = header_text(headers, H_GROUP, 64)
@@ -210,6 +240,10 @@ class Envelope:
     address: str | None = None
     group_id: UUID | None = None
     expires_at: datetime | None = None
+    publisher: str | None = None
+    """Who first published it, as the broker verified it (`publisher_of`): set when a delivery
+    is decoded, for the item audit and the events it causes; never sent as a header from here
+    (pkgq's copies carry H_PUBLISHER as they were given it)."""
 
     def headers(self) -> dict[str, Any]:
         headers: dict[str, Any] = {

@@ -38,7 +38,11 @@ every route's model."""
 Reason = Annotated[Text, Field(min_length=1, max_length=500)]
 """Why an operator did it, free text, stored with the item's audit trail."""
 Operator = Annotated[Text, Field(min_length=1, max_length=200)]
-"""Who did it (`user@host` from the CLI), stored with the item's audit trail."""
+"""Who did it (`user@host` from the CLI), stored with the item's audit trail. The command's
+body says so: it is the publisher's claim, not proof (see Publisher)."""
+Publisher = Annotated[Text, Field(min_length=1, max_length=512)]
+"""Who published a command, as the broker verified it: its AMQP user_id (RabbitMQ refuses a
+publish whose user_id is not the connection's user), or `unverified` when it had none."""
 
 
 class WireModel(BaseModel):
@@ -112,7 +116,10 @@ class AllPackageExpiredEvent(WireModel):
 
 
 class PackageCancelledEvent(WireModel):
-    """A queued or active item was cancelled (refunded); for outside subscribers."""
+    """A queued or active item was cancelled (refunded); for outside subscribers. `operator` is
+    who the cancel command says did it; `publisher`, who published the command as the broker
+    verified it (the shop's or an admin tool's broker user; pkgq's own for the console and CLI,
+    whose operator pkgq authenticated itself)."""
 
     item_id: PositiveId
     package_id: PositiveId
@@ -120,6 +127,7 @@ class PackageCancelledEvent(WireModel):
     was_active: bool
     reason: Reason | None = None
     operator: Operator | None = None
+    publisher: Publisher | None = None
 
 
 # -- internal (published and consumed by pkgq only) ---------------------------------------

@@ -106,6 +106,7 @@ def outgoing(event: DomainEvent) -> Outgoing | None:
                     was_active=event.was_active,
                     reason=event.reason,
                     operator=event.operator,
+                    publisher=event.publisher,
                 ),
             )
         case AllPackagesExpired():

@@ -28,6 +28,7 @@ dlq_app = typer.Typer(
 
 _SHOWN = (
     *("id", "status", "source", "route", "consumer", "message_id", "message_type", "user_id"),
+    "publisher",
     *("reason", "error_type", "error_message", "error_location", "group_key", "attempts"),
     *("first_failed_at", "last_failed_at", "repeats", "body_size", "body_sha256"),
     *("replay_count", "replayed_at", "replayed_by", "discarded_at", "discarded_by", "held_back"),

@@ -10,6 +10,7 @@ batch otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Any, TypeVar
@@ -130,7 +131,9 @@ def _replay(
     who = by or operator()
 
     async def step(conn: Conn, batch: list[int]) -> list[replay.ReplayResult]:
-        return await operations.replay_batch(conn, batch, who, force=force, transition=transition)
+        return await operations.replay_batch(
+            conn, batch, who, pkgq_user=settings.amqp_user, force=force, transition=transition
+        )
 
     batches = run(_in_batches(settings, [r["id"] for r in rows], step, "replaying"))
     results = [r for batch in batches for r in batch]
@@ -142,7 +145,12 @@ def _replay(
         for r in skipped:
             console.print(text(f"not replayed {r.id}: {r.detail}", style="yellow"))
 
-    show(outcome, as_json, render, data={**outcome, "skipped": [r.__dict__ for r in skipped]})
+    show(
+        outcome,
+        as_json,
+        render,
+        data={**outcome, "skipped": [dataclasses.asdict(r) for r in skipped]},
+    )
     if skipped:
         raise typer.Exit(exit_codes.FAILED)
 

@@ -6,15 +6,23 @@ its AMQP user_id is pkgq's own user. RabbitMQ refuses a publish whose user_id di
 publishing connection's user, so the property cannot be forged (short of the `impersonator`
 tag, which no role has). Anything else is buried as `untrusted_publisher` like bad input:
 before its body is believed, with nothing held back behind it.
+
+pkgq sends messages again as itself (a retry, a replay), so the delivery's user_id alone does
+not say who published a message first: every delivery taken from the broker is stamped with its
+first publisher (`H_PUBLISHER`: kept as pkgq wrote it on pkgq's own copies, else the delivery's
+user_id), which its retries, parked copy and dead letter keep. A copy pkgq sent of a message
+someone else published first is refused on a route only pkgq publishes, like the original.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from uuid import UUID
 
 from events.decoding import BadMessageError, Decoded, RawDelivery, decode
+from events.envelope import H_PUBLISHER, publisher_of
 from events.routes import UNTRUSTED_PUBLISHER, Route
 
 
@@ -45,14 +53,29 @@ class BadDelivery:
 def check_publisher(route: Route, raw: RawDelivery, trusted: str) -> None:
     """Raise BadMessageError(untrusted_publisher) unless `raw` may be taken on `route`: anyone
     may publish on an inbound route (pkgq's own retries and replays of a command come back on
-    it too); only `trusted` on the others."""
-    if route.inbound or raw.publisher == trusted:
+    it too); only `trusted` on the others, and only a message `trusted` published first (a
+    replay pkgq sent of an outsider's message is the outsider's)."""
+    if route.inbound:
         return
-    who = "no user_id" if raw.publisher is None else f"user_id {raw.publisher!r}"
+    if raw.publisher != trusted:
+        who = "no user_id" if raw.publisher is None else f"user_id {raw.publisher!r}"
+    elif (first := publisher_of(raw.headers, raw.publisher)) != trusted:
+        who = f"user_id {trusted!r}, but pkgq sent it again for {first!r}, who published it first"
+    else:
+        return
     raise BadMessageError(
         UNTRUSTED_PUBLISHER,
         f"{route.name} is published by pkgq ({trusted!r}) only; this message has {who}",
     )
+
+
+def stamped(raw: RawDelivery, trusted: str) -> RawDelivery:
+    """`raw` with H_PUBLISHER naming who published it first: as pkgq wrote it on its own copy,
+    else the delivery's user_id (`unverified` without one), whatever an outsider wrote there."""
+    first = publisher_of(raw.headers if raw.publisher == trusted else {}, raw.publisher)
+    if raw.headers.get(H_PUBLISHER) == first:
+        return raw
+    return dataclasses.replace(raw, headers={**raw.headers, H_PUBLISHER: first})
 
 
 def decode_all(
@@ -66,12 +89,14 @@ def decode_all(
     in: user by user (in user_id order, the order their rows are locked in), each user's in
     delivery order.
 
-    `trusted_publisher`: pkgq's AMQP user, checked on deliveries from the broker (see the
-    module docstring). None for deliveries that passed the check already (parked ones, which
-    Postgres keeps without their AMQP properties)."""
+    `trusted_publisher`: pkgq's AMQP user, checked on deliveries from the broker, which come
+    back stamped with their first publisher (see the module docstring). None for deliveries
+    that passed the check already (parked ones, which Postgres keeps without their AMQP
+    properties, stamped)."""
     ready: list[Delivery] = []
     bad: list[BadDelivery] = []
-    for index, raw in raws:
+    for index, delivered in raws:
+        raw = delivered if trusted_publisher is None else stamped(delivered, trusted_publisher)
         try:
             if trusted_publisher is not None:
                 check_publisher(route, raw, trusted_publisher)

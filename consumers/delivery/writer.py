@@ -36,6 +36,7 @@ from events.envelope import (
     header_text,
     job_marks,
     jsonable,
+    publisher_of,
     republished_headers,
 )
 from events.routes import UNTRUSTED_PUBLISHER, Route
@@ -200,6 +201,7 @@ def _dead_letters(route: Route, decided: Sequence[Decided]) -> list[dead_letters
                 first_failed_at=(
                     _first_failed_at(headers) if decision.reason == "max_attempts" else None
                 ),
+                publisher=publisher_of(d.raw.headers, d.raw.publisher),
             )
         )
     return letters

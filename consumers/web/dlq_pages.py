@@ -19,6 +19,7 @@ from consumers.web import auth
 from consumers.web.dependencies import Operator, Viewer, pool_of, render
 from events.routes import ROUTES
 from infra.postgres import console, dead_letters, operator_actions
+from infra.settings import Settings
 
 router = APIRouter(include_in_schema=False)
 LIST_LIMIT = 200
@@ -128,7 +129,9 @@ async def act(request: Request, who: Operator) -> Response:
         raise HTTPException(422, "action must be replay or discard")
     async with pool_of(request).acquire() as conn:
         if action == "replay":
-            result = await operations.replay_ids(conn, ids, who.actor)
+            result = await operations.replay_ids(
+                conn, ids, who.actor, pkgq_user=_pkgq_user(request)
+            )
             done = f"replayed {result.done} dead letter(s) through the outbox"
             if result.skipped:
                 skipped = "; ".join(f"{r.id}: {r.detail}" for r in result.skipped)
@@ -167,7 +170,9 @@ async def edit_replay(request: Request, dead_letter_id: int, who: Operator) -> R
     text = form.get("body", "")
     try:
         async with pool_of(request).acquire() as conn, conn.transaction():
-            await operations.edit_and_replay(conn, dead_letter_id, text, who.actor)
+            await operations.edit_and_replay(
+                conn, dead_letter_id, text, who.actor, pkgq_user=_pkgq_user(request)
+            )
     except (ValidationError, operations.EditRefusedError) as exc:
         # The connection is back in the pool before the error page takes one of its own.
         row = await _buried(request, dead_letter_id)
@@ -176,6 +181,12 @@ async def edit_replay(request: Request, dead_letter_id: int, who: Operator) -> R
     return RedirectResponse(
         f"/dead-letters/{dead_letter_id}?{urlencode({'done': done})}", status_code=303
     )
+
+
+def _pkgq_user(request: Request) -> str:
+    """pkgq's AMQP user: on a route only pkgq publishes, only its messages are replayed."""
+    settings: Settings = request.app.state.settings
+    return settings.amqp_user
 
 
 async def _buried(request: Request, dead_letter_id: int) -> dict[str, Any]:

@@ -206,7 +206,7 @@ class Relay:
                 return RoundResult(0, more=full)
             expired = [r for r in rows if r.expires_at is not None and r.ttl_ms == 0]
             if expired:
-                await job_state.expire_rows(conn, expired)
+                await job_state.expire_rows(conn, expired, self._settings.amqp_user)
                 log.warning("expired_unpublished", count=len(expired))
                 rows = [r for r in rows if r not in expired]
             done, failed, error = await self._publish(rows)

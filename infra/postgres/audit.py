@@ -1,5 +1,6 @@
 """The item audit: who cancelled or adjusted which item, and why (one row per applied command,
-written set-based with the batch that applied it)."""
+written set-based with the batch that applied it). `operator` is who the command's body says
+did it (the publisher's word); `publisher` is who published it, as the broker verified it."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ class Entry:
     delta: int | None = None
     reason: str | None = None
     operator: str | None = None
+    """Claimed: the command's body names it."""
+    publisher: str | None = None
+    """Verified: the AMQP user_id the broker validated (events.envelope.publisher_of)."""
 
 
 async def write(conn: Conn, entries: Sequence[Entry]) -> None:
@@ -33,12 +37,12 @@ async def write(conn: Conn, entries: Sequence[Entry]) -> None:
     await conn.execute(
         """
         INSERT INTO telecom.item_audit
-            (item_id, user_id, action, delta, reason, operator, message_id)
+            (item_id, user_id, action, delta, reason, operator, message_id, publisher)
         SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bigint[], $5::text[],
-                             $6::text[], $7::uuid[])
+                             $6::text[], $7::uuid[], $8::text[])
         """,
         *columns(entries, "item_id", "user_id", "action", "delta", "reason", "operator"),
-        *columns(entries, "message_id"),
+        *columns(entries, "message_id", "publisher"),
     )
 
 

@@ -48,6 +48,10 @@ class NewDeadLetter:
     traceback: str | None = None
     attempts: int = 1
     first_failed_at: datetime | None = None
+    publisher: str | None = None
+    """Who published the message first, as the broker verified it (events.envelope.publisher_of:
+    its AMQP user_id, or `unverified`); None: not known. A replay on a route only pkgq publishes
+    is refused unless it is pkgq (infra/postgres/replay.py)."""
 
     def dedup_key(self) -> str:
         """One row per dead message: a redelivered failure updates it instead of adding one.
@@ -73,9 +77,9 @@ async def bury_many(conn: Conn, buried: Sequence[NewDeadLetter]) -> list[int]:
 
     A message that fails again after a replay goes back to `buried` with its new error. A broker
     dead letter delivered twice to the ingester is the same event, and keeps its status. A later
-    filing never replaces the stored body and headers (the message as first buried is what a
-    replay sends): a message_id is no proof of identity, and anyone can publish one they know.
-    It is counted in `repeats`.
+    filing never replaces the stored body, headers and publisher (the message as first buried,
+    and who published it, are what a replay sends): a message_id is no proof of identity, and
+    anyone can publish one they know. It is counted in `repeats`.
     """
     letters = list({clean_text(d.dedup_key()): d for d in buried}.values())
     if not letters:
@@ -86,9 +90,9 @@ async def bury_many(conn: Conn, buried: Sequence[NewDeadLetter]) -> list[int]:
             (dedup_key, source, route, consumer, message_id, user_id, message_type,
              content_type, body, headers, reason, error_type, error_message, error_location,
              traceback, attempts, first_failed_at, body_size, body_sha256, message_uuid,
-             status)
+             publisher, status)
         SELECT k, src, r, c, m, u, t, ct, b, h::jsonb, rs, et, em, el, tb, a,
-               coalesce(ff, now()), bs, sha, mu,
+               coalesce(ff, now()), bs, sha, mu, pub,
                -- applied already (a broker copy of a message its consumer took): superseded
                CASE WHEN EXISTS (SELECT 1 FROM telecom.inbox i
                                  WHERE i.consumer = c AND i.message_id = mu)
@@ -96,9 +100,9 @@ async def bury_many(conn: Conn, buried: Sequence[NewDeadLetter]) -> list[int]:
         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::uuid[],
                     $7::text[], $8::text[], $9::bytea[], $10::text[], $11::text[], $12::text[],
                     $13::text[], $14::text[], $15::text[], $16::int[], $17::timestamptz[],
-                    $18::bigint[], $19::text[], $20::uuid[])
+                    $18::bigint[], $19::text[], $20::uuid[], $21::text[])
              WITH ORDINALITY AS d(k, src, r, c, m, u, t, ct, b, h, rs, et, em, el, tb, a, ff,
-                                  bs, sha, mu, ord)
+                                  bs, sha, mu, pub, ord)
         ORDER BY ord
         ON CONFLICT (dedup_key) DO UPDATE SET
             repeats = dead_letters.repeats + 1,
@@ -133,6 +137,7 @@ async def bury_many(conn: Conn, buried: Sequence[NewDeadLetter]) -> list[int]:
         [len(d.body) for d in letters],
         [hashlib.sha256(d.body).hexdigest() for d in letters],
         [message_uuid(d.message_id) for d in letters],
+        [_clean(d.publisher) for d in letters],
     )
     return [int(r["id"]) for r in rows]
 
@@ -190,7 +195,7 @@ class Filter:
 HELD_BACK = """
     (SELECT count(*) FROM telecom.parked p
      JOIN telecom.holds h ON h.consumer = p.consumer AND h.user_id = p.user_id
-     WHERE p.consumer = d.consumer AND h.blocker = d.message_uuid
+     WHERE p.consumer = d.consumer AND h.user_id = d.user_id AND h.blocker = d.message_uuid
        AND d.status = 'buried')
 """
 
@@ -204,7 +209,7 @@ async def find(conn: Conn, which: Filter) -> list[dict[str, Any]]:
         SELECT d.id, d.status::text AS status, d.route, d.consumer, d.message_id, d.user_id,
                d.reason, d.error_type, d.error_message, d.error_location, d.group_key,
                d.attempts, d.first_failed_at, d.last_failed_at, d.source, d.replay_count,
-               d.replayed_at, d.replayed_by, d.discarded_at, d.discarded_by,
+               d.replayed_at, d.replayed_by, d.discarded_at, d.discarded_by, d.publisher,
                {HELD_BACK} AS held_back
         FROM telecom.dead_letters d
         WHERE {where}
@@ -253,13 +258,14 @@ def as_dict(value: Any) -> dict[str, Any]:
 
 
 async def lock_holds(conn: Conn, ids: Sequence[int]) -> None:
-    """Lock the holds these dead letters block, before the dead letters themselves: the order a
-    delivery takes them in, so that an operator command and a delivery cannot deadlock."""
+    """Lock the holds these dead letters block (each on its own consumer and user: see
+    holds.release_discarded), before the dead letters themselves: the order a delivery takes
+    them in, so that an operator command and a delivery cannot deadlock."""
     await conn.execute(
         """
         SELECT 1 FROM telecom.holds h
-        WHERE (h.consumer, h.blocker) IN (
-            SELECT d.consumer, d.message_uuid FROM telecom.dead_letters d
+        WHERE (h.consumer, h.user_id, h.blocker) IN (
+            SELECT d.consumer, d.user_id, d.message_uuid FROM telecom.dead_letters d
             WHERE d.id = ANY($1::bigint[]))
         ORDER BY h.consumer, h.user_id
         FOR UPDATE OF h
@@ -274,7 +280,7 @@ async def lock_replayable(conn: Conn, ids: Sequence[int], statuses: Sequence[str
     rows: list[Any] = await conn.fetch(
         """
         SELECT id, route, message_id, user_id, message_type, body, headers::text AS headers,
-               replay_count, reason, body_size, status::text AS status
+               replay_count, reason, body_size, status::text AS status, publisher
         FROM telecom.dead_letters
         WHERE id = ANY($1::bigint[]) AND status::text = ANY($2::text[])
         ORDER BY first_failed_at, id
@@ -336,7 +342,7 @@ _PURGEABLE = """
           < now() - $1::interval
       AND NOT EXISTS (
           SELECT 1 FROM telecom.holds h
-          WHERE h.consumer = d.consumer AND h.blocker = d.message_uuid)
+          WHERE h.consumer = d.consumer AND h.user_id = d.user_id AND h.blocker = d.message_uuid)
 """
 """The dead letters `purge` deletes ($1: how old they must be)."""
 

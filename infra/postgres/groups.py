@@ -231,8 +231,17 @@ async def cancel_group(conn: Conn, group_id: UUID, who: str) -> CancelResult | N
         "WHERE message_id = ANY($1::uuid[])",
         pending,
     )
-    # A member waiting for a retry (its retry row was just deleted) blocks its user no more.
-    await holds.release_blocked_by(conn, pending)
+    # A member waiting for a retry (its retry row was just deleted) blocks its user no more:
+    # the hold it is, on the retry's route and for its user (not another user's hold on a
+    # message that happens to have the member's id).
+    await holds.release_blocked_by(
+        conn,
+        [
+            holds.Blocker(route.removeprefix("telecom."), user_id, message_id)
+            for route, user_id, message_id in withdrawn
+            if user_id is not None
+        ],
+    )
     abort_id = uuid4() if group["on_abort"] is not None else None
     await conn.execute(
         "UPDATE telecom.job_groups SET state = 'cancelled', cancelled = $2, finished_at = now(), "
@@ -245,7 +254,8 @@ async def cancel_group(conn: Conn, group_id: UUID, who: str) -> CancelResult | N
     if abort_id is not None:
         end = EndMessage.from_json(group["on_abort"])
         await outbox.enqueue(conn, [_end_row(end, abort_id, group_id, "aborted")])
-    return CancelResult(group_id, True, "cancelled", withdrawn, len(pending) - withdrawn, abort_id)
+    gone = len({message_id for _, _, message_id in withdrawn})
+    return CancelResult(group_id, True, "cancelled", gone, len(pending) - gone, abort_id)
 
 
 async def group_summary(conn: Conn, group_id: UUID) -> dict[str, Any] | None:

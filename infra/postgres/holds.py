@@ -113,23 +113,40 @@ async def settle_lifted(conn: Conn, consumer: str, user_ids: Sequence[UUID]) -> 
     return [r["user_id"] for r in rows]
 
 
-async def release_blocked_by(conn: Conn, message_ids: Sequence[UUID]) -> int:
+@dataclass(frozen=True, slots=True)
+class Blocker:
+    """A hold as what it is: the message `message_id` of `user_id` on `consumer`. A hold is
+    released by its own blocker only, never by a message_id alone: anyone can publish a message
+    under an id they know, for another user or on another route."""
+
+    consumer: str
+    user_id: UUID
+    message_id: UUID
+
+
+async def release_blocked_by(conn: Conn, blockers: Sequence[Blocker]) -> int:
     """Messages that will never be delivered again (withdrawn by a group cancel, expired before
-    their retry was published) block nothing any more: release the holds they block, so that
-    the consumers' release poll applies what is parked behind them. Returns how many."""
-    if not message_ids:
+    their retry was published) block nothing any more: release the holds they are, each on its
+    own consumer and user, so that the consumers' release poll applies what is parked behind
+    them. Returns how many."""
+    if not blockers:
         return 0
     status = await conn.execute(
-        "UPDATE telecom.holds SET blocker = NULL, state = 'releasing', updated_at = now() "
-        "WHERE blocker = ANY($1::uuid[])",
-        list(message_ids),
+        """
+        UPDATE telecom.holds h SET blocker = NULL, state = 'releasing', updated_at = now()
+        FROM unnest($1::text[], $2::uuid[], $3::uuid[]) AS b(consumer, user_id, message_id)
+        WHERE h.consumer = b.consumer AND h.user_id = b.user_id AND h.blocker = b.message_id
+        """,
+        [b.consumer for b in blockers],
+        [b.user_id for b in blockers],
+        [b.message_id for b in blockers],
     )
     return int(status.split()[-1])
 
 
 async def release_discarded(conn: Conn, dead_letter_ids: Sequence[int]) -> int:
-    """These dead letters were discarded: the holds their messages block on their consumers
-    are released, in one statement. Returns how many."""
+    """These dead letters were discarded: the holds their messages are (on the dead letter's
+    consumer, for its user) are released, in one statement. Returns how many."""
     return await _held_by(conn, dead_letter_ids, "blocker = NULL, state = 'releasing'")
 
 
@@ -139,13 +156,14 @@ async def retry_replayed(conn: Conn, dead_letter_ids: Sequence[int]) -> None:
 
 
 async def _held_by(conn: Conn, dead_letter_ids: Sequence[int], assignment: str) -> int:
-    """Set `assignment` on the holds these dead letters' messages block on their consumers (a
-    dead letter whose message_id is not a UUID blocks nothing: its `message_uuid` is NULL)."""
+    """Set `assignment` on the holds these dead letters' messages are: on the dead letter's
+    consumer, for its user, with its message as the blocker (a dead letter without a user, or
+    whose message_id is not a UUID, is no hold: its `user_id` or `message_uuid` is NULL)."""
     status = await conn.execute(
         f"""
         UPDATE telecom.holds h SET {assignment}, updated_at = now()
         FROM telecom.dead_letters d
-        WHERE d.id = ANY($1::bigint[]) AND h.consumer = d.consumer
+        WHERE d.id = ANY($1::bigint[]) AND h.consumer = d.consumer AND h.user_id = d.user_id
           AND h.blocker = d.message_uuid
         """,
         list(dead_letter_ids),
@@ -155,16 +173,18 @@ async def _held_by(conn: Conn, dead_letter_ids: Sequence[int], assignment: str) 
 
 async def release_expired_retry(conn: Conn, message_id: UUID) -> int:
     """The broker dead-lettered `message_id` as expired: if it is a retry pkgq itself sent with
-    a TTL that has run out, it will never come, so the holds it blocks are released. Only then:
+    a TTL that has run out, it will never come, so the hold it is released: the one on the
+    retry's own route's consumer (a consumer is named after its route) and user. Only then:
     anyone can publish a message that expires on the broker, and its message_id proves nothing.
     Returns how many holds were released."""
     status = await conn.execute(
         """
-        UPDATE telecom.holds SET blocker = NULL, state = 'releasing', updated_at = now()
-        WHERE blocker = $1
+        UPDATE telecom.holds h SET blocker = NULL, state = 'releasing', updated_at = now()
+        FROM telecom.outbox o
+        WHERE o.message_id = $1 AND h.blocker = o.message_id AND h.user_id = o.user_id
+          AND o.route = 'telecom.' || h.consumer
           -- (a minute of slack: the broker's clock ran the TTL, not this one)
-          AND EXISTS (SELECT 1 FROM telecom.outbox o
-                      WHERE o.message_id = $1 AND o.expires_at <= now() + interval '1 minute')
+          AND o.expires_at <= now() + interval '1 minute'
         """,
         message_id,
     )

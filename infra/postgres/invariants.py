@@ -90,18 +90,22 @@ class Result:
 
 def _pending(grace: str) -> str:
     """Hold `h`'s blocker has an outbox row unpublished, or published within the grace (the
-    parameter `grace` holds OUTBOX_GRACE_S): a retry (or replay) on its way."""
+    parameter `grace` holds OUTBOX_GRACE_S): a retry (or replay) on its way, to the hold's
+    consumer for its user (another user's message of the same id releases nothing)."""
     return f"""EXISTS (
         SELECT 1 FROM telecom.outbox o
-        WHERE o.message_id = h.blocker
+        WHERE o.message_id = h.blocker AND o.user_id = h.user_id
+          AND o.route = 'telecom.' || h.consumer
           AND (o.published_at IS NULL
                OR o.published_at > now() - make_interval(secs => {grace}::float8)))"""
 
 
 _BURIED = """EXISTS (
         SELECT 1 FROM telecom.dead_letters d
-        WHERE d.message_uuid = h.blocker AND d.consumer = h.consumer AND d.status = 'buried')"""
-"""Hold `h`'s blocker lies buried on the hold's consumer: a replay or a discard releases it."""
+        WHERE d.message_uuid = h.blocker AND d.consumer = h.consumer AND d.user_id = h.user_id
+          AND d.status = 'buried')"""
+"""Hold `h`'s blocker lies buried on the hold's consumer, for its user: a replay or a discard
+releases it (another user's dead letter of the same message_id releases nothing)."""
 
 
 HOLD_WITHOUT_WAY_OUT = Check(

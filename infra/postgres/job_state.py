@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from uuid import UUID
 
-from events.envelope import H_ADDRESS, H_GROUP, MAX_ADDRESS, header_text
+from events.envelope import H_ADDRESS, H_GROUP, MAX_ADDRESS, header_text, publisher_of
 from infra.postgres import addresses, dead_letters, groups, holds, outbox
 from infra.postgres.pool import Conn
 
@@ -52,9 +52,11 @@ async def finish_failed(
     await finish(conn, [Finished(finished_id, address, group, ok=False, error=error)])
 
 
-async def expire_rows(conn: Conn, rows: Sequence[outbox.ClaimedRow]) -> None:
+async def expire_rows(conn: Conn, rows: Sequence[outbox.ClaimedRow], publisher: str) -> None:
     """Rows whose TTL ran out before they were published: never published, recorded as expired
-    in the dead-letter store (reason `expired`), their addresses and group members failed."""
+    in the dead-letter store (reason `expired`), their addresses and group members failed.
+    `publisher`: pkgq's AMQP user, who would have published them; a row that is pkgq's copy of
+    someone else's message (a retry, a replay) names its first publisher (H_PUBLISHER)."""
     if not rows:
         return
     for row in rows:
@@ -74,11 +76,20 @@ async def expire_rows(conn: Conn, rows: Sequence[outbox.ClaimedRow]) -> None:
                 error_type="Expired",
                 error_message=f"not published before its TTL ran out at {row.expires_at}",
                 error_location="relay",
+                publisher=publisher_of(row.headers, publisher),
             ),
         )
     await outbox.mark_expired(conn, [r.id for r in rows])
-    # An expired retry will never come: it blocks its user's later messages no more.
-    await holds.release_blocked_by(conn, [r.message_id for r in rows])
+    # An expired retry will never come: it blocks its user's later messages no more (the hold
+    # it is: on its route's consumer, for its user).
+    await holds.release_blocked_by(
+        conn,
+        [
+            holds.Blocker(r.route.removeprefix("telecom."), r.user_id, r.message_id)
+            for r in rows
+            if r.user_id is not None
+        ],
+    )
     await finish(
         conn,
         [

@@ -253,13 +253,17 @@ async def mark_failed(conn: Conn, ids: Sequence[int], error: str) -> None:
         )
 
 
-async def withdraw_messages(conn: Conn, message_ids: Sequence[UUID]) -> int:
-    """Delete the messages that are not published yet. Returns how many were withdrawn."""
-    status = await conn.execute(
-        "DELETE FROM telecom.outbox WHERE message_id = ANY($1::uuid[]) AND published_at IS NULL",
+async def withdraw_messages(
+    conn: Conn, message_ids: Sequence[UUID]
+) -> list[tuple[str, UUID | None, UUID]]:
+    """Delete the messages that are not published yet. Returns the rows withdrawn, as (route,
+    user_id, message_id): what each was, to release the hold it may be (holds.Blocker)."""
+    rows = await conn.fetch(
+        "DELETE FROM telecom.outbox WHERE message_id = ANY($1::uuid[]) AND published_at IS NULL "
+        "RETURNING route, user_id, message_id",
         list(message_ids),
     )
-    return int(status.split()[-1])
+    return [(r["route"], r["user_id"], r["message_id"]) for r in rows]
 
 
 async def mark_expired(conn: Conn, ids: Sequence[int]) -> None:

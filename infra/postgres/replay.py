@@ -1,7 +1,13 @@
 """Replaying dead letters (seed 004's dig and plow, `pkgq dlq replay`): each goes back through
 the outbox as the same message, with a fresh attempt count, in the transaction that marks it
-replayed. Dead letters that must never be sent again (a forgery, a body kept only in part, a
-message_id that is not a UUID) are refused with the reason."""
+replayed. Dead letters that must never be sent again (a forgery, a message someone other than
+pkgq published on a route only pkgq publishes, a body kept only in part, a message_id that is
+not a UUID) are refused with the reason.
+
+The relay publishes a replay as pkgq, so a replay carries who published the message first (the
+dead letter's `publisher`, in the pkgq-only header H_PUBLISHER): its consumer audits that
+publisher, and on a route only pkgq publishes buries a replay of anyone else's message
+(consumers/delivery/decode.py), should one ever reach it."""
 
 from __future__ import annotations
 
@@ -14,11 +20,13 @@ from uuid import UUID
 from events.envelope import (
     H_ATTEMPT,
     H_EXPIRES_AT,
+    H_PUBLISHER,
     H_REPLAY_GENERATION,
     H_REPLAY_OF,
     H_SCHEMA_VERSION,
     H_SEQ,
     H_USER_ID,
+    UNVERIFIED,
     preview,
     republished_headers,
 )
@@ -52,15 +60,31 @@ SUPERSEDED = (
 )
 
 
-def replay_message(row: Any, edit: Edit | None = None) -> outbox.OutboxMessage | str:
+def replay_message(
+    row: Any, edit: Edit | None = None, *, pkgq_user: str
+) -> outbox.OutboxMessage | str:
     """The outbox row that sends a dead letter again (with `edit`'s body instead of its own),
-    or why it cannot be replayed."""
+    or why it cannot be replayed. `pkgq_user`: pkgq's AMQP user (Settings.amqp_user), the only
+    publisher whose messages on a route that is not inbound may be replayed."""
     route = ROUTES.get(row["route"])
     if route is None:
         return f"route {row['route']!r} is not a pkgq route"
     if row.get("reason") == UNTRUSTED_PUBLISHER:
         # The relay publishes as pkgq: a replay would launder a forgery into pkgq's own event.
         return "not published by pkgq on a pkgq-only route: never replayed"
+    publisher = row.get("publisher")
+    if not route.inbound and publisher != pkgq_user:
+        # However it came to be filed (expired on the broker, dead-lettered for a length limit
+        # before its consumer saw it), a replay would make it pkgq's own event.
+        who = (
+            repr(publisher)
+            if publisher is not None
+            else "an unknown publisher (filed before pkgq kept publishers)"
+        )
+        return (
+            f"published by {who}, not pkgq: {route.name} is published by pkgq only; "
+            "it is never replayed"
+        )
     try:
         message_id = UUID(row["message_id"] or "")
     except ValueError:
@@ -92,7 +116,12 @@ def replay_message(row: Any, edit: Edit | None = None) -> outbox.OutboxMessage |
             k: v
             for k, v in republished_headers(
                 headers,
-                {H_ATTEMPT: 1, H_REPLAY_OF: row["id"], H_REPLAY_GENERATION: replay_no + 1},
+                {
+                    H_ATTEMPT: 1,
+                    H_REPLAY_OF: row["id"],
+                    H_REPLAY_GENERATION: replay_no + 1,
+                    H_PUBLISHER: publisher or UNVERIFIED,
+                },
             ).items()
             if k != H_EXPIRES_AT
         },
@@ -114,6 +143,7 @@ async def replay(
     ids: Sequence[int],
     who: str,
     *,
+    pkgq_user: str,
     force: bool = False,
     transition: str = "dig",
     edits: Mapping[int, Edit] | None = None,
@@ -126,6 +156,8 @@ async def replay(
     letter is `superseded` and refused (even forced), however long ago; the inbox drops it too
     while it keeps the message.
     `edits`: corrected bodies by dead-letter id, sent instead of the stored ones.
+    `pkgq_user`: pkgq's AMQP user (Settings.amqp_user): on a route only pkgq publishes, a dead
+    letter anyone else published (or nobody vouched for) is refused (`replay_message`).
     """
     statuses = [s for s in STATUSES if s != "superseded"] if force else ["buried"]
     await lock_holds(conn, ids)
@@ -137,7 +169,7 @@ async def replay(
         if row["status"] == "superseded":  # never, even forced: it would apply twice
             results.append(ReplayResult(row["id"], row["message_id"], False, SUPERSEDED))
             continue
-        message = replay_message(row, (edits or {}).get(row["id"]))
+        message = replay_message(row, (edits or {}).get(row["id"]), pkgq_user=pkgq_user)
         if isinstance(message, str):
             results.append(ReplayResult(row["id"], row["message_id"], False, message))
             continue

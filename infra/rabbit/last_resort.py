@@ -20,6 +20,8 @@ from events.envelope import (
     H_DEAD_ERROR,
     H_DEAD_REASON,
     H_DEAD_TRACEBACK,
+    H_PUBLISHER,
+    publisher_of,
     republished_headers,
     without_pkgq_marks,
 )
@@ -56,6 +58,8 @@ async def copy_to_dead_letters(
         headers = without_pkgq_marks(headers) or headers
     headers.update(
         {
+            # Who published the message first: the copy is pkgq's, the message is not.
+            H_PUBLISHER: publisher_of(headers, message.user_id),
             H_DEAD_REASON: reason,
             H_DEAD_ERROR: f"{type(exc).__name__}: {exc}"[:4000],
             H_DEAD_CONSUMER: consumer,

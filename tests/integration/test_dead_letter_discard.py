@@ -1,7 +1,7 @@
-"""Discarding a buried dead letter releases the holds its message blocks: on its own consumer
-only, and none when its message_id is not a UUID (a blocker always is one). A message_id in any
-form Python reads as that UUID (capitals, no hyphens, braces) names the same blocker, in the
-list's held-back count, in purge's guard, in a replay's retry and in discard."""
+"""Discarding a buried dead letter releases the hold its message is: on its own consumer, for
+its own user only, and none when its message_id is not a UUID (a blocker always is one). A
+message_id in any form Python reads as that UUID (capitals, no hyphens, braces) names the same
+blocker, in the list's held-back count, in purge's guard, in a replay's retry and in discard."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from tests.support.dead_letters import consumer_dead_letter
 CONSUMER = "usage_record"
 
 
-async def _hold(conn: Conn, consumer: str, blocker: UUID) -> UUID:
-    user = uuid4()
+async def _hold(conn: Conn, consumer: str, blocker: UUID, user: UUID | None = None) -> UUID:
+    user = user or uuid4()
     await conn.execute(
         "INSERT INTO telecom.holds (consumer, user_id, blocker, state) "
         "VALUES ($1, $2, $3, 'buried')",
@@ -31,11 +31,12 @@ async def _hold(conn: Conn, consumer: str, blocker: UUID) -> UUID:
     return user
 
 
-async def _bury(conn: Conn, consumer: str, message_id: str | None) -> int:
+async def _bury(conn: Conn, consumer: str, message_id: str | None, user: UUID | None) -> int:
     """Filed as pkgq files it (dead_letters.bury parses the message_id once, as decoding does)."""
     dead = consumer_dead_letter(
         consumer=consumer,
         message_id=message_id,
+        user_id=user,
         body=str(uuid4()).encode(),  # a key of its own for the id-less ones
     )
     return await dead_letters.bury(conn, dead)
@@ -62,7 +63,7 @@ async def test_discarding_a_dead_letter_whose_message_id_is_not_a_uuid_releases_
     blocker = uuid4()
     async with pool.acquire() as conn:
         held = await _hold(conn, CONSUMER, blocker)
-        dead_id = await _bury(conn, CONSUMER, message_id)
+        dead_id = await _bury(conn, CONSUMER, message_id, held)
     assert await _discard(pool, dead_id) == 1  # no error: the letter is discarded
     async with pool.acquire() as conn:
         status = await conn.fetchval(
@@ -72,17 +73,29 @@ async def test_discarding_a_dead_letter_whose_message_id_is_not_a_uuid_releases_
     assert await _blockers(pool, [held]) == [blocker]  # the hold still waits on its blocker
 
 
-async def test_discarding_a_dead_letter_releases_the_holds_its_message_blocks_on_its_consumer_only(
+async def test_discarding_a_dead_letter_releases_the_hold_it_is_on_its_consumer_and_user_only(
     pool: asyncpg.Pool,
 ) -> None:
     blocker, other = uuid4(), uuid4()
     async with pool.acquire() as conn:
         mine = await _hold(conn, CONSUMER, blocker)
-        elsewhere = await _hold(conn, "package_purchase", blocker)  # same id, another consumer
+        # the same id: on another consumer (another user's hold, and this user's), and on this
+        # consumer for another user
+        elsewhere = await _hold(conn, "package_purchase", blocker, uuid4())
+        await _hold(conn, "package_purchase", blocker, mine)
+        theirs = await _hold(conn, CONSUMER, blocker)
         unrelated = await _hold(conn, CONSUMER, other)
-        dead_id = await _bury(conn, CONSUMER, str(blocker))
+        dead_id = await _bury(conn, CONSUMER, str(blocker), mine)
     assert await _discard(pool, dead_id) == 1
-    assert await _blockers(pool, [mine, elsewhere, unrelated]) == [None, blocker, other]
+    async with pool.acquire() as conn:
+        rows = await conn.fetch("SELECT consumer, user_id, blocker FROM telecom.holds")
+    assert {(r["consumer"], r["user_id"]): r["blocker"] for r in rows} == {
+        (CONSUMER, mine): None,
+        ("package_purchase", mine): blocker,
+        ("package_purchase", elsewhere): blocker,
+        (CONSUMER, theirs): blocker,
+        (CONSUMER, unrelated): other,
+    }
 
 
 @pytest.mark.parametrize(
@@ -101,7 +114,7 @@ async def test_a_dead_letter_whose_message_id_is_spelled_otherwise_still_names_i
             held,
             uuid4(),
         )
-        dead_id = await _bury(conn, CONSUMER, spelled(str(blocker)))
+        dead_id = await _bury(conn, CONSUMER, spelled(str(blocker)), held)
         listed = await dead_letters.get(conn, dead_id)
     assert listed is not None
     assert listed["held_back"] == 1  # the parked message behind it is counted
@@ -115,7 +128,7 @@ async def test_a_replayed_dead_letter_whose_id_is_in_capitals_is_not_purged_whil
     blocker = uuid4()
     async with pool.acquire() as conn, conn.transaction():
         held = await _hold(conn, CONSUMER, blocker)
-        dead_id = await _bury(conn, CONSUMER, str(blocker).upper())
+        dead_id = await _bury(conn, CONSUMER, str(blocker).upper(), held)
         await dead_letters.mark_replayed(conn, [dead_id], "ops-test")
         await holds.retry_replayed(conn, [dead_id])
         await conn.execute(

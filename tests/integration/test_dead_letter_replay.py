@@ -90,7 +90,7 @@ async def test_an_interrupted_bulk_replay_run_again_finishes_without_duplicates(
     broken = False
     # The first batch of a replay that was then killed: committed, marked, nothing more.
     async with pool.acquire() as conn, conn.transaction():
-        first = await replay.replay(conn, ids[:2], "interrupted-run")
+        first = await replay.replay(conn, ids[:2], "interrupted-run", pkgq_user=fast.amqp_user)
     assert [r.replayed for r in first] == [True, True]
 
     rerun = await cli(fast, "dlq", "replay", "--json")

@@ -173,7 +173,9 @@ async def run_step(
         if buried:
             async with pool.acquire() as conn, conn.transaction():
                 if kind == "replay":
-                    await operations.replay_batch(conn, [buried[0]["id"]], "model")
+                    await operations.replay_batch(
+                        conn, [buried[0]["id"]], "model", pkgq_user="pkgq"
+                    )
                     model.failures[model.ids[m]] = 0  # a replay starts the count over
                 else:
                     await operations.discard_batch(conn, [buried[0]["id"]], "model")

@@ -288,7 +288,7 @@ async def test_a_dead_letter_body_over_64_kib_keeps_its_head_size_and_sha256(
         assert row["body_size"] == len(body)
         assert row["body_sha256"] == hashlib.sha256(body).hexdigest()
         async with conn.transaction():
-            (result,) = await replay.replay(conn, [dead_id], "test")
+            (result,) = await replay.replay(conn, [dead_id], "test", pkgq_user=settings.amqp_user)
         assert not result.replayed  # a cut body is never sent on as if it were whole
         assert "first 65536 of its 262144 bytes" in result.detail
     shown = await cli(settings, "dlq", "show", str(dead_id))

@@ -41,16 +41,20 @@ async def orphaned_hold(
     return user, blocker
 
 
-async def outbox_row(pool: asyncpg.Pool, message_id: UUID, published_ago_s: float | None) -> None:
-    """An outbox row of `message_id`: pending (None), or published that many seconds ago."""
+async def outbox_row(
+    pool: asyncpg.Pool, message_id: UUID, published_ago_s: float | None, user: UUID
+) -> None:
+    """An outbox row of `message_id` for `user` on the usage route: pending (None), or
+    published that many seconds ago."""
     async with pool.acquire() as conn:
         await conn.execute(
             "INSERT INTO telecom.outbox (message_id, route, message_type, schema_version, body, "
-            "published_at) VALUES ($1, 'telecom.usage_record', 'RecordUsage', 1, '{}', "
+            "published_at, user_id) VALUES ($1, 'telecom.usage_record', 'RecordUsage', 1, '{}', "
             "CASE WHEN $2::float8 IS NULL THEN NULL "
-            "ELSE now() - make_interval(secs => $2::float8) END)",
+            "ELSE now() - make_interval(secs => $2::float8) END, $3)",
             message_id,
             published_ago_s,
+            user,
         )
 
 
@@ -84,12 +88,12 @@ async def test_a_hold_on_a_blocker_with_no_retry_and_no_dead_letter_has_no_way_o
 async def test_a_hold_with_a_pending_or_fresh_retry_or_a_buried_dead_letter_has_a_way_out(
     pool: asyncpg.Pool,
 ) -> None:
-    _, pending = await orphaned_hold(pool)
-    await outbox_row(pool, pending, None)
-    _, fresh = await orphaned_hold(pool)
-    await outbox_row(pool, fresh, 60)  # on the broker, waiting for its consumer
-    _, dead = await orphaned_hold(pool)
-    await buried(pool, message_id=str(dead).upper())  # matched as the UUID it names
+    user, pending = await orphaned_hold(pool)
+    await outbox_row(pool, pending, None, user)
+    user, fresh = await orphaned_hold(pool)
+    await outbox_row(pool, fresh, 60, user)  # on the broker, waiting for its consumer
+    user, dead = await orphaned_hold(pool)
+    await buried(pool, message_id=str(dead).upper(), user_id=user)  # matched as its UUID
     await execute(
         pool,
         "INSERT INTO telecom.holds (consumer, user_id, blocker, state) "
@@ -102,17 +106,28 @@ async def test_a_hold_with_a_pending_or_fresh_retry_or_a_buried_dead_letter_has_
 async def test_a_retry_published_long_ago_or_a_dead_letter_elsewhere_is_no_way_out(
     pool: asyncpg.Pool,
 ) -> None:
-    _, stale = await orphaned_hold(pool)
-    await outbox_row(pool, stale, invariants.OUTBOX_GRACE_S + 60)
-    _, elsewhere = await orphaned_hold(pool)
-    await buried(pool, "telecom.package_cancel", message_id=str(elsewhere))
-    _, discarded = await orphaned_hold(pool)
-    dead_id = await buried(pool, message_id=str(discarded))
+    user, stale = await orphaned_hold(pool)
+    await outbox_row(pool, stale, invariants.OUTBOX_GRACE_S + 60, user)
+    user, elsewhere = await orphaned_hold(pool)
+    await buried(pool, "telecom.package_cancel", message_id=str(elsewhere), user_id=user)
+    user, discarded = await orphaned_hold(pool)
+    dead_id = await buried(pool, message_id=str(discarded), user_id=user)
     await execute(
         pool, "UPDATE telecom.dead_letters SET status = 'discarded' WHERE id = $1", dead_id
     )
+    # Another user's message of the same id would release nothing: no way out either.
+    _, theirs_buried = await orphaned_hold(pool)
+    await buried(pool, message_id=str(theirs_buried), user_id=uuid4())
+    _, theirs_pending = await orphaned_hold(pool)
+    await outbox_row(pool, theirs_pending, None, uuid4())
     result = await found(pool, "hold_without_way_out")
-    assert {row["blocker"] for row in result.sample} == {str(stale), str(elsewhere), str(discarded)}
+    assert {row["blocker"] for row in result.sample} == {
+        str(stale),
+        str(elsewhere),
+        str(discarded),
+        str(theirs_buried),
+        str(theirs_pending),
+    }
 
 
 async def test_the_sample_is_capped_but_the_count_is_of_every_violation(
@@ -173,7 +188,7 @@ async def test_a_failed_message_that_is_nowhere_now_is_unaccounted(pool: asyncpg
     )
     retrying = uuid4()
     await failed(pool, retrying)
-    await outbox_row(pool, retrying, None)
+    await outbox_row(pool, retrying, None, uuid4())
     dead = uuid4()
     await failed(pool, dead)
     dead_id = await buried(pool, message_id=str(dead))

@@ -204,7 +204,7 @@ async def test_reviving_a_dead_letter_clears_its_ttr_strikes(pool: asyncpg.Pool)
             "VALUES ('usage_record', $1, 5)",
             message_id,
         )
-        (result,) = await replay.replay(conn, [dead_id], "test")
+        (result,) = await replay.replay(conn, [dead_id], "test", pkgq_user="pkgq")
     assert result.replayed
     assert await fetch(pool, "SELECT * FROM telecom.ttr_strikes") == []
 

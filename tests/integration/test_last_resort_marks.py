@@ -1,6 +1,7 @@
 """The last-resort copy (infra/rabbit/last_resort.py) is published as pkgq's own AMQP user, so
 the dead-letter ingester believes what it carries: an outsider's pkgq marks (PKGQ_MARKS: job
-marks, failure and replay history) must come off it, while pkgq's own stay."""
+marks, failure and replay history, first publisher) must come off it, while pkgq's own stay; the
+copy names the message's first publisher itself."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from uuid import uuid4
 from aio_pika.abc import AbstractRobustConnection
 
 from events.decoding import RawDelivery
-from events.envelope import H_DEAD_REASON, H_SCHEMA_VERSION, PKGQ_MARKS
+from events.envelope import H_DEAD_REASON, H_PUBLISHER, H_SCHEMA_VERSION, PKGQ_MARKS, UNVERIFIED
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.rabbit.connection import connect
@@ -68,6 +69,9 @@ async def test_an_outsiders_forged_pkgq_marks_do_not_survive_into_the_last_resor
     assert outsiders_copy.publisher == settings.amqp_user  # what the ingester would believe
     assert outsiders_copy.headers[H_DEAD_REASON] == "handler_error"
     assert outsiders_copy.headers["x-senders-own"] == "kept"  # only the marks come off
-    assert {name for name in PKGQ_MARKS if name in outsiders_copy.headers} == set()
+    # Its marks come off; pkgq's own says who published it first (no user_id: nobody vouched)
+    assert {k: v for k, v in outsiders_copy.headers.items() if k in PKGQ_MARKS} == {
+        H_PUBLISHER: UNVERIFIED
+    }
     # pkgq's own message keeps them: the strip is for outsiders only
     assert {k: v for k, v in own_copy.headers.items() if k in PKGQ_MARKS} == FORGED

@@ -160,12 +160,14 @@ async def test_a_cancel_is_announced_through_the_outbox_and_audited_with_reason_
             "was_active": True,
             "reason": "refund 42",
             "operator": "ops@host",
+            "publisher": "unverified",  # delivered without an AMQP user_id: nobody vouched
         }
     ]
     assert [
         (r["item_id"], r["user_id"], r["action"], r["reason"], r["operator"], str(r["message_id"]))
         for r in audit
     ] == [(first, user, "cancel", "refund 42", "ops@host", cancel.message_id)]
+    assert [r["publisher"] for r in audit] == ["unverified"]
     assert second in await item_ids(pool, user)
 
 

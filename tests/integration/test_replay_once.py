@@ -64,9 +64,9 @@ async def test_a_dead_letter_applied_since_by_a_resend_is_never_replayed_after_i
     user, dead_id, upload = await _buried_then_applied_by_a_resend(pool)
     await fetch(pool, "DELETE FROM telecom.inbox RETURNING 1")  # retention forgot it
     async with pool.acquire() as conn:
-        bulk = await operations.replay_ids(conn, [dead_id], "ops-alice")
+        bulk = await operations.replay_ids(conn, [dead_id], "ops-alice", pkgq_user="pkgq")
         async with conn.transaction():
-            forced = await replay.replay(conn, [dead_id], "ops-bob", force=True)
+            forced = await replay.replay(conn, [dead_id], "ops-bob", pkgq_user="pkgq", force=True)
     assert bulk.done == 0
     assert [r.detail for r in bulk.skipped] == [replay.SUPERSEDED]
     assert [(r.replayed, r.detail) for r in forced] == [(False, replay.SUPERSEDED)]

@@ -220,7 +220,7 @@ async def test_pkgq_buries_lifecycle_events_another_broker_user_published_as_unt
     # An operator cannot launder them into pkgq's own events by a replay.
     async with w.pool.acquire() as conn, conn.transaction():
         ids = [r["id"] for r in await conn.fetch("SELECT id FROM telecom.dead_letters")]
-        results = await replay.replay(conn, ids, "ops", force=True)
+        results = await replay.replay(conn, ids, "ops", pkgq_user=w.settings.amqp_user, force=True)
     assert len(results) == 3
     assert not any(r.replayed for r in results)
 

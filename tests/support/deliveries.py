@@ -148,9 +148,11 @@ async def publish_as_outsider(
     user_id: str | None = None,
     message_id: UUID | None = None,
     marks: dict[str, Any] | None = None,
+    expiration: timedelta | None = None,
 ) -> str:
     """Publish as an outsider would: pkgq's envelope, confirmed, with an optional user_id,
-    message_id of its choosing and extra headers (`marks`)."""
+    message_id of its choosing, extra headers (`marks`) and AMQP `expiration` (a TTL the
+    broker applies: expired in the queue, it is dead-lettered as `expired`)."""
     message_id_text = str(message_id or uuid4())
     headers: dict[str, Any] = {H_SCHEMA_VERSION: 1, H_USER_ID: str(body.user_id), **(marks or {})}
     if seq is not None:
@@ -166,6 +168,7 @@ async def publish_as_outsider(
                 content_type=CONTENT_TYPE,
                 headers=headers,
                 user_id=user_id,
+                expiration=expiration,
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             ),
             route.name,

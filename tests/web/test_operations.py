@@ -51,7 +51,9 @@ async def test_an_edited_replay_keeps_the_users_parked_messages_waiting_behind_i
         )
         edited = json.dumps({"user_id": str(user), "package_id": package, "amount": 2})
         async with conn.transaction():
-            result = await operations.edit_and_replay(conn, dead, edited, "web:olga")
+            result = await operations.edit_and_replay(
+                conn, dead, edited, "web:olga", pkgq_user=settings.amqp_user
+            )
         assert result.replayed
         hold = await conn.fetchrow(
             "SELECT blocker, state FROM telecom.holds WHERE user_id = $1", user
@@ -89,11 +91,19 @@ async def test_an_edit_that_fails_validation_or_changes_the_user_replays_nothing
     async with pool.acquire() as conn:
         with pytest.raises(ValidationError):
             await operations.edit_and_replay(
-                conn, dead, json.dumps({"user_id": str(user), "package_id": 1, "amount": 0}), "x"
+                conn,
+                dead,
+                json.dumps({"user_id": str(user), "package_id": 1, "amount": 0}),
+                "x",
+                pkgq_user=settings.amqp_user,
             )
         with pytest.raises(operations.EditRefusedError, match="changes user_id"):
             await operations.edit_and_replay(
-                conn, dead, json.dumps({"user_id": str(uuid4()), "package_id": 1}), "x"
+                conn,
+                dead,
+                json.dumps({"user_id": str(uuid4()), "package_id": 1}),
+                "x",
+                pkgq_user=settings.amqp_user,
             )
         sent = await conn.fetchval(
             "SELECT count(*) FROM telecom.outbox WHERE message_id = $1", message_id
