@@ -85,9 +85,8 @@ def decode_all(
     max_body_bytes: int,
     trusted_publisher: str | None = None,
 ) -> tuple[list[Delivery], list[BadDelivery]]:
-    """Decode (index, delivery) pairs. The good ones come back in the order they are applied
-    in: user by user (in user_id order, the order their rows are locked in), each user's in
-    delivery order.
+    """Decode (index, delivery) pairs, the good ones and the bad, each in delivery order (the
+    order the executor decides them in).
 
     `trusted_publisher`: pkgq's AMQP user, checked on deliveries from the broker, which come
     back stamped with their first publisher (see the module docstring). None for deliveries
@@ -103,5 +102,4 @@ def decode_all(
             ready.append(Delivery(index, raw, decode(route, raw, max_body_bytes=max_body_bytes)))
         except BadMessageError as problem:
             bad.append(BadDelivery(index, raw, problem))
-    ready.sort(key=lambda d: (str(d.user_id), d.index))
     return ready, bad
