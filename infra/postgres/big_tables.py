@@ -13,8 +13,11 @@ FILLED = ("inbox", "outbox", "dead_letters", "holds", "parked")
 """The tables `fill` fills: every table the refresh or the overview reads that grows."""
 
 
-async def fill(conn: Conn, rows: int, consumers: Sequence[str]) -> None:
-    """`rows` rows in each of FILLED, spread over `consumers` (and their routes,
+async def fill(
+    conn: Conn, rows: int, consumers: Sequence[str], *, others: int | None = None
+) -> None:
+    """`rows` rows in the inbox and `others` (default: as many) in each other table of FILLED,
+    spread over `consumers` (and their routes,
     `telecom.<consumer>`): processed messages (the inbox) up to a week old, published outbox
     rows, replayed dead letters, released holds (no blocker) and parked messages. None of them
     is due, buried or holding anyone: what a figure counts is left to the caller to add.
@@ -22,6 +25,7 @@ async def fill(conn: Conn, rows: int, consumers: Sequence[str]) -> None:
     The rows go in with triggers off, as a restore would (session_replication_role: a
     superuser's connection), then every table is vacuumed and analyzed, as autovacuum would."""
     names = list(consumers)
+    rest = rows if others is None else others
     await conn.execute("SET session_replication_role = replica")
     try:
         await conn.execute(
@@ -44,7 +48,7 @@ async def fill(conn: Conn, rows: int, consumers: Sequence[str]) -> None:
                    now() - interval '1 hour' + (g % 3600) * interval '1 second'
             FROM generate_series(1, $1) AS g
             """,
-            rows,
+            rest,
             names,
         )
         await conn.execute(
@@ -60,7 +64,7 @@ async def fill(conn: Conn, rows: int, consumers: Sequence[str]) -> None:
                    now() - interval '1 day'
             FROM generate_series(1, $1) AS g
             """,
-            rows,
+            rest,
             names,
         )
         await conn.execute(
@@ -70,7 +74,7 @@ async def fill(conn: Conn, rows: int, consumers: Sequence[str]) -> None:
                    'releasing'
             FROM generate_series(1, $1) AS g
             """,
-            rows,
+            rest,
             names,
         )
         await conn.execute(
@@ -82,7 +86,7 @@ async def fill(conn: Conn, rows: int, consumers: Sequence[str]) -> None:
                    'Filled', '\\x7b7d'
             FROM generate_series(1, $1) AS g
             """,
-            rows,
+            rest,
             names,
         )
     finally:
