@@ -178,7 +178,7 @@ def dig_cmd(
                 f"dead letter {dead_letter_id} is {r['status']} "
                 f"({r['replayed_by'] or r['discarded_by']} at "
                 f"{r['replayed_at'] or r['discarded_at']}); use --force to replay it again "
-                "(the inbox still drops it if it was applied)",
+                "(once applied, a dead letter is superseded and never replayed)",
                 style="yellow",
             )
         )

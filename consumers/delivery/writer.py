@@ -76,11 +76,15 @@ async def write(
 ) -> list[UUID]:
     """Write a batch's decisions. Returns the users whose parked messages may go now."""
     consumer = route.short_name
-    claims = [d.decoded.envelope.message_id for d in decided if d.decoded and d.decision.claims]
+    claims = {
+        d.decoded.envelope.message_id: d.decoded.envelope.user_id
+        for d in decided
+        if d.decoded and d.decision.claims
+    }
     if claims:
         claimed = await inbox.claim_many(conn, consumer, claims)
-        if len(claimed) != len(set(claims)):
-            raise ClaimRaceError(f"{len(set(claims)) - len(claimed)} claimed meanwhile")
+        if len(claimed) != len(claims):
+            raise ClaimRaceError(f"{len(claims) - len(claimed)} claimed meanwhile")
     await queue_repo.save(conn, work.queues.values())
     stale = set(work.access_changes)
     stale -= await access.write(conn, work.access_changes, work.remaining_to_write())

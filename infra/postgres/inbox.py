@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from uuid import UUID
 
 from infra.postgres.pool import Conn
@@ -22,13 +23,16 @@ async def claim(conn: Conn, consumer: str, message_id: UUID) -> bool:
     return bool(inserted)
 
 
-async def claim_many(conn: Conn, consumer: str, message_ids: list[UUID]) -> set[UUID]:
-    """Claim many messages in one statement. Returns those claimed now (not applied before).
+async def claim_many(conn: Conn, consumer: str, messages: Mapping[UUID, UUID | None]) -> set[UUID]:
+    """Claim messages (message_id -> its user) in one statement. Returns those claimed now
+    (not applied before).
 
-    The same statement marks `superseded` the consumer's buried dead letters of the messages it
-    claims (a resend applied after its first copy was buried): such a dead letter is never
-    replayed, however long after the inbox forgets the message (infra/postgres/replay.py)."""
-    if not message_ids:
+    The same statement marks `superseded` every dead letter of the consumer for a message it
+    claims, for the same user, whatever its status (buried; replayed or discarded, which a
+    forced replay would otherwise send again): such a dead letter is never replayed, however
+    long after the inbox forgets the message (infra/postgres/replay.py). Another user's message
+    under the same message_id supersedes nothing of this user's."""
+    if not messages:
         return set()
     rows = await conn.fetch(
         """
@@ -38,13 +42,16 @@ async def claim_many(conn: Conn, consumer: str, message_ids: list[UUID]) -> set[
             ON CONFLICT DO NOTHING RETURNING message_id
         ), superseded AS (
             UPDATE telecom.dead_letters d SET status = 'superseded', superseded_at = now()
-            WHERE d.status = 'buried' AND d.consumer = $1
-              AND d.message_uuid IN (SELECT message_id FROM claimed)
+            FROM unnest($2::uuid[], $3::uuid[]) AS x(m, u)
+            WHERE d.status <> 'superseded' AND d.consumer = $1
+              AND d.message_uuid = x.m AND d.user_id IS NOT DISTINCT FROM x.u
+              AND x.m IN (SELECT message_id FROM claimed)
         )
         SELECT message_id FROM claimed
         """,
         consumer,
-        list(dict.fromkeys(message_ids)),
+        list(messages),
+        list(messages.values()),
     )
     return {r["message_id"] for r in rows}
 

@@ -32,7 +32,7 @@ from tests.support.observing import eventually, fetch
 from tests.support.processes import cli
 
 
-async def test_a_fixed_dead_letter_is_replayed_once_by_dig_and_a_second_dig_applies_nothing(
+async def test_a_fixed_dead_letter_is_replayed_once_by_dig_and_never_again_once_applied(
     fast: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection, app: InProcess
 ) -> None:
     broken = True
@@ -48,27 +48,24 @@ async def test_a_fixed_dead_letter_is_replayed_once_by_dig_and_a_second_dig_appl
     assert dug.returncode == 0, dug.stdout + dug.stderr
     await eventually(until(lambda: applied == [(user, 5)]))
     await billed(pool, user, 5)
-    (row,) = await rows_of(pool, sent)
-    assert (row["status"], row["replayed_by"], row["replay_count"]) == ("replayed", "ops-alice", 1)
 
+    # Applied since: superseded (who replayed it is kept), so never sent again, even forced.
+    async def superseded() -> bool:
+        (row,) = await rows_of(pool, sent)
+        return bool(row["status"] == "superseded")
+
+    await eventually(superseded)
+    (row,) = await rows_of(pool, sent)
+    assert (row["replayed_by"], row["replay_count"]) == ("ops-alice", 1)
     again = await cli(fast, "dlq", "dig", str(dead["id"]))
     assert again.returncode == 1
-    assert "replayed" in again.stdout
+    assert "superseded" in again.stdout
     forced = await cli(fast, "dlq", "dig", str(dead["id"]), "--force")
-    assert forced.returncode == 0, forced.stdout + forced.stderr
-
-    async def second_replay_published() -> bool:
-        rows = await fetch(
-            pool,
-            "SELECT 1 FROM telecom.outbox WHERE dedup_key = $1 AND published_at IS NOT NULL",
-            f"replay:{dead['id']}:1",
-        )
-        return bool(rows)
-
-    await eventually(second_replay_published)
-    await usage(fast, amqp, user, 1)  # queued behind the second replay on the same route
+    assert forced.returncode == 1, forced.stdout + forced.stderr
+    assert "never replayed" in forced.stdout
+    await usage(fast, amqp, user, 1)
     await eventually(until(lambda: len(applied) == 2))
-    assert applied == [(user, 5), (user, 1)]  # the second replay applied nothing
+    assert applied == [(user, 5), (user, 1)]  # the message was applied once
     await billed(pool, user, 6)
 
 
@@ -123,8 +120,12 @@ async def test_plow_replays_the_n_oldest_buried_dead_letters_and_leaves_the_rest
     assert json.loads(plowed.stdout)["replayed"] == 2
     await eventually(until(lambda: len(applied) == 2))
     assert sorted(applied) == sorted([(users[0], 1), (users[1], 2)])
-    statuses = [(await rows_of(pool, m))[0]["status"] for m in sent]
-    assert statuses == ["replayed", "replayed", "buried"]
+
+    async def settled() -> bool:  # replayed, then superseded once applied
+        statuses = [(await rows_of(pool, m))[0]["status"] for m in sent]
+        return statuses == ["superseded", "superseded", "buried"]
+
+    await eventually(settled)
 
 
 async def test_a_replay_that_fails_again_gets_retries_of_its_own_and_is_buried_again(

@@ -6,6 +6,7 @@ the inbox's retention forgot the message. Against the test's own Postgres databa
 
 from __future__ import annotations
 
+import dataclasses
 from uuid import UUID, uuid4
 
 import asyncpg
@@ -17,6 +18,7 @@ from consumers.handlers import usage_record
 from consumers.retry_policy import RetryPolicy
 from consumers.unit_of_work import HandlerContext
 from domain.delivery import Fate
+from events.envelope import H_USER_ID
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.postgres import replay
@@ -104,3 +106,69 @@ async def test_a_dead_letter_filed_for_a_message_its_consumer_applied_already_is
         pool, "SELECT id, status::text FROM telecom.dead_letters WHERE id = ANY($1)", [late, other]
     )
     assert {r["id"]: r["status"] for r in rows} == {late: "superseded", other: "buried"}
+
+
+async def _refusing_pipeline(pool: asyncpg.Pool, refusing: dict[str, bool]) -> DeliveryPipeline:
+    async def handler(ctx: HandlerContext, body: RecordUsage) -> None:
+        if refusing["on"]:
+            raise RuntimeError("the rating engine is down")
+        await usage_record.handle(ctx, body)
+
+    return DeliveryPipeline(
+        pool, USAGE_RECORD, handler, RetryPolicy(max_attempts=1), max_body_bytes=2**20
+    )
+
+
+async def test_a_replayed_or_discarded_dead_letter_once_applied_is_never_forced_again(
+    pool: asyncpg.Pool,
+) -> None:
+    """Replayed and applied; or discarded, then a resend applied: after the inbox's retention a
+    forced replay would send either again, and bill it twice."""
+    refusing = {"on": True}
+    pipeline = await _refusing_pipeline(pool, refusing)
+    replayed_user, discarded_user = uuid4(), uuid4()
+    raws = {
+        u: raw_for(USAGE_RECORD, RecordUsage(user_id=u, upload=7, download=0))
+        for u in (replayed_user, discarded_user)
+    }
+    for raw in raws.values():
+        assert await pipeline(raw) == Fate.BURIED
+    ids = {
+        r["user_id"]: r["id"]
+        for r in await fetch(pool, "SELECT id, user_id FROM telecom.dead_letters")
+    }
+    async with pool.acquire() as conn, conn.transaction():
+        (sent,) = await replay.replay(conn, [ids[replayed_user]], "ops", pkgq_user="pkgq")
+        assert sent.replayed
+        await operations.discard_batch(conn, [ids[discarded_user]], "ops")
+    refusing["on"] = False
+    # The replay's copy is applied; the resend waits behind the discarded one's lifted hold
+    # (parked) and is drained and applied in the same call.
+    assert await pipeline(raws[replayed_user]) == Fate.APPLIED
+    assert await pipeline(raws[discarded_user]) == Fate.PARKED
+    statuses = await fetch(pool, "SELECT status::text FROM telecom.dead_letters")
+    assert [r["status"] for r in statuses] == ["superseded", "superseded"]
+    await fetch(pool, "DELETE FROM telecom.inbox RETURNING 1")  # retention forgot them
+    async with pool.acquire() as conn, conn.transaction():
+        forced = await replay.replay(conn, list(ids.values()), "ops", pkgq_user="pkgq", force=True)
+    assert [(r.replayed, r.detail) for r in forced] == [(False, replay.SUPERSEDED)] * 2
+    for user in raws:
+        assert await _billed(pool, user) == 7
+
+
+async def test_another_users_message_under_the_same_id_supersedes_nothing_of_this_user(
+    pool: asyncpg.Pool,
+) -> None:
+    refusing = {"on": True}
+    pipeline = await _refusing_pipeline(pool, refusing)
+    mine, theirs = uuid4(), uuid4()
+    raw = raw_for(USAGE_RECORD, RecordUsage(user_id=mine, upload=7, download=0))
+    assert await pipeline(raw) == Fate.BURIED
+    refusing["on"] = False
+    body = RecordUsage(user_id=theirs, upload=1, download=0).model_dump_json().encode()
+    copy = dataclasses.replace(raw, body=body, headers={**raw.headers, H_USER_ID: str(theirs)})
+    assert await pipeline(copy) == Fate.APPLIED
+    (dead,) = await fetch(
+        pool, "SELECT status::text FROM telecom.dead_letters WHERE user_id = $1", mine
+    )
+    assert dead["status"] == "buried"  # still this user's to replay or discard
