@@ -256,3 +256,28 @@ async def test_processed_in_the_last_minute_counts_the_acks_of_the_last_sixty_se
         totals = await transitions.totals(conn)
     assert table[route]["detail"]["processed_1m"] == 2
     assert totals[route]["ack"] == 5  # the totals keep everything
+
+
+async def test_due_rows_past_the_cap_show_at_the_cap_and_never_take_the_timers_share(
+    pool: asyncpg.Pool,
+) -> None:
+    """1,200 due queuing rows beside 6,000 scheduled expiry timers: the due figure is the cap,
+    marked (at least that many), never a share of the timers; the timers keep theirs."""
+    due, later = stats.EXACT_UP_TO + 200, 6 * stats.EXACT_UP_TO
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "INSERT INTO telecom.outbox (message_id, route, message_type, schema_version, body, "
+            "available_at) SELECT gen_random_uuid(), "
+            "CASE WHEN g <= $1 THEN 'telecom.package_queuing' ELSE 'telecom.package_expiring' END,"
+            " 'X', 1, '{}', CASE WHEN g <= $1 THEN now() - interval '1 minute' "
+            "ELSE now() + interval '1 day' END FROM generate_series(1, $1::int + $2::int) AS g",
+            due,
+            later,
+        )
+        await conn.execute("ANALYZE telecom.outbox")
+        found = await stats.per_route(conn)
+    queuing, expiring = found.of("telecom.package_queuing"), found.of("telecom.package_expiring")
+    assert queuing["pending"] == stats.EXACT_UP_TO
+    assert "pending" in found.estimated["telecom.package_queuing"]
+    assert expiring["scheduled"] == pytest.approx(later, rel=0.25)
+    assert expiring["pending"] == 0
