@@ -3,7 +3,8 @@
 One usage record, from the socket to the ack, reads one way through these files:
 infra/rabbit/consumer.py (takes a batch) -> pipeline.py (this loop) -> decode.py (bad input is
 refused) -> snapshot.py (locks and loads, fixed statements) -> executor.py (the gate of
-domain/delivery.py decides; handlers run in memory) -> writer.py (one statement per table)
+domain/delivery.py decides; handlers run in memory) -> writes.py (the decisions as rows, pure)
+-> writer.py (one statement per table)
 -> back to the consumer, which derives ack or give-back from each `Fate` (infra/rabbit/settle.py).
 
 **The one retry loop** (`_decide_all`) takes a batch through one transaction at a time:
@@ -53,6 +54,7 @@ from consumers.delivery.decode import BadDelivery, Delivery, decode_all
 from consumers.delivery.errors import failure_of
 from consumers.delivery.executor import Decided, Executor, Known, TimedOutError, refused
 from consumers.delivery.report import report
+from consumers.delivery.writes import writes_of
 from consumers.registry import needs_of
 from consumers.retry_policy import RetryPolicy
 from consumers.unit_of_work import Handler, NeedsOf
@@ -237,16 +239,16 @@ class DeliveryPipeline:
                 conn, self.consumer, self._needs, ready, source, settled=frozenset(known.failures)
             )
             done = refused(bad) + await self._executor.run(conn, loaded, ready, known)
-            lifted = await writer.write(
-                conn,
+            rows = writes_of(
                 self.route,
-                loaded.work,
                 done,
+                loaded.work.now,
                 source=source,
                 holds_before=loaded.holds_before,
                 holds_after=loaded.gate.holds,
                 failed_before=loaded.failed_before,
             )
+            lifted = await writer.write(conn, self.route, loaded.work, rows)
         return done, lifted
 
     async def _timed_out(

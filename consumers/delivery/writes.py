@@ -1,0 +1,324 @@
+"""What a batch writes, as data: its decisions turned into the rows of each table, before any
+statement is sent (writer.py sends them, one statement per table). No I/O.
+
+Retries (the last RETRY decision of a message in the batch), superseded retries to withdraw,
+inbox claims, addresses and groups finished, dead letters, failed attempts counted, parked and
+unparked messages, holds made and lifted, and the transition counts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID, uuid4
+
+from consumers.delivery.executor import Decided
+from domain.delivery import Decision, Fate, Hold, Source
+from events.envelope import (
+    H_ATTEMPT,
+    H_FIRST_FAILED_AT,
+    H_LAST_ERROR,
+    H_PRIORITY,
+    H_USER_ID,
+    clean_text,
+    header_text,
+    job_marks,
+    jsonable,
+    publisher_of,
+    republished_headers,
+)
+from events.routes import UNTRUSTED_PUBLISHER, Route
+from infra.postgres import dead_letters, holds, job_state, outbox
+
+
+@dataclass(frozen=True, slots=True)
+class Writes:
+    """A batch's rows, table by table (an empty one sends no statement)."""
+
+    claims: dict[UUID, UUID | None]
+    """Messages recorded in the inbox as applied, with their users."""
+    withdrawn: list[str]
+    """Cancel keys of retries no longer wanted (the message was decided again)."""
+    retries: list[outbox.OutboxMessage]
+    finished: list[job_state.Finished]
+    buried: list[dead_letters.NewDeadLetter]
+    counted: Counter[UUID]
+    """Failures counted in this batch, per message."""
+    parked: list[holds.NewParked]
+    unparked: list[UUID]
+    made: list[holds.NewHold]
+    lifted: list[UUID]
+    moves: dict[tuple[str, str], int]
+
+
+def writes_of(
+    route: Route,
+    decided: Sequence[Decided],
+    now: datetime,
+    *,
+    source: Source,
+    holds_before: dict[UUID, Hold],
+    holds_after: dict[UUID, Hold],
+    failed_before: set[UUID],
+) -> Writes:
+    """The rows a batch's decisions write (see the module docstring)."""
+    consumer = route.short_name
+    made, lifted = _holds(decided, holds_before, holds_after, source)
+    return Writes(
+        claims={
+            d.decoded.envelope.message_id: d.decoded.envelope.user_id
+            for d in decided
+            if d.decoded and d.decision.claims
+        },
+        withdrawn=[
+            outbox.retry_key(consumer, d.decoded.envelope.user_id, d.decoded.envelope.message_id)
+            for d in decided
+            if d.decoded is not None
+            and (d.decision.counted or d.decoded.envelope.message_id in failed_before)
+            and d.decision.fate not in (Fate.PARKED, Fate.GIVEN_BACK)
+        ],
+        retries=_retries(route, decided, now),
+        finished=_finished(decided),
+        buried=_dead_letters(route, decided),
+        counted=Counter(
+            d.decoded.envelope.message_id for d in decided if d.decoded and d.decision.counted
+        ),
+        parked=_parked(route, decided) if source is Source.QUEUE else [],
+        unparked=_unparked(decided) if source is Source.PARKING else [],
+        made=made,
+        lifted=lifted,
+        moves=_moves(route.name, decided, source),
+    )
+
+
+def _retries(route: Route, decided: Sequence[Decided], now: datetime) -> list[outbox.OutboxMessage]:
+    """The next attempt of each message decided RETRY (its last decision in the batch, when a
+    copy of it came twice), through the outbox. `x-attempt` on it is for people to read: the
+    count is in Postgres (domain/delivery.py)."""
+    rows: list[outbox.OutboxMessage] = []
+    if not any(d.decision.fate is Fate.RETRY for d in decided):
+        return rows
+    last = {d.decoded.envelope.message_id: d.index for d in decided if d.decoded is not None}
+    for d in decided:
+        decision = d.decision
+        if decision.fate is not Fate.RETRY or d.decoded is None:
+            continue
+        envelope = d.decoded.envelope
+        if last[envelope.message_id] != d.index:
+            continue  # a later copy of it was decided after this one
+        failure = decision.failure
+        assert failure is not None
+        assert decision.retry_at is not None
+        headers = jsonable(dict(d.raw.headers))
+        first_failed = _first_failed_at(headers) or now
+        rows.append(
+            outbox.OutboxMessage(
+                route=route.name,
+                message_type=route.message_type,
+                schema_version=envelope.schema_version,
+                body=d.raw.body,
+                user_id=envelope.user_id,
+                seq=envelope.seq,
+                message_id=envelope.message_id,
+                headers=republished_headers(
+                    headers,
+                    {
+                        H_ATTEMPT: decision.attempt + 1,
+                        H_FIRST_FAILED_AT: first_failed.isoformat(),
+                        H_LAST_ERROR: clean_text(failure.summary[:500]),
+                    },
+                ),
+                available_at=decision.retry_at,
+                priority=_priority(headers),
+                expires_at=envelope.expires_at,
+                cancel_key=outbox.retry_key(
+                    route.short_name, envelope.user_id, envelope.message_id
+                ),
+                # A dedup key marks it as a retry (the `put` counter leaves retries out); its
+                # own suffix keeps it apart from a retry of the same count before a replay.
+                dedup_key=f"retry:{route.short_name}:{envelope.message_id}:{uuid4().hex}",
+            )
+        )
+    return rows
+
+
+def _dead_letters(route: Route, decided: Sequence[Decided]) -> list[dead_letters.NewDeadLetter]:
+    """What is buried (or expired), as the dead-letter store keeps it. Once a message decoded,
+    its ids are the envelope's (the body's user, the canonical message_id), so holds match."""
+    letters = []
+    for d in decided:
+        decision = d.decision
+        if decision.fate not in (Fate.BURIED, Fate.EXPIRED):
+            continue
+        failure = decision.failure
+        assert failure is not None
+        assert decision.reason is not None
+        headers = jsonable(dict(d.raw.headers))
+        message_id, user_id = d.raw.message_id, _user_of(d.raw.headers)
+        if d.decoded is not None:
+            message_id, user_id = str(d.decoded.envelope.message_id), d.decoded.envelope.user_id
+        letters.append(
+            dead_letters.NewDeadLetter(
+                source="consumer",
+                route=route.name,
+                consumer=route.short_name,
+                message_id=message_id,
+                user_id=user_id,
+                message_type=d.raw.message_type,
+                content_type=d.raw.content_type,
+                body=d.raw.body,
+                headers=headers,
+                reason=decision.reason,
+                error_type=failure.error_type,
+                error_message=failure.message,
+                error_location=failure.location,
+                traceback=failure.traceback or None,
+                attempts=max(decision.attempt, 1),
+                first_failed_at=(
+                    _first_failed_at(headers) if decision.reason == "max_attempts" else None
+                ),
+                publisher=publisher_of(d.raw.headers, d.raw.publisher),
+            )
+        )
+    return letters
+
+
+def _finished(decided: Sequence[Decided]) -> list[job_state.Finished]:
+    """Addresses and group members of messages that will not run again: applied ones are done,
+    buried and expired ones failed. An untrusted publisher's job marks fail nothing."""
+    finished = []
+    for d in decided:
+        decision = d.decision
+        if decision.fate in (Fate.APPLIED, Fate.DUPLICATE_ORDER) and d.decoded is not None:
+            envelope = d.decoded.envelope
+            if envelope.address is not None or envelope.group_id is not None:
+                finished.append(
+                    job_state.Finished(
+                        envelope.message_id, envelope.address, envelope.group_id, ok=True
+                    )
+                )
+        elif (
+            decision.fate in (Fate.BURIED, Fate.EXPIRED) and decision.reason != UNTRUSTED_PUBLISHER
+        ):
+            failure = decision.failure
+            assert failure is not None
+            error = f"{decision.reason}: {failure.message}"
+            if d.decoded is not None:
+                envelope = d.decoded.envelope
+                mid, address, group = envelope.message_id, envelope.address, envelope.group_id
+            else:
+                address, group = job_marks(d.raw.headers)
+                try:
+                    mid = UUID(str(d.raw.message_id))
+                except ValueError:
+                    continue
+            if address is not None or group is not None:
+                finished.append(job_state.Finished(mid, address, group, ok=False, error=error))
+    return finished
+
+
+def _parked(route: Route, decided: Sequence[Decided]) -> list[holds.NewParked]:
+    return [
+        holds.NewParked(
+            user_id=d.decoded.envelope.user_id,
+            message_id=d.decoded.envelope.message_id,
+            route=route.name,
+            message_type=route.message_type,
+            body=d.raw.body,
+            headers=jsonable(dict(d.raw.headers)),
+        )
+        for d in decided
+        if d.decision.fate is Fate.PARKED
+        and d.decoded is not None
+        and d.decoded.envelope.user_id is not None
+    ]
+
+
+def _unparked(decided: Sequence[Decided]) -> list[UUID]:
+    """Parked messages the drain decided (applied, buried, ...): they leave the lot. (A parked
+    message's raw message_id is the parked row's uuid, so even bad input has one.)"""
+    return [
+        d.decoded.envelope.message_id if d.decoded is not None else UUID(str(d.raw.message_id))
+        for d in decided
+        if d.decision.fate not in (Fate.PARKED, Fate.GIVEN_BACK)
+    ]
+
+
+def _holds(
+    decided: Sequence[Decided],
+    before: dict[UUID, Hold],
+    after: dict[UUID, Hold],
+    source: Source,
+) -> tuple[list[holds.NewHold], list[UUID]]:
+    """The holds the batch made (a new blocker) and the users whose hold it lifted. From the
+    parking lot, every user it drained is settled (dropped when nothing is left parked)."""
+    last: dict[UUID, Decision] = {}
+    parked: set[UUID] = set()
+    for d in decided:
+        user = d.decoded.envelope.user_id if d.decoded is not None else None
+        if user is not None and d.decision.holds is not None:
+            last[user] = d.decision
+        if user is not None and d.decision.fate is Fate.PARKED:
+            parked.add(user)
+    made, lifted = [], []
+    for user, hold in sorted(after.items()):
+        if hold.blocker is None:
+            if source is Source.PARKING or before.get(user) != hold or user in parked:
+                lifted.append(user)
+            if user not in before:
+                # Held and lifted within the batch (a copy of the blocker came twice): the
+                # hold row is written lifted, so settling it sees what was parked behind it.
+                made.append(holds.NewHold(user, None, "releasing"))
+            continue
+        if before.get(user) == hold and user not in last:
+            continue
+        decision = last.get(user)
+        failure = decision.failure if decision is not None else None
+        made.append(
+            holds.NewHold(
+                user,
+                hold.blocker,
+                hold.state,
+                decision.attempt if decision is not None else 0,
+                failure.summary if failure is not None else "",
+            )
+        )
+    return made, lifted
+
+
+def _moves(route: str, decided: Sequence[Decided], source: Source) -> dict[tuple[str, str], int]:
+    """Transition counts (bury and ttl are counted by a trigger on the dead-letter store). A
+    parked message was counted as taken when it was parked."""
+    fates = [d.decision.fate for d in decided if d.decision.fate is not Fate.GIVEN_BACK]
+    taken = len(fates) if source is Source.QUEUE else 0
+    acked = sum(1 for f in fates if f in (Fate.APPLIED, Fate.DUPLICATE_ORDER))
+    retried = sum(1 for f in fates if f is Fate.RETRY)
+    # seed 004's "release": a taken message put back to wait (here: a retry scheduled)
+    return {(route, "take"): taken, (route, "ack"): acked, (route, "release"): retried}
+
+
+def _priority(headers: dict[str, Any]) -> int:
+    value = headers.get(H_PRIORITY, 0)
+    return value if isinstance(value, int) and 0 <= value <= 2 else 0
+
+
+def _user_of(headers: Any) -> UUID | None:
+    value = header_text(headers, H_USER_ID, 64)
+    try:
+        return UUID(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _first_failed_at(headers: dict[str, Any]) -> datetime | None:
+    value = headers.get(H_FIRST_FAILED_AT)
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
