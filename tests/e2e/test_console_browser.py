@@ -131,6 +131,14 @@ async def test_a_dead_letter_whose_cause_was_fixed_is_replayed_from_the_console_
         assert "added later" in await page.inner_text("#items")
         await shoot(page, "user-after-replay")
 
+        # Applied: its dead letter is superseded, and offers no replay any more.
+        dead = await pool.fetchval("SELECT id FROM telecom.dead_letters WHERE user_id = $1", user)
+        await page.goto(f"{web.base}/dead-letters/{dead}")
+        assert await page.inner_text("h1 .pill") == "superseded"
+        assert "never replayed" in await page.inner_text("dl.facts")
+        assert await page.locator("text=Replay…").count() == 0
+        await shoot(page, "dead-letter-superseded")
+
 
 async def test_a_schema_invalid_message_is_edited_validated_replayed_and_queued_in_order(
     settings: Settings,
