@@ -42,6 +42,16 @@ RELAY_LAG = Histogram(
     "From a row being due (available_at) to its publish being confirmed.",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
+RELAY_STALLED = Gauge(
+    "pkgq_relay_stalled",
+    "1 while this relay has had no healthy round for PKGQ_RELAY_STALL_AFTER seconds.",
+)
+RELAY_RENEWALS = Counter(
+    "pkgq_relay_channel_renewals_total",
+    "Publishing channels (kind=channel) or broker connections (kind=connection) the relay "
+    "replaced after a publish was not confirmed.",
+    ["kind"],
+)
 
 RECONNECTS = Counter(
     "pkgq_reconnects_total", "RabbitMQ connections re-established after they were lost."

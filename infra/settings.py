@@ -44,6 +44,11 @@ class Settings(BaseSettings):
     tcp_keepalives_interval: int = Field(default=10, ge=0)
     tcp_keepalives_count: int = Field(default=3, ge=0)
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
+    """The broker, or the nodes of a cluster as a comma-separated list of URLs
+    (`amqp://u:p@rabbit-1:5672/,amqp://u:p@rabbit-2:5672/`): pkgq connects to the first that
+    answers and moves to another when its node goes away (infra/rabbit/connection.py). The
+    nodes share one scheme, user and virtual host. One URL behind a load balancer (a
+    Kubernetes Service) works as well."""
     amqp_ca_file: str | None = None
     """`amqps://` only: the CA file (PEM) the broker's certificate is verified against; unset:
     the system's trusted CAs. An amqps connection always verifies the certificate and the host
@@ -79,6 +84,15 @@ class Settings(BaseSettings):
     pool_max_size: int = Field(default=10, ge=1)
 
     relay_batch_size: int = Field(default=200, ge=1, le=10_000)
+    relay_confirm_timeout: float = Field(default=5.0, gt=0, le=300)
+    """Seconds the relay waits for the broker to confirm one message. A publish not confirmed
+    in time fails, the row stays due, and the relay opens a new channel (and, if that does not
+    help, a new connection, through the node list or the load balancer) before it retries: a
+    channel that has stopped confirming (a partitioned node) is never used again."""
+    relay_stall_after: float = Field(default=60.0, gt=0)
+    """Seconds without a healthy round (one that published what it claimed, or found nothing
+    due) after which the relay counts as stalled: `relay_stalled` is logged as an error,
+    `pkgq_relay_stalled` is 1, /readyz fails, and the relay reconnects to the broker."""
     relay_poll_interval: float = Field(default=1.0, gt=0)
     sweep_grace: float = Field(default=60.0, ge=0)
     """A time expiry this many seconds overdue, with no pending or recent trigger, is re-sent."""
@@ -133,8 +147,16 @@ class Settings(BaseSettings):
     route_settings: dict[str, RouteSettings] = Field(default_factory=dict)
     """The per-route settings by full route name (filled from routes_file, or set as JSON)."""
     queue_type: Literal["classic", "quorum"] = "classic"
-    """The default queue type. Quorum queues are replicated; see the README for the guarantees
-    that change with them (no broker-side priorities; requeue goes to the back)."""
+    """The default queue type. "quorum": every queue pkgq declares is a replicated quorum queue
+    (the replicated profile: infra/rabbit/topology.py, README "Replicated profile"); see the
+    README for the guarantees that change with them (no broker-side priorities)."""
+    delivery_limit: int = Field(default=20, ge=1, le=10_000)
+    """Quorum queues only: how often the broker delivers one message before it dead-letters it
+    itself (reason `delivery_limit`, filed and replayable like any dead letter). A delivery
+    counts when the message goes back to its queue unacknowledged: a consumer's channel or
+    connection closed with it in hand (a crash, a lost node, a shutdown, a TTR overrun).
+    pkgq's own failures never count (they are acked and retried through Postgres), so the limit
+    only stops a message that kills its consumer before it can be recorded."""
 
     management_url: str | None = None
     """The RabbitMQ management API (for taken counts in `pkgq stats`); default: the AMQP host on
@@ -184,8 +206,14 @@ class Settings(BaseSettings):
     @field_validator("amqp_url")
     @classmethod
     def _no_tls_url_parameters(cls, value: str) -> str:
-        query = parse_qs(urlsplit(value).query, keep_blank_values=True)
-        given = sorted(set(query) & _AMQP_TLS_PARAMETERS)
+        given = sorted(
+            {
+                name
+                for url in split_urls(value)
+                for name in parse_qs(urlsplit(url).query, keep_blank_values=True)
+            }
+            & _AMQP_TLS_PARAMETERS
+        )
         if given:
             raise ValueError(
                 f"PKGQ_AMQP_URL has TLS parameter(s) {given}: set PKGQ_AMQP_CA_FILE, "
@@ -194,10 +222,32 @@ class Settings(BaseSettings):
             )
         return value
 
+    @field_validator("amqp_url")
+    @classmethod
+    def _nodes_alike(cls, value: str) -> str:
+        urls = split_urls(value)
+        if not urls:
+            raise ValueError("PKGQ_AMQP_URL is empty")
+        first = urlsplit(urls[0])
+        for url in urls[1:]:
+            other = urlsplit(url)
+            if (other.scheme.lower(), other.username, other.path or "/", other.query) != (
+                first.scheme.lower(),
+                first.username,
+                first.path or "/",
+                first.query,
+            ):
+                raise ValueError(
+                    f"PKGQ_AMQP_URL lists nodes that differ in scheme, user, virtual host or "
+                    f"parameters ({mask_url(urls[0])} and {mask_url(url)}): the nodes of one "
+                    "cluster are reached alike, only their host and port differ"
+                )
+        return value
+
     @model_validator(mode="after")
     def _amqp_tls_consistent(self) -> Settings:
         problem = amqp_tls_problem(
-            self.amqp_url, self.amqp_ca_file, self.amqp_cert_file, self.amqp_key_file
+            self.amqp_urls[0], self.amqp_ca_file, self.amqp_cert_file, self.amqp_key_file
         )
         if problem:
             raise ValueError(problem)
@@ -352,7 +402,12 @@ class Settings(BaseSettings):
     @property
     def amqp_tls(self) -> bool:
         """Whether the broker is reached over TLS (an `amqps://` URL)."""
-        return urlsplit(self.amqp_url).scheme.lower() == "amqps"
+        return urlsplit(self.amqp_urls[0]).scheme.lower() == "amqps"
+
+    @property
+    def amqp_urls(self) -> list[str]:
+        """The broker's nodes, in the order pkgq tries them (PKGQ_AMQP_URL)."""
+        return split_urls(self.amqp_url)
 
     def safe_postgres_dsn(self) -> str:
         return mask_url(self.postgres_dsn)
@@ -367,7 +422,7 @@ class Settings(BaseSettings):
         pkgq's messages carry, and the only one its lifecycle consumers trust."""
         from yarl import URL  # aio-pika's own URL parser, so both read the URL alike
 
-        return URL(self.amqp_url).user or "guest"
+        return URL(self.amqp_urls[0]).user or "guest"
 
 
 def replica_ordinal(index: str | None, hostname: str) -> int:
@@ -384,6 +439,11 @@ def replica_ordinal(index: str | None, hostname: str) -> int:
             f"is unset and the host name {hostname!r} does not end in -<ordinal>"
         )
     return int(found.group(1))
+
+
+def split_urls(value: str) -> list[str]:
+    """The URLs of a comma-separated list (a comma inside a password is written `%2C`)."""
+    return [part.strip() for part in value.split(",") if part.strip()]
 
 
 def mask_url(url: str) -> str:

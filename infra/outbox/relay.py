@@ -30,6 +30,15 @@ row (the inbox drops it) cannot undo. Waiting for the confirm means a row is on 
 durably, before anything after it is sent. The throughput cost is one confirm round trip per
 row of a user (about 1 ms locally); different users' chains, and overlapping rounds, keep the
 channel busy meanwhile.
+
+A channel that failed a publish is never used again (a partitioned node can leave a channel
+open that confirms nothing, for ever): a confirm that does not come within
+PKGQ_RELAY_CONFIRM_TIMEOUT, a nack or a closed channel ends the round, and the next round waits
+for a fresh channel (after a timeout, a fresh connection too, through the node list or the load
+balancer: infra/rabbit/connection.py). So while the broker is healthy no row waits longer than
+one confirm timeout plus a reconnect. A watchdog counts the relay stalled after
+PKGQ_RELAY_STALL_AFTER seconds without a healthy round (metric, /readyz, an error log) and
+reconnects it.
 """
 
 from __future__ import annotations
@@ -49,12 +58,13 @@ from aio_pika.abc import AbstractRobustConnection
 
 from events.envelope import H_TRACEPARENT
 from infra import faults, tracing
-from infra.observability import RELAY_LAG, RELAYED
+from infra.observability import RELAY_LAG, RELAY_RENEWALS, RELAY_STALLED, RELAYED
 from infra.outbox.housekeeping import housekeeping_forever
 from infra.postgres import job_state, outbox
 from infra.postgres.outbox import ClaimedRow
 from infra.postgres.pool import connect as connect_postgres
-from infra.rabbit.publisher import Publisher, build_message
+from infra.rabbit.connection import reconnect
+from infra.rabbit.publisher import Publisher, PublishFailedError, build_message
 from infra.rabbit.topology import declare_all, routing_key_for
 from infra.settings import Settings
 from infra.systemd_notify import Notifier
@@ -94,6 +104,11 @@ class Relay:
         self._wake = asyncio.Event()
         self._publisher: Publisher | None = None
         self._listener: asyncpg.Connection | None = None
+        self._renew: str | None = None
+        """Set when a publish failed: "channel" or "connection", what to replace before the
+        next round."""
+        self._healthy_at = time.monotonic()
+        self.stalled = False
         self.published = 0
 
     async def open(self) -> None:
@@ -101,14 +116,20 @@ class Relay:
         channel = await self._connection.channel()
         await declare_all(channel, self._settings)
         await channel.close()
+        await self._open_publisher()
+
+    async def _open_publisher(self) -> None:
         self._publisher = await Publisher.open(
-            self._connection, self._settings.exchange, user_id=self._settings.amqp_user
+            self._connection,
+            self._settings.exchange,
+            user_id=self._settings.amqp_user,
+            confirm_timeout=self._settings.relay_confirm_timeout,
         )
 
     def ready(self) -> bool:
-        """Publishing channel open (for /readyz, which asks Postgres on connections of its
-        own: a probe must not take one of the relay's)."""
-        return self._publisher is not None and self._publisher.is_open
+        """Publishing channel open and the relay not stalled (for /readyz, which asks Postgres
+        on connections of its own: a probe must not take one of the relay's)."""
+        return self._publisher is not None and self._publisher.is_open and not self.stalled
 
     async def run(self, stop: asyncio.Event) -> None:
         if self._publisher is None:
@@ -120,14 +141,16 @@ class Relay:
             housekeeping_forever(self._settings, self._pool, self._worker_id, stop),
             name="housekeeping",
         )
+        watchdog = asyncio.create_task(self._watch(stop), name="relay-watchdog")
         try:
             await self._relay_until(stop)
         finally:
             systemd.stopping()
             await systemd.stop_watchdog()
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
+            for task in (sweeper, watchdog):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await self._drop_listener()
             if self._publisher is not None:
                 with contextlib.suppress(Exception):
@@ -142,6 +165,8 @@ class Relay:
         try:
             while not stop.is_set():
                 if not in_flight:
+                    if self._renew is not None:
+                        await self._renew_publisher()
                     await self._ensure_listener()
                     # Cleared before a wave of rounds, not before each: a NOTIFY while any of
                     # them runs may be for rows none of them saw, and must wake the next wave.
@@ -170,13 +195,69 @@ class Relay:
                     await _wait(stop, pause)
                     pause = min(pause * 2, 30.0)
                     continue
+                if self._renew is not None:
+                    # A publish failed: finish the rounds under way, then wait for a fresh
+                    # channel (at the top of the loop) rather than fail row after row.
+                    await asyncio.gather(*in_flight, return_exceptions=True)
+                    in_flight = []
+                    await _wait(stop, min(pause, RENEW_PAUSE_MAX))
+                    pause = min(pause * 2, 30.0)
+                    continue
                 pause = 0.5
+                self._healthy()
                 if in_flight or more:
                     continue
                 await _wait_any(stop, self._wake, self._settings.relay_poll_interval)
         finally:
             # A round holds leases and unmarked confirms: let it finish, never abandon it.
             await asyncio.gather(*in_flight, return_exceptions=True)
+
+    def _healthy(self) -> None:
+        self._healthy_at = time.monotonic()
+        if self.stalled:
+            self.stalled = False
+            RELAY_STALLED.set(0)
+            log.info("relay_recovered")
+
+    async def _watch(self, stop: asyncio.Event) -> None:
+        """Count the relay stalled when no round has been healthy for relay_stall_after
+        seconds: say so (metric, /readyz, an error), and reconnect to the broker, once per
+        period, in case what hangs is the connection itself."""
+        limit = self._settings.relay_stall_after
+        reconnected_at = 0.0
+        while not stop.is_set():
+            await _wait(stop, min(1.0, limit / 4))
+            now = time.monotonic()
+            silent = now - self._healthy_at
+            if silent < limit:
+                continue
+            if not self.stalled:
+                self.stalled = True
+                RELAY_STALLED.set(1)
+            if now - reconnected_at >= limit:
+                reconnected_at = now
+                log.error("relay_stalled", silent_s=round(silent), action="reconnect")
+                self._renew = "connection"
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(reconnect(self._connection), timeout=limit)
+
+    async def _renew_publisher(self) -> None:
+        """Replace the publishing channel after a failed publish (and the connection, after a
+        confirm that never came): never publish on a channel that stopped confirming."""
+        kind, self._renew = self._renew, None
+        RELAY_RENEWALS.labels(kind=kind).inc()
+        log.warning("relay_channel_renewed", kind=kind)
+        if self._publisher is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._publisher.close(), timeout=2)
+            self._publisher = None
+        try:
+            if kind == "connection":
+                await asyncio.wait_for(reconnect(self._connection), timeout=CONNECT_WAIT)
+            await asyncio.wait_for(self._open_publisher(), timeout=CONNECT_WAIT)
+        except Exception:
+            self._renew = kind  # not yet: the round that follows fails at once, and waits
+            raise
 
     @staticmethod
     def _log_round_error(error: BaseException, retry_in_s: float) -> None:
@@ -228,11 +309,15 @@ class Relay:
 
         async def send_chain(chain: list[ClaimedRow]) -> None:
             for row in chain:
+                if self._renew is not None:
+                    failed.append(row.id)  # another chain's publish failed: not on this channel
+                    return
                 try:
                     await self._send(row)
                 except Exception as exc:  # noqa: BLE001  (the row stays pending: retried)
                     failed.append(row.id)
                     errors.append(repr(exc))
+                    self._renew = _renewal_for(exc, self._renew)
                     log.warning("publish_failed", message_id=str(row.message_id), error=repr(exc))
                     return  # the rest of the chain stays unsent, so nothing overtakes this row
                 done.append(row.id)
@@ -288,6 +373,25 @@ class Relay:
 
     def _on_notify(self, *_: object) -> None:
         self._wake.set()
+
+
+RENEW_PAUSE_MAX = 1.0
+"""Longest pause before a new channel is tried after a failed publish: short, since a lost
+node is usually replaced within a second (another node, or the load balancer's next)."""
+CONNECT_WAIT = 10.0
+"""Seconds a renewal waits for the connection to come back before the round fails."""
+
+
+def _renewal_for(exc: BaseException, already: str | None) -> str | None:
+    """What a failed publish asks to replace: the connection when a confirm never came (the
+    channel may look open on a node cut off from its cluster); the channel after a nack or on
+    a closed channel; nothing for a message returned as unroutable (a fact about its route,
+    which the next round retries: the other users' rows go on meanwhile)."""
+    if already == "connection" or isinstance(exc, TimeoutError):
+        return "connection"
+    if isinstance(exc, PublishFailedError) and exc.returned:
+        return already
+    return "channel"
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:

@@ -1,15 +1,22 @@
-"""Robust AMQP connections that reconnect (and re-declare) after a broker restart."""
+"""Robust AMQP connections that reconnect (and re-declare) after a broker restart, and move to
+another node of a cluster when theirs goes away."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ssl
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 import aio_pika
+import structlog
+from aio_pika import RobustConnection
 from aio_pika.abc import AbstractRobustConnection
 from yarl import URL
 
-from infra.settings import Settings
+from infra.settings import Settings, mask_url, split_urls
 from infra.tls import TlsTarget, TlsVerifyError, amqp_context, explain
 
 DEEPEST_HEADERS = 70_000
@@ -35,32 +42,141 @@ def tls_context(settings: Settings) -> ssl.SSLContext | None:
     return amqp_context(settings.amqp_ca_file, settings.amqp_cert_file, settings.amqp_key_file)
 
 
+log = structlog.get_logger(__name__)
+
+CONNECT_TIMEOUT = 5.0
+"""Seconds one attempt to reach a node may take (a partitioned or frozen node may accept TCP
+and then say nothing): the attempt fails and the next one goes to the next node."""
+PROBE_INTERVAL = 0.5
+"""While disconnected, how often the nodes are probed (a TCP connect) for a live one."""
+
+
+class NodeListConnection(RobustConnection):
+    """A robust connection over the nodes of a cluster. It connects to one node; when that
+    connection closes, or an attempt to reconnect fails, it tries the next one, and while it
+    is disconnected it probes every node (a TCP connect, PROBE_INTERVAL apart) and aims its
+    next attempt at the first that answers. aio-pika's own recovery then reopens the channels
+    and consumers on the new node, as after a restart of a single broker."""
+
+    def __init__(self, url: URL, *args: Any, nodes: Sequence[str] = (), **kwargs: Any) -> None:
+        super().__init__(url, *args, **kwargs)
+        self._nodes = [URL(node) for node in nodes] or [URL(url)]
+        self._seeking: asyncio.Task[None] | None = None
+        self._was_connected = False
+
+    @property
+    def node(self) -> str:
+        """The node it is connected to (or trying next), password masked."""
+        return mask_url(str(self.url))
+
+    async def _on_connected(self) -> None:
+        await super()._on_connected()
+        self._was_connected = True
+
+    async def _on_connection_close(self, closing: asyncio.Future[Any]) -> None:
+        if not self._close_called and self._was_connected and len(self._nodes) > 1:
+            lost = self.node
+            self.url = self._after(self.url)
+            log.warning("amqp_node_lost", node=lost, next=self.node)
+            if self._seeking is None or self._seeking.done():
+                self._seeking = asyncio.create_task(self._seek(), name="amqp-seek-node")
+        await super()._on_connection_close(closing)
+
+    def _after(self, current: URL) -> URL:
+        index = next((i for i, n in enumerate(self._nodes) if n == current), -1)
+        return self._nodes[(index + 1) % len(self._nodes)]
+
+    async def _seek(self) -> None:
+        """Until connected again: aim the next attempt at a node that accepts connections."""
+        while not self.connected.is_set() and not self._close_called:
+            candidates = [self.url, *(n for n in self._nodes if n != self.url)]
+            for node in candidates:
+                if await _accepts(node):
+                    if node != self.url:
+                        log.info("amqp_node_chosen", node=mask_url(str(node)))
+                        self.url = node
+                    break
+            else:
+                self.url = self._after(self.url)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.connected.wait(), timeout=PROBE_INTERVAL)
+        if self.connected.is_set():
+            log.info("amqp_node_connected", node=self.node)
+
+    async def close(self, exc: Any = aio_pika.exceptions.ConnectionClosed) -> None:
+        if self._seeking is not None:
+            self._seeking.cancel()
+        await super().close(exc)
+
+
+async def reconnect(connection: AbstractRobustConnection) -> None:
+    """Drop the connection's transport, as a lost node would, so that it connects again (to
+    the next node of its list, or through the load balancer) and restores its channels; return
+    once it is connected (callers bound the wait)."""
+    transport = connection.transport
+    if transport is not None and not transport.connection.is_closed:
+        connection.connected.clear()
+        await transport.connection.close(ConnectionResetError("pkgq replaced this connection"))
+    await connection.connected.wait()
+
+
+async def _accepts(node: URL) -> bool:
+    """Whether the node accepts a TCP connection within a second (AMQP is not spoken)."""
+    port = node.port or (5671 if node.scheme.lower() == "amqps" else 5672)
+    try:
+        _, writer = await asyncio.wait_for(
+            asyncio.open_connection(node.host or "127.0.0.1", port), timeout=1.0
+        )
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
+
+
 async def open_amqp(settings: Settings, name: str) -> AbstractRobustConnection:
-    """A robust connection to the settings' broker, over TLS for an `amqps://` URL."""
+    """A robust connection to the settings' broker (any live node of PKGQ_AMQP_URL's list),
+    over TLS for an `amqps://` URL."""
     return await connect(settings.amqp_url, name, tls_context(settings), settings.amqp_ca_file)
 
 
 async def connect(
     url: str, name: str, context: ssl.SSLContext | None = None, ca_file: str | None = None
 ) -> AbstractRobustConnection:
-    """A robust connection named `name` (shown by the broker). An `amqps://` URL always
-    verifies the broker: with `context` if given (`ca_file` is what it trusts, for the error
-    message), else against the system's CAs. A certificate that is not accepted raises
-    TlsVerifyError, whose text says in one line what to check."""
+    """A robust connection named `name` (shown by the broker). `url` may list several nodes,
+    comma-separated: they are tried in order and the first that accepts wins (NodeListConnection
+    moves on to the others later). An `amqps://` URL always verifies the broker: with `context`
+    if given (`ca_file` is what it trusts, for the error message), else against the system's
+    CAs. A certificate that is not accepted raises TlsVerifyError, whose text says in one line
+    what to check."""
     allow_deep_headers()
-    parsed = URL(url)
+    nodes = split_urls(url)
+    parsed = URL(nodes[0])
     if parsed.scheme.lower() == "amqps" and context is None:
         context = amqp_context(None, None, None)
-    try:
-        return await aio_pika.connect_robust(
-            url,
+    failure: Exception | None = None
+    for node in nodes:
+        connection = NodeListConnection(
+            URL(node),
+            nodes=nodes,
+            ssl_context=context,
             client_properties={"connection_name": name},
             reconnect_interval=1.0,
-            ssl_context=context,
         )
-    except Exception as exc:
-        target = TlsTarget("RabbitMQ", f"{parsed.host}:{parsed.port}", ca_file, "PKGQ_AMQP_CA_FILE")
-        problem = explain(exc, target) if context is not None else None
-        if problem is None:
-            raise
-        raise TlsVerifyError(problem) from exc
+        try:
+            await connection.connect(timeout=CONNECT_TIMEOUT)
+        except Exception as exc:  # noqa: BLE001  (the next node may answer; the last error is raised)
+            failure = exc
+            with contextlib.suppress(Exception):
+                await connection.close()
+            if len(nodes) > 1:
+                log.warning("amqp_node_unavailable", node=mask_url(node), error=repr(exc))
+        else:
+            return connection
+    assert failure is not None
+    target = TlsTarget("RabbitMQ", f"{parsed.host}:{parsed.port}", ca_file, "PKGQ_AMQP_CA_FILE")
+    problem = explain(failure, target) if context is not None else None
+    if problem is None:
+        raise failure
+    raise TlsVerifyError(problem) from failure

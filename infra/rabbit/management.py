@@ -41,7 +41,7 @@ def management_base(settings: Settings) -> tuple[str, str, str]:
     """(base URL, user, password): PKGQ_MANAGEMENT_URL, or the AMQP host with the AMQP
     credentials, on port 15672 (http) or, when the AMQP URL is `amqps://`, on 15671 (https,
     verified as the AMQP connection is: README, TLS)."""
-    amqp = urlsplit(settings.amqp_url)
+    amqp = urlsplit(settings.amqp_urls[0])
     if settings.management_url:
         base = urlsplit(settings.management_url)
         user = unquote(base.username or amqp.username or "guest")
@@ -61,7 +61,7 @@ def management_base(settings: Settings) -> tuple[str, str, str]:
 
 
 def _vhost(settings: Settings) -> str:
-    path = urlsplit(settings.amqp_url).path
+    path = urlsplit(settings.amqp_urls[0]).path
     return unquote(path[1:]) if len(path) > 1 else "/"
 
 

@@ -10,7 +10,7 @@ from uuid import UUID
 import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractRobustConnection
-from aiormq.exceptions import ChannelInvalidStateError, DeliveryError
+from aiormq.exceptions import ChannelInvalidStateError, DeliveryError, PublishError
 from pamqp.commands import Basic
 
 from events.envelope import CONTENT_TYPE
@@ -19,10 +19,14 @@ from events.envelope import CONTENT_TYPE
 class PublishFailedError(Exception):
     """The broker did not confirm the message (nacked, returned as unroutable, or lost)."""
 
-    def __init__(self, message_id: UUID | str, routing_key: str, why: str) -> None:
+    def __init__(
+        self, message_id: UUID | str, routing_key: str, why: str, *, returned: bool = False
+    ) -> None:
         super().__init__(f"message {message_id} to {routing_key!r} was not published: {why}")
         self.message_id = message_id
         self.routing_key = routing_key
+        self.returned = returned
+        """Returned as unroutable: a fact about this message's route, not about the channel."""
 
 
 def build_message(
@@ -61,11 +65,16 @@ class Publisher:
     pass Settings.amqp_user."""
 
     def __init__(
-        self, channel: AbstractChannel, exchange: AbstractExchange, user_id: str | None = None
+        self,
+        channel: AbstractChannel,
+        exchange: AbstractExchange,
+        user_id: str | None = None,
+        confirm_timeout: float = 30.0,
     ) -> None:
         self._channel = channel
         self._exchange = exchange
         self._user_id = user_id
+        self._confirm_timeout = confirm_timeout
 
     @property
     def user_id(self) -> str | None:
@@ -74,11 +83,17 @@ class Publisher:
 
     @classmethod
     async def open(
-        cls, connection: AbstractRobustConnection, exchange_name: str, user_id: str | None = None
+        cls,
+        connection: AbstractRobustConnection,
+        exchange_name: str,
+        user_id: str | None = None,
+        confirm_timeout: float = 30.0,
     ) -> Publisher:
+        """`confirm_timeout`: seconds a publish waits for its confirm before it fails with
+        TimeoutError (the channel should then be replaced: see the relay)."""
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         exchange = await channel.get_exchange(exchange_name, ensure=True)
-        return cls(channel, exchange, user_id)
+        return cls(channel, exchange, user_id, confirm_timeout)
 
     async def publish(self, message: aio_pika.Message, routing_key: str) -> None:
         """Return once the broker has confirmed the message; raise PublishFailedError if it
@@ -100,11 +115,16 @@ class Publisher:
                 routing_key=routing_key,
                 properties=properties,
                 mandatory=True,
-                timeout=30,
+                timeout=self._confirm_timeout,
                 wait=False,
             )
         except DeliveryError as exc:
-            raise PublishFailedError(message.message_id or "?", routing_key, repr(exc)) from exc
+            raise PublishFailedError(
+                message.message_id or "?",
+                routing_key,
+                repr(exc),
+                returned=isinstance(exc, PublishError),  # a Basic.Return; else a Basic.Nack
+            ) from exc
         if not isinstance(confirmation, Basic.Ack):
             raise PublishFailedError(
                 message.message_id or "?", routing_key, f"broker answered {confirmation!r}"
