@@ -42,6 +42,13 @@ class FreezingProxy:
             link.frozen.set()
         return len(live)
 
+    def cut(self) -> None:
+        """Close every connection open now, as a node that dies does (its peer sees a reset)."""
+        for link in self._links:
+            for writer in link.writers:
+                writer.close()
+        self._links = []
+
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
