@@ -70,7 +70,8 @@ async def _queued(amqp: AbstractRobustConnection, settings: Settings) -> list[tu
 
 
 def _renewals(kind: str) -> float:
-    return RELAY_RENEWALS.labels(kind=kind)._value.get()
+    value: float = RELAY_RENEWALS.labels(kind=kind)._value.get()
+    return value
 
 
 @pytest.fixture
