@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Check deploy/k8s and the Dockerfile, offline once its tools are installed:
 # - render both overlays with `kubectl kustomize` (kustomize built into kubectl);
-# - check that rabbitmq-definitions.json is what this pkgq makes with the manifests' partition map;
+# - check that each overlay's rabbitmq-definitions.json is what this pkgq makes with its ConfigMap;
 # - validate every rendered document strictly (unknown fields are errors): built-in kinds against
 #   Kubernetes' OpenAPI schemas, KEDA's ScaledObject/TriggerAuthentication against schemas
-#   generated from KEDA's CRDs; then pkgq's own rules, and self-tests that broken documents fail
-#   (deploy/k8s/tools/validate.py says what exactly);
+#   generated from KEDA's CRDs, prod's RabbitmqCluster and CloudNativePG Cluster against their
+#   operators' released CRD schemas (tools/crds/); then pkgq's own rules, and self-tests that
+#   broken documents fail (deploy/k8s/tools/validate.py says what exactly);
 # - ask this checkout's pkgq whether it accepts every command line the manifests run;
 # - lint the Dockerfile with hadolint (it cannot be built here: no container engine).
 # The tools come from PyPI, pinned in deploy/k8s/tools/requirements.txt, into their own
@@ -46,28 +47,43 @@ for overlay in dev prod; do
             exit 1; }
 done
 
-# The broker definitions the manifests run with (PKGQ_DECLARE_TOPOLOGY=false: pkgq only checks
-# the topology) must be exactly what this pkgq makes with the ConfigMap's partition map.
-partitions=$("$tools/bin/python" - "$work/dev.yaml" "$work/prod.yaml" <<'PY'
-import sys, yaml
-maps = set()
-for path in sys.argv[1:]:
-    for doc in yaml.safe_load_all(open(path)):
-        if doc and doc["kind"] == "ConfigMap" and doc["metadata"]["name"].startswith("pkgq-config"):
-            maps.add(doc["data"].get("PKGQ_PARTITIONS", "{}"))
-if len(maps) != 1:
-    sys.exit(f"the overlays' ConfigMaps disagree on PKGQ_PARTITIONS: {sorted(maps)}")
-print(maps.pop())
-PY
+# The broker definitions each overlay runs with (PKGQ_DECLARE_TOPOLOGY=false: pkgq only checks
+# the topology) must be exactly what this pkgq makes with that overlay's ConfigMap: dev's
+# (classic queues) in deploy/k8s/, prod's (PKGQ_QUEUE_TYPE=quorum) beside its overlay. pkgq runs
+# with the ConfigMap's settings and no other PKGQ_* variable of this shell.
+declare -A definitions=(
+    [dev]="$here/rabbitmq-definitions.json"
+    [prod]="$here/overlays/prod/rabbitmq-definitions.json"
 )
-definitions="$here/rabbitmq-definitions.json"
-PKGQ_PARTITIONS="$partitions" "$pkgq" definitions >"$work/definitions.json"
-diff -u "$definitions" "$work/definitions.json" >"$work/definitions.diff" || {
-    echo "$definitions is not what pkgq makes with PKGQ_PARTITIONS=$partitions; regenerate it:" >&2
-    echo "  PKGQ_PARTITIONS='$partitions' .venv/bin/pkgq definitions > deploy/k8s/rabbitmq-definitions.json" >&2
-    head -40 "$work/definitions.diff" >&2
-    exit 1
-}
+for overlay in dev prod; do
+    "$tools/bin/python" - "$work/$overlay.yaml" "$pkgq" "$work/$overlay.definitions.json" \
+        "$work/$overlay.settings" <<'PY' || exit 1
+import os, shlex, subprocess, sys, yaml
+rendered, pkgq, out, settings_out = sys.argv[1:5]
+maps = [
+    doc["data"]
+    for doc in yaml.safe_load_all(open(rendered))
+    if doc and doc["kind"] == "ConfigMap" and doc["metadata"]["name"].startswith("pkgq-config")
+]
+if len(maps) != 1:
+    sys.exit(f"{rendered}: expected one pkgq-config ConfigMap, found {len(maps)}")
+env = {k: v for k, v in os.environ.items() if not k.startswith("PKGQ_")}
+env.update(maps[0])
+with open(out, "w") as stream:
+    subprocess.run([pkgq, "definitions"], env=env, stdout=stream, check=True)
+with open(settings_out, "w") as stream:
+    stream.write(" ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(maps[0].items())))
+PY
+    diff -u "${definitions[$overlay]}" "$work/$overlay.definitions.json" \
+        >"$work/$overlay.definitions.diff" || {
+        echo "${definitions[$overlay]} is not what pkgq makes with overlays/$overlay's" \
+            "ConfigMap; regenerate it:" >&2
+        echo "  env $(cat "$work/$overlay.settings") .venv/bin/pkgq definitions >" \
+            "${definitions[$overlay]#"$repo/"}" >&2
+        head -40 "$work/$overlay.definitions.diff" >&2
+        exit 1
+    }
+done
 
 # The memory check's defaults come from pkgq's own code, so they cannot drift from it.
 (cd "$repo" && "$repo/.venv/bin/python" -c '
@@ -75,16 +91,20 @@ import json
 from events.routes import ROUTES
 from infra.outbox.relay import ROUNDS_IN_FLIGHT
 from infra.settings import Settings
+from consumers.web.config import WebSettings
 fields = Settings.model_fields
 print(json.dumps({
     "prefetch": fields["prefetch"].default,
     "batch_size": fields["batch_size"].default,
     "relay_batch_size": fields["relay_batch_size"].default,
     "relay_rounds": ROUNDS_IN_FLIGHT,
+    "pool_max_size": fields["pool_max_size"].default,
+    "web_pool_max_size": WebSettings.model_fields["pool_max_size"].default,
     "routes": sorted(ROUTES),
 }))') >"$work/pkgq-defaults.json"
 summary=$("$tools/bin/python" "$here/tools/validate.py" --repo "$repo" \
-    --k8s-version "$k8s_version" --commands-out "$work/commands" --definitions "$definitions" \
+    --k8s-version "$k8s_version" --commands-out "$work/commands" \
+    --definitions "dev=${definitions[dev]}" --definitions "prod=${definitions[prod]}" \
     --pkgq-defaults "$work/pkgq-defaults.json" \
     "dev=$work/dev.yaml" "prod=$work/prod.yaml")
 

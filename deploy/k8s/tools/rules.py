@@ -11,8 +11,12 @@
   definitions' partition map. The relay, the dead-letter ingester and migrate run once each.
 - Autoscaling only where pods add throughput: a ScaledObject may target only a Deployment that
   consumes a queue that is not single-active-consumer (the dead-letter ingester).
-- References resolve: ConfigMaps, the Secret's keys, PodDisruptionBudgets (one per workload),
-  the TriggerAuthentication.
+- References resolve: ConfigMaps, the Secret's keys, PodDisruptionBudgets (one per workload,
+  and one per RabbitmqCluster, whose operator makes none), the TriggerAuthentication.
+- Replicated services (`replication_errors`, for prod): one RabbitmqCluster of 3+ nodes, one
+  per machine, pause_minority, with deploy/rabbitmq/rabbitmq.conf's settings; one CloudNativePG
+  Cluster of 3+ instances, one per machine, synchronous (durability required, failover quorum),
+  pkgq's database and owner, max_connections for every pod's pool; PKGQ_QUEUE_TYPE=quorum.
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ def rule_errors(docs: list[Doc], routes: dict[str, int], shared_queues: set[str]
         data.update(secrets.get(SECRET_NAME, {}).get("stringData", {}))
         for key in sorted(secret_keys - set(data)):
             errors.append(f"Secret/{SECRET_NAME}: no key {key!r}, which is referenced")
-    errors += pdb_errors(workloads, kinds.get("PodDisruptionBudget", {}))
+    errors += pdb_errors(workloads, kinds.get("PodDisruptionBudget", {}), operator_pods(docs))
     errors += keda_errors(workloads, kinds, shared_queues)
     errors += route_errors(workloads, kinds, routes)
     return errors
@@ -190,21 +194,28 @@ def privilege_errors(workloads: dict[str, Doc], kinds: dict[str, dict[str, Doc]]
     return errors
 
 
-def pdb_errors(workloads: dict[str, Doc], pdbs: dict[str, Doc]) -> list[str]:
+def pdb_errors(
+    workloads: dict[str, Doc], pdbs: dict[str, Doc], operated: dict[str, dict[str, str]]
+) -> list[str]:
+    """One PDB per workload, and per custom resource whose operator makes none (`operated`:
+    its pods' labels by "Kind/name")."""
     errors: list[str] = []
+    pods = {
+        **{
+            f"{d['kind']}/{w}": d["spec"]["template"]["metadata"]["labels"]
+            for w, d in workloads.items()
+        },
+        **operated,
+    }
     covered: set[str] = set()
     for name, doc in pdbs.items():
         selector = doc["spec"]["selector"]["matchLabels"]
-        matched = [
-            w
-            for w, d in workloads.items()
-            if selects(selector, d["spec"]["template"]["metadata"]["labels"])
-        ]
+        matched = [owner for owner, labels in pods.items() if selects(selector, labels)]
         covered.update(matched)
         if len(matched) != 1:
             errors.append(f"PodDisruptionBudget/{name}: selects {len(matched)} workloads")
-    for name in sorted(set(workloads) - covered):
-        errors.append(f"{workloads[name]['kind']}/{name}: no PodDisruptionBudget")
+    for owner in sorted(set(pods) - covered):
+        errors.append(f"{owner}: no PodDisruptionBudget")
     return errors
 
 
@@ -330,3 +341,251 @@ def commands(docs: list[Doc]) -> set[tuple[str, ...]]:
             for container in containers(doc):
                 out.add((*container.get("command", []), *container.get("args", [])))
     return out
+
+
+RABBITMQ_CLUSTER = ("rabbitmq.com/v1beta1", "RabbitmqCluster")
+POSTGRES_CLUSTER = ("postgresql.cnpg.io/v1", "Cluster")
+MIN_NODES = 3
+HOSTNAME = "kubernetes.io/hostname"
+OWNER_ROLE = "pkgq_owner"
+DATABASE = "pkgq"
+PG_DEFAULT_MAX_CONNECTIONS = 100
+PG_DEFAULT_SUPERUSER_RESERVED = 3
+KEDA_DEFAULT_MAX_REPLICAS = 100
+
+
+def operator_pods(docs: list[Doc]) -> dict[str, dict[str, str]]:
+    """The pods an operator makes for a custom resource that has no PodDisruptionBudget of the
+    operator's own, by the labels they carry: the RabbitMQ Cluster Operator's (it makes no PDB;
+    CloudNativePG makes its own, `enablePDB`)."""
+    return {
+        f"RabbitmqCluster/{d['metadata']['name']}": {
+            "app.kubernetes.io/name": d["metadata"]["name"],
+            "app.kubernetes.io/component": "rabbitmq",
+            "app.kubernetes.io/part-of": "rabbitmq",
+        }
+        for d in docs
+        if (d.get("apiVersion"), d["kind"]) == RABBITMQ_CLUSTER
+    }
+
+
+def _of_kind(docs: list[Doc], api: tuple[str, str]) -> list[Doc]:
+    return [d for d in docs if (d.get("apiVersion"), d["kind"]) == api]
+
+
+def rabbitmq_conf(text: str) -> dict[str, str]:
+    """rabbitmq.conf's sysctl format: `key = value` lines, `#` comments."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            found[key.strip()] = value.strip()
+    return found
+
+
+def replication_errors(docs: list[Doc], broker_conf: dict[str, str], pkgq: Doc) -> list[str]:
+    """An overlay that runs pkgq on replicated services (prod): one RabbitmqCluster of at least
+    3 nodes, spread one per Kubernetes node, pausing a minority partition, with pkgq's broker
+    settings (`broker_conf`, deploy/rabbitmq/rabbitmq.conf); one CloudNativePG Cluster of at
+    least 3 instances, one per node, committing synchronously (durability required, failover
+    quorum), bootstrapping pkgq's database and owner, room for every pod's pool; and pkgq
+    declaring quorum queues (PKGQ_QUEUE_TYPE=quorum)."""
+    errors: list[str] = []
+    rabbits = _of_kind(docs, RABBITMQ_CLUSTER)
+    if len(rabbits) != 1:
+        errors.append(f"need exactly one RabbitmqCluster (the broker), found {len(rabbits)}")
+    for doc in rabbits:
+        errors += _rabbitmq_errors(doc, broker_conf)
+    databases = _of_kind(docs, POSTGRES_CLUSTER)
+    if len(databases) != 1:
+        errors.append(
+            f"need exactly one CloudNativePG Cluster (the database), found {len(databases)}"
+        )
+    for doc in databases:
+        errors += _postgres_errors(doc)
+        errors += _connection_errors(doc, docs, pkgq)
+    kinds = by_kind(docs)
+    configmaps = kinds.get("ConfigMap", {})
+    for kind in (*WORKLOADS, "Job"):
+        for name, doc in kinds.get(kind, {}).items():
+            for container in containers(doc):
+                queue_type = settings_of(container, configmaps).get("PKGQ_QUEUE_TYPE", "classic")
+                if queue_type != "quorum":
+                    errors.append(
+                        f"{kind}/{name} container {container['name']}: PKGQ_QUEUE_TYPE is "
+                        f"{queue_type!r}, must be 'quorum' (queues replicated on the broker's "
+                        "nodes; a classic queue lives on one node and goes with it)"
+                    )
+    return errors
+
+
+def _anti_affine(terms: list[Doc], labels: dict[str, str]) -> bool:
+    """Whether one of the required anti-affinity terms keeps two pods with `labels` off one
+    node."""
+    return any(
+        term.get("topologyKey") == HOSTNAME
+        and term.get("labelSelector", {}).get("matchLabels")
+        and selects(term["labelSelector"]["matchLabels"], labels)
+        for term in terms
+    )
+
+
+def _rabbitmq_errors(doc: Doc, broker_conf: dict[str, str]) -> list[str]:
+    errors: list[str] = []
+    name = doc["metadata"]["name"]
+    where = f"RabbitmqCluster/{name}"
+    spec = doc["spec"]
+    replicas = spec.get("replicas", 1)
+    if not isinstance(replicas, int) or replicas < MIN_NODES:
+        errors.append(
+            f"{where}: replicas {replicas!r}, need at least {MIN_NODES} (a quorum queue "
+            "survives the loss of a minority of its nodes: one of three)"
+        )
+    conf = rabbitmq_conf(spec.get("rabbitmq", {}).get("additionalConfig", ""))
+    if conf.get("cluster_partition_handling") != "pause_minority":
+        errors.append(
+            f"{where}: additionalConfig must set cluster_partition_handling = pause_minority "
+            "(the minority side of a partition pauses: two sides never both take writes)"
+        )
+    for key, value in sorted(broker_conf.items()):
+        if conf.get(key) != value:
+            errors.append(
+                f"{where}: additionalConfig must set {key} = {value}, as "
+                f"deploy/rabbitmq/rabbitmq.conf does (found {conf.get(key)!r})"
+            )
+    terms = (
+        spec.get("affinity", {})
+        .get("podAntiAffinity", {})
+        .get("requiredDuringSchedulingIgnoredDuringExecution", [])
+    )
+    if not _anti_affine(terms, operator_pods([doc])[where]):
+        errors.append(
+            f"{where}: needs a required pod anti-affinity on {HOSTNAME} selecting "
+            f"app.kubernetes.io/name={name} (two nodes on one machine go together)"
+        )
+    return errors
+
+
+def _postgres_errors(doc: Doc) -> list[str]:
+    errors: list[str] = []
+    where = f"Cluster/{doc['metadata']['name']}"
+    spec = doc["spec"]
+    instances = spec.get("instances", 1)
+    if not isinstance(instances, int) or instances < MIN_NODES:
+        errors.append(
+            f"{where}: instances {instances!r}, need at least {MIN_NODES} (a primary and two "
+            "standbys: one standby confirms each commit while the other may be down)"
+        )
+        instances = MIN_NODES
+    sync = spec.get("postgresql", {}).get("synchronous")
+    if not isinstance(sync, dict):
+        errors.append(
+            f"{where}: needs postgresql.synchronous (method any, number 1, dataDurability "
+            "required, failoverQuorum true): with asynchronous replication a failover can lose "
+            "commits pkgq has already acknowledged to the broker"
+        )
+    else:
+        number = sync.get("number")
+        if not isinstance(number, int) or not 1 <= number <= instances - 2:
+            errors.append(
+                f"{where}: synchronous.number {number!r} must be 1..{instances - 2} (at least "
+                "one standby confirms each commit, and one standby may be down without "
+                "stopping every write)"
+            )
+        if sync.get("dataDurability", "required") != "required":
+            errors.append(
+                f"{where}: synchronous.dataDurability must be 'required' ('preferred' goes "
+                "asynchronous when the standbys are gone, and a failover then loses commits)"
+            )
+        if sync.get("failoverQuorum") is not True:
+            errors.append(
+                f"{where}: synchronous.failoverQuorum must be true (without it, losing the "
+                "primary and the standby that confirmed together promotes one that may lack "
+                "acknowledged commits)"
+            )
+    for legacy in ("minSyncReplicas", "maxSyncReplicas"):
+        if legacy in spec:
+            errors.append(f"{where}: {legacy} is the older syntax: use postgresql.synchronous")
+    if spec.get("enablePDB", True) is not True:
+        errors.append(f"{where}: enablePDB must stay true (the operator's PodDisruptionBudgets)")
+    affinity = spec.get("affinity", {})
+    if (
+        affinity.get("enablePodAntiAffinity", True) is not True
+        or affinity.get("podAntiAffinityType") != "required"
+        or affinity.get("topologyKey", HOSTNAME) != HOSTNAME
+    ):
+        errors.append(
+            f"{where}: affinity must be podAntiAffinityType required on {HOSTNAME} (a standby "
+            "on its primary's machine confirms commits that machine takes away with both)"
+        )
+    initdb = spec.get("bootstrap", {}).get("initdb", {})
+    if initdb.get("database") != DATABASE or initdb.get("owner") != OWNER_ROLE:
+        errors.append(
+            f"{where}: bootstrap.initdb must create database {DATABASE!r} owned by "
+            f"{OWNER_ROLE!r} (the role migrate-dsn connects as)"
+        )
+    for role in spec.get("managed", {}).get("roles", []):
+        granted = [
+            p
+            for p in ("superuser", "createdb", "createrole", "replication", "bypassrls")
+            if role.get(p)
+        ]
+        if granted:
+            errors.append(f"{where}: managed role {role['name']!r} must not have {granted}")
+    return errors
+
+
+def _surge(doc: Doc, replicas: int) -> int:
+    """Extra pods a Deployment's rolling update runs next to the old ones."""
+    strategy = doc["spec"].get("strategy", {})
+    if strategy.get("type") == "Recreate":
+        return 0
+    surge = strategy.get("rollingUpdate", {}).get("maxSurge", "25%")
+    if isinstance(surge, str) and surge.endswith("%"):
+        return -(-replicas * int(surge[:-1]) // 100)
+    return int(surge)
+
+
+def _connection_errors(database: Doc, docs: list[Doc], pkgq: Doc) -> list[str]:
+    """Every pkgq pod at its pool's maximum (plus the connection of its outage probe), with
+    KEDA at its maximum and one rollout's surge, fits the server's max_connections less the
+    superuser's reserve (otherwise: `too many clients`, an outage for every route)."""
+    kinds = by_kind(docs)
+    configmaps = kinds.get("ConfigMap", {})
+    scaled = {
+        d["spec"]["scaleTargetRef"]["name"]: d["spec"].get(
+            "maxReplicaCount", KEDA_DEFAULT_MAX_REPLICAS
+        )
+        for d in kinds.get("ScaledObject", {}).values()
+    }
+    needed = 0
+    parts: list[str] = []
+    for kind in (*WORKLOADS, "Job"):
+        for name, doc in sorted(kinds.get(kind, {}).items()):
+            container = pod_spec(doc)["containers"][0]
+            settings = settings_of(container, configmaps)
+            if args_of(doc)[:1] == ["web"]:
+                pool = int(settings.get("PKGQ_WEB_POOL_MAX_SIZE", pkgq["web_pool_max_size"]))
+            elif args_of(doc)[:1] == ["migrate"]:
+                pool = 2  # its database's connection and the one to `postgres`
+            else:
+                pool = int(settings.get("PKGQ_POOL_MAX_SIZE", pkgq["pool_max_size"]))
+            if kind == "Job":
+                pods = int(doc["spec"].get("parallelism", 1))
+            else:
+                pods = int(scaled.get(name, doc["spec"].get("replicas", 1)))
+                if kind == "Deployment":
+                    pods += _surge(doc, pods)
+            needed += pods * (pool + 1)
+            parts.append(f"{name} {pods}x{pool + 1}")
+    params = database["spec"].get("postgresql", {}).get("parameters", {})
+    limit = int(params.get("max_connections", PG_DEFAULT_MAX_CONNECTIONS))
+    reserved = int(params.get("superuser_reserved_connections", PG_DEFAULT_SUPERUSER_RESERVED))
+    reserved += int(params.get("reserved_connections", 0))
+    if needed > limit - reserved:
+        return [
+            f"Cluster/{database['metadata']['name']}: max_connections {limit} (less {reserved} "
+            f"reserved) cannot hold pkgq's {needed} connections: {', '.join(parts)}"
+        ]
+    return []

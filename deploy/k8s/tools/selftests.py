@@ -5,15 +5,23 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from memory_budget import memory_errors
-from rules import rule_errors
+from rules import replication_errors, rule_errors
 from schemas import Checker
 
 Doc = dict[str, Any]
 
-SELF_TESTS = 17
+SELF_TESTS = 32
+
+
+class Overlay(NamedTuple):
+    docs: list[Doc]
+    routes: dict[str, int]
+    """route -> partition count, from the overlay's definitions"""
+    shared: set[str]
+    """the queues that are not single-active-consumer"""
 
 
 def _first(docs: list[Doc], kind: str, pick: str = "") -> tuple[int, Doc]:
@@ -29,15 +37,16 @@ def _container(doc: Doc) -> Doc:
 
 
 def self_tests(
-    docs: list[Doc],
+    overlays: dict[str, Overlay],
     checker: Checker,
-    routes: dict[str, int],
-    shared: set[str],
+    broker_conf: dict[str, str],
     max_message_size: int,
     pkgq: Doc,
 ) -> Iterator[str]:
     """Yield a description of each of the SELF_TESTS deliberately broken documents that the
-    checks failed to reject."""
+    checks failed to reject: copies of dev's documents, and of prod's for its replicated
+    services."""
+    docs, routes, shared = overlays["dev"]
 
     def rules_reject(kind: str, pick: str, breaks: Callable[[Doc], None], needle: str) -> bool:
         i, doc = _first(docs, kind, pick)
@@ -131,3 +140,98 @@ def self_tests(
 
     if not rules_reject("ConfigMap", "", stale_map, "regenerate"):
         yield "a partition map that differs from the definitions passed pkgq's rules"
+
+    yield from _replicated_self_tests(overlays["prod"], checker, broker_conf, pkgq)
+
+
+RABBITMQ = "RabbitmqCluster"
+POSTGRES = "Cluster"
+
+
+def _replicated_self_tests(
+    prod: Overlay, checker: Checker, broker_conf: dict[str, str], pkgq: Doc
+) -> Iterator[str]:
+    """15 broken copies of prod's RabbitmqCluster, CloudNativePG Cluster and settings."""
+    docs = prod.docs
+
+    def schema_rejects(kind: str, breaks: Callable[[Doc], None]) -> bool:
+        _, doc = _first(docs, kind)
+        breaks(doc)
+        return bool(checker.schema_errors(doc))
+
+    def rules_reject(kind: str, breaks: Callable[[Doc], None], needle: str, pick: str = "") -> bool:
+        i, doc = _first(docs, kind, pick)
+        breaks(doc)
+        changed = [*docs[:i], doc, *docs[i + 1 :]]
+        found = rule_errors(changed, prod.routes, prod.shared)
+        found += replication_errors(changed, broker_conf, pkgq)
+        return any(needle in e for e in found)
+
+    def removed(kind: str, pick: str, needle: str) -> bool:
+        i, _ = _first(docs, kind, pick)
+        found = rule_errors([*docs[:i], *docs[i + 1 :]], prod.routes, prod.shared)
+        return any(needle in e for e in found)
+
+    if not schema_rejects(RABBITMQ, lambda d: d["spec"].update(replicas="three")):
+        yield "RabbitmqCluster with replicas 'three' passed its CRD schema"
+    if not schema_rejects(
+        RABBITMQ, lambda d: d["spec"]["rabbitmq"].update(additionalPlugin=["rabbitmq_shovel"])
+    ):
+        yield "RabbitmqCluster with spec.rabbitmq.additionalPlugin passed its CRD schema"
+    if not schema_rejects(
+        RABBITMQ,
+        lambda d: d["spec"]["rabbitmq"].update(additionalPlugins=["rabbitmq shovel"]),
+    ):
+        yield "RabbitmqCluster with a plugin name its CRD's pattern refuses passed the schema"
+    if not schema_rejects(
+        POSTGRES, lambda d: d["spec"]["postgresql"].update(synchronus=d["spec"]["postgresql"])
+    ):
+        yield "CloudNativePG Cluster with spec.postgresql.synchronus passed its CRD schema"
+    if not schema_rejects(
+        POSTGRES, lambda d: d["spec"]["postgresql"]["synchronous"].update(method="all")
+    ):
+        yield "CloudNativePG Cluster with synchronous.method 'all' passed its CRD schema"
+    if not schema_rejects(POSTGRES, lambda d: d["metadata"].update(label={"a": "b"})):
+        yield "CloudNativePG Cluster with metadata.label passed the ObjectMeta schema"
+
+    if not rules_reject(RABBITMQ, lambda d: d["spec"].update(replicas=1), "replicas"):
+        yield "a single-node RabbitmqCluster in prod passed pkgq's rules"
+
+    def no_size_limit(doc: Doc) -> None:
+        config = doc["spec"]["rabbitmq"]["additionalConfig"]
+        doc["spec"]["rabbitmq"]["additionalConfig"] = "\n".join(
+            line for line in config.splitlines() if not line.startswith("max_message_size")
+        )
+
+    if not rules_reject(RABBITMQ, no_size_limit, "max_message_size"):
+        yield "a RabbitmqCluster without pkgq's max_message_size passed pkgq's rules"
+    if not removed("PodDisruptionBudget", "rabbitmq", "RabbitmqCluster/"):
+        yield "a RabbitmqCluster without a PodDisruptionBudget passed pkgq's rules"
+    if not rules_reject(POSTGRES, lambda d: d["spec"].update(instances=1), "instances"):
+        yield "a CloudNativePG Cluster of 1 instance in prod passed pkgq's rules"
+    if not rules_reject(
+        POSTGRES, lambda d: d["spec"]["postgresql"].pop("synchronous"), "synchronous"
+    ):
+        yield "an asynchronously replicated CloudNativePG Cluster passed pkgq's rules"
+    if not rules_reject(
+        POSTGRES,
+        lambda d: d["spec"]["postgresql"]["synchronous"].update(dataDurability="preferred"),
+        "dataDurability",
+    ):
+        yield "synchronous replication with dataDurability 'preferred' passed pkgq's rules"
+    if not rules_reject(
+        POSTGRES,
+        lambda d: d["spec"]["postgresql"]["synchronous"].pop("failoverQuorum"),
+        "failoverQuorum",
+    ):
+        yield "synchronous replication without the failover quorum passed pkgq's rules"
+    if not rules_reject(
+        POSTGRES,
+        lambda d: d["spec"]["postgresql"]["parameters"].update(max_connections="100"),
+        "max_connections",
+    ):
+        yield "a database whose max_connections cannot hold every pod's pool passed pkgq's rules"
+    if not rules_reject(
+        "ConfigMap", lambda d: d["data"].update(PKGQ_QUEUE_TYPE="classic"), "PKGQ_QUEUE_TYPE"
+    ):
+        yield "prod pods declaring classic queues passed pkgq's rules"

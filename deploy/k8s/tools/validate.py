@@ -4,10 +4,12 @@ Runs in the tools virtualenv that verify.sh installs (deploy/k8s/tools/requireme
 in the project's own. Offline. Three layers, every one of which fails the run:
 
 1. Schemas, strict (schemas.py): built-in kinds against Kubernetes' OpenAPI schemas, KEDA's
-   ScaledObject and TriggerAuthentication against schemas generated from KEDA's CRDs.
+   ScaledObject and TriggerAuthentication against schemas generated from KEDA's CRDs, the
+   RabbitmqCluster and CloudNativePG Cluster against their operators' CRD schemas (crds/).
 2. pkgq's own rules (rules.py): hardened pods, least privilege, one workload per route queue
-   in deploy/k8s/rabbitmq-definitions.json (a StatefulSet per partitioned route), autoscaling
-   only where pods add throughput; and every pod's memory limit holds its in-flight message
+   in the overlay's rabbitmq-definitions.json (a StatefulSet per partitioned route),
+   autoscaling only where pods add throughput; in prod (REPLICATED), the replicated broker and
+   database and quorum queues; and every pod's memory limit holds its in-flight message
    bodies (memory_budget.py).
 3. Self-tests (selftests.py): deliberately broken copies of rendered documents must be
    rejected by 1 and 2.
@@ -27,12 +29,15 @@ from typing import Any
 import yaml
 from dockerfile import dockerfile_errors
 from memory_budget import broker_max_message_size, memory_errors
-from rules import commands, rule_errors
+from rules import commands, rabbitmq_conf, replication_errors, rule_errors
 from schemas import KEDA_GROUP, Checker
-from selftests import SELF_TESTS, self_tests
+from selftests import SELF_TESTS, Overlay, self_tests
 from workloads import non_exclusive_queues, route_partitions
 
 Doc = dict[str, Any]
+
+REPLICATED = {"prod"}
+"""The overlays whose broker and database are the replicated clusters they describe."""
 
 
 def main() -> int:
@@ -40,7 +45,10 @@ def main() -> int:
     parser.add_argument("--repo", type=Path, required=True)
     parser.add_argument("--k8s-version", required=True)
     parser.add_argument(
-        "--definitions", type=Path, required=True, help="the broker definitions k8s runs with"
+        "--definitions",
+        action="append",
+        required=True,
+        help="NAME=FILE: the broker definitions overlay NAME runs with (one per overlay)",
     )
     parser.add_argument("--commands-out", type=Path, help="write the pkgq command lines here")
     parser.add_argument(
@@ -54,31 +62,40 @@ def main() -> int:
     opts = parser.parse_args()
 
     checker = Checker(opts.k8s_version)
-    routes = route_partitions(opts.definitions)
-    shared = non_exclusive_queues(opts.definitions)
-    max_message_size = broker_max_message_size(opts.repo / "deploy/rabbitmq/rabbitmq.conf")
+    definitions = {
+        name: Path(path) for name, _, path in (d.partition("=") for d in opts.definitions)
+    }
+    broker_conf_path = opts.repo / "deploy/rabbitmq/rabbitmq.conf"
+    max_message_size = broker_max_message_size(broker_conf_path)
+    broker_conf = rabbitmq_conf(broker_conf_path.read_text())
     pkgq_defaults = json.loads(opts.pkgq_defaults.read_text())
     failures: list[str] = []
     counts: list[str] = []
     all_commands: set[tuple[str, ...]] = set()
-    first_docs: list[Doc] | None = None
+    overlays: dict[str, Overlay] = {}
     for item in opts.rendered:
         overlay, _, filename = item.partition("=")
         docs = [d for d in yaml.safe_load_all(Path(filename).read_text()) if d]
-        first_docs = first_docs or docs
-        keda = 0
+        routes = route_partitions(definitions[overlay])
+        shared = non_exclusive_queues(definitions[overlay])
+        overlays[overlay] = Overlay(docs, routes, shared)
+        keda = operated = 0
         for doc in docs:
             name = f"{overlay}: {doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
             failures += [f"{name}: {e}" for e in checker.schema_errors(doc)]
             keda += doc.get("apiVersion") == KEDA_GROUP
+            operated += (doc.get("apiVersion"), doc.get("kind")) in checker.crds
         failures += [f"{overlay}: {e}" for e in rule_errors(docs, routes, shared)]
+        if overlay in REPLICATED:
+            failures += [
+                f"{overlay}: {e}" for e in replication_errors(docs, broker_conf, pkgq_defaults)
+            ]
         failures += [
             f"{overlay}: {e}" for e in memory_errors(docs, max_message_size, pkgq_defaults)
         ]
         all_commands |= commands(docs)
-        counts.append(f"{overlay} {len(docs)} documents ({keda} KEDA)")
-    assert first_docs is not None
-    missed = list(self_tests(first_docs, checker, routes, shared, max_message_size, pkgq_defaults))
+        counts.append(f"{overlay} {len(docs)} documents ({keda} KEDA, {operated} operators')")
+    missed = list(self_tests(overlays, checker, broker_conf, max_message_size, pkgq_defaults))
     failures += [f"self-test: {m}" for m in missed]
     failures += dockerfile_errors(opts.repo)
     if opts.commands_out:
@@ -87,10 +104,12 @@ def main() -> int:
         print(failure, file=sys.stderr)
     if failures:
         return 1
+    routes = next(iter(overlays.values())).routes
     partitioned = sum(1 for p in routes.values() if p > 1)
     print(
-        f"{', '.join(counts)}: strict against Kubernetes {opts.k8s_version} and KEDA "
-        f"{dist_version('cloudcoil.models.keda')} schemas, {len(routes)} routes covered "
+        f"{', '.join(counts)}: strict against Kubernetes {opts.k8s_version}, KEDA "
+        f"{dist_version('cloudcoil.models.keda')} and operator CRD schemas "
+        f"({', '.join(checker.crd_versions())}), {len(routes)} routes covered "
         f"({partitioned} partitioned, as StatefulSets), {SELF_TESTS} broken variants rejected, "
         f"every pod's memory limit holds its in-flight bodies at max_message_size "
         f"{max_message_size // 1024} KiB; Dockerfile rules ok"
