@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
 
+DEFAULT_POSTGRES_PORT = 5432
+
 
 class TlsError(Exception):
     """A TLS failure, explained in one line (str(exc)); the original is its __cause__."""
@@ -81,15 +83,89 @@ def amqp_context(
     return context
 
 
+@dataclass(frozen=True, slots=True)
+class PostgresDsn:
+    """What a libpq-style DSN names, read as asyncpg reads it (asyncpg/connect_utils.py):
+    every host of a multi-host DSN (`postgresql://u@h1:5433,h2:5434/db`, each with its own port
+    or the default), or the `host=` and `port=` parameters when the DSN names no host in its
+    authority; IPv6 hosts in brackets (`[::1]:5432`). Never raises: what cannot be read is kept
+    as written, for it is shown in messages (asyncpg itself refuses it when connecting)."""
+
+    hosts: tuple[tuple[str, str], ...]
+    """(host, port) in the order they are tried; a host is unquoted, without brackets."""
+    database: str
+    """The path's database name (unquoted), else `dbname=` or `database=`; "" if none."""
+    query: dict[str, str]
+    """The parameters (the last of each name)."""
+
+    @property
+    def address(self) -> str:
+        """Every host:port, comma-separated, as in "127.0.0.1:5433,127.0.0.1:5434"."""
+        return ",".join(f"{_bracketed(host)}:{port}" for host, port in self.hosts)
+
+
+def parse_postgres_dsn(dsn: str) -> PostgresDsn:
+    """The DSN's hosts, ports, database and parameters (see PostgresDsn); never raises."""
+    scheme_sep = dsn.find("://")
+    rest = dsn[scheme_sep + 3 :] if scheme_sep >= 0 else dsn
+    rest, _, query_text = rest.partition("?")
+    query_text = query_text.partition("#")[0]
+    authority, slash, path = rest.partition("/")
+    hostspec = authority.rpartition("@")[2]
+    query = {key: values[-1] for key, values in parse_qs(query_text).items()}
+    if hostspec:
+        hosts = _hostlist(hostspec, None, unquoted=True)
+    else:
+        ports = [p.strip() for p in query.get("port", "").split(",")] if query.get("port") else []
+        hosts = _hostlist(query.get("host") or "localhost", ports or None, unquoted=False)
+    if slash and path:
+        database = unquote(path)
+    elif slash:
+        database = ""  # asyncpg sends "" (the server takes the user's name) and reads no dbname=
+    else:
+        database = query.get("dbname") or query.get("database") or ""
+    return PostgresDsn(tuple(hosts), database, query)
+
+
+def _hostlist(spec: str, ports: list[str] | None, *, unquoted: bool) -> list[tuple[str, str]]:
+    """asyncpg's _parse_hostlist: `ports` (the `port=` parameter) wins over a host's own."""
+    hosts: list[tuple[str, str]] = []
+    specs = spec.split(",")
+    overriding = bool(ports)  # `port=` wins over a host's own port; PGPORT only fills in
+    if not ports and os.environ.get("PGPORT"):
+        ports = [p.strip() for p in os.environ["PGPORT"].split(",")]
+    for i, item in enumerate(specs):
+        item = item.strip()
+        if item.startswith("["):
+            host, _, tail = item[1:].partition("]")
+            own_port = tail[1:] if tail.startswith(":") else ""
+        elif item.startswith("/") or item.count(":") > 1:
+            host, own_port = item, ""  # a Unix socket's directory, or a bare IPv6 address
+        else:
+            host, _, own_port = item.partition(":")
+        if unquoted:
+            host, own_port = unquote(host), unquote(own_port)
+        if ports and (overriding or not own_port):
+            port = ports[i] if len(ports) == len(specs) else ports[0]
+        else:
+            port = own_port
+        hosts.append((host or "localhost", port or str(DEFAULT_POSTGRES_PORT)))
+    return hosts
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("/") else host
+
+
 def postgres_target(dsn: str, setting: str = "PKGQ_POSTGRES_DSN") -> TlsTarget:
-    """The TLS files a DSN names (libpq's sslrootcert, sslcert, sslkey) and its address."""
-    parts = urlsplit(dsn)
-    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    """The TLS files a DSN names (libpq's sslrootcert, sslcert, sslkey) and its address: every
+    host of a multi-host DSN ("127.0.0.1:5433,127.0.0.1:5434"). Never raises: it is called
+    on the way out of a failed connection, whose error must not be replaced by its own."""
+    parsed = parse_postgres_dsn(dsn)
+    query = parsed.query
     root = query.get("sslrootcert")
     if root is None and query.get("sslmode") in ("verify-ca", "verify-full"):
         root = os.path.expanduser("~/.postgresql/root.crt")  # libpq's default, as asyncpg's
-    host = unquote(parts.hostname or query.get("host") or "localhost")
-    port = parts.port or query.get("port") or 5432
     files = tuple(
         (f"{key} in {setting}", path)
         for key, path in (
@@ -98,7 +174,7 @@ def postgres_target(dsn: str, setting: str = "PKGQ_POSTGRES_DSN") -> TlsTarget:
         )
         if path
     )
-    return TlsTarget("PostgreSQL", f"{host}:{port}", root, f"sslrootcert in {setting}", files)
+    return TlsTarget("PostgreSQL", parsed.address, root, f"sslrootcert in {setting}", files)
 
 
 def explain(exc: BaseException, target: TlsTarget) -> str | None:
@@ -132,7 +208,7 @@ def _unverified(target: TlsTarget, error: ssl.SSLCertVerificationError) -> str:
     if "hostname" in reason.lower() or "ip address mismatch" in reason.lower():
         check = (
             f"connect with a host name the server's certificate is issued for, or have it "
-            f"reissued to include {target.address.rpartition(':')[0]}"
+            f"reissued to include {' and '.join(_host_names(target.address))}"
         )
     else:
         check = "check that it holds the CA that signed the server's certificate"
@@ -140,6 +216,12 @@ def _unverified(target: TlsTarget, error: ssl.SSLCertVerificationError) -> str:
         f"TLS with {target.service} at {target.address} failed: the server's certificate was "
         f"not accepted ({reason}), verified against {ca}: {check}."
     )
+
+
+def _host_names(address: str) -> list[str]:
+    """The host names of "host:port" or of a comma-separated list of them, each named once."""
+    names = (part.strip().rpartition(":")[0] or part.strip() for part in address.split(","))
+    return list(dict.fromkeys(name.strip("[]") for name in names if name))
 
 
 def _unloadable(target: TlsTarget, exc: BaseException) -> str:

@@ -118,6 +118,17 @@ def _get(port: int, path: str) -> int:
         return 0
 
 
+def with_database(dsn: str, name: str) -> str:
+    """The DSN with database `name` in its path, its hosts and parameters kept: several hosts
+    (`h1:5432,h2:5432`), `?target_session_attrs=read-write`, a `host=/socket/dir` parameter."""
+    base, mark, query = dsn.partition("?")
+    scheme, sep, rest = base.partition("://")
+    if not sep:
+        return f"{dsn.rsplit('/', 1)[0]}/{name}"
+    authority = rest.split("/", 1)[0]
+    return f"{scheme}{sep}{authority}/{urllib.parse.quote(name)}{mark}{query}"
+
+
 def fault_phase(pkgq: str, port: int, namespace: str) -> None:
     """Dead letters, unroutable commands and held users, published by amqp-publish to a
     `pkgq run` serving /metrics on `port`."""
@@ -126,7 +137,7 @@ def fault_phase(pkgq: str, port: int, namespace: str) -> None:
     exchange = f"{namespace}.telecom"
     env = {
         **os.environ,
-        "PKGQ_POSTGRES_DSN": f"{runtime.rsplit('/', 1)[0]}/pkgq_{namespace}",
+        "PKGQ_POSTGRES_DSN": with_database(runtime, f"pkgq_{namespace}"),
         "PKGQ_EXCHANGE": exchange,
         "PKGQ_QUEUE_PREFIX": f"{namespace}.pkgq",
         "PKGQ_HTTP_PORT": str(port),

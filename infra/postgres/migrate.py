@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib import resources
-from urllib.parse import unquote, urlsplit
 
 import asyncpg
 import structlog
 
 from infra.postgres.pool import connect
 from infra.settings import mask_url
+from infra.tls import parse_postgres_dsn
 
 log = structlog.get_logger(__name__)
 
@@ -38,8 +38,10 @@ def available_migrations() -> list[Migration]:
 
 
 async def ensure_database(dsn: str) -> bool:
-    """Create the DSN's database if it does not exist. Returns True if it was created."""
-    name = unquote(urlsplit(dsn).path.lstrip("/"))
+    """Create the DSN's database if it does not exist. Returns True if it was created. The
+    DSN may name several hosts (`h1:5432,h2:5432/pkgq?target_session_attrs=read-write`) or
+    name its database by `dbname=`."""
+    name = parse_postgres_dsn(dsn).database
     if not name:
         raise ValueError(f"the DSN {mask_url(dsn)} names no database")
     try:
