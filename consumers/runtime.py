@@ -12,21 +12,16 @@ import contextlib
 import os
 import signal
 import socket
+import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import asyncpg
 import structlog
 from aio_pika.abc import AbstractRobustConnection
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception,
-    stop_after_delay,
-    wait_exponential,
-)
 
 from events.routes import ROUTES
 from infra import tracing
@@ -44,16 +39,21 @@ from infra.observability import (
     StatusServer,
 )
 from infra.postgres import stats, transitions, workers
-from infra.postgres.pool import answers, create_pool
+from infra.postgres.pool import answers, create_pool, forget_if_demoted, watch_for_recovery
 from infra.postgres.pool import connect as connect_postgres
 from infra.rabbit.connection import open_amqp
 from infra.rabbit.management import passive_figures
 from infra.rabbit.topology import route_queues
 from infra.settings import Settings
 from infra.tls import TlsError
-from infra.transient import is_transient
+from infra.transient import OutagePauses, is_transient
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+STARTUP_FIRST_PAUSE_S = 0.5
+STARTUP_LONGEST_PAUSE_S = 5.0
+"""The pauses between start-up attempts (each ended early by the database's probe)."""
 
 
 @dataclass(slots=True)
@@ -81,22 +81,30 @@ class Services:
             log.warning("worker_routes_not_saved", error=repr(exc))
 
 
-def _startup_retrying(seconds: float) -> AsyncRetrying:
-    return AsyncRetrying(
-        retry=retry_if_exception(is_transient),
-        stop=stop_after_delay(seconds),
-        wait=wait_exponential(multiplier=0.5, max=5),
-        before_sleep=_log_tls_failure,
-        reraise=True,
-    )
-
-
-def _log_tls_failure(state: RetryCallState) -> None:
-    """A certificate not accepted is waited out like an outage, but said at once, in one line:
-    it does not clear by itself unless an operator fixes the certificates or the settings."""
-    exc = state.outcome.exception() if state.outcome is not None else None
-    if isinstance(exc, TlsError):
-        log.error("tls_failed", error=str(exc), retry_in_s=round(state.upcoming_sleep, 1))
+async def _when_up(step: Callable[[], Awaitable[T]], seconds: float, *, postgres: bool = True) -> T:
+    """`step()`, tried again after each transient failure until `seconds` have passed (then
+    the last failure is raised; one that is not transient at once). The pauses grow from
+    STARTUP_FIRST_PAUSE_S to STARTUP_LONGEST_PAUSE_S and end as soon as the process's probe
+    finds the database back (infra/transient.OutagePauses): a process started while no host
+    of a multi-host DSN takes writes starts within a probe interval of the new primary's
+    promotion. `postgres=False`: a step that does not talk to Postgres (the probe would not
+    tell when to try it again)."""
+    deadline = time.monotonic() + seconds
+    pauses = OutagePauses(STARTUP_FIRST_PAUSE_S, STARTUP_LONGEST_PAUSE_S, probed=postgres)
+    while True:
+        try:
+            return await step()
+        except Exception as exc:
+            left = deadline - time.monotonic()
+            if not is_transient(exc) or left <= 0:
+                raise
+            if isinstance(exc, TlsError):
+                # A certificate not accepted is waited out like an outage, but said at once,
+                # in one line: it does not clear by itself unless an operator fixes the
+                # certificates or the settings.
+                retry_in_s = round(min(pauses.current, left), 1)
+                log.error("tls_failed", error=str(exc), retry_in_s=retry_in_s)  # noqa: TRY400
+            await pauses.wait(exc, at_most=left)
 
 
 @asynccontextmanager
@@ -112,23 +120,30 @@ async def services(
     host, pid = socket.gethostname(), os.getpid()
     name = f"pkgq-{role}@{host}:{pid}"
     tracing.configure_tracing(role)
-    async for attempt in _startup_retrying(wait_seconds):
-        with attempt:
-            pool = await create_pool(
-                settings.postgres_dsn,
-                min_size=settings.pool_min_size,
-                max_size=settings.pool_max_size,
-                application_name=workers.application_name(worker_id),
-                session=settings.postgres_session(),
-            )
+    # What this process probes while it waits for Postgres, now and in every outage later.
+    watch_for_recovery(settings.postgres_dsn, workers.application_name(worker_id))
+    pool = await _when_up(
+        lambda: create_pool(
+            settings.postgres_dsn,
+            min_size=settings.pool_min_size,
+            max_size=settings.pool_max_size,
+            application_name=workers.application_name(worker_id),
+            session=settings.postgres_session(),
+        ),
+        wait_seconds,
+    )
     try:
-        async for attempt in _startup_retrying(wait_seconds):
-            with attempt:
-                async with pool.acquire() as conn:
+
+        async def register() -> None:
+            async with pool.acquire() as conn:
+                try:
                     await workers.register(conn, worker_id, name, role, host, pid)
-        async for attempt in _startup_retrying(wait_seconds):
-            with attempt:
-                amqp = await open_amqp(settings, name)
+                except Exception as exc:
+                    await forget_if_demoted(pool, exc)  # a read-only server: connect afresh
+                    raise
+
+        await _when_up(register, wait_seconds)
+        amqp = await _when_up(lambda: open_amqp(settings, name), wait_seconds, postgres=False)
         amqp.reconnect_callbacks.add(lambda *_: RECONNECTS.inc())
         svc = Services(pool, amqp, worker_id)
         heartbeat = WorkerHeartbeat(settings, svc, name, role, host, pid)

@@ -19,7 +19,8 @@ domain/delivery.py decides; handlers run in memory) -> writes.py (the decisions 
   again after a short pause, up to BLIP_RETRIES times per transaction, then counts as the
   failure of what the transaction held (the batch splits; a lone delivery records it);
 - an outage leaves the loop: the consumer waits it out (infra/transient.until_done) and runs
-  the batch again, so nothing is recorded as a failure of a message;
+  the batch again, so nothing is recorded as a failure of a message; one that shows the server
+  no longer takes writes (a demoted primary) first drops the pool's connections (`_connection`);
 - TTR (seed 001): a handler that runs past the route's TTR rolls the transaction back, a strike
   is counted, the deliveries before it are decided again, and it and the ones after it are
   given back unacknowledged, so they keep their places (the queue [A, B, C] with A taken and
@@ -63,7 +64,7 @@ from events.decoding import RawDelivery
 from events.envelope import CONTENT_TYPE, bounded_text, without_pkgq_marks
 from events.routes import Route
 from infra.postgres import holds, queue_repo, strikes, transitions
-from infra.postgres.pool import Conn
+from infra.postgres.pool import Conn, forget_if_demoted
 from infra.rabbit.outcomes import Result
 from infra.transient import is_outage, is_transient
 
@@ -349,12 +350,17 @@ class DeliveryPipeline:
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[Conn]:
         """A pooled connection. Waiting too long for one is an outage (the pool is exhausted or
-        the server hangs), to be waited out in place, not a failure of the message."""
+        the server hangs), to be waited out in place, not a failure of the message. A failure
+        that shows the server no longer takes writes (a demoted primary) drops the pool's
+        connections, so the retry connects to the new primary."""
         try:
             conn = await self._pool.acquire(timeout=10)
         except TimeoutError as exc:
             raise DatabaseUnavailableError("no Postgres connection within 10 s") from exc
         try:
             yield conn
+        except Exception as exc:
+            await forget_if_demoted(self._pool, exc)
+            raise
         finally:
             await self._pool.release(conn)

@@ -1,4 +1,11 @@
-"""The asyncpg pool, with JSON codecs and transient-error retries."""
+"""The asyncpg pool, with JSON codecs and transient-error retries.
+
+Failover: a DSN may name several hosts, with `target_session_attrs=read-write` so that every
+new connection goes to the one that takes writes. Connections already made to a primary that
+has been demoted (or to whatever an address now leads to) are dropped by `forget_if_demoted`,
+called where a failure is handled: the pool's next connections are new ones. While an outage
+lasts, `watch_for_recovery` is what the process's probe tries (infra/transient.Recovery).
+"""
 
 from __future__ import annotations
 
@@ -12,13 +19,17 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
+import structlog
 from asyncpg.connection import LoggedQuery
 from asyncpg.pool import PoolConnectionProxy
 
 from infra.tls import TlsConfigError, TlsVerifyError, explain, postgres_target
+from infra.transient import PROBE_TIMEOUT_S, is_demotion, recovery
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
+
+log = structlog.get_logger(__name__)
 
 QueryLogger = Callable[[LoggedQuery], None]
 D = TypeVar("D", bound="DataclassInstance")
@@ -104,6 +115,56 @@ async def connect(
     async with tls_explained(dsn, setting):
         conn: asyncpg.Connection = await asyncpg.connect(dsn, **kwargs)
     return conn
+
+
+async def forget_if_demoted(pool: asyncpg.Pool, exc: BaseException) -> bool:
+    """If `exc` says the server no longer takes writes (SQLSTATE 25006, or in recovery: see
+    infra/transient.is_demotion), drop every connection of the pool: idle ones now, those in
+    use when they are released, so none of them is handed out again and the next acquire
+    connects afresh (to the host that takes writes, with `target_session_attrs=read-write`).
+    Returns whether it did. Call it wherever a pooled connection's failure is handled."""
+    if not is_demotion(exc):
+        return False
+    await pool.expire_connections()
+    log.info("postgres_connections_dropped", reason="server_not_writable", error=repr(exc))
+    return True
+
+
+def watch_for_recovery(dsn: str, application_name: str = "pkgq") -> None:
+    """Make `dsn` what this process probes while an outage lasts (infra/transient.Recovery):
+    a probe connects as the pools do (to any host of a multi-host DSN that
+    `target_session_attrs` accepts) and succeeds once the server takes writes. Call it once,
+    before the process first connects; needs a running event loop."""
+
+    async def probe() -> None:
+        conn = await asyncpg.connect(
+            dsn,
+            timeout=PROBE_TIMEOUT_S,
+            server_settings={"application_name": application_name},
+        )
+        try:
+            if not await writable(conn):
+                raise ServerNotWritableError(f"{postgres_target(dsn).address}: read-only")
+        finally:
+            try:
+                await conn.close(timeout=1)
+            except Exception:  # noqa: BLE001  (the probe's answer stands; the socket goes)
+                conn.terminate()
+
+    recovery().watch(probe)
+
+
+class ServerNotWritableError(ConnectionError):
+    """The database answers but takes no writes (a standby, or read-only)."""
+
+
+async def writable(conn: Conn) -> bool:
+    """Whether the server takes writes on this connection: not a standby, not read-only."""
+    return bool(
+        await conn.fetchval(
+            "SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'"
+        )
+    )
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
