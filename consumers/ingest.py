@@ -45,7 +45,7 @@ from events.envelope import (
 from events.partitioning import route_of_key
 from events.routes import ROUTES, UNTRUSTED_PUBLISHER
 from infra.postgres import dead_letters, holds, job_state
-from infra.postgres.pool import Conn
+from infra.postgres.pool import Conn, forget_if_demoted
 from infra.rabbit.consumer import Processor, QueueConsumer, Result
 from infra.rabbit.topology import declare_exchanges
 from infra.settings import Settings
@@ -315,6 +315,15 @@ def make_ingester(
         return Fate.BURIED
 
     async def store(
+        raw: RawDelivery, dead: dead_letters.NewDeadLetter, *, finish: bool
+    ) -> tuple[int, dead_letters.NewDeadLetter]:
+        try:
+            return await _store(raw, dead, finish=finish)
+        except Exception as exc:
+            await forget_if_demoted(pool, exc)  # a failed-over primary: reconnect, not reuse
+            raise
+
+    async def _store(
         raw: RawDelivery, dead: dead_letters.NewDeadLetter, *, finish: bool
     ) -> tuple[int, dead_letters.NewDeadLetter]:
         async with pool.acquire(timeout=10) as conn, conn.transaction():

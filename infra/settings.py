@@ -305,6 +305,14 @@ class Settings(BaseSettings):
     def ttr_for(self, route_name: str) -> float | None:
         return self.route(route_name).ttr
 
+    def with_queue_type(self, queue_type: str) -> Settings:
+        """These settings with every queue of `queue_type` (the default and each route's)."""
+        routes = {
+            name: route.model_copy(update={"queue_type": None})
+            for name, route in self.route_settings.items()
+        }
+        return self.model_copy(update={"queue_type": queue_type, "route_settings": routes})
+
     def queue_type_for(self, route_name: str) -> str:
         return self.route(route_name).queue_type or self.queue_type
 

@@ -20,6 +20,7 @@ from consumers.cli import doctor, groups, inspect, publish, services, tail, work
 from consumers.cli.catalog import catalog_app
 from consumers.cli.dlq import dlq_app
 from consumers.cli.partitions import partitions_app
+from consumers.cli.queues import queues_app
 from consumers.cli.user import user_app
 from consumers.cli.web import web_app
 
@@ -61,6 +62,7 @@ app.add_typer(user_app, name="user")
 app.add_typer(catalog_app, name="catalog")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(partitions_app, name="partitions")
+app.add_typer(queues_app, name="queues")
 app.add_typer(web_app, name="web")
 
 

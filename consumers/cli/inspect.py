@@ -52,6 +52,13 @@ def definitions_cmd(
             "user clears its password: use --no-users to re-provision the topology alone."
         ),
     ] = True,
+    queue_type: Annotated[
+        str | None,
+        typer.Option(
+            help="classic or quorum: the queue type of every queue (default: PKGQ_QUEUE_TYPE "
+            "and the route file). quorum is the replicated profile."
+        ),
+    ] = None,
 ) -> None:
     """Print the broker topology and the roles' users and permissions as RabbitMQ definitions
     JSON (for rabbitmqctl import_definitions). deploy/rabbitmq/definitions.json is this, with
@@ -59,7 +66,12 @@ def definitions_cmd(
     from infra.rabbit.roles import DEFAULT_USERS
     from infra.rabbit.topology import definitions
 
-    document = definitions(Settings.load(), vhost, DEFAULT_USERS if users else None)
+    settings = Settings.load()
+    if queue_type is not None:
+        if queue_type not in ("classic", "quorum"):
+            raise typer.BadParameter("classic or quorum", param_hint="--queue-type")
+        settings = settings.with_queue_type(queue_type)
+    document = definitions(settings, vhost, DEFAULT_USERS if users else None)
     print(json.dumps(document, indent=2))
 
 

@@ -63,12 +63,13 @@ from infra.outbox.housekeeping import housekeeping_forever
 from infra.postgres import job_state, outbox
 from infra.postgres.outbox import ClaimedRow
 from infra.postgres.pool import connect as connect_postgres
+from infra.postgres.pool import forget_if_demoted
 from infra.rabbit.connection import reconnect
 from infra.rabbit.publisher import Publisher, PublishFailedError, build_message
 from infra.rabbit.topology import declare_all, routing_key_for
 from infra.settings import Settings
 from infra.systemd_notify import Notifier
-from infra.transient import is_transient, needs_operator
+from infra.transient import OutagePauses, is_transient, needs_operator
 
 log = structlog.get_logger(__name__)
 
@@ -161,7 +162,7 @@ class Relay:
         coming; otherwise one, then a wait for a NOTIFY or the poll interval."""
         in_flight: list[asyncio.Task[RoundResult]] = []
         more = False
-        pause = 0.5
+        pauses = OutagePauses(0.5, 30.0)
         try:
             while not stop.is_set():
                 if not in_flight:
@@ -190,20 +191,20 @@ class Relay:
                     # a failing round is logged and retried with back-off, never fatal.
                     await asyncio.gather(*in_flight, return_exceptions=True)
                     in_flight = []
-                    self._log_round_error(errors[0], pause)
+                    await forget_if_demoted(self._pool, errors[0])
+                    self._log_round_error(errors[0], pauses.current)
                     await self._drop_listener()
-                    await _wait(stop, pause)
-                    pause = min(pause * 2, 30.0)
+                    # Cut short when the process's probe finds Postgres back (a failover).
+                    await pauses.wait(errors[0], stop)
                     continue
                 if self._renew is not None:
                     # A publish failed: finish the rounds under way, then wait for a fresh
                     # channel (at the top of the loop) rather than fail row after row.
                     await asyncio.gather(*in_flight, return_exceptions=True)
                     in_flight = []
-                    await _wait(stop, min(pause, RENEW_PAUSE_MAX))
-                    pause = min(pause * 2, 30.0)
+                    await _wait(stop, RENEW_PAUSE)
                     continue
-                pause = 0.5
+                pauses.reset()
                 self._healthy()
                 if in_flight or more:
                     continue
@@ -375,9 +376,10 @@ class Relay:
         self._wake.set()
 
 
-RENEW_PAUSE_MAX = 1.0
-"""Longest pause before a new channel is tried after a failed publish: short, since a lost
-node is usually replaced within a second (another node, or the load balancer's next)."""
+RENEW_PAUSE = 0.25
+"""The pause before a new channel is tried after a failed publish: short, since a lost node is
+usually replaced within a second (another node, or the load balancer's next), and a renewal
+that fails is itself a round error, waited out with the outage pauses."""
 CONNECT_WAIT = 10.0
 """Seconds a renewal waits for the connection to come back before the round fails."""
 

@@ -31,24 +31,32 @@ def queue_arguments(settings: Settings, route_name: str) -> dict[str, Any]:
     subscribe: one consumes, the others stand by and take over if it goes away.
 
     Classic queues (the default) honour message priorities 0-2 (`x-max-priority`). Quorum queues
-    (the replicated option, per route) are declared without it: RabbitMQ before 4.0 ignores
-    priorities on them, so only the relay's claim order ranks by priority there.
+    (the replicated profile, `queue_type = "quorum"` by default or per route) are declared
+    without it, since RabbitMQ before 4.0 ignores priorities on them: there only the relay's
+    claim order (`priority DESC, id`) ranks by priority. They dead-letter at least once
+    (`x-dead-letter-strategy`, which needs `x-overflow=reject-publish`: the broker keeps a
+    dead letter in the source queue until the dead-letter queue has confirmed it, so one lost
+    node loses none), and carry an explicit delivery limit (Settings.delivery_limit).
 
-    A subscriber route's queue (pkgq publishes, outside systems consume) is a plain classic
-    queue that keeps the newest SUBSCRIBER_QUEUE_MAX_LENGTH messages: it exists so that the
-    relay's mandatory publish is routed, and must not grow without bound while no subscriber
-    reads it. What it drops is not dead-lettered (the events are announcements; the state they
-    announce is in Postgres). A subscriber that must see every event binds a queue of its own.
+    A subscriber route's queue (pkgq publishes, outside systems consume) keeps the newest
+    SUBSCRIBER_QUEUE_MAX_LENGTH messages: it exists so that the relay's mandatory publish is
+    routed, and must not grow without bound while no subscriber reads it. What it drops is not
+    dead-lettered (the events are announcements; the state they announce is in Postgres). A
+    subscriber that must see every event binds a queue of its own.
     """
+    quorum = settings.queue_type_for(route_name) == "quorum"
     if route_name in SUBSCRIBER_ROUTES:
         return {
-            "x-queue-type": "classic",
+            "x-queue-type": "quorum" if quorum else "classic",
             "x-max-length": SUBSCRIBER_QUEUE_MAX_LENGTH,
             "x-overflow": "drop-head",
         }
-    if settings.queue_type_for(route_name) == "quorum":
+    if quorum:
         return {
             "x-dead-letter-exchange": settings.dlx,
+            "x-dead-letter-strategy": "at-least-once",
+            "x-delivery-limit": settings.delivery_limit,
+            "x-overflow": "reject-publish",
             "x-queue-type": "quorum",
             "x-single-active-consumer": True,
         }
@@ -60,7 +68,12 @@ def queue_arguments(settings: Settings, route_name: str) -> dict[str, Any]:
     }
 
 
-DEAD_LETTER_QUEUE_ARGUMENTS: dict[str, Any] = {"x-queue-type": "classic"}
+def dead_letter_queue_arguments(settings: Settings) -> dict[str, Any]:
+    """`pkgq.dead_letters`, where the broker's dead letters and the unroutable ones wait for the
+    ingester: a quorum queue when quorum is the default type (PKGQ_QUEUE_TYPE), so that it is on
+    every node and a lost node holds none of them back. It dead-letters nothing itself, and has
+    no delivery limit (there would be nowhere to put what it gave up on)."""
+    return {"x-queue-type": "quorum" if settings.queue_type == "quorum" else "classic"}
 
 
 def exchange_arguments(settings: Settings) -> dict[str, Any]:
@@ -121,7 +134,7 @@ def definitions(
             "arguments": {},
         }
 
-    queues = [queue(settings.dead_letter_queue, DEAD_LETTER_QUEUE_ARGUMENTS)]
+    queues = [queue(settings.dead_letter_queue, dead_letter_queue_arguments(settings))]
     bindings = [binding(settings.dlx, settings.dead_letter_queue, "#")]
     bindings += [
         binding(settings.unroutable_exchange, settings.dead_letter_queue, key)
@@ -164,9 +177,14 @@ async def declare_exchanges(
     unroutable = await channel.declare_exchange(
         settings.unroutable_exchange, aio_pika.ExchangeType.TOPIC, durable=True
     )
-    dead_letters = await channel.declare_queue(
-        settings.dead_letter_queue, durable=True, arguments=DEAD_LETTER_QUEUE_ARGUMENTS
-    )
+    try:
+        dead_letters = await channel.declare_queue(
+            settings.dead_letter_queue,
+            durable=True,
+            arguments=dead_letter_queue_arguments(settings),
+        )
+    except ChannelPreconditionFailed as exc:
+        raise TopologyMismatchError(settings.dead_letter_queue, str(exc)) from exc
     await dead_letters.bind(dlx, routing_key="#")
     for key in unroutable_keys():
         await dead_letters.bind(unroutable, routing_key=key)

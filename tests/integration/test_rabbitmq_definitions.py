@@ -43,14 +43,19 @@ def test_the_committed_definitions_are_what_the_code_declares_with_default_setti
     )
 
 
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
 async def test_a_broker_provisioned_from_the_definitions_accepts_every_process_declaration(
-    settings: Settings, amqp: AbstractRobustConnection
+    settings: Settings, amqp: AbstractRobustConnection, queue_type: str
 ) -> None:
     # The test's own names (and users), provisioned the way an operator would, then declared
     # the way every pkgq process does at start-up: any argument that differs fails with
-    # PRECONDITION_FAILED.
+    # PRECONDITION_FAILED. "quorum": the replicated profile, every queue a quorum queue.
     parted = settings.model_copy(
-        update={"queue_prefix": settings.queue_prefix + ".prov", "partitions": {}}
+        update={
+            "queue_prefix": settings.queue_prefix + ".prov",
+            "partitions": {},
+            "queue_type": queue_type,
+        }
     )
     users = unique_role_users()
     document = definitions(parted, users=users)
@@ -138,6 +143,7 @@ async def delete_provisioned(settings: Settings, users: RoleUsers) -> None:
             q for route in ALL_ROUTES.values() for q in route_queues(settings, route.name)
         ]:
             await channel.queue_delete(name)
+        await channel.queue_delete(settings.dead_letter_queue)
     finally:
         await connection.close()
     for user in (users.runtime, users.publisher, users.operator, users.autoscaler):
