@@ -5,6 +5,7 @@ A session advisory lock makes concurrent `pkgq migrate` runs (one per replica at
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from importlib import resources
 
@@ -60,7 +61,27 @@ async def ensure_database(dsn: str) -> bool:
     finally:
         await admin.close()
     log.info("database_created", database=name, dsn=mask_url(dsn))
+    await _until_visible(dsn)
     return True
+
+
+async def _until_visible(dsn: str, within: float = 30.0) -> None:
+    """Wait until a connection through `dsn` finds the new database. With several hosts, a
+    standby listed before the primary replays CREATE DATABASE a moment after the primary
+    commits it (a synchronous standby has the WAL, not yet applied), and asyncpg gives up on
+    its "does not exist" instead of trying the next host: without this wait the migration that
+    follows fails right after the database was made."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        try:
+            conn = await connect(dsn, setting="PKGQ_MIGRATE_DSN")
+        except asyncpg.InvalidCatalogNameError:
+            if asyncio.get_running_loop().time() >= deadline:
+                raise
+            await asyncio.sleep(0.1)
+        else:
+            await conn.close()
+            return
 
 
 class RuntimeRoleMissingError(Exception):
