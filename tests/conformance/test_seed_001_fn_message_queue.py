@@ -55,9 +55,31 @@ async def publish_direct(
     return await publishing.publish(settings, amqp, USAGE_RECORD, body, priority=priority)
 
 
+async def of_type(settings: Settings, amqp: AbstractRobustConnection, queue_type: str) -> Settings:
+    """The test's settings with every queue of `queue_type`, declared (quorum ones under a
+    prefix of their own: a queue's type cannot change in place)."""
+    if queue_type == "classic":
+        return settings
+    typed = settings.model_copy(
+        update={"queue_type": queue_type, "queue_prefix": f"{settings.queue_prefix}.{queue_type}"}
+    )
+    channel = await amqp.channel()
+    await declare_all(channel, typed)
+    await channel.close()
+    return typed
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
 async def test_the_relay_publishes_higher_priorities_first_and_fifo_within_a_priority(
-    settings: Settings, pool: asyncpg.Pool, app: InProcess
+    in_process: StartApp,
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    queue_type: str,
 ) -> None:
+    # The relay's claim order (priority, then id) ranks on both queue types: on quorum queues,
+    # which have no priorities in RabbitMQ 3.x, it is the only ranking there is.
+    app = in_process(await of_type(settings, amqp, queue_type), pool, amqp)
     recorder = Recorder()
     jobs = Jobs(pool)
     user = uuid4()  # one user: the relay publishes a user's rows as one chain, in claim order
@@ -76,12 +98,25 @@ async def test_the_relay_publishes_higher_priorities_first_and_fifo_within_a_pri
     assert recorder.uploads(recorder.applied) == [2, 5, 3, 6, 1, 4]
 
 
-async def test_the_broker_hands_out_piled_up_messages_by_priority_and_fifo_within_one(
-    in_process: StartApp, settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+@pytest.mark.parametrize(
+    ("queue_type", "expected"),
+    [
+        ("classic", [3, 5, 2, 6, 1, 4, 7]),  # by priority, FIFO within one
+        ("quorum", [1, 2, 3, 4, 5, 6, 7]),  # RabbitMQ 3.x quorum queues ignore priorities: FIFO
+    ],
+)
+async def test_the_broker_hands_out_piled_up_messages_by_priority_on_classic_queues_only(
+    in_process: StartApp,
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    queue_type: str,
+    expected: list[int],
 ) -> None:
     # One at a time, so that the handler sees the broker's order (a batch is applied user by
     # user, and these are different users).
-    one_by_one = settings.model_copy(update={"batch_size": 1})
+    typed = await of_type(settings, amqp, queue_type)
+    one_by_one = typed.model_copy(update={"batch_size": 1})
     recorder = Recorder()
     priorities = [0, 1, 2, 0, 2, 1, 0]
     for upload, priority in enumerate(priorities, start=1):
@@ -96,7 +131,7 @@ async def test_the_broker_hands_out_piled_up_messages_by_priority_and_fifo_withi
 
     await eventually(all_applied)
     await app.close()
-    assert recorder.uploads(recorder.applied) == [3, 5, 2, 6, 1, 4, 7]
+    assert recorder.uploads(recorder.applied) == expected
 
 
 async def test_a_delayed_message_is_not_delivered_before_its_delay_has_passed(
