@@ -1,0 +1,55 @@
+"""The replicated profile's definitions (`pkgq definitions --queue-type quorum`) import into the
+lab's 3-node cluster, every queue comes out replicated on all three nodes, and pkgq declares
+over them from any node without a mismatch."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from infra.rabbit.connection import connect
+from infra.rabbit.topology import declare_all
+from infra.settings import Settings
+from tests.support.ha_lab import Lab, listed
+from tests.support.processes import cli
+
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]
+
+
+async def test_the_quorum_definitions_import_into_the_cluster_and_every_node_declares_over_them(
+    the_lab: Lab, namespace: str
+) -> None:
+    settings = Settings(
+        amqp_url=the_lab.amqp_nodes,
+        exchange=f"{namespace}.telecom",
+        queue_prefix=f"{namespace}.pkgq",
+        queue_type="quorum",
+    )
+    printed = await cli(settings, "definitions", "--queue-type", "quorum", "--no-users")
+    assert printed.returncode == 0, printed.stderr
+    document: dict[str, Any] = json.loads(printed.stdout)
+    names = {q["name"] for q in document["queues"]}
+    assert settings.dead_letter_queue in names
+    async with the_lab.client() as client:
+        imported = await client.post("/definitions", json=document)
+        assert imported.status_code in (200, 201, 204), imported.text
+        found = await listed(client, "queues", f"{namespace}.", "name,type,members,arguments")
+    queues = {q["name"]: q for q in found}
+    assert set(queues) == names
+    for name, queue in queues.items():
+        assert queue["type"] == "quorum", name
+        assert len(queue["members"]) == 3, (name, queue["members"])
+        arguments = queue["arguments"]
+        if "x-dead-letter-exchange" in arguments:  # the route queues: dead-lettered at least once
+            assert arguments["x-dead-letter-strategy"] == "at-least-once", name
+            assert arguments["x-overflow"] == "reject-publish", name
+            assert arguments["x-delivery-limit"] == settings.delivery_limit, name
+    for node in the_lab.amqp_nodes.split(","):
+        connection = await connect(node, "pkgq-test-lab-declare")
+        try:
+            channel = await connection.channel()
+            await declare_all(channel, settings)  # TopologyMismatchError on any drift
+        finally:
+            await connection.close()
