@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.pkgq-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test check unit integration e2e bench bench-web services migrate venv clean
+.PHONY: demo test check unit integration e2e chaos bench bench-web services migrate venv clean ha-lab ha-lab-down
 
 $(STAMP): pyproject.toml constraints.txt deploy/local/ensure-venv.sh
 	deploy/local/ensure-venv.sh $(VENV)
@@ -46,9 +46,10 @@ check: venv
 	deploy/asyncapi/check.sh
 
 ## test: check, then the whole suite against the real services: isolated tests in parallel
-## (PKGQ_TEST_WORKERS, default 3), then the service-restart tests alone.
-test: check migrate
-	BIN=$(BIN) deploy/local/run-suite.sh $(PYTEST_ARGS)
+## (PKGQ_TEST_WORKERS, default 3), then the service-restart and chaos tests alone; the HA lab
+## boots in the background meanwhile and is removed at the end (deploy/local/run-suite.sh).
+test: venv
+	BIN=$(BIN) MAKE="$(MAKE)" deploy/local/run-suite.sh $(PYTEST_ARGS)
 
 unit: venv
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
@@ -58,6 +59,20 @@ integration: migrate
 
 e2e: migrate
 	$(BIN)/pytest tests/e2e $(PYTEST_ARGS)
+
+## ha-lab: a 3-node RabbitMQ cluster behind haproxy and a PostgreSQL primary with a synchronous
+## standby, beside the dev services (deploy/local/ha/README.md); prints the lines to eval.
+ha-lab:
+	deploy/local/ha/lab.sh up
+
+## ha-lab-down: stop and remove the whole HA lab (the dev services are not touched).
+ha-lab-down:
+	deploy/local/ha/lab.sh down
+
+## chaos: the chaos group alone on the HA lab; scale it up with PKGQ_CHAOS_USERS,
+## PKGQ_CHAOS_NODE_KILLS, PKGQ_CHAOS_EXPIRING (README "Replicated profile").
+chaos: migrate
+	$(BIN)/pytest tests/chaos -s $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

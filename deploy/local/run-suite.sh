@@ -1,15 +1,55 @@
 #!/usr/bin/env bash
-# The whole suite, as `make test` runs it: the isolated tests in parallel (pytest-xdist; each test
-# has its own database and exchange prefix), then the tests that stop or restart a shared service
-# (marker `serial`) alone, so they never pull a service from under a parallel neighbour.
-# Extra pytest arguments pass through to both parts. Fails when either part fails, or when
-# neither ran a test (pytest's exit code 5 for one part alone is fine: a selection may hold none).
+# The whole suite, as `make test` runs it: the services, the static checks (`make check`), the isolated tests in
+# parallel (pytest-xdist; each test has its own database and exchange prefix), then the tests
+# that stop or restart a shared service (marker `serial`, the chaos group among them) alone, so
+# they never pull a service from under a parallel neighbour.
+#
+# The HA lab the chaos group needs (deploy/local/ha) boots in the background meanwhile (about
+# 30 s, mostly while the checks run on one core), and is removed at the end if this run started
+# it (PKGQ_HA_KEEP=1 keeps it). PKGQ_SKIP_LAB=1 neither starts nor removes it: then the chaos
+# tests start it themselves if they are selected.
+#
+# Extra pytest arguments pass through to both parts. Fails when the checks or either part fail,
+# or when neither ran a test (pytest's exit code 5 for one part alone is fine: a selection may
+# hold none).
 set -uo pipefail
+cd "$(dirname "$0")/../.."
 bin=${BIN:-.venv/bin}
+make=${MAKE:-make}
 workers=${PKGQ_TEST_WORKERS:-3}
+lab=deploy/local/ha/lab.sh
+
+lab_pid=
+lab_started=0
+lab_log=$(mktemp -t pkgq-ha-lab.XXXXXX)
+finish() {
+    if [ -n "$lab_pid" ]; then wait "$lab_pid" 2>/dev/null; fi
+    if [ "$lab_started" = 1 ] && [ "${PKGQ_HA_KEEP:-0}" != 1 ]; then
+        "$lab" down >>"$lab_log" 2>&1 || { echo "run-suite: '$lab down' failed:" >&2; tail -20 "$lab_log" >&2; }
+    fi
+    rm -f "$lab_log"
+}
+trap finish EXIT
+# The services and Debian tools first (apt-get, if anything is missing), then the lab beside them.
+"$make" --no-print-directory services || exit $?
+if [ "${PKGQ_SKIP_LAB:-0}" != 1 ]; then
+    # A lab made before (its state directory's marker), healthy or not, is left in place.
+    if [ ! -e "${PKGQ_HA_DIR:-/var/tmp/pkgq-ha}/.pkgq-ha-lab" ]; then lab_started=1; fi
+    "$lab" up >"$lab_log" 2>&1 &
+    lab_pid=$!
+fi
+
+"$make" --no-print-directory check migrate || exit $?
 
 "$bin/pytest" -n "$workers" -m "not serial" "$@"
 parallel=$?
+if [ -n "$lab_pid" ]; then
+    if ! wait "$lab_pid"; then
+        echo "run-suite: the HA lab did not come up in the background (the chaos tests try again):" >&2
+        tail -20 "$lab_log" >&2
+    fi
+    lab_pid=
+fi
 "$bin/pytest" -m serial "$@"
 serial=$?
 
