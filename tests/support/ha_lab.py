@@ -36,7 +36,7 @@ def _lab(*args: str, timeout: float = 240) -> str:
 def exists() -> bool:
     """Whether a lab has been made here and not removed (its state directory's marker), healthy
     or not: a lab that a developer keeps, even one left failed over, is theirs to remove."""
-    state = Path(os.environ.get("PKGQ_HA_DIR", "/var/tmp/pkgq-ha"))
+    state = Path(os.environ.get("PKGQ_HA_DIR", "/var/tmp/pkgq-ha"))  # noqa: S108  (lab.sh's own)
     return (state / ".pkgq-ha-lab").exists()
 
 
