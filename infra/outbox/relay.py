@@ -108,6 +108,7 @@ class Relay:
         self._renew: str | None = None
         """Set when a publish failed: "channel" or "connection", what to replace before the
         next round."""
+        self._renew_failures = 0
         self._healthy_at = time.monotonic()
         self.stalled = False
         self.published = 0
@@ -166,8 +167,8 @@ class Relay:
         try:
             while not stop.is_set():
                 if not in_flight:
-                    if self._renew is not None:
-                        await self._renew_publisher()
+                    if self._renew is not None and not await self._renewed(stop):
+                        continue
                     await self._ensure_listener()
                     # Cleared before a wave of rounds, not before each: a NOTIFY while any of
                     # them runs may be for rows none of them saw, and must wake the next wave.
@@ -241,6 +242,21 @@ class Relay:
                 self._renew = "connection"
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(reconnect(self._connection), timeout=limit)
+
+    async def _renewed(self, stop: asyncio.Event) -> bool:
+        """Renew the publisher; if the broker cannot give a channel yet (its connection is
+        still reconnecting after a restart or a lost node), say so and pause briefly instead
+        of failing the relay: it tries again on the next turn of the loop."""
+        try:
+            await self._renew_publisher()
+        except Exception as exc:  # noqa: BLE001  (the broker is not back yet: never fatal)
+            pause = RENEW_RETRY_PAUSES[min(self._renew_failures, len(RENEW_RETRY_PAUSES) - 1)]
+            self._renew_failures += 1
+            log.warning("relay_renewal_failed", kind=self._renew, error=repr(exc), retry_in_s=pause)
+            await _wait(stop, pause)
+            return False
+        self._renew_failures = 0
+        return True
 
     async def _renew_publisher(self) -> None:
         """Replace the publishing channel after a failed publish (and the connection, after a
@@ -378,8 +394,11 @@ class Relay:
 
 RENEW_PAUSE = 0.25
 """The pause before a new channel is tried after a failed publish: short, since a lost node is
-usually replaced within a second (another node, or the load balancer's next), and a renewal
-that fails is itself a round error, waited out with the outage pauses."""
+usually replaced within a second (another node, or the load balancer's next); a renewal that
+fails is tried again after RENEW_RETRY_PAUSES."""
+RENEW_RETRY_PAUSES = (0.25, 0.5, 1.0, 2.0)
+"""Between attempts to renew the publisher while the broker gives no channel (its connection
+is still reconnecting after a restart or a lost node): growing, then every 2 s."""
 CONNECT_WAIT = 10.0
 """Seconds a renewal waits for the connection to come back before the round fails."""
 

@@ -200,3 +200,36 @@ async def test_a_relay_without_a_healthy_round_is_stalled_not_ready_and_reconnec
 
 async def _is(value: bool) -> bool:
     return value
+
+
+async def test_a_relay_whose_broker_is_down_when_it_renews_its_channel_waits_and_loses_nothing(
+    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection, proxy: FreezingProxy
+) -> None:
+    # A broker restart: the relay's connection drops, and for a while no new one is accepted,
+    # so a failed publish asks for a new channel that cannot be had yet. The relay must wait
+    # for the broker rather than die (it did: "Connection was not opened" ended `pkgq relay`).
+    users = [uuid4() for _ in range(2)]
+    relay, connection = await _relay_via(proxy, settings, pool)
+    stop = asyncio.Event()
+    task = asyncio.create_task(relay.run(stop))
+    try:
+        for user in users:
+            await _emit(pool, user, _events(user, range(3)))
+        await eventually(lambda: _none_pending(pool), within=20)
+        proxy.refusing = True
+        proxy.cut()
+        for user in users:
+            await _emit(pool, user, _events(user, range(3, 6)))
+        await asyncio.sleep(3)  # publishes fail; renewals find the connection not open yet
+        assert not task.done(), task.exception() if task.done() else None
+        assert await _pending(pool) == 6
+        proxy.refusing = False
+        await eventually(lambda: _none_pending(pool), within=30)
+        assert not task.done(), task.exception() if task.done() else None
+    finally:
+        stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, timeout=30)
+        await connection.close()
+    found = await _queued(amqp, settings)
+    _in_user_order(found, users, 6)
