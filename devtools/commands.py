@@ -44,7 +44,9 @@ def bench_cmd(
     backlog_records: Annotated[
         int,
         typer.Option(
-            min=1, help="Usage records queued before the simple consumer and pkgq drain them."
+            min=1,
+            help="Usage records queued before the simple consumer, FastStream and pkgq drain "
+            "them (and messages the broker alone consumes).",
         ),
     ] = 20_000,
     namespace: Annotated[
@@ -55,8 +57,8 @@ def bench_cmd(
         ),
     ] = "bench",
 ) -> None:
-    """Benchmark pkgq against the raw broker, its naive mode and a simple consumer; prints
-    key=value lines last (a developer tool).
+    """Benchmark pkgq against the raw broker, its naive mode, a simple consumer, a FastStream
+    consumer and the broker's own consume rate; prints key=value lines last (a developer tool).
 
     Scale it with --users and --packages (events per run are about users x (3 x packages + 3)).
     It uses its own database (pkgq_bench) and broker names (bench.*) next to the configured ones.

@@ -1,13 +1,19 @@
-"""`pkgq bench`'s backlog phases: pkgq's consuming hot path against the obvious consumer.
+"""`pkgq bench`'s backlog phases: pkgq's consuming hot path against the consumers it is held
+against (devtools/bench/baselines.py).
 
-- ratio_vs_simple_consumer: a backlog of usage records (B records over N users, each user with
-  an active package its usage never uses up) is published to the route's queue before any
-  consumer starts, then drained twice from the same state: by a consumer written the obvious way
+- ratio_vs_simple_consumer, ratio_vs_faststream: a backlog of usage records (B records over N
+  users, each user with an active package its usage never uses up) is published to the route's
+  queue before any consumer starts, then drained three times from the same state (the bench's
+  reset, the users seeded, the backlog queued again): by a consumer written the obvious way
   with aio-pika and asyncpg in this process (one transaction per message: inbox claim, lock the
   user's row, add the usage to the active item; commit, ack; one message at a time, like a
-  pkgq lane, with pkgq's prefetch), and by a real `pkgq run telecom.usage_record` with the
-  configured batching. Each is timed from its consumer's start (for `pkgq run`: its subscription
-  seen on the queue) until every record is in the inbox.
+  pkgq lane, with pkgq's prefetch), by a FastStream subscriber doing the same per message with
+  FastStream's defaults, and by a real `pkgq run telecom.usage_record` with the configured
+  batching. Each is timed from its consumer's start (for `pkgq run`: its subscription seen on
+  the queue) until every record is in the inbox; each ratio is pkgq's records/s over the
+  baseline's.
+- ratio_usage_vs_broker_consume: pkgq's records/s over RabbitMQ's own rate of consuming and
+  acking as many messages of the same size, already queued, with no database.
 - statements_per_batch: the SQL statements (BEGIN and COMMIT included) that pkgq's delivery
   pipeline runs for one batch of 32 usage records from 32 distinct users with active packages,
   counted in this process by an asyncpg query logger.
@@ -29,6 +35,13 @@ from aio_pika.abc import AbstractRobustConnection
 from consumers.delivery import DeliveryPipeline
 from consumers.registry import HANDLERS
 from consumers.retry_policy import RetryPolicy
+from devtools.bench.baselines import (
+    BROKER_PREFETCH,
+    broker_consume_ack,
+    faststream_broker,
+    simple_consumer,
+    usage_bodies,
+)
 from devtools.bench.support import (
     backlog_rounds,
     child_env,
@@ -68,34 +81,6 @@ class DrainResult:
     @property
     def records_per_s(self) -> float:
         return self.records / self.seconds if self.seconds > 0 else 0.0
-
-
-async def simple_consumer(
-    amqp: AbstractRobustConnection, queue_name: str, pool: asyncpg.Pool, prefetch: int
-) -> None:
-    """The baseline, written the obvious way: for each message, in delivery order, one
-    transaction (claim it in the inbox, lock the user's row, add the usage to the active item),
-    commit, ack."""
-    consumer = USAGE_RECORD.short_name
-    channel = await amqp.channel()
-    try:
-        await channel.set_qos(prefetch_count=prefetch)
-        queue = await channel.get_queue(queue_name, ensure=False)
-        async with queue.iterator() as messages:
-            async for message in messages:
-                usage = RecordUsage.model_validate_json(message.body)
-                async with pool.acquire() as conn, conn.transaction():
-                    await bench_data.apply_usage_simply(
-                        conn,
-                        consumer,
-                        UUID(str(message.message_id)),
-                        usage.user_id,
-                        usage.upload,
-                        usage.download,
-                    )
-                await message.ack()
-    finally:
-        await channel.close()
 
 
 class BacklogBench:
@@ -198,6 +183,39 @@ class BacklogBench:
         await self.check_applied(self.users, self.scenario.backlog_records)
         return DrainResult("simple", self.scenario.backlog_records, seconds)
 
+    async def drain_faststream(self) -> DrainResult:
+        """The FastStream consumer (baselines.faststream_broker) on the same backlog, timed
+        from its broker's start (connected before) until every record is in the inbox."""
+        await self.prepare()
+        queues = [name for name, _ in route_queues(self.bench.settings, USAGE_RECORD.name)]
+        # asyncpg's default pool (10 connections), as a FastStream app's startup would make it.
+        pool = await asyncpg.create_pool(self.bench.settings.postgres_dsn)
+        errors: list[BaseException] = []
+        broker = faststream_broker(self.bench.settings, queues, pool, errors)
+        try:
+            await broker.connect()
+            started = time.perf_counter()
+            await broker.start()
+            await self.wait_applied(
+                lambda: f"FastStream handler failed: {errors[0]!r}" if errors else None
+            )
+            seconds = time.perf_counter() - started
+        finally:
+            await broker.stop()
+            await pool.close()
+        await self.check_applied(self.users, self.scenario.backlog_records)
+        return DrainResult("faststream", self.scenario.backlog_records, seconds)
+
+    async def drain_broker(self) -> DrainResult:
+        """RabbitMQ alone (baselines.broker_consume_ack): as many messages as the backlog, of
+        the same size, in a queue of the bench's namespace; no database."""
+        bodies = usage_bodies(self.users, self.scenario.backlog_records, UPLOAD, DOWNLOAD)
+        async with asyncio.timeout(self.scenario.timeout):
+            seconds = await broker_consume_ack(
+                self.amqp, f"{self.bench.settings.queue_prefix}.consume", bodies
+            )
+        return DrainResult("broker", len(bodies), seconds)
+
     async def drain_pkgq(self) -> DrainResult:
         await self.prepare()
         env = child_env(
@@ -291,7 +309,7 @@ def _exited(process: subprocess.Popen[bytes]) -> str | None:
     return None if code is None else f"pkgq run exited with status {code}"
 
 
-BACKLOG_PHASES = 3
+BACKLOG_PHASES = 5
 
 
 async def backlog_phases(bench: Bench, say: Callable[[str], None]) -> dict[str, float | int]:
@@ -305,14 +323,29 @@ async def backlog_phases(bench: Bench, say: Callable[[str], None]) -> dict[str, 
     simple = await backlog.best_of(backlog.drain_simple)
     say(f"  {simple.records_per_s:,.0f} records/s ({simple.seconds:.1f} s)")
 
+    say("FastStream consumer (a transaction per message, its defaults) on the same backlog")
+    faststream = await backlog.best_of(backlog.drain_faststream)
+    say(f"  {faststream.records_per_s:,.0f} records/s ({faststream.seconds:.1f} s)")
+
     say(f"pkgq run (batch {scenario.batch_size}) on the same backlog")
     pkgq = await backlog.best_of(backlog.drain_pkgq)
     say(f"  {pkgq.records_per_s:,.0f} records/s ({pkgq.seconds:.1f} s), rss {pkgq.rss_mb:.0f} MB")
+
+    say(
+        f"broker consume and ack alone: {scenario.backlog_records:,} messages, "
+        f"prefetch {BROKER_PREFETCH}, no database"
+    )
+    broker = await backlog.best_of(backlog.drain_broker)
+    say(f"  {broker.records_per_s:,.0f} msg/s ({broker.seconds:.1f} s)")
 
     say(f"statements of one batch of {STATEMENT_BATCH} usage records, {STATEMENT_BATCH} users")
     statements, kinds = await backlog.statements_per_batch()
     say(f"  {statements}: " + ", ".join(f"{k} {v}" for k, v in kinds.items()))
     return {
         "ratio_vs_simple_consumer": round(pkgq.records_per_s / simple.records_per_s, 2),
+        "ratio_vs_faststream": round(pkgq.records_per_s / faststream.records_per_s, 2),
+        "faststream_records_per_s": round(faststream.records_per_s, 1),
+        "ratio_usage_vs_broker_consume": round(pkgq.records_per_s / broker.records_per_s, 3),
+        "broker_consume_ack_per_s": round(broker.records_per_s, 1),
         "statements_per_batch": statements,
     }

@@ -13,7 +13,9 @@ Measured, all in one run:
 - latency (outbox insert -> the consuming transaction) with usage paced at half of the
   measured maximum rate, and peak RSS of each process.
 - a backlog of usage records drained by a consumer written the obvious way (a transaction per
-  message) and by `pkgq run`, and the SQL statements one batch costs (devtools/bench/backlog.py).
+  message), by a FastStream consumer doing the same, and by `pkgq run`; RabbitMQ's own
+  consume-and-ack rate on as many messages; and the SQL statements one batch costs
+  (devtools/bench/backlog.py, devtools/bench/baselines.py).
 Absolute numbers on a shared machine are noise; the ratios are the result.
 """
 

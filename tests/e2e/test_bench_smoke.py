@@ -18,6 +18,10 @@ pytestmark = pytest.mark.e2e
 
 KEYS = [
     "ratio_vs_simple_consumer",
+    "ratio_vs_faststream",
+    "faststream_records_per_s",
+    "ratio_usage_vs_broker_consume",
+    "broker_consume_ack_per_s",
     "statements_per_batch",
     "events_per_s",
     "p50_ms",
