@@ -46,8 +46,8 @@ check: venv
 	deploy/asyncapi/check.sh
 
 ## test: check, then the whole suite against the real services: isolated tests in parallel
-## (PKGQ_TEST_WORKERS, default 3), then the service-restart and chaos tests alone; the HA lab
-## boots in the background meanwhile and is removed at the end (deploy/local/run-suite.sh).
+## (PKGQ_TEST_WORKERS, default 3) with the chaos tests beside them, then the service-restart
+## tests alone; the HA lab boots while the checks run, and goes at the end (run-suite.sh).
 test: venv
 	BIN=$(BIN) MAKE="$(MAKE)" deploy/local/run-suite.sh $(PYTEST_ARGS)
 
@@ -72,7 +72,7 @@ ha-lab-down:
 ## chaos: the chaos group alone on the HA lab; scale it up with PKGQ_CHAOS_USERS,
 ## PKGQ_CHAOS_NODE_KILLS, PKGQ_CHAOS_EXPIRING (README "Replicated profile").
 chaos: migrate
-	$(BIN)/pytest tests/chaos -s $(PYTEST_ARGS)
+	$(BIN)/pytest -m chaos -s $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

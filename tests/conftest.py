@@ -110,8 +110,11 @@ async def settings(template_db: str) -> AsyncIterator[Settings]:
     namespace = f"pkgq_t_{uuid4().hex[:12]}"
     admin = await _admin()
     try:
+        # FILE_COPY copies the template's files (0.18 s here) instead of writing every page to
+        # the WAL (WAL_LOG, PostgreSQL 15's default: 0.30 s); done for most tests, it adds up.
         await admin.execute(
-            f"CREATE DATABASE {namespace} TEMPLATE {template_db} OWNER {pg_roles.OWNER}"
+            f"CREATE DATABASE {namespace} TEMPLATE {template_db} OWNER {pg_roles.OWNER} "
+            "STRATEGY FILE_COPY"
         )
     finally:
         await admin.close()

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# The whole suite, as `make test` runs it: the services, the static checks (`make check`), the isolated tests in
-# parallel (pytest-xdist; each test has its own database and exchange prefix), then the tests
-# that stop or restart a shared service (marker `serial`, the chaos group among them) alone, so
-# they never pull a service from under a parallel neighbour.
+# The whole suite, as `make test` runs it: the services, the static checks (`make check`), then
+# - the isolated tests in parallel (pytest-xdist; each test has its own database and exchange
+#   prefix), and beside them, in a process of their own, the chaos tests (marker `chaos`), which
+#   touch nothing but the HA lab (deploy/local/ha) and its own nodes;
+# - then the tests that stop or restart a shared service (marker `serial`) alone, so they never
+#   pull a service from under a neighbour.
 #
-# The HA lab the chaos group needs (deploy/local/ha) boots in the background meanwhile (about
-# 30 s, mostly while the checks run on one core), and is removed at the end if this run started
-# it (PKGQ_HA_KEEP=1 keeps it). PKGQ_SKIP_LAB=1 neither starts nor removes it: then the chaos
-# tests start it themselves if they are selected.
+# The HA lab boots in the background while the checks run (about 30 s, mostly while mypy keeps
+# one core busy), and is removed at the end if this run made it (PKGQ_HA_KEEP=1 keeps it).
+# PKGQ_SKIP_LAB=1 neither starts nor removes it: then the chaos tests start it themselves.
 #
-# Extra pytest arguments pass through to both parts. Fails when the checks or either part fail,
-# or when neither ran a test (pytest's exit code 5 for one part alone is fine: a selection may
+# Extra pytest arguments pass through to every part. Fails when the checks or any part fail, or
+# when no part ran a test (pytest's exit code 5 for one part alone is fine: a selection may
 # hold none).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -41,8 +42,6 @@ fi
 
 "$make" --no-print-directory check migrate || exit $?
 
-"$bin/pytest" -n "$workers" -m "not serial" "$@"
-parallel=$?
 if [ -n "$lab_pid" ]; then
     if ! wait "$lab_pid"; then
         echo "run-suite: the HA lab did not come up in the background (the chaos tests try again):" >&2
@@ -50,13 +49,23 @@ if [ -n "$lab_pid" ]; then
     fi
     lab_pid=
 fi
+chaos_log=$(mktemp -t pkgq-chaos.XXXXXX)
+"$bin/pytest" -m chaos "$@" >"$chaos_log" 2>&1 &
+chaos_pid=$!
+"$bin/pytest" -n "$workers" -m "not serial and not chaos" "$@"
+parallel=$?
+wait "$chaos_pid"
+chaos=$?
+echo "run-suite: the chaos tests, run beside the parallel part:"
+cat "$chaos_log"
+rm -f "$chaos_log"
 "$bin/pytest" -m serial "$@"
 serial=$?
 
-for rc in "$parallel" "$serial"; do
+for rc in "$parallel" "$chaos" "$serial"; do
     if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then exit "$rc"; fi
 done
-if [ "$parallel" -eq 5 ] && [ "$serial" -eq 5 ]; then
+if [ "$parallel" -eq 5 ] && [ "$chaos" -eq 5 ] && [ "$serial" -eq 5 ]; then
     echo "run-suite: no test ran" >&2
     exit 5
 fi

@@ -21,7 +21,9 @@ def the_lab() -> Iterator[Lab]:
     was_up = ha_lab.exists()
     started = Lab.up()  # also repairs a lab that a previous run left failed over
     yield started
-    if not was_up and os.environ.get("PKGQ_HA_KEEP") != "1":
+    # Under xdist another worker may still be using the lab: leave it to whoever started the run.
+    alone = "PYTEST_XDIST_WORKER" not in os.environ
+    if alone and not was_up and os.environ.get("PKGQ_HA_KEEP") != "1":
         ha_lab.down()
 
 

@@ -56,7 +56,7 @@ from tests.support.ha_lab import Lab, lab
 from tests.support.observing import eventually
 from tests.support.processes import PkgqProcess, pkgq
 
-pytestmark = [pytest.mark.e2e, pytest.mark.serial]
+pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
 
 USERS = int(os.environ.get("PKGQ_CHAOS_USERS", "8"))
 NODE_KILLS = int(os.environ.get("PKGQ_CHAOS_NODE_KILLS", "2"))

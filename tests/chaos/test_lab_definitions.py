@@ -15,7 +15,7 @@ from infra.settings import Settings
 from tests.support.ha_lab import Lab, listed
 from tests.support.processes import cli
 
-pytestmark = [pytest.mark.e2e, pytest.mark.serial]
+pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
 
 
 async def test_the_quorum_definitions_import_into_the_cluster_and_every_node_declares_over_them(

@@ -14,7 +14,7 @@ from infra.settings import Settings
 from tests.support.ha_lab import Lab, lab
 from tests.support.processes import cli
 
-pytestmark = [pytest.mark.e2e, pytest.mark.serial]
+pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
 
 
 async def test_migrate_creates_and_migrates_a_database_through_a_dsn_listing_the_standby_first(
