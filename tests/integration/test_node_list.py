@@ -64,6 +64,9 @@ async def test_a_consumer_moves_to_another_node_when_its_node_dies_and_keeps_con
         first.refusing = True
         first.cut()  # the node dies: its connections are reset, and it takes no new ones
         await eventually(lambda: _connected_to(connection, second), within=20)
+        # The channel and its consumer are restored in the background after the reconnection:
+        # a publish before that fails, as the library documents (seen under load).
+        await asyncio.wait_for(channel.ready(), timeout=20)
         await channel.default_exchange.publish(aio_pika.Message(b"after"), queue.name)
         await eventually(lambda: _has(received, b"after"), within=10)
         await queue.delete(if_unused=False, if_empty=False)
