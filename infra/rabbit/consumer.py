@@ -145,12 +145,18 @@ class QueueConsumer:
                 for message in kept:
                     queue.put_nowait(message)
             if not self._stopping.is_set():
+                # After a lost node or a broker restart the connection may still be
+                # reconnecting: wait for it (bounded) rather than fail for want of a channel.
+                await asyncio.wait_for(
+                    self._connection.ready(), timeout=self._settings.startup_wait
+                )
                 await self._subscribe()
             log.info("given_back", route=self.name)
 
     async def _give_back_or_fail(self) -> None:
-        """Give the deliveries back; if that breaks (no new channel), the consumer is failed,
-        so the process exits and is restarted: what it held is back on the queue either way,
+        """Give the deliveries back; if that breaks (no new channel, even once the connection
+        is back within PKGQ_STARTUP_WAIT), the consumer is failed, so the process exits and is
+        restarted: what it held is back on the queue either way,
         and is never dead-lettered for it."""
         try:
             await self._give_back()
