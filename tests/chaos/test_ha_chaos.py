@@ -1,5 +1,6 @@
 """Chaos on the replicated profile: real `pkgq run` and `pkgq relay` processes on a 3-node
-RabbitMQ cluster (quorum queues, a node list) and a PostgreSQL primary with a synchronous
+RabbitMQ cluster (quorum queues; the consumers on the node list, the relay through haproxy as
+through a Kubernetes Service) and a PostgreSQL primary with a synchronous
 standby (a multi-host DSN), with a foreign client's traffic flowing, while:
 1. the RabbitMQ node leading the dead-letter queue is SIGKILLed and brought back, then another
    node, with messages being dead-lettered by the broker (TTL) during each outage;
@@ -88,13 +89,14 @@ class Chaos:
     def env(self) -> dict[str, str]:
         return {
             "PKGQ_POSTGRES_DSN": self.lab.dsn(self.database, "pkgq_runtime"),
+            "PKGQ_MANAGEMENT_URL": self.lab.management,
             "PKGQ_QUEUE_TYPE": "quorum",
             "PKGQ_RELAY_POLL_INTERVAL": "0.5",
             "PKGQ_STARTUP_WAIT": "120",
         }
 
-    def spawn(self, *args: str) -> PkgqProcess:
-        process = PkgqProcess(self.settings, *args, **self.env())
+    def spawn(self, *args: str, **env: str) -> PkgqProcess:
+        process = PkgqProcess(self.settings, *args, **{**self.env(), **env})
         self.processes.append(process)
         return process
 
@@ -249,7 +251,9 @@ async def test_node_kills_a_postgres_failover_and_killed_processes_lose_and_doub
         await declare_all(channel, settings)  # provisioned first, as an operator does
         await channel.close()
         tap = await _tap(amqp, settings)
-        relay = chaos.spawn("relay")
+        # The relay reaches the cluster through haproxy (as through a Kubernetes Service), the
+        # consumers through the node list: both ways of finding a live node are under test.
+        relay = chaos.spawn("relay", PKGQ_AMQP_URL=chaos.lab.amqp_lb)
         consumers = chaos.spawn("run", *CONSUMED, "--ingest")
         for plan in workload.plans:
             for package, amount in plan.purchases:
@@ -287,7 +291,7 @@ async def test_node_kills_a_postgres_failover_and_killed_processes_lose_and_doub
         # PostgreSQL: the primary crashes; a fresh pkgq process starts while none answers.
         await lab("pg-crash")
         relay.kill()
-        relay = chaos.spawn("relay")
+        relay = chaos.spawn("relay", PKGQ_AMQP_URL=chaos.lab.amqp_lb)
         await asyncio.sleep(3)
         await lab("pg-promote")
         chaos.resumed["postgres primary crashed, standby promoted"].append(
