@@ -10,7 +10,8 @@
 # one core busy), and is removed at the end if this run made it (PKGQ_HA_KEEP=1 keeps it).
 # PKGQ_SKIP_LAB=1 neither starts nor removes it: then the chaos tests start it themselves.
 #
-# Extra pytest arguments pass through to every part. Fails when the checks or any part fail, or
+# Extra pytest arguments pass through to every part (a `-m` or `-n` among them replaces the
+# part's own; select by path or -k instead). Fails when the checks or any part fail, or
 # when no part ran a test (pytest's exit code 5 for one part alone is fine: a selection may
 # hold none).
 set -uo pipefail
@@ -23,7 +24,16 @@ lab=deploy/local/ha/lab.sh
 lab_pid=
 lab_started=0
 lab_log=$(mktemp -t pkgq-ha-lab.XXXXXX)
+chaos_pid=
+chaos_log=$(mktemp -t pkgq-chaos.XXXXXX)
 finish() {
+    # Interrupted while the chaos tests run: stop them first (they tear their processes down
+    # and repair the lab), and only then remove the lab.
+    if [ -n "$chaos_pid" ] && kill -0 "$chaos_pid" 2>/dev/null; then
+        kill -INT -- "-$chaos_pid" 2>/dev/null
+        wait "$chaos_pid" 2>/dev/null
+    fi
+    rm -f "$chaos_log"
     if [ -n "$lab_pid" ]; then wait "$lab_pid" 2>/dev/null; fi
     if [ "$lab_started" = 1 ] && [ "${PKGQ_HA_KEEP:-0}" != 1 ]; then
         "$lab" down >>"$lab_log" 2>&1 || { echo "run-suite: '$lab down' failed:" >&2; tail -20 "$lab_log" >&2; }
@@ -49,16 +59,16 @@ if [ -n "$lab_pid" ]; then
     fi
     lab_pid=
 fi
-chaos_log=$(mktemp -t pkgq-chaos.XXXXXX)
-"$bin/pytest" -m chaos "$@" >"$chaos_log" 2>&1 &
+# A process group of its own (setsid), so that an interrupt is handed to it by finish, in order.
+setsid "$bin/pytest" -m chaos "$@" >"$chaos_log" 2>&1 &
 chaos_pid=$!
 "$bin/pytest" -n "$workers" -m "not serial and not chaos" "$@"
 parallel=$?
 wait "$chaos_pid"
 chaos=$?
+chaos_pid=
 echo "run-suite: the chaos tests, run beside the parallel part:"
 cat "$chaos_log"
-rm -f "$chaos_log"
 "$bin/pytest" -m serial "$@"
 serial=$?
 

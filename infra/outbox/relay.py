@@ -69,7 +69,7 @@ from infra.rabbit.publisher import Publisher, PublishFailedError, build_message
 from infra.rabbit.topology import declare_all, routing_key_for
 from infra.settings import Settings
 from infra.systemd_notify import Notifier
-from infra.transient import OutagePauses, is_transient, needs_operator
+from infra.transient import OutagePauses, is_outage, is_transient, needs_operator
 
 log = structlog.get_logger(__name__)
 
@@ -246,10 +246,14 @@ class Relay:
     async def _renewed(self, stop: asyncio.Event) -> bool:
         """Renew the publisher; if the broker cannot give a channel yet (its connection is
         still reconnecting after a restart or a lost node), say so and pause briefly instead
-        of failing the relay: it tries again on the next turn of the loop."""
+        of failing the relay: it tries again on the next turn of the loop. Anything else (a
+        missing exchange, a refused permission) ends the relay as before, so that its restart
+        declares the topology again or an operator is told."""
         try:
             await self._renew_publisher()
-        except Exception as exc:  # noqa: BLE001  (the broker is not back yet: never fatal)
+        except Exception as exc:
+            if not _broker_unavailable(exc, self._connection):
+                raise
             pause = RENEW_RETRY_PAUSES[min(self._renew_failures, len(RENEW_RETRY_PAUSES) - 1)]
             self._renew_failures += 1
             log.warning("relay_renewal_failed", kind=self._renew, error=repr(exc), retry_in_s=pause)
@@ -262,8 +266,9 @@ class Relay:
         """Replace the publishing channel after a failed publish (and the connection, after a
         confirm that never came): never publish on a channel that stopped confirming."""
         kind, self._renew = self._renew, None
-        RELAY_RENEWALS.labels(kind=kind).inc()
-        log.warning("relay_channel_renewed", kind=kind)
+        if self._renew_failures == 0:  # counted once per renewal, not once per retry
+            RELAY_RENEWALS.labels(kind=kind).inc()
+            log.warning("relay_channel_renewed", kind=kind)
         if self._publisher is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._publisher.close(), timeout=2)
@@ -271,9 +276,11 @@ class Relay:
         try:
             if kind == "connection":
                 await asyncio.wait_for(reconnect(self._connection), timeout=CONNECT_WAIT)
+                kind = "channel"  # a new connection is made: a retry only needs a channel
             await asyncio.wait_for(self._open_publisher(), timeout=CONNECT_WAIT)
         except Exception:
-            self._renew = kind  # not yet: the round that follows fails at once, and waits
+            # Not yet: try again, keeping a connection renewal the watchdog asked for meanwhile.
+            self._renew = "connection" if "connection" in (kind, self._renew) else kind
             raise
 
     @staticmethod
@@ -390,6 +397,17 @@ class Relay:
 
     def _on_notify(self, *_: object) -> None:
         self._wake.set()
+
+
+def _broker_unavailable(exc: BaseException, connection: AbstractRobustConnection) -> bool:
+    """A renewal failed because the broker cannot be reached yet (worth waiting for), rather
+    than for something a wait does not fix."""
+    if is_outage(exc) or isinstance(exc, TimeoutError):
+        return True
+    # aio-pika's "Connection was not opened" while its robust connection reconnects.
+    return isinstance(exc, RuntimeError) and (
+        connection.is_closed or not connection.connected.is_set()
+    )
 
 
 RENEW_PAUSE = 0.25

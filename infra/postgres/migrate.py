@@ -57,6 +57,9 @@ async def ensure_database(dsn: str) -> bool:
         quoted = name.replace('"', '""')
         await admin.execute(f'CREATE DATABASE "{quoted}"')
     except asyncpg.DuplicateDatabaseError:
+        # Made by a concurrent `pkgq migrate`, or already there on the primary while a
+        # standby listed first has not replayed it: wait until the DSN finds it all the same.
+        await _until_visible(dsn)
         return False
     finally:
         await admin.close()

@@ -144,14 +144,36 @@ class QueueConsumer:
                         kept.append(message)
                 for message in kept:
                     queue.put_nowait(message)
-            if not self._stopping.is_set():
-                # After a lost node or a broker restart the connection may still be
-                # reconnecting: wait for it (bounded) rather than fail for want of a channel.
-                await asyncio.wait_for(
-                    self._connection.ready(), timeout=self._settings.startup_wait
-                )
-                await self._subscribe()
+            await self._subscribe_when_connected()
             log.info("given_back", route=self.name)
+
+    async def _subscribe_when_connected(self) -> None:
+        """Subscribe again, unless stopping. After a lost node or a broker restart the
+        connection may still be reconnecting (or just about to notice it is gone): wait for it
+        and try again, until PKGQ_STARTUP_WAIT runs out, rather than fail for want of a
+        channel. A stop ends the wait at once."""
+        deadline = asyncio.get_running_loop().time() + self._settings.startup_wait
+        while not self._stopping.is_set():
+            stopping = asyncio.ensure_future(self._stopping.wait())
+            connected = asyncio.ensure_future(self._connection.ready())
+            left = max(0.0, deadline - asyncio.get_running_loop().time())
+            try:
+                await asyncio.wait(
+                    {stopping, connected}, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                stopping.cancel()
+                connected.cancel()
+            if self._stopping.is_set():
+                return
+            try:
+                await self._subscribe()
+            except Exception:
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise
+                await asyncio.sleep(0.5)
+            else:
+                return
 
     async def _give_back_or_fail(self) -> None:
         """Give the deliveries back; if that breaks (no new channel, even once the connection
