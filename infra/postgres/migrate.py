@@ -5,12 +5,12 @@ A session advisory lock makes concurrent `pkgq migrate` runs (one per replica at
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from importlib import resources
 
 import asyncpg
 import structlog
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from infra.postgres.pool import connect
 from infra.settings import mask_url
@@ -74,17 +74,15 @@ async def _until_visible(dsn: str, within: float = 30.0) -> None:
     commits it (a synchronous standby has the WAL, not yet applied), and asyncpg gives up on
     its "does not exist" instead of trying the next host: without this wait the migration that
     follows fails right after the database was made."""
-    deadline = asyncio.get_running_loop().time() + within
-    while True:
-        try:
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception_type(asyncpg.InvalidCatalogNameError),
+        stop=stop_after_delay(within),
+        wait=wait_fixed(0.1),
+        reraise=True,
+    ):
+        with attempt:
             conn = await connect(dsn, setting="PKGQ_MIGRATE_DSN")
-        except asyncpg.InvalidCatalogNameError:
-            if asyncio.get_running_loop().time() >= deadline:
-                raise
-            await asyncio.sleep(0.1)
-        else:
             await conn.close()
-            return
 
 
 class RuntimeRoleMissingError(Exception):

@@ -24,7 +24,7 @@ import os
 import random
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
@@ -183,28 +183,19 @@ async def _resume_times(
         PurchasePackage(user_id=user, package_id=package),
         uuid4(),
     )
-    await _wait_for(
-        lambda: _count(pool, "SELECT count(*) FROM telecom.package_queue WHERE user_id = $1", user)
-    )
+
+    async def applied() -> bool:
+        sql = "SELECT count(*) FROM telecom.package_queue WHERE user_id = $1"
+        return bool(await _count(pool, sql, user))
+
+    async def published() -> bool:
+        sql = "SELECT count(*) FROM telecom.outbox WHERE user_id = $1 AND published_at IS NOT NULL"
+        return bool(await _count(pool, sql, user))
+
+    await eventually(applied, within=180, every=0.2)
     consumers = time.monotonic() - start
-    await _wait_for(
-        lambda: _count(
-            pool,
-            "SELECT count(*) FROM telecom.outbox WHERE user_id = $1 AND published_at IS NOT NULL",
-            user,
-        )
-    )
+    await eventually(published, within=180, every=0.2)
     return {"consumers_s": round(consumers, 1), "relay_s": round(time.monotonic() - start, 1)}
-
-
-async def _wait_for(check: Callable[[], Awaitable[int | None]], within: float = 180) -> int:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        value = await check()
-        if value:
-            return value
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"not within {within}s")
 
 
 async def _tap(amqp: AbstractRobustConnection, settings: Settings) -> str:

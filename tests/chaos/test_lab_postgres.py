@@ -4,14 +4,13 @@ though the standby replays the creation a moment later."""
 
 from __future__ import annotations
 
-import asyncio
-
 import asyncpg
 import pytest
 
 from infra.postgres.migrate import available_migrations
 from infra.settings import Settings
 from tests.support.ha_lab import Lab, lab
+from tests.support.observing import eventually
 from tests.support.processes import cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
@@ -45,9 +44,4 @@ async def test_migrate_creates_and_migrates_a_database_through_a_dsn_listing_the
         await c.close()
         return True
 
-    for _ in range(50):
-        if await on_standby():
-            break
-        await asyncio.sleep(0.1)
-    else:
-        raise AssertionError("the standby never showed the new database")
+    await eventually(on_standby, within=5)

@@ -113,6 +113,25 @@ async def broker_user(name: str, tags: str = "") -> AsyncIterator[str]:
         await delete_user(name)
 
 
+async def named(
+    client: httpx.AsyncClient, kind: str, pattern: str, columns: str
+) -> list[dict[str, Any]]:
+    """Every queue or exchange (`kind`) of vhost / whose name matches the regex `pattern`,
+    with `columns`. The API filters by name only when it pages (at most 500 a page)."""
+    items: list[dict[str, Any]] = []
+    page, pages = 1, 1
+    while page <= pages:
+        found = await _call(
+            client,
+            "GET",
+            f"{kind}/{VHOST}?page={page}&page_size=500&use_regex=true"
+            f"&name={quote(pattern, safe='')}&columns={columns}",
+        )
+        items += found["items"]
+        page, pages = page + 1, found["page_count"]
+    return items
+
+
 async def delete_namespaces(namespaces: set[str]) -> int:
     """Delete every queue and exchange named `<namespace>.…` for these namespaces: what the
     tests declared under a queue prefix or partition count they switched to, which a test's
@@ -121,17 +140,7 @@ async def delete_namespaces(namespaces: set[str]) -> int:
     deleted = 0
     async with _client() as client:
         for kind in ("queues", "exchanges"):
-            names: list[str] = []
-            page, pages = 1, 1
-            while page <= pages:  # the API hands out at most 500 a page
-                found = await _call(
-                    client,
-                    "GET",
-                    f"{kind}/{VHOST}?page={page}&page_size=500&use_regex=true"
-                    f"&name={quote('^pkgq_t_', safe='')}&columns=name",
-                )
-                names += [item["name"] for item in found["items"]]
-                page, pages = page + 1, found["page_count"]
+            names = [item["name"] for item in await named(client, kind, "^pkgq_t_", "name")]
             for name in names:
                 if name.partition(".")[0] not in namespaces:
                     continue  # another session's, or another worker's

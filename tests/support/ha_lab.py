@@ -17,6 +17,8 @@ import asyncpg
 import httpx
 from yarl import URL
 
+from tests.support.broker_users import named
+
 LAB = Path(__file__).resolve().parents[2] / "deploy" / "local" / "ha" / "lab.sh"
 
 
@@ -113,26 +115,9 @@ class Lab:
 async def listed(
     client: httpx.AsyncClient, kind: str, prefix: str, columns: str
 ) -> list[dict[str, Any]]:
-    """Every queue or exchange (`kind`) of vhost / whose name starts with `prefix`. The API
-    filters by name only when it pages."""
-    items: list[dict[str, Any]] = []
-    page, pages = 1, 1
-    while page <= pages:
-        answer = await client.get(
-            f"/{kind}/%2F",
-            params={
-                "page": page,
-                "page_size": 500,
-                "name": f"^{re.escape(prefix)}",
-                "use_regex": "true",
-                "columns": columns,
-            },
-        )
-        answer.raise_for_status()
-        body = answer.json()
-        items += body["items"]
-        page, pages = page + 1, body["page_count"]
-    return [item for item in items if item["name"].startswith(prefix)]
+    """Every queue or exchange (`kind`) of vhost / whose name starts with `prefix`."""
+    found = await named(client, kind, f"^{re.escape(prefix)}", columns)
+    return [item for item in found if item["name"].startswith(prefix)]
 
 
 async def lab(*args: str) -> str:
