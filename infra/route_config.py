@@ -4,6 +4,7 @@
     concurrency = 4                # worker lanes (messages spread over lanes by user)
     prefetch = 64
     batch_size = 32
+    batch_max = 256                # taken at once when already buffered (a backlog)
     partitions = 4
     ttr = 30                       # seconds a handler may run on one message
     queue_type = "classic"         # or "quorum"
@@ -47,6 +48,8 @@ class RouteSettings(BaseModel):
     stay in order while different users are applied concurrently."""
     prefetch: int | None = Field(default=None, ge=1, le=10_000)
     batch_size: int | None = Field(default=None, ge=1, le=1000)
+    batch_max: int | None = Field(default=None, ge=1, le=1000)
+    """Deliveries taken into one transaction when they are already buffered (a backlog)."""
     partitions: int | None = Field(default=None, ge=1, le=256)
     retry: RetrySettings | None = None
     ttr: float | None = Field(default=None, gt=0, le=86400)

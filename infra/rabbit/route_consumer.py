@@ -39,6 +39,7 @@ def route_consumer(
         idle=idle,
         idle_every=settings.release_poll_interval,
         batch_size=settings.batch_size_for(route.name),
+        batch_max=settings.batch_max_for(route.name),
         linger=settings.batch_linger_ms / 1000,
         prefetch=settings.prefetch_for(route.name),
         lanes=settings.concurrency_for(route.name),
