@@ -8,7 +8,6 @@ describes its transition: it never runs SQL of its own.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -180,12 +179,15 @@ class Savepoint:
 
 
 def _copy(loaded: LoadedQueue) -> LoadedQueue:
-    queue = loaded.queue
-    return dataclasses.replace(
-        loaded,
-        queue=dataclasses.replace(
-            queue, items=[dataclasses.replace(i) for i in queue.items], orders=dict(queue.orders)
-        ),
+    """The user's queue as it is, to go back to: the queue copied, its sequence kept (what
+    it was loaded as never changes, so that is shared)."""
+    return LoadedQueue(
+        loaded.queue.copy(),
+        loaded.items_before,
+        loaded.user_before,
+        loaded.seq,
+        loaded.seq_before,
+        loaded.orders_before,
     )
 
 

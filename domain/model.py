@@ -72,6 +72,23 @@ class QueueItem:
     adjust_quota: int = 0
     expire_at: datetime | None = None
 
+    def copy(self) -> QueueItem:
+        """A copy to change apart from this one (a savepoint's): every field, by position,
+        since this runs for each loaded item of every message (dataclasses.replace is slower)."""
+        return QueueItem(
+            self.id,
+            self.user_id,
+            self.terms,
+            self.by_order,
+            self.status,
+            self.created_at,
+            self.activated_at,
+            self.upload,
+            self.download,
+            self.adjust_quota,
+            self.expire_at,
+        )
+
     @property
     def package_id(self) -> int:
         return self.terms.package_id

@@ -14,7 +14,7 @@ stored, raises CounterOverflowError before anything changes (see `counters`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from uuid import UUID
 
@@ -59,6 +59,17 @@ class UserQueue:
     orders: dict[UUID, tuple[int, ...]] = field(default_factory=dict)
     """Orders already bought, by `by_order`, with the items each queued: those the caller
     loaded (the ones its commands name) plus those bought since."""
+
+    def copy(self) -> UserQueue:
+        """A copy to change apart from this one: its items copied, its orders too."""
+        return UserQueue(
+            self.user_id,
+            [item.copy() for item in self.items],
+            self.unbilled_upload,
+            self.unbilled_download,
+            self.has_access,
+            dict(self.orders),
+        )
 
     # -- queries (GetCurrentPackage, GetAllMyPackages) -------------------------------------
 
@@ -312,14 +323,7 @@ class UserQueue:
     def _refuse_overflow(self, transition: Callable[[UserQueue], object]) -> None:
         """Run `transition` on a copy of this queue and raise CounterOverflowError if it takes
         a counter beyond a bigint. This queue is not touched either way."""
-        copy = UserQueue(
-            user_id=self.user_id,
-            items=[replace(item) for item in self.items],
-            unbilled_upload=self.unbilled_upload,
-            unbilled_download=self.unbilled_download,
-            has_access=self.has_access,
-            orders=dict(self.orders),
-        )
+        copy = self.copy()
         transition(copy)
         before = self.counters()
         for counter, value in copy.counters().items():

@@ -16,7 +16,6 @@ someone else published first is refused on a route only pkgq publishes, like the
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from uuid import UUID
@@ -75,7 +74,7 @@ def stamped(raw: RawDelivery, trusted: str) -> RawDelivery:
     first = publisher_of(raw.headers if raw.publisher == trusted else {}, raw.publisher)
     if raw.headers.get(H_PUBLISHER) == first:
         return raw
-    return dataclasses.replace(raw, headers={**raw.headers, H_PUBLISHER: first})
+    return raw.with_headers({**raw.headers, H_PUBLISHER: first})
 
 
 def decode_all(

@@ -99,12 +99,14 @@ class Executor:
             started = time.perf_counter()
             envelope = delivery.decoded.envelope
             trace_id: str | None = None
-            with structlog.contextvars.bound_contextvars(
+            # bind/reset rather than bound_contextvars, which copies the whole context first.
+            bound = structlog.contextvars.bind_contextvars(
                 route=self.route.name,
                 message_id=str(envelope.message_id),
                 user_id=str(envelope.user_id) if envelope.user_id else None,
                 trace_id=tracing.trace_id_of(envelope.traceparent),
-            ):
+            )
+            try:
                 decision = gate.admit(facts)
                 if decision is None:
                     failure = known.failures.get(delivery.index)
@@ -115,6 +117,8 @@ class Executor:
                     repeat = delivery.message_id in work.duplicate_orders
                     decision = gate.decide(facts, failure, self._policy.delay_after, repeat=repeat)
                 gate.note(facts, decision)
+            finally:
+                structlog.contextvars.reset_contextvars(**bound)
             seconds = time.perf_counter() - started
             decided.append(
                 Decided(delivery.index, delivery.raw, delivery.decoded, decision, trace_id, seconds)

@@ -15,9 +15,15 @@ from events.routes import Route
 log = structlog.get_logger(__name__)
 
 
+NEWS = frozenset({Fate.RETRY, Fate.BURIED, Fate.EXPIRED, Fate.UNDECIDED, Fate.PARKED})
+"""The fates worth a line of their own (an applied message gets settle's `processed`)."""
+
+
 def report(route: Route, decided: Sequence[Decided]) -> None:
     for d in decided:
         decision, failure = d.decision, d.decision.failure
+        if decision.fate not in NEWS:
+            continue
         if d.decoded is not None:
             envelope = d.decoded.envelope
             message_id = str(envelope.message_id)

@@ -20,7 +20,7 @@ from consumers.delivery.decode import Delivery
 from consumers.unit_of_work import Needs, NeedsOf, UnitOfWork
 from domain.delivery import Facts, Gate, Hold, Source
 from infra.postgres import attempts, catalog, groups, holds, queue_repo
-from infra.postgres.pool import Conn
+from infra.postgres.pool import Conn, in_uuid_order
 
 
 @dataclass
@@ -49,7 +49,7 @@ async def load(
     """Inside the batch's transaction. `settled`: deliveries whose failure is known already
     (their run only records it): their users' rows are not locked, so a row that someone else
     keeps locked past the statement timeout does not fail the recording too."""
-    users = sorted({d.user_id for d in ready if d.user_id is not None})
+    users = in_uuid_order(d.user_id for d in ready if d.user_id is not None)
     rows, now = await queue_repo.lock_users(
         conn, {d.user_id for d in ready if d.user_id is not None and d.index not in settled}
     )

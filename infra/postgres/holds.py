@@ -16,7 +16,7 @@ from uuid import UUID
 
 from domain.delivery import Hold
 from events.envelope import clean_text
-from infra.postgres.pool import Conn, from_row
+from infra.postgres.pool import Conn, from_row, in_uuid_order
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +57,7 @@ async def lock_many(conn: Conn, consumer: str, user_ids: Sequence[UUID]) -> dict
         "SELECT user_id, blocker, state FROM telecom.holds "
         "WHERE consumer = $1 AND user_id = ANY($2::uuid[]) ORDER BY user_id FOR UPDATE",
         consumer,
-        sorted(set(user_ids)),
+        in_uuid_order(user_ids),
     )
     return {r["user_id"]: Hold(r["blocker"], r["state"]) for r in rows}
 
@@ -108,7 +108,7 @@ async def settle_lifted(conn: Conn, consumer: str, user_ids: Sequence[UUID]) -> 
         RETURNING h.user_id
         """,
         consumer,
-        sorted(set(user_ids)),
+        in_uuid_order(user_ids),
     )
     return [r["user_id"] for r in rows]
 
@@ -235,7 +235,7 @@ async def first_parked(
         ORDER BY p.id
         """,
         consumer,
-        sorted(set(user_ids)),
+        in_uuid_order(user_ids),
         per_user,
     )
     return [

@@ -10,13 +10,15 @@ lasts, `watch_for_recovery` is what the process's probe tries (infra/transient.R
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import operator
 import ssl
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
+from uuid import UUID
 
 import asyncpg
 import structlog
@@ -42,11 +44,26 @@ def columns(rows: Sequence[Any], *names: str) -> list[list[Any]]:
     return [[get(row) for row in rows] for get in getters]
 
 
+def in_uuid_order(ids: Iterable[UUID]) -> list[UUID]:
+    """The distinct ids in Postgres's uuid order (their 128-bit value), the order rows are
+    locked in; sorted by that value rather than by UUID.__lt__, which is slower."""
+    return sorted(set(ids), key=_UUID_VALUE)
+
+
+_UUID_VALUE = operator.attrgetter("int")
+
+
 def from_row(cls: type[D], row: asyncpg.Record | Mapping[str, Any], **converted: Any) -> D:
     """The dataclass `cls` from the row's columns of the same names; `converted` gives the
     fields whose column needs converting first (or has another name)."""
-    fields = (f.name for f in dataclasses.fields(cls) if f.init and f.name not in converted)
+    fields = (name for name in _init_fields(cls) if name not in converted)
     return cls(**{name: row[name] for name in fields}, **converted)
+
+
+@functools.cache
+def _init_fields(cls: type[DataclassInstance]) -> tuple[str, ...]:
+    """The names `cls` is made from (looked up once per class: from_row runs per row)."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.init)
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:

@@ -7,7 +7,6 @@ purchase), so loading them never joins the catalog: a catalog edit cannot reach 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,7 +16,7 @@ import asyncpg
 
 from domain.model import ItemStatus, QueueItem, Terms
 from domain.queue import UserQueue
-from infra.postgres.pool import Conn, clock, columns, from_row
+from infra.postgres.pool import Conn, clock, columns, in_uuid_order
 
 _ITEM_COLUMNS = """
     q.id, q.user_id, q.package_id, q.by_order, q.status::text AS status, q.created_at,
@@ -46,12 +45,24 @@ class LoadedQueue:
         return list(range(first, self.seq + 1))
 
 
+_STATUS = {status.value: status for status in ItemStatus}
+
+
 def _item(row: asyncpg.Record) -> QueueItem:
-    return from_row(
-        QueueItem,
-        row,
+    """An item from its _ITEM_COLUMNS, by name (every loaded item of every batch comes this
+    way: spelled out rather than from_row's lookup of the fields)."""
+    return QueueItem(
+        id=row["id"],
+        user_id=row["user_id"],
         terms=Terms(row["package_id"], row["package_name"], row["traffic_limit"], row["duration"]),
-        status=ItemStatus(row["status"]),
+        by_order=row["by_order"],
+        status=_STATUS[row["status"]],
+        created_at=row["created_at"],
+        activated_at=row["activated_at"],
+        upload=row["upload"],
+        download=row["download"],
+        adjust_quota=row["adjust_quota"],
+        expire_at=row["expire_at"],
     )
 
 
@@ -81,12 +92,17 @@ _LOCK_USERS = """
 async def lock_users(conn: Conn, user_ids: Iterable[UUID]) -> tuple[dict[UUID, UserRow], datetime]:
     """Create missing user rows and lock all of them until the transaction ends, in one
     statement. Returns the rows and the transaction's clock."""
-    wanted = sorted(set(user_ids))
+    wanted = in_uuid_order(user_ids)
     if not wanted:
         now = await clock(conn)
         return {}, now
     rows = await conn.fetch(_LOCK_USERS, wanted)
-    users = {r["user_id"]: from_row(UserRow, r) for r in rows}
+    users = {
+        r["user_id"]: UserRow(
+            r["user_id"], r["unbilled_upload"], r["unbilled_download"], r["has_access"], r["seq"]
+        )
+        for r in rows
+    }
     return users, rows[0]["now"]
 
 
@@ -107,7 +123,7 @@ async def load_items(
         WHERE q.user_id = ANY($1::uuid[])
           AND (q.status IN ('in_queue', 'active') OR q.id = ANY($2::bigint[]))
         """,
-        sorted(set(user_ids)),
+        in_uuid_order(user_ids),
         sorted(set(extra_item_ids)),
     )
     items: dict[UUID, list[QueueItem]] = {}
@@ -153,7 +169,7 @@ def loaded_queue(
     )
     return LoadedQueue(
         queue=queue,
-        items_before={i.id: dataclasses.replace(i) for i in items},
+        items_before={i.id: i.copy() for i in items},
         user_before=(user.unbilled_upload, user.unbilled_download, user.has_access),
         seq=user.seq,
         seq_before=user.seq,

@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
+from uuid import uuid4
 
 import pytest
 
-from infra.postgres.pool import columns, from_row
+from infra.postgres.pool import columns, from_row, in_uuid_order
 
 
 @dataclass(frozen=True)
@@ -63,3 +64,10 @@ def test_columns_gives_one_array_per_name_in_row_order_and_follows_dotted_paths(
 
 def test_columns_of_no_rows_are_empty_arrays() -> None:
     assert columns([], "id", "note") == [[], []]
+
+
+def test_uuid_order_is_the_order_uuids_compare_in_and_drops_repeats() -> None:
+    ids = [uuid4() for _ in range(200)]
+    ids += ids[:50]
+
+    assert in_uuid_order(ids) == sorted(set(ids))
