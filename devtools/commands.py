@@ -29,8 +29,15 @@ def bench_cmd(
     large_rows: Annotated[
         int, typer.Option(min=0, help="Rows already in package_queue, last run.")
     ] = 1_000_000,
-    batch_size: Annotated[int, typer.Option(min=1, max=1000)] = 32,
-    prefetch: Annotated[int, typer.Option(min=1)] = 64,
+    batch_size: Annotated[
+        int | None, typer.Option(min=1, max=1000, help="Default: PKGQ_BATCH_SIZE's (32).")
+    ] = None,
+    batch_max: Annotated[
+        int | None, typer.Option(min=1, max=1000, help="Default: PKGQ_BATCH_MAX's (256).")
+    ] = None,
+    prefetch: Annotated[
+        int | None, typer.Option(min=1, help="Default: PKGQ_PREFETCH's (512).")
+    ] = None,
     raw_messages: Annotated[int, typer.Option(min=1, help="Messages in the raw baseline.")] = 5000,
     replicas: Annotated[
         int, typer.Option(min=1, max=16, help="pkgq run processes (routes split to match).")
@@ -72,8 +79,9 @@ def bench_cmd(
         packages=packages,
         small_rows=small_rows,
         large_rows=large_rows,
-        batch_size=batch_size,
-        prefetch=prefetch,
+        batch_size=batch_size or settings.batch_size,
+        batch_max=batch_max or settings.batch_max,
+        prefetch=prefetch or settings.prefetch,
         raw_messages=raw_messages,
         replicas=replicas,
         repeat=repeat,

@@ -69,8 +69,11 @@ class Settings(BaseSettings):
 
     concurrency: int = Field(default=1, ge=1, le=64)
     """Worker lanes per queue, for routes the route file does not configure (`--concurrency`)."""
-    prefetch: int = Field(default=32, ge=1, le=10_000)
-    """Deliveries the broker sends ahead (raised to batch_size if lower)."""
+    prefetch: int = Field(default=512, ge=1, le=10_000)
+    """Deliveries the broker sends ahead per consumed queue (raised to batch_size if lower): a
+    backlog's next batches are already here while one commits. Each is held in memory, up to
+    the broker's max_message_size apiece: where memory is tight and bodies may be large, lower
+    it (the Kubernetes example sets 32; deploy/k8s/verify.sh checks the budget)."""
     batch_size: int = Field(default=32, ge=1, le=1000)
     """Deliveries a consumer waits (up to the linger) to apply together in one Postgres
     transaction (1: one at a time)."""

@@ -96,6 +96,7 @@ fields = Settings.model_fields
 print(json.dumps({
     "prefetch": fields["prefetch"].default,
     "batch_size": fields["batch_size"].default,
+    "batch_max": fields["batch_max"].default,
     "relay_batch_size": fields["relay_batch_size"].default,
     "relay_rounds": ROUNDS_IN_FLIGHT,
     "pool_max_size": fields["pool_max_size"].default,

@@ -222,6 +222,7 @@ class BacklogBench:
             self.bench.settings,
             batch_size=self.scenario.batch_size,
             prefetch=self.scenario.prefetch,
+            batch_max=self.scenario.batch_max,
         )
         process = spawn(["run", "--no-ingest", USAGE_RECORD.name], env)
         try:
@@ -268,7 +269,10 @@ class BacklogBench:
         warm, measured = users[:STATEMENT_BATCH], users[STATEMENT_BATCH:]
         await self.seed(users)
         log = StatementLog()
-        pool = await create_pool(self.bench.settings.postgres_dsn, query_logger=log)
+        # As the consumers' pool is made (consumers/runtime.services): no reset on release.
+        pool = await create_pool(
+            self.bench.settings.postgres_dsn, query_logger=log, reset_session=False
+        )
         try:
             pipeline = DeliveryPipeline(
                 pool, USAGE_RECORD, HANDLERS[USAGE_RECORD.name], RetryPolicy(), max_body_bytes=2**20
@@ -327,7 +331,10 @@ async def backlog_phases(bench: Bench, say: Callable[[str], None]) -> dict[str, 
     faststream = await backlog.best_of(backlog.drain_faststream)
     say(f"  {faststream.records_per_s:,.0f} records/s ({faststream.seconds:.1f} s)")
 
-    say(f"pkgq run (batch {scenario.batch_size}) on the same backlog")
+    say(
+        f"pkgq run (batch {scenario.batch_size}, up to {scenario.batch_max} when buffered, "
+        f"prefetch {scenario.prefetch}) on the same backlog"
+    )
     pkgq = await backlog.best_of(backlog.drain_pkgq)
     say(f"  {pkgq.records_per_s:,.0f} records/s ({pkgq.seconds:.1f} s), rss {pkgq.rss_mb:.0f} MB")
 

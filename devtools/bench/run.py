@@ -46,7 +46,11 @@ async def run_bench(settings: Settings, scenario: Scenario, say: Callable[[str],
         pace = small.events_per_s / 2
         say(f"pkgq at half that rate ({pace:,.0f} events/s) for latency")
         paced = await bench.scenario_run(
-            "paced", batch_size=scenario.batch_size, prefetch=scenario.prefetch, pace_eps=pace
+            "paced",
+            batch_size=scenario.batch_size,
+            prefetch=scenario.prefetch,
+            batch_max=scenario.batch_max,
+            pace_eps=pace,
         )
         say(f"  p50 {paced.percentile(0.5):.1f} ms, p99 {paced.percentile(0.99):.1f} ms")
 

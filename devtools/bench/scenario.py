@@ -159,7 +159,10 @@ class Bench:
             if number:
                 await self.clear_scenario()
             result = await self.scenario_run(
-                label, batch_size=self.scenario.batch_size, prefetch=self.scenario.prefetch
+                label,
+                batch_size=self.scenario.batch_size,
+                prefetch=self.scenario.prefetch,
+                batch_max=self.scenario.batch_max,
             )
             if best is None or result.events_per_s > best.events_per_s:
                 best = result
@@ -182,12 +185,20 @@ class Bench:
         return await bench_data.count_items(self.db)
 
     async def scenario_run(
-        self, label: str, *, batch_size: int, prefetch: int, pace_eps: float | None = None
+        self,
+        label: str,
+        *,
+        batch_size: int,
+        prefetch: int,
+        batch_max: int | None = None,
+        pace_eps: float | None = None,
     ) -> RunResult:
         """Drive the scenario through a real relay and consumer process; wait for the end."""
         assert self.db is not None
         assert self.amqp is not None
-        env = child_env(self.settings, batch_size=batch_size, prefetch=prefetch)
+        env = child_env(
+            self.settings, batch_size=batch_size, prefetch=prefetch, batch_max=batch_max
+        )
         count = self.scenario.replicas
         processes = {"relay": spawn(["relay"], status_port_env(env, 0))}
         for i in range(count):

@@ -38,8 +38,10 @@ class Scenario:
     packages: int = 5
     small_rows: int = 10_000
     large_rows: int = 1_000_000
-    batch_size: int = 32
-    prefetch: int = 64
+    batch_size: int = Settings.model_fields["batch_size"].default
+    batch_max: int = Settings.model_fields["batch_max"].default
+    prefetch: int = Settings.model_fields["prefetch"].default
+    """pkgq's own defaults, unless the bench is told otherwise (and the raw baseline's QoS)."""
     raw_messages: int = 5_000
     repeat: int = 2
     """Runs of each batched phase; the fastest counts."""
@@ -102,11 +104,15 @@ def message(body: bytes, route: Route, user: UUID | None) -> aio_pika.Message:
     )
 
 
-def child_env(settings: Settings, *, batch_size: int, prefetch: int) -> dict[str, str]:
+def child_env(
+    settings: Settings, *, batch_size: int, prefetch: int, batch_max: int | None = None
+) -> dict[str, str]:
+    """The environment of the bench's `pkgq` processes (batch_max: batch_size if not given)."""
     return {
         **os.environ,
         **settings.child_env(),
         "PKGQ_BATCH_SIZE": str(batch_size),
+        "PKGQ_BATCH_MAX": str(batch_max or batch_size),
         "PKGQ_PREFETCH": str(prefetch),
         "PKGQ_LOG_LEVEL": "warning",
         "PKGQ_LOG_FORMAT": "json",

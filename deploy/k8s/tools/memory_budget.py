@@ -45,11 +45,14 @@ def bodies_in_memory(args: list[str], settings: dict[str, str], pkgq: Doc) -> in
     """The most message bodies a process started with `pkgq ARGS` can hold at once.
 
     A consumer's channel has max(prefetch, batch) deliveries unacknowledged, each a whole body,
-    and the batch in hand is decoded besides (a second copy of up to `batch` bodies). The relay
+    and the batch in hand is decoded besides (a second copy of up to batch_max bodies, as many
+    as are buffered: at least `batch`, at most what the channel holds). The relay
     runs `relay_rounds` rounds at once, each with up to `relay_batch_size` outbox rows."""
     prefetch = int(settings.get("PKGQ_PREFETCH", pkgq["prefetch"]))
     batch = int(settings.get("PKGQ_BATCH_SIZE", pkgq["batch_size"]))
-    per_consumer = max(prefetch, batch) + batch
+    batch_max = max(batch, int(settings.get("PKGQ_BATCH_MAX", pkgq["batch_max"])))
+    held = max(prefetch, batch)
+    per_consumer = held + min(batch_max, held)
     if args[:1] == ["relay"]:
         relay_batch = int(settings.get("PKGQ_RELAY_BATCH_SIZE", pkgq["relay_batch_size"]))
         return int(pkgq["relay_rounds"]) * relay_batch
