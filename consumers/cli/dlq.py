@@ -18,6 +18,7 @@ from consumers.cli.dlq_changes import ErrorOpt, GroupOpt, RouteOpt, SinceOpt
 from consumers.cli.options import JsonOpt
 from consumers.cli.output import Column, console, field, moment, short, show, show_table, text
 from consumers.cli.running import load_settings, on_database, run
+from infra.gc_tuning import tune_for_throughput
 from infra.postgres import dead_letters, holds
 from infra.postgres.pool import Conn
 
@@ -153,6 +154,7 @@ def ingest_cmd() -> None:
     async def go() -> int:
         stop = stop_on_signals()
         async with services(settings, "dlq-ingest") as svc:
+            tune_for_throughput()  # started (infra/gc_tuning.py)
             return await run_consumers(settings, svc, [], stop, ingest=True)
 
     raise typer.Exit(run(go()))

@@ -12,6 +12,7 @@ from consumers.cli.output import say, show
 from consumers.cli.running import load_settings, run
 from consumers.runtime import services, start_status_server, stop_on_signals
 from events.routes import ROUTES
+from infra.gc_tuning import tune_for_throughput
 from infra.postgres.migrate import ensure_database, migrate
 from infra.postgres.pool import database
 from infra.settings import Settings
@@ -85,6 +86,7 @@ def run_cmd(
     async def go() -> int:
         stop = stop_on_signals()
         async with services(settings, "run") as svc:
+            tune_for_throughput()  # started (infra/gc_tuning.py)
             return await run_consumers(settings, svc, selected, stop, ingest=with_ingester)
 
     raise typer.Exit(run(go()))
@@ -99,6 +101,7 @@ def relay_cmd() -> None:
     async def go() -> None:
         stop = stop_on_signals()
         async with services(settings, "relay") as svc:
+            tune_for_throughput()  # started (infra/gc_tuning.py)
             relay = Relay(settings, svc.pool, svc.amqp, svc.worker_id)
 
             def ready() -> bool:

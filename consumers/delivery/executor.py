@@ -102,7 +102,7 @@ class Executor:
             # bind/reset rather than bound_contextvars, which copies the whole context first.
             bound = structlog.contextvars.bind_contextvars(
                 route=self.route.name,
-                message_id=str(envelope.message_id),
+                message_id=(message_text := str(envelope.message_id)),
                 user_id=str(envelope.user_id) if envelope.user_id else None,
                 trace_id=tracing.trace_id_of(envelope.traceparent),
             )
@@ -111,7 +111,7 @@ class Executor:
                 if decision is None:
                     failure = known.failures.get(delivery.index)
                     if failure is None:
-                        failure, trace_id = await self._handle(conn, work, delivery)
+                        failure, trace_id = await self._handle(conn, work, delivery, message_text)
                         if failure is not None:
                             known.failures[delivery.index] = failure
                     repeat = delivery.message_id in work.duplicate_orders
@@ -126,16 +126,14 @@ class Executor:
         return decided
 
     async def _handle(
-        self, conn: Conn, work: UnitOfWork, delivery: Delivery
+        self, conn: Conn, work: UnitOfWork, delivery: Delivery, message_text: str
     ) -> tuple[Failure | None, str | None]:
         """Run the handler in memory. Returns how it failed (None: it did not) and the trace
         it ran in. A failure is rolled back in memory; transient errors (outages and blips)
         and a TTR leave the batch."""
         envelope = delivery.decoded.envelope
         point = work.savepoint(envelope.user_id)
-        with tracing.consuming(
-            self.route.name, str(envelope.message_id), envelope.traceparent
-        ) as traceparent:
+        with tracing.consuming(self.route.name, message_text, envelope.traceparent) as traceparent:
             context = HandlerContext(conn, work.now, envelope, work, traceparent)
             trace_id = tracing.trace_id_of(traceparent)
             try:
