@@ -58,6 +58,7 @@ from infra.postgres import bench_data, catalog
 from infra.postgres.pool import create_pool
 from infra.postgres.statements import StatementLog
 from infra.rabbit.topology import route_queues
+from infra.tls import postgres_ssl
 
 if TYPE_CHECKING:
     from devtools.bench.scenario import Bench
@@ -157,8 +158,10 @@ class BacklogBench:
     async def drain_simple(self) -> DrainResult:
         await self.prepare()
         queues = [name for name, _ in route_queues(self.bench.settings, USAGE_RECORD.name)]
+        dsn = self.bench.settings.postgres_dsn
+        # Connected as pkgq connects (infra/tls.postgres_ssl), so TLS is no difference.
         pool = await asyncpg.create_pool(
-            self.bench.settings.postgres_dsn, min_size=len(queues), max_size=len(queues)
+            dsn, min_size=len(queues), max_size=len(queues), ssl=postgres_ssl(dsn)
         )
         try:
             started = time.perf_counter()
@@ -188,8 +191,10 @@ class BacklogBench:
         from its broker's start (connected before) until every record is in the inbox."""
         await self.prepare()
         queues = [name for name, _ in route_queues(self.bench.settings, USAGE_RECORD.name)]
-        # asyncpg's default pool (10 connections), as a FastStream app's startup would make it.
-        pool = await asyncpg.create_pool(self.bench.settings.postgres_dsn)
+        # asyncpg's default pool (10 connections), as a FastStream app's startup would make it,
+        # connected as pkgq connects (infra/tls.postgres_ssl): TLS is no difference.
+        dsn = self.bench.settings.postgres_dsn
+        pool = await asyncpg.create_pool(dsn, ssl=postgres_ssl(dsn))
         errors: list[BaseException] = []
         broker = faststream_broker(self.bench.settings, queues, pool, errors)
         try:

@@ -25,7 +25,13 @@ import structlog
 from asyncpg.connection import LoggedQuery
 from asyncpg.pool import PoolConnectionProxy
 
-from infra.tls import TlsConfigError, TlsVerifyError, explain, postgres_target
+from infra.tls import (
+    TlsConfigError,
+    TlsVerifyError,
+    explain,
+    postgres_ssl,
+    postgres_target,
+)
 from infra.transient import PROBE_TIMEOUT_S, is_demotion, recovery
 
 if TYPE_CHECKING:
@@ -105,6 +111,7 @@ async def create_pool(
             command_timeout=command_timeout,
             server_settings={**(session or {}), "application_name": application_name},
             reset=None if reset_session else _keep_session,
+            ssl=postgres_ssl(dsn),
         )
     return pool  # type: ignore[no-any-return]  # create_pool is typed as Pool | None
 
@@ -130,7 +137,9 @@ async def connect(
 ) -> asyncpg.Connection:
     """asyncpg.connect, with TLS failures told as in `tls_explained`."""
     async with tls_explained(dsn, setting):
-        conn: asyncpg.Connection = await asyncpg.connect(dsn, **kwargs)
+        conn: asyncpg.Connection = await asyncpg.connect(
+            dsn, **{"ssl": postgres_ssl(dsn), **kwargs}
+        )
     return conn
 
 
@@ -158,6 +167,7 @@ def watch_for_recovery(dsn: str, application_name: str = "pkgq") -> None:
             dsn,
             timeout=PROBE_TIMEOUT_S,
             server_settings={"application_name": application_name},
+            ssl=postgres_ssl(dsn),
         )
         try:
             if not await writable(conn):

@@ -98,3 +98,26 @@ async def test_a_missing_ca_file_is_a_configuration_error_not_an_outage(
     for failed in (amqp_failed.value, pg_failed.value):
         assert not is_transient(failed)
         assert f"cannot load {missing}" in str(failed)
+
+
+async def test_a_pool_to_this_host_without_sslmode_talks_plain_text_and_one_asking_gets_tls(
+    settings: Settings,
+) -> None:
+    """A DSN that says nothing about TLS means `allow` to a server on this host (the server
+    has TLS on: libpq's `prefer` would have used it), and `sslmode=require` still gets TLS."""
+    assert "sslmode" not in settings.postgres_dsn
+    asking = f"{settings.postgres_dsn}?sslmode=require"
+    found = {}
+    for dsn in (settings.postgres_dsn, asking):
+        pool = await create_pool(dsn, min_size=1, max_size=1)
+        try:
+            async with pool.acquire() as conn:
+                found[dsn] = await conn.fetchval(
+                    "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()"
+                )
+                server_tls = await conn.fetchval("SHOW ssl")
+        finally:
+            await pool.close()
+
+    assert server_tls == "on"
+    assert found == {settings.postgres_dsn: False, asking: True}

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from infra.rabbit.management import management_base
 from infra.settings import Settings
-from infra.tls import TlsTarget, TlsVerifyError, explain, postgres_target
+from infra.tls import TlsTarget, TlsVerifyError, explain, postgres_ssl, postgres_target
 from infra.transient import is_outage, needs_operator
 
 
@@ -113,3 +113,33 @@ def test_a_login_by_certificate_names_its_user_and_no_password() -> None:
     url = "amqps://pkgq@broker:5671/?auth=EXTERNAL"
     settings = Settings(amqp_url=url, amqp_cert_file=cert, amqp_key_file=key)
     assert settings.amqp_user == "pkgq"  # the user_id pkgq stamps, and trusts
+
+
+@pytest.mark.parametrize(
+    ("dsn", "expected"),
+    [
+        ("postgresql://u@127.0.0.1:5432/pkgq", "allow"),
+        ("postgresql://u@localhost/pkgq", "allow"),
+        ("postgresql://u@[::1]:5432/pkgq", "allow"),
+        ("postgresql://u@127.0.0.1:5433,127.0.0.1:5434/pkgq", "allow"),
+        ("postgresql:///pkgq?host=/var/run/postgresql", "allow"),
+        ("postgresql://u@db.internal:5432/pkgq", None),
+        ("postgresql://u@127.0.0.1:5433,10.0.0.7:5432/pkgq", None),
+        ("postgresql://u@127.0.0.1/pkgq?sslmode=prefer", None),
+        ("postgresql://u@127.0.0.1/pkgq?sslmode=verify-full&sslrootcert=/ca.pem", None),
+    ],
+)
+def test_tls_is_left_to_the_server_only_when_every_host_is_this_machine_and_nothing_asks(
+    dsn: str, expected: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PGSSLMODE", raising=False)
+
+    assert postgres_ssl(dsn) == expected
+
+
+def test_pgsslmode_in_the_environment_is_obeyed_on_this_host_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PGSSLMODE", "require")
+
+    assert postgres_ssl("postgresql://u@127.0.0.1/pkgq") is None
