@@ -368,6 +368,11 @@ async def _finish(
     await job_state.finish_failed(conn, dead.message_id, address, group, error)
 
 
+INGEST_PREFETCH = 32
+"""The most dead letters the ingester has sent ahead: it files one at a time, so a deeper
+buffer only holds more bodies in memory (PKGQ_PREFETCH applies if lower)."""
+
+
 def ingester(
     settings: Settings, pool: asyncpg.Pool, connection: AbstractRobustConnection
 ) -> QueueConsumer:
@@ -384,4 +389,5 @@ def ingester(
         connection,
         make_ingester(pool, settings.amqp_user, settings.exchange),
         None,  # nowhere further to send a copy: failures are requeued after a pause
+        prefetch=min(settings.prefetch, INGEST_PREFETCH),
     )

@@ -80,7 +80,8 @@ class Settings(BaseSettings):
     batch_max: int = Field(default=256, ge=1, le=1000)
     """Deliveries a consumer takes into one transaction when they are already waiting in its
     prefetch buffer (a backlog): it never waits for more than batch_size, so a trickle stays
-    in small batches, while a backlog drains in large ones. Raised to batch_size if lower."""
+    in small batches, while a backlog drains in large ones. Raised to batch_size if lower;
+    ignored with a batch_size of 1 (one at a time)."""
     batch_linger_ms: float = Field(default=5.0, ge=0, le=10_000)
     """How long a consumer waits for a batch to fill once it has one delivery in hand."""
     max_body_bytes: int = Field(default=1024 * 1024, ge=1)
@@ -311,9 +312,12 @@ class Settings(BaseSettings):
         return self.route(route_name).batch_size or self.batch_size
 
     def batch_max_for(self, route_name: str) -> int:
-        return max(
-            self.route(route_name).batch_max or self.batch_max, self.batch_size_for(route_name)
-        )
+        """batch_max, never below batch_size; a batch_size of 1 is the one-at-a-time mode,
+        whatever batch_max says."""
+        size = self.batch_size_for(route_name)
+        if size == 1:
+            return 1
+        return max(self.route(route_name).batch_max or self.batch_max, size)
 
     def ttr_for(self, route_name: str) -> float | None:
         return self.route(route_name).ttr

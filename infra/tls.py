@@ -104,6 +104,9 @@ class PostgresDsn:
     """The path's database name (unquoted), else `dbname=` or `database=`; "" if none."""
     query: dict[str, str]
     """The parameters (the last of each name)."""
+    named_hosts: bool = True
+    """Whether the DSN names its hosts (in its authority or `host=`); else asyncpg takes them
+    from PGHOST or a service file, and `hosts` is only libpq's default, localhost."""
 
     @property
     def address(self) -> str:
@@ -112,11 +115,13 @@ class PostgresDsn:
 
 
 def postgres_ssl(dsn: str) -> Literal["allow"] | None:
-    """asyncpg's `ssl` for `dsn` (see the module): "allow" for a DSN that names no sslmode
-    (nor PGSSLMODE) and only hosts on this machine; None (the DSN's own sslmode, or libpq's
-    `prefer`) for any other."""
+    """asyncpg's `ssl` for `dsn` (see the module): "allow" for a DSN that names its hosts, all
+    on this machine, and no sslmode (nor PGSSLMODE, nor a service that may set one); None (the
+    DSN's own sslmode, or libpq's `prefer`) for any other."""
     parsed = parse_postgres_dsn(dsn)
-    if "sslmode" in parsed.query or "ssl" in parsed.query or os.environ.get("PGSSLMODE"):
+    if not parsed.named_hosts or {"sslmode", "ssl", "service", "servicefile"} & set(parsed.query):
+        return None  # hosts from PGHOST, or a service file's own sslmode: left as libpq has it
+    if os.environ.get("PGSSLMODE") or os.environ.get("PGSERVICE"):
         return None
     if parsed.hosts and all(_on_this_host(host) for host, _ in parsed.hosts):
         return "allow"
@@ -152,7 +157,7 @@ def parse_postgres_dsn(dsn: str) -> PostgresDsn:
         database = ""  # asyncpg sends "" (the server takes the user's name) and reads no dbname=
     else:
         database = query.get("dbname") or query.get("database") or ""
-    return PostgresDsn(tuple(hosts), database, query)
+    return PostgresDsn(tuple(hosts), database, query, bool(hostspec) or "host" in query)
 
 
 def _hostlist(spec: str, ports: list[str] | None, *, unquoted: bool) -> list[tuple[str, str]]:

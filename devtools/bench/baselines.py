@@ -34,7 +34,8 @@ from infra.rabbit.connection import tls_context
 from infra.settings import Settings, split_urls
 
 BROKER_PREFETCH = 500
-"""The broker baseline's prefetch (pkgq's is the scenario's `prefetch`, 64 by default)."""
+"""The broker baseline's prefetch (pkgq's is the scenario's `prefetch`: PKGQ_PREFETCH's, 512
+by default)."""
 BROKER_ACK_EVERY = BROKER_PREFETCH // 2
 """The broker baseline acks with `multiple` every that many deliveries (and the last one)."""
 

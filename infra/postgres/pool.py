@@ -95,7 +95,8 @@ async def create_pool(
     TCP keepalives that bound how long a frozen process holds its locks).
     `reset_session=False`: a released connection keeps its session as it is (an open
     transaction is still rolled back), saving the reset's round trip on every release; only
-    for pools whose users never SET, LISTEN or take session advisory locks (`pkgq web`)."""
+    for pools whose users never SET, LISTEN or take session advisory locks (`pkgq web`, and
+    the processes' pools of consumers/runtime.services: tests/unit/test_session_state.py)."""
 
     async def init(conn: asyncpg.Connection) -> None:
         await _init_connection(conn)

@@ -127,8 +127,6 @@ class QueueConsumer:
         self._channel = await self._connection.channel(publisher_confirms=False)
         await self._channel.set_qos(prefetch_count=max(self._prefetch, self._batch_size))
         self._queue = await self._declare(self._channel)
-        # A plain function, not a coroutine: aio-pika then calls it without a Task of its
-        # own per delivery (the buffer is unbounded, so put_nowait never refuses).
         self._consumer_tag = await self._queue.consume(self._buffer.put)
 
     async def _give_back(self) -> None:

@@ -103,3 +103,26 @@ async def test_batch_max_below_batch_size_is_raised_to_it(settings: Settings) ->
     tuned = settings.model_copy(update={"batch_size": 8, "batch_max": 2})
 
     assert tuned.batch_max_for(USAGE_RECORD.name) == 8
+
+
+async def test_a_batch_size_of_one_stays_one_at_a_time_whatever_batch_max_says(
+    settings: Settings, amqp: AbstractRobustConnection
+) -> None:
+    tuned = settings.model_copy(update={"batch_size": 1, "batch_max": 16, "prefetch": 64})
+    sent = [
+        await send(settings, amqp, USAGE_RECORD, RecordUsage(user_id=uuid4(), upload=1, download=1))
+        for _ in range(20)
+    ]
+    recorder = Recorder()
+    consumer, connection = await consume(tuned, recorder)
+
+    async def all_seen() -> bool:
+        return len(recorder.seen) >= len(sent)
+
+    await eventually(all_seen, within=30)
+    await consumer.stop()
+    await connection.close()
+
+    assert tuned.batch_max_for(USAGE_RECORD.name) == 1
+    assert recorder.seen == sent
+    assert {len(batch) for batch in recorder.batches} == {1}

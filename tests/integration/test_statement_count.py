@@ -45,7 +45,7 @@ from infra.settings import Settings
 from tests.support.deliveries import add_package, raw_for
 
 SIZES = (8, 32, 128)
-MAX_STATEMENTS = 15
+MAX_STATEMENTS = 14
 
 
 @pytest.fixture

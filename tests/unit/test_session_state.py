@@ -11,7 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SESSION_STATE = re.compile(
     r"pg_advisory_lock(_shared)?\s*\(|pg_try_advisory_lock(_shared)?\s*\(|\bLISTEN\b"
-    r"|\A\s*SET\s+(?!LOCAL\b)|\bSET\s+SESSION\b|set_config\s*\([^)]*,\s*false\s*\)"
+    r"|(\A|;)\s*SET\s+(?!LOCAL\b)|\bSET\s+SESSION\b"
+    r"|set_config\s*\((?![^)]*,\s*true\s*\))"  # any set_config not plainly transaction-local
     r"|\bPREPARE\b|\bDECLARE\b[^;]*\bWITH\s+HOLD\b|CREATE\s+TEMP(ORARY)?\b",
     re.IGNORECASE,
 )
@@ -57,9 +58,12 @@ def test_the_check_finds_session_state_where_it_is(tmp_path: Path) -> None:
         'C = "LISTEN pkgq_outbox"\n'
         'D = "SET LOCAL lock_timeout = 100"\n'
         'E = "SELECT pg_advisory_xact_lock($1)"\n'
-        "F = \"SELECT set_config('x.y', '1', false)\"\n",
+        "F = \"SELECT set_config('x.y', '1', false)\"\n"
+        'G = "BEGIN; SET search_path = x"\n'
+        'H = "SELECT set_config($1, $2, $3)"\n'
+        "I = \"SELECT set_config('x.y', '1', true)\"\n",
         encoding="utf-8",
     )
 
-    assert session_state_in(planted) == [1, 2, 3, 6]
+    assert session_state_in(planted) == [1, 2, 3, 6, 7, 8]
     assert session_state_in(ROOT / "infra" / "postgres" / "migrate.py")

@@ -127,19 +127,34 @@ def test_a_login_by_certificate_names_its_user_and_no_password() -> None:
         ("postgresql://u@127.0.0.1:5433,10.0.0.7:5432/pkgq", None),
         ("postgresql://u@127.0.0.1/pkgq?sslmode=prefer", None),
         ("postgresql://u@127.0.0.1/pkgq?sslmode=verify-full&sslrootcert=/ca.pem", None),
+        ("postgresql://u@/pkgq", None),  # no host named: asyncpg takes PGHOST's
+        ("postgresql:///pkgq", None),
+        ("postgresql://u@127.0.0.1/pkgq?service=prod", None),
     ],
 )
 def test_tls_is_left_to_the_server_only_when_every_host_is_this_machine_and_nothing_asks(
     dsn: str, expected: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("PGSSLMODE", raising=False)
+    monkeypatch.delenv("PGSERVICE", raising=False)
 
     assert postgres_ssl(dsn) == expected
 
 
-def test_pgsslmode_in_the_environment_is_obeyed_on_this_host_too(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(("name", "value"), [("PGSSLMODE", "require"), ("PGSERVICE", "prod")])
+def test_an_sslmode_or_service_in_the_environment_is_obeyed_on_this_host_too(
+    name: str, value: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("PGSSLMODE", "require")
+    monkeypatch.setenv(name, value)
 
     assert postgres_ssl("postgresql://u@127.0.0.1/pkgq") is None
+
+
+def test_a_dsn_without_hosts_is_left_alone_whatever_pghost_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("PGSSLMODE", raising=False)
+    monkeypatch.setenv("PGHOST", "db.prod.example")
+
+    assert postgres_ssl("postgresql://u@/pkgq") is None
+    assert postgres_ssl("postgresql://u@localhost/pkgq") == "allow"

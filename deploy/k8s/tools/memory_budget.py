@@ -45,14 +45,19 @@ def bodies_in_memory(args: list[str], settings: dict[str, str], pkgq: Doc) -> in
     """The most message bodies a process started with `pkgq ARGS` can hold at once.
 
     A consumer's channel has max(prefetch, batch) deliveries unacknowledged, each a whole body,
-    and the batch in hand is decoded besides (a second copy of up to batch_max bodies, as many
-    as are buffered: at least `batch`, at most what the channel holds). The relay
+    and the batches in hand are decoded besides (a second copy: each worker lane's batch of up
+    to batch_max bodies, as many as are buffered, at most what the channel holds). The relay
     runs `relay_rounds` rounds at once, each with up to `relay_batch_size` outbox rows."""
     prefetch = int(settings.get("PKGQ_PREFETCH", pkgq["prefetch"]))
     batch = int(settings.get("PKGQ_BATCH_SIZE", pkgq["batch_size"]))
     batch_max = max(batch, int(settings.get("PKGQ_BATCH_MAX", pkgq["batch_max"])))
+    if batch == 1:
+        batch_max = 1  # the one-at-a-time mode ignores batch_max
+    lanes = int(settings.get("PKGQ_CONCURRENCY", "1"))
+    if "--concurrency" in args[:-1]:
+        lanes = int(args[args.index("--concurrency") + 1])
     held = max(prefetch, batch)
-    per_consumer = held + min(batch_max, held)
+    per_consumer = held + min(lanes * batch_max, held)
     if args[:1] == ["relay"]:
         relay_batch = int(settings.get("PKGQ_RELAY_BATCH_SIZE", pkgq["relay_batch_size"]))
         return int(pkgq["relay_rounds"]) * relay_batch
@@ -90,9 +95,10 @@ def memory_errors(docs: list[Doc], max_message_size: int, pkgq: Doc) -> list[str
             settings.update(
                 {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
             )
-            if "PKGQ_ROUTES_FILE" in settings:
+            if "PKGQ_ROUTES_FILE" in settings or "PKGQ_ROUTE_SETTINGS" in settings:
                 errors.append(
-                    f"{doc['kind']}/{doc['metadata']['name']}: PKGQ_ROUTES_FILE hides prefetch and "
+                    f"{doc['kind']}/{doc['metadata']['name']}: PKGQ_ROUTES_FILE or "
+                    "PKGQ_ROUTE_SETTINGS hides prefetch and "
                     "batch sizes from the memory check; set them in the ConfigMap"
                 )
             bodies = bodies_in_memory(container.get("args", []), settings, pkgq)
