@@ -49,15 +49,13 @@ async def consume(
     return consumer, connection
 
 
-async def test_a_backlog_is_taken_in_batches_beyond_batch_size_up_to_batch_max_in_order(
-    settings: Settings, amqp: AbstractRobustConnection
-) -> None:
-    tuned = settings.model_copy(
-        update={"batch_size": 4, "batch_max": 16, "prefetch": 64, "batch_linger_ms": 0}
-    )
+async def drained_backlog(
+    settings: Settings, tuned: Settings, amqp: AbstractRobustConnection, count: int
+) -> tuple[list[UUID], Recorder]:
+    """`count` usage records queued first, then drained by a consumer with `tuned` settings."""
     sent = [
         await send(settings, amqp, USAGE_RECORD, RecordUsage(user_id=uuid4(), upload=1, download=1))
-        for _ in range(120)
+        for _ in range(count)
     ]
     recorder = Recorder()
     consumer, connection = await consume(tuned, recorder)
@@ -68,6 +66,16 @@ async def test_a_backlog_is_taken_in_batches_beyond_batch_size_up_to_batch_max_i
     await eventually(all_seen, within=30)
     await consumer.stop()
     await connection.close()
+    return sent, recorder
+
+
+async def test_a_backlog_is_taken_in_batches_beyond_batch_size_up_to_batch_max_in_order(
+    settings: Settings, amqp: AbstractRobustConnection
+) -> None:
+    tuned = settings.model_copy(
+        update={"batch_size": 4, "batch_max": 16, "prefetch": 64, "batch_linger_ms": 0}
+    )
+    sent, recorder = await drained_backlog(settings, tuned, amqp, 120)
 
     sizes = [len(batch) for batch in recorder.batches]
     assert recorder.seen == sent  # each once, in the order they were queued
@@ -109,19 +117,7 @@ async def test_a_batch_size_of_one_stays_one_at_a_time_whatever_batch_max_says(
     settings: Settings, amqp: AbstractRobustConnection
 ) -> None:
     tuned = settings.model_copy(update={"batch_size": 1, "batch_max": 16, "prefetch": 64})
-    sent = [
-        await send(settings, amqp, USAGE_RECORD, RecordUsage(user_id=uuid4(), upload=1, download=1))
-        for _ in range(20)
-    ]
-    recorder = Recorder()
-    consumer, connection = await consume(tuned, recorder)
-
-    async def all_seen() -> bool:
-        return len(recorder.seen) >= len(sent)
-
-    await eventually(all_seen, within=30)
-    await consumer.stop()
-    await connection.close()
+    sent, recorder = await drained_backlog(settings, tuned, amqp, 20)
 
     assert tuned.batch_max_for(USAGE_RECORD.name) == 1
     assert recorder.seen == sent
