@@ -26,6 +26,10 @@ async def run_bench(settings: Settings, scenario: Scenario, say: Callable[[str],
             }
         )
     bench = Bench(configured, scenario)
+    batching = (
+        f"batch {scenario.batch_size}, up to {scenario.batch_max} when buffered, "
+        f"prefetch {scenario.prefetch}"
+    )
     await bench.open()
     try:
         say(f"raw broker round trip: {scenario.raw_messages} messages")
@@ -38,7 +42,7 @@ async def run_bench(settings: Settings, scenario: Scenario, say: Callable[[str],
         say(f"  {naive.events_per_s:,.0f} events/s")
 
         await bench.reset(scenario.small_rows)
-        say(f"pkgq (batch {scenario.batch_size}), {await bench.row_count():,} rows queued")
+        say(f"pkgq ({batching}), {await bench.row_count():,} rows queued")
         small = await bench.best_of("pkgq", scenario.repeat)
         say(f"  {small.events_per_s:,.0f} events/s, p99 {small.percentile(0.99):.0f} ms")
 
@@ -57,7 +61,7 @@ async def run_bench(settings: Settings, scenario: Scenario, say: Callable[[str],
         backlog = await backlog_phases(bench, say)
 
         await bench.reset(scenario.large_rows)
-        say(f"pkgq (batch {scenario.batch_size}), {await bench.row_count():,} rows queued")
+        say(f"pkgq ({batching}), {await bench.row_count():,} rows queued")
         large = await bench.best_of("pkgq-large", scenario.repeat)
         say(f"  {large.events_per_s:,.0f} events/s")
     finally:
