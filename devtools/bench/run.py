@@ -33,8 +33,13 @@ async def run_bench(settings: Settings, scenario: Scenario, say: Callable[[str],
     await bench.open()
     try:
         say(f"raw broker round trip: {scenario.raw_messages} messages")
-        raw = await bench.raw_broker()
-        say(f"  {raw.events_per_s:,.0f} msg/s")
+        # The best of as many runs as pkgq's batched phases get (a shared machine only ever
+        # slows a run down), so neither side of the ratio is luckier than the other.
+        raw = max(
+            [await bench.raw_broker() for _ in range(scenario.repeat)],
+            key=lambda r: r.events_per_s,
+        )
+        say(f"  {raw.events_per_s:,.0f} msg/s (best of {scenario.repeat})")
 
         await bench.reset(scenario.small_rows)
         say(f"pkgq naive (batch 1, prefetch 1), {await bench.row_count():,} rows queued")
