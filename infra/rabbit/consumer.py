@@ -22,13 +22,9 @@ import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiormq.abc
 import structlog
-from aio_pika.abc import (
-    AbstractChannel,
-    AbstractIncomingMessage,
-    AbstractQueue,
-    AbstractRobustConnection,
-)
+from aio_pika.abc import AbstractChannel, AbstractQueue, AbstractRobustConnection
 
 from domain.delivery import Fate
 from events.envelope import H_USER_ID, header_text
@@ -36,7 +32,7 @@ from events.partitioning import route_of_key
 from infra import faults
 from infra.observability import IN_FLIGHT, MESSAGES
 from infra.rabbit import settle
-from infra.rabbit.deliveries import channel_open, raw_delivery
+from infra.rabbit.deliveries import AmqpDelivery, channel_open, raw_delivery
 from infra.rabbit.last_resort import copy_to_dead_letters
 from infra.rabbit.outcomes import Processor, Result, Settle, settle_of
 from infra.rabbit.publisher import Publisher
@@ -90,18 +86,19 @@ class QueueConsumer:
         self._linger = linger
         self._prefetch = prefetch or settings.prefetch
         self.lanes = max(1, lanes)
-        self._lane_queues: list[asyncio.Queue[AbstractIncomingMessage]] = []
+        self._lane_queues: list[asyncio.Queue[AmqpDelivery]] = []
         self._giving_back = asyncio.Lock()
         self.active = 0
         """Deliveries being processed right now, over all lanes."""
         self.max_active = 0
         """The most deliveries ever processed at once (a concurrency limit's witness)."""
-        self._buffer: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
+        self._buffer: asyncio.Queue[AmqpDelivery] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self.failed = asyncio.Event()
         """Set if the worker died: the process should exit non-zero and be restarted."""
         self._consumer_tag: str | None = None
+        self._background: set[asyncio.Task[None]] = set()
         self._queue: Any = None
         self._channel: Any = None
         self.processed = 0
@@ -127,7 +124,49 @@ class QueueConsumer:
         self._channel = await self._connection.channel(publisher_confirms=False)
         await self._channel.set_qos(prefetch_count=max(self._prefetch, self._batch_size))
         self._queue = await self._declare(self._channel)
-        self._consumer_tag = await self._queue.consume(self._buffer.put)
+        # The channel is robust: after a reconnection it is opened again (with its QoS and
+        # queue), and then the subscription is made again on it.
+        self._channel.reopen_callbacks.add(self._consume_again)
+        await self._take_deliveries()
+
+    async def _take_deliveries(self) -> None:
+        """Subscribe on the channel's current AMQP channel, taking deliveries from aiormq
+        directly (infra/rabbit/deliveries.AmqpDelivery)."""
+        underlay: aiormq.abc.AbstractChannel = await self._channel.get_underlay_channel()
+        underlay.on_consumer_cancel_callbacks.add(self._cancelled_by_broker)
+        buffer = self._buffer
+
+        async def on_delivery(message: aiormq.abc.DeliveredMessage) -> None:
+            buffer.put_nowait(AmqpDelivery(message))
+
+        ok = await underlay.basic_consume(self._queue.name, on_delivery)
+        self._consumer_tag = ok.consumer_tag
+
+    async def _consume_again(self, *_: object) -> None:
+        """After a reconnection: subscribe again (what was buffered came on the old channel
+        and is dropped unacked: the broker redelivers it, in order)."""
+        if self._stopping.is_set():
+            return
+        try:
+            await self._take_deliveries()
+        except Exception:
+            log.exception("resubscribe_failed", route=self.name)
+            self.failed.set()  # the process exits and is restarted: nothing is lost
+
+    def _cancelled_by_broker(self, frame: Any) -> None:
+        """The broker ended the subscription (its queue deleted or converted): give back what
+        is held and subscribe again, as for a TTR overrun."""
+        if frame.consumer_tag != self._consumer_tag or self._stopping.is_set():
+            return
+        log.warning("consumer_cancelled_by_broker", route=self.name)
+        self._consumer_tag = None
+        task = asyncio.create_task(self._resubscribe_after_cancel(), name=f"cancel:{self.name}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _resubscribe_after_cancel(self) -> None:
+        with contextlib.suppress(StoppingError):
+            await self._give_back_or_fail()
 
     async def _give_back(self) -> None:
         """Return every unacknowledged delivery of this consumer to the queue in its original
@@ -193,10 +232,11 @@ class QueueConsumer:
     async def stop(self) -> None:
         """Stop taking deliveries, finish the one in hand, leave the rest to be redelivered."""
         self._stopping.set()
-        if self._queue is not None and self._consumer_tag is not None:
+        if self._channel is not None and self._consumer_tag is not None:
             # Bounded: with the broker down, aio-pika would wait for a reconnect first.
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._queue.cancel(self._consumer_tag), timeout=2)
+                underlay = await asyncio.wait_for(self._channel.get_underlay_channel(), 2)
+                await asyncio.wait_for(underlay.basic_cancel(self._consumer_tag), timeout=2)
         if self._worker is not None:
             try:
                 await asyncio.wait_for(
@@ -244,9 +284,7 @@ class QueueConsumer:
                 ):
                     raise result
 
-    async def _consume(
-        self, source: asyncio.Queue[AbstractIncomingMessage], *, idle: bool = True
-    ) -> None:
+    async def _consume(self, source: asyncio.Queue[AmqpDelivery], *, idle: bool = True) -> None:
         """Process deliveries from `source` one by one, or in batches, in order."""
         if idle:
             await self._run_idle()
@@ -276,8 +314,8 @@ class QueueConsumer:
                 return  # stopping, or failed to subscribe again: the rest stays unacked
 
     async def _collect(
-        self, source: asyncio.Queue[AbstractIncomingMessage], first: AbstractIncomingMessage
-    ) -> list[AbstractIncomingMessage]:
+        self, source: asyncio.Queue[AmqpDelivery], first: AmqpDelivery
+    ) -> list[AmqpDelivery]:
         """Up to `batch_size` deliveries: what is buffered, then whatever arrives within the
         linger (so a quiet queue waits at most `linger` seconds for company); beyond that, up
         to `batch_max` of what is buffered already, without waiting (a backlog drains in
@@ -301,9 +339,7 @@ class QueueConsumer:
                 break
         return batch
 
-    async def _deliver(
-        self, messages: list[AbstractIncomingMessage], *, alone: bool = False
-    ) -> bool:
+    async def _deliver(self, messages: list[AmqpDelivery], *, alone: bool = False) -> bool:
         """Process deliveries (one or a batch) and settle them. False: shutdown began first
         (they stay unacked and are redelivered in order) or the consumer failed. `alone`: one
         of a failed batch's deliveries, acked by itself (an earlier one of the batch may be
@@ -349,7 +385,7 @@ class QueueConsumer:
         settle.record(self.name, route, raws, results, started)
         return True
 
-    async def _undecided(self, messages: list[AbstractIncomingMessage], exc: Exception) -> bool:
+    async def _undecided(self, messages: list[AmqpDelivery], exc: Exception) -> bool:
         """The processor raised (a bug in its failure path): a batch falls back to one
         delivery at a time, so whatever is wrong is isolated to the message that causes it;
         a single delivery gets the last resort (a confirmed copy in the dead-letter queue)."""
@@ -371,7 +407,7 @@ class QueueConsumer:
             return True
         return not self._stopping.is_set()  # left unacked: redelivered
 
-    async def _last_resort(self, message: AbstractIncomingMessage, exc: Exception) -> bool:
+    async def _last_resort(self, message: AmqpDelivery, exc: Exception) -> bool:
         """A confirmed copy of one delivery in the dead-letter queue, then its ack. False: no
         copy was made (stopping, its channel gone, or given back): it is redelivered."""
         try:

@@ -11,7 +11,6 @@ import traceback
 from datetime import UTC, datetime
 
 import structlog
-from aio_pika.abc import AbstractIncomingMessage
 
 from domain.delivery import Fate
 from events.envelope import (
@@ -25,14 +24,14 @@ from events.envelope import (
     republished_headers,
     without_pkgq_marks,
 )
-from infra.rabbit.deliveries import channel_open
+from infra.rabbit.deliveries import AmqpDelivery, channel_open
 from infra.rabbit.publisher import Publisher, build_message
 
 log = structlog.get_logger(__name__)
 
 
 async def copy_to_dead_letters(
-    message: AbstractIncomingMessage,
+    message: AmqpDelivery,
     publisher: Publisher | None,
     *,
     queue_name: str,

@@ -10,11 +10,11 @@ import time
 from collections.abc import Sequence
 
 import structlog
-from aio_pika.abc import AbstractIncomingMessage
 
 from events.decoding import RawDelivery
 from events.envelope import H_TRACEPARENT, H_USER_ID, header_text
 from infra.observability import MESSAGES, PROCESSING
+from infra.rabbit.deliveries import AmqpDelivery
 from infra.rabbit.outcomes import Result, Settle, settle_of
 from infra.tracing import trace_id_of
 
@@ -22,14 +22,14 @@ log = structlog.get_logger(__name__)
 
 
 def done_and_given_back(
-    messages: Sequence[AbstractIncomingMessage], results: Sequence[Result]
-) -> tuple[list[AbstractIncomingMessage], int]:
+    messages: Sequence[AmqpDelivery], results: Sequence[Result]
+) -> tuple[list[AmqpDelivery], int]:
     """The deliveries to ack, and how many go back to the queue (only a tail ever does)."""
     given_back = sum(1 for r in results if settle_of(r.fate) is Settle.GIVE_BACK)
     return list(messages[: len(messages) - given_back]), given_back
 
 
-async def ack(messages: Sequence[AbstractIncomingMessage], *, in_order: bool) -> None:
+async def ack(messages: Sequence[AmqpDelivery], *, in_order: bool) -> None:
     """Ack the deliveries. `in_order`: every earlier tag on the channel is done too, so one
     `multiple` ack covers them (with worker lanes, other lanes hold earlier tags)."""
     if not messages:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import subprocess
 from collections.abc import Awaitable, Callable, Sequence
@@ -10,6 +11,7 @@ from uuid import UUID, uuid4
 
 import asyncpg
 from aio_pika.abc import AbstractRobustConnection
+from aiormq.exceptions import ChannelNotFoundEntity
 
 from domain.delivery import Fate
 from events.decoding import RawDelivery
@@ -257,3 +259,55 @@ async def test_a_poison_message_whose_dead_letter_copy_fails_is_not_acked_with_i
     await channel.close()
     assert poison in left  # back in the queue: neither lost nor dead-lettered
     assert set(left) <= {poison, good}
+
+
+async def test_a_consumer_whose_queue_is_deleted_under_it_subscribes_again_and_goes_on(
+    settings: Settings, amqp: AbstractRobustConnection
+) -> None:
+    """The broker cancels a subscription whose queue is deleted (an operator, a conversion):
+    the consumer gives back what it holds, declares its queue again and consumes from it."""
+    seen: list[UUID] = []
+
+    async def record(raw: RawDelivery) -> Fate:
+        seen.append(UUID(str(raw.message_id)))
+        return Fate.APPLIED
+
+    consumer, connection = await _consume_with(settings, record)
+    before = await send(
+        settings, amqp, USAGE_RECORD, RecordUsage(user_id=uuid4(), upload=1, download=1)
+    )
+
+    async def first_seen() -> bool:
+        return before in seen
+
+    await eventually(first_seen)
+    channel = await amqp.channel()
+    await channel.queue_delete(f"{settings.queue_prefix}.{USAGE_RECORD.name}")
+
+    async def subscribed_again() -> bool:
+        probe = await amqp.channel()  # a passive declare of a missing queue closes its channel
+        try:
+            queue = await probe.declare_queue(
+                f"{settings.queue_prefix}.{USAGE_RECORD.name}", passive=True, robust=False
+            )
+        except ChannelNotFoundEntity:
+            return False
+        else:
+            return (queue.declaration_result.consumer_count or 0) > 0
+        finally:
+            with contextlib.suppress(Exception):
+                await probe.close()
+
+    await eventually(subscribed_again, within=15)
+    after = await send(
+        settings, amqp, USAGE_RECORD, RecordUsage(user_id=uuid4(), upload=1, download=1)
+    )
+
+    async def second_seen() -> bool:
+        return after in seen
+
+    await eventually(second_seen, within=15)
+    assert not consumer.failed.is_set()
+    await channel.close()
+    await consumer.stop()
+    await connection.close()
