@@ -2,6 +2,8 @@
 
 Deliveries are taken in delivery order, one batch at a time per lane (prefetch only fills a local
 buffer), so one user's messages on a route are applied in the order the broker holds them.
+How they arrive in that buffer (the subscription, and what a reconnection, a broker-side cancel
+or a give-back does to it) is infra/rabbit/subscription.py.
 
 The processor (consumers/delivery/ for a route, consumers/ingest.py for the dead-letter queue)
 decides in Postgres what becomes of each message and returns a `Result` per delivery; the loop
@@ -22,9 +24,8 @@ import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiormq.abc
 import structlog
-from aio_pika.abc import AbstractChannel, AbstractQueue, AbstractRobustConnection
+from aio_pika.abc import AbstractRobustConnection
 
 from domain.delivery import Fate
 from events.envelope import H_USER_ID, header_text
@@ -36,18 +37,18 @@ from infra.rabbit.deliveries import AmqpDelivery, channel_open, raw_delivery
 from infra.rabbit.last_resort import copy_to_dead_letters
 from infra.rabbit.outcomes import Processor, Result, Settle, settle_of
 from infra.rabbit.publisher import Publisher
+from infra.rabbit.subscription import Declare, Subscription
 from infra.settings import Settings
 from infra.transient import StoppingError, until_done
 
 log = structlog.get_logger(__name__)
 
-Declare = Callable[[AbstractChannel], Awaitable[AbstractQueue]]
 Idle = Callable[[], Awaitable[object]]
 
 __all__ = ["Processor", "QueueConsumer", "Result"]
 
 
-class QueueConsumer:
+class QueueConsumer(Subscription):
     def __init__(
         self,
         name: str,
@@ -119,115 +120,6 @@ class QueueConsumer:
         self._worker = asyncio.create_task(self._run(), name=f"consume:{self.name}")
         self._worker.add_done_callback(self._worker_done)
         log.info("consuming", route=self.name, queue=self._queue.name)
-
-    async def _subscribe(self) -> None:
-        self._channel = await self._connection.channel(publisher_confirms=False)
-        await self._channel.set_qos(prefetch_count=max(self._prefetch, self._batch_size))
-        self._queue = await self._declare(self._channel)
-        # The channel is robust: after a reconnection it is opened again (with its QoS and
-        # queue), and then the subscription is made again on it.
-        self._channel.reopen_callbacks.add(self._consume_again)
-        await self._take_deliveries()
-
-    async def _take_deliveries(self) -> None:
-        """Subscribe on the channel's current AMQP channel, taking deliveries from aiormq
-        directly (infra/rabbit/deliveries.AmqpDelivery)."""
-        underlay: aiormq.abc.AbstractChannel = await self._channel.get_underlay_channel()
-        underlay.on_consumer_cancel_callbacks.add(self._cancelled_by_broker)
-        buffer = self._buffer
-
-        async def on_delivery(message: aiormq.abc.DeliveredMessage) -> None:
-            buffer.put_nowait(AmqpDelivery(message))
-
-        ok = await underlay.basic_consume(self._queue.name, on_delivery)
-        self._consumer_tag = ok.consumer_tag
-
-    async def _consume_again(self, *_: object) -> None:
-        """After a reconnection: subscribe again (what was buffered came on the old channel
-        and is dropped unacked: the broker redelivers it, in order)."""
-        if self._stopping.is_set():
-            return
-        try:
-            await self._take_deliveries()
-        except Exception:
-            log.exception("resubscribe_failed", route=self.name)
-            self.failed.set()  # the process exits and is restarted: nothing is lost
-
-    def _cancelled_by_broker(self, frame: Any) -> None:
-        """The broker ended the subscription (its queue deleted or converted): give back what
-        is held and subscribe again, as for a TTR overrun."""
-        if frame.consumer_tag != self._consumer_tag or self._stopping.is_set():
-            return
-        log.warning("consumer_cancelled_by_broker", route=self.name)
-        self._consumer_tag = None
-        task = asyncio.create_task(self._resubscribe_after_cancel(), name=f"cancel:{self.name}")
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _resubscribe_after_cancel(self) -> None:
-        with contextlib.suppress(StoppingError):
-            await self._give_back_or_fail()
-
-    async def _give_back(self) -> None:
-        """Return every unacknowledged delivery of this consumer to the queue in its original
-        place, by closing the channel (a nack with requeue would send it to the back of a quorum
-        queue), then subscribe again on a new channel."""
-        async with self._giving_back:
-            old = self._channel
-            self._consumer_tag = None
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(old.close(), timeout=5)
-            # What was buffered came on the closed channel and is back in the queue: drop it.
-            for queue in (self._buffer, *self._lane_queues):
-                kept = []
-                while not queue.empty():
-                    message = queue.get_nowait()
-                    if channel_open(message):
-                        kept.append(message)
-                for message in kept:
-                    queue.put_nowait(message)
-            await self._subscribe_when_connected()
-            log.info("given_back", route=self.name)
-
-    async def _subscribe_when_connected(self) -> None:
-        """Subscribe again, unless stopping. After a lost node or a broker restart the
-        connection may still be reconnecting (or just about to notice it is gone): wait for it
-        and try again, until PKGQ_STARTUP_WAIT runs out, rather than fail for want of a
-        channel. A stop ends the wait at once."""
-        deadline = asyncio.get_running_loop().time() + self._settings.startup_wait
-        while not self._stopping.is_set():
-            stopping = asyncio.ensure_future(self._stopping.wait())
-            connected = asyncio.ensure_future(self._connection.ready())
-            left = max(0.0, deadline - asyncio.get_running_loop().time())
-            try:
-                await asyncio.wait(
-                    {stopping, connected}, timeout=left, return_when=asyncio.FIRST_COMPLETED
-                )
-            finally:
-                stopping.cancel()
-                connected.cancel()
-            if self._stopping.is_set():
-                return
-            try:
-                await self._subscribe()
-            except Exception:
-                if asyncio.get_running_loop().time() >= deadline:
-                    raise
-                await asyncio.sleep(0.5)
-            else:
-                return
-
-    async def _give_back_or_fail(self) -> None:
-        """Give the deliveries back; if that breaks (no new channel, even once the connection
-        is back within PKGQ_STARTUP_WAIT), the consumer is failed, so the process exits and is
-        restarted: what it held is back on the queue either way,
-        and is never dead-lettered for it."""
-        try:
-            await self._give_back()
-        except Exception:
-            log.exception("give_back_failed", route=self.name)
-            self.failed.set()
-            raise StoppingError from None
 
     async def stop(self) -> None:
         """Stop taking deliveries, finish the one in hand, leave the rest to be redelivered."""
