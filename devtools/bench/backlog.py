@@ -57,6 +57,7 @@ from events.routes import USAGE_RECORD
 from infra.postgres import bench_data, catalog
 from infra.postgres.pool import create_pool
 from infra.postgres.statements import StatementLog
+from infra.rabbit.management import passive_figures
 from infra.rabbit.topology import route_queues
 
 if TYPE_CHECKING:
@@ -139,28 +140,21 @@ class BacklogBench:
         target = self.scenario.backlog_records
         last, moved = (-1, -1), time.monotonic()
         queues = [name for name, _ in route_queues(self.bench.settings, USAGE_RECORD.name)]
-        channel = await self.amqp.channel()
-        try:
-            while True:
-                waiting = 0
-                for name in queues:
-                    # Not robust: a robust channel answers a passive declare from its cache.
-                    queue = await channel.declare_queue(name, passive=True, robust=False)
-                    waiting += queue.declaration_result.message_count or 0
-                done = 0
-                if not waiting:
-                    done = await bench_data.count_processed(self.db, USAGE_RECORD.short_name)
-                    if done >= target:
-                        return
-                if (why := failure()) is not None:
-                    raise RuntimeError(why)
-                if (waiting, done) != last:
-                    last, moved = (waiting, done), time.monotonic()
-                elif time.monotonic() - moved > self.scenario.timeout:
-                    raise TimeoutError(f"backlog stuck at {done}/{target}, {waiting} queued")
-                await asyncio.sleep(POLL)
-        finally:
-            await channel.close()
+        while True:
+            figures = await passive_figures(self.amqp, queues)
+            waiting = sum(f[0] for f in figures.values() if f is not None)
+            done = 0
+            if not waiting:
+                done = await bench_data.count_processed(self.db, USAGE_RECORD.short_name)
+                if done >= target:
+                    return
+            if (why := failure()) is not None:
+                raise RuntimeError(why)
+            if (waiting, done) != last:
+                last, moved = (waiting, done), time.monotonic()
+            elif time.monotonic() - moved > self.scenario.timeout:
+                raise TimeoutError(f"backlog stuck at {done}/{target}, {waiting} queued")
+            await asyncio.sleep(POLL)
 
     async def check_applied(self, users: list[UUID], records: int) -> None:
         """Every record's usage is on its user's active item, once."""
@@ -258,21 +252,13 @@ class BacklogBench:
         """Until the process consumes from every queue of the route (checked every POLL s)."""
         queues = [name for name, _ in route_queues(self.bench.settings, USAGE_RECORD.name)]
         deadline = time.monotonic() + 60
-        channel = await self.amqp.channel()
-        try:
-            while time.monotonic() < deadline:
-                counts = []
-                for name in queues:
-                    # Not robust: a robust channel answers a passive declare from its cache.
-                    queue = await channel.declare_queue(name, passive=True, robust=False)
-                    counts.append(queue.declaration_result.consumer_count)
-                if all(counts):
-                    return
-                if (why := _exited(process)) is not None:
-                    raise RuntimeError(why)
-                await asyncio.sleep(POLL / 2)
-        finally:
-            await channel.close()
+        while time.monotonic() < deadline:
+            figures = await passive_figures(self.amqp, queues)
+            if all(f is not None and f[1] for f in figures.values()):
+                return
+            if (why := _exited(process)) is not None:
+                raise RuntimeError(why)
+            await asyncio.sleep(POLL / 2)
         raise TimeoutError("pkgq run did not subscribe within 60 s")
 
     async def best_of(self, drain: Callable[[], Awaitable[DrainResult]]) -> DrainResult:

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import subprocess
 from collections.abc import Awaitable, Callable, Sequence
 from uuid import UUID, uuid4
 
 import asyncpg
+import pytest
 from aio_pika.abc import AbstractRobustConnection
-from aiormq.exceptions import ChannelNotFoundEntity
 
 from domain.delivery import Fate
 from events.decoding import RawDelivery
@@ -20,6 +19,7 @@ from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.rabbit.connection import connect
 from infra.rabbit.consumer import Processor, QueueConsumer, Result
+from infra.rabbit.management import passive_figures
 from infra.rabbit.publisher import Publisher
 from infra.rabbit.route_consumer import route_consumer
 from infra.rabbit.tap import Tap
@@ -285,18 +285,9 @@ async def test_a_consumer_whose_queue_is_deleted_under_it_subscribes_again_and_g
     await channel.queue_delete(f"{settings.queue_prefix}.{USAGE_RECORD.name}")
 
     async def subscribed_again() -> bool:
-        probe = await amqp.channel()  # a passive declare of a missing queue closes its channel
-        try:
-            queue = await probe.declare_queue(
-                f"{settings.queue_prefix}.{USAGE_RECORD.name}", passive=True, robust=False
-            )
-        except ChannelNotFoundEntity:
-            return False
-        else:
-            return (queue.declaration_result.consumer_count or 0) > 0
-        finally:
-            with contextlib.suppress(Exception):
-                await probe.close()
+        name = f"{settings.queue_prefix}.{USAGE_RECORD.name}"
+        figures = (await passive_figures(amqp, [name]))[name]  # None: not declared again yet
+        return figures is not None and figures[1] > 0
 
     await eventually(subscribed_again, within=15)
     after = await send(
@@ -309,5 +300,28 @@ async def test_a_consumer_whose_queue_is_deleted_under_it_subscribes_again_and_g
     await eventually(second_seen, within=15)
     assert not consumer.failed.is_set()
     await channel.close()
+    await consumer.stop()
+    await connection.close()
+
+
+async def test_a_consumer_that_cannot_subscribe_again_after_a_reconnection_fails_loudly(
+    settings: Settings, amqp: AbstractRobustConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If subscribing on the reopened channel fails, the consumer is marked failed, so the
+    process exits and is restarted (its deliveries go back to the queue), rather than stay up
+    consuming nothing."""
+
+    async def record(raw: RawDelivery) -> Fate:
+        return Fate.APPLIED
+
+    consumer, connection = await _consume_with(settings, record)
+
+    async def refused() -> None:
+        raise ConnectionError("channel refused")
+
+    monkeypatch.setattr(consumer, "_take_deliveries", refused)
+    await consumer._consume_again()  # what the robust channel's reopen calls
+
+    assert consumer.failed.is_set()
     await consumer.stop()
     await connection.close()
