@@ -46,7 +46,7 @@ check: venv
 	deploy/asyncapi/check.sh
 
 ## test: check, then the whole suite against the real services: isolated tests in parallel
-## (PKGQ_TEST_WORKERS, default 3) with the chaos tests beside them, then the service-restart
+## (PKGQ_TEST_WORKERS, default 4) with the chaos tests beside them, then the service-restart
 ## tests alone; the HA lab boots while the checks run, and goes at the end (run-suite.sh).
 test: venv
 	BIN=$(BIN) MAKE="$(MAKE)" deploy/local/run-suite.sh $(PYTEST_ARGS)

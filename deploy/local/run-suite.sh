@@ -18,7 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 bin=${BIN:-.venv/bin}
 make=${MAKE:-make}
-workers=${PKGQ_TEST_WORKERS:-3}
+workers=${PKGQ_TEST_WORKERS:-4}  # 4 on 2 cores: the tests mostly wait on services and processes
 lab=deploy/local/ha/lab.sh
 
 lab_pid=
