@@ -23,6 +23,9 @@ class RetryPolicy:
     max_attempts: int = 25
     backoff: Backoff = seed003_backoff
     max_delay_s: float = 7 * 86400.0
+    newer_version_s: float = 30.0
+    """The pause before a message of a version newer than this pkgq knows is tried again
+    (uncounted: see domain.delivery.ErrorKind.NEWER)."""
 
     def delay_after(self, attempt: int) -> float | None:
         """The pause before the next delivery, or None when `attempt` was the last one."""
@@ -31,7 +34,7 @@ class RetryPolicy:
         return max(0.0, min(self.backoff(attempt), self.max_delay_s))
 
 
-def from_settings(config: RetrySettings) -> RetryPolicy:
+def from_settings(config: RetrySettings, newer_version_s: float = 30.0) -> RetryPolicy:
     base = config.base_s
     backoff: Backoff
     if config.backoff == "fixed":
@@ -40,8 +43,8 @@ def from_settings(config: RetrySettings) -> RetryPolicy:
         backoff = lambda attempt: random.uniform(0, base * 2 ** (attempt - 1))  # noqa: E731
     else:
         backoff = seed003_backoff
-    return RetryPolicy(config.max_attempts, backoff, config.max_delay_s)
+    return RetryPolicy(config.max_attempts, backoff, config.max_delay_s, newer_version_s)
 
 
 def policy_for(settings: Settings, route_name: str) -> RetryPolicy:
-    return from_settings(settings.retry_for(route_name))
+    return from_settings(settings.retry_for(route_name), settings.newer_version_retry)

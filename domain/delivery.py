@@ -80,6 +80,10 @@ class ErrorKind(enum.Enum):
     """May pass (a bug fixed by a deploy, a dependency down): retried with backoff."""
     TTR = "ttr"
     """Ran past the route's TTR on every strike: buried, holding its user."""
+    NEWER = "newer"
+    """A schema version newer than this pkgq knows: left for a newer pkgq. Retried after the
+    failure's delay, holding its user, never counted and never buried for it (a rolling upgrade
+    may take minutes; the message's own TTL still ends it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +195,8 @@ class Gate:
         lifts = hold is not None and hold.blocker == facts.message_id
         if failure is None:
             return Decision(Fate.DUPLICATE_ORDER if repeat else Fate.APPLIED, lifts=lifts)
+        if failure.kind is ErrorKind.NEWER:
+            return self._deferred(facts, failure)
         attempt = self.attempts.get(facts.message_id, 0) + 1
         held = "buried" if facts.user_id is not None else None
         if failure.kind is ErrorKind.RULE:
@@ -216,6 +222,24 @@ class Gate:
             holds="retrying" if facts.user_id is not None else None,
             counted=True,
         )
+
+    def _deferred(self, facts: Facts, failure: Failure) -> Decision:
+        """A version this pkgq does not know: tried again after the failure's delay, its
+        failures as counted before (this is none of them), its user held behind it."""
+        retry_at = self.now + timedelta(seconds=failure.delay or 0.0)
+        if facts.expires_at is not None and retry_at >= facts.expires_at:
+            return Decision(Fate.EXPIRED, "expired", failure, 1, lifts=self._lifts(facts))
+        return Decision(
+            Fate.RETRY,
+            failure=failure,
+            attempt=self.attempts.get(facts.message_id, 0),
+            retry_at=retry_at,
+            holds="retrying" if facts.user_id is not None else None,
+        )
+
+    def _lifts(self, facts: Facts) -> bool:
+        hold = self._hold_of(facts)
+        return hold is not None and hold.blocker == facts.message_id
 
     def note(self, facts: Facts, decision: Decision) -> None:
         """Fold a decision into the snapshot. Only a message that is done counts as seen: a

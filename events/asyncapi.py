@@ -31,6 +31,7 @@ from events.envelope import (
     H_TRACEPARENT,
     H_USER_ID,
 )
+from events.models import WireModel
 from events.routes import ALL_ROUTES, INBOUND_ROUTES, SUBSCRIBER_ROUTES, Route
 
 AMQP_BINDING = "0.3.0"
@@ -148,16 +149,44 @@ def _servers() -> dict[str, Any]:
     }
 
 
-def _message(route: Route) -> dict[str, Any]:
-    schema = route.model.model_json_schema(ref_template="#/components/schemas/{model}")
+def _headers(version: int) -> dict[str, Any]:
+    """The headers of a message of `version`: x-schema-version is that version."""
+    described = {
+        "const": version,
+        "description": "Body schema version (a route accepts its current one and the one "
+        "before; a newer one waits for a newer pkgq: README, Rolling upgrades).",
+    }
     return {
-        "name": route.message_type,
-        "title": route.message_type,
-        "summary": (route.model.__doc__ or "").strip().splitlines()[0]
-        if route.model.__doc__
-        else route.message_type,
+        **HEADERS_SCHEMA,
+        "properties": {**HEADERS_SCHEMA["properties"], H_SCHEMA_VERSION: described},
+    }
+
+
+def _versions(route: Route) -> list[tuple[str, int, type[WireModel]]]:
+    """(message name, schema version, body model) of each version the route takes, newest
+    first: the current one is named for its type, an older one `<type>.v<N>`."""
+    found = [(route.message_type, route.schema_version, route.model)]
+    if route.previous is not None:
+        previous = route.previous
+        found.append(
+            (f"{route.message_type}.v{previous.version}", previous.version, previous.model)
+        )
+    return found
+
+
+def _message(route: Route, name: str, version: int, model: type[WireModel]) -> dict[str, Any]:
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    doc = route.model.__doc__
+    summary = doc.strip().splitlines()[0] if doc else route.message_type
+    if version != route.schema_version:
+        summary = f"{summary} Schema version {version}, still accepted and upcast on decode."
+    payload = PAYLOADS[route.message_type]
+    return {
+        "name": name,
+        "title": f"{route.message_type} (schema version {version})",
+        "summary": summary,
         "contentType": CONTENT_TYPE,
-        "headers": HEADERS_SCHEMA,
+        "headers": _headers(version),
         "payload": {key: value for key, value in schema.items() if key != "$defs"},
         "bindings": {"amqp": {"messageType": route.message_type, "bindingVersion": AMQP_BINDING}},
         "correlationId": {
@@ -170,10 +199,10 @@ def _message(route: Route) -> dict[str, Any]:
         "x-amqp-properties": _properties(route),
         "examples": [
             {
-                "name": f"{route.short_name}_example",
-                "summary": f"A {route.message_type} on {route.name}",
-                "headers": {H_SCHEMA_VERSION: route.schema_version, H_USER_ID: USER},
-                "payload": PAYLOADS[route.message_type],
+                "name": f"{route.short_name}_v{version}_example",
+                "summary": f"A {route.message_type} of version {version} on {route.name}",
+                "headers": {H_SCHEMA_VERSION: version, H_USER_ID: USER},
+                "payload": {k: v for k, v in payload.items() if k in model.model_fields},
             }
         ],
     }
@@ -186,17 +215,19 @@ def document(exchange: str = "telecom", queue_prefix: str = "pkgq") -> dict[str,
     schemas: dict[str, Any] = {}
     for route in ALL_ROUTES.values():
         key = route.short_name
-        message = _message(route)
-        messages[route.message_type] = message
-        defs = route.model.model_json_schema(ref_template="#/components/schemas/{model}").get(
-            "$defs", {}
-        )
-        schemas.update(defs)
+        versions = _versions(route)
+        for name, version, model in versions:
+            messages[name] = _message(route, name, version, model)
+            schemas.update(
+                model.model_json_schema(ref_template="#/components/schemas/{model}").get(
+                    "$defs", {}
+                )
+            )
         channels[key] = {
             "address": route.name,
             "title": route.name,
             "messages": {
-                route.message_type: {"$ref": f"#/components/messages/{route.message_type}"}
+                name: {"$ref": f"#/components/messages/{name}"} for name, _, _ in versions
             },
             "bindings": {
                 "amqp": {
@@ -212,7 +243,7 @@ def document(exchange: str = "telecom", queue_prefix: str = "pkgq") -> dict[str,
                 }
             },
         }
-        reference = [{"$ref": f"#/channels/{key}/messages/{route.message_type}"}]
+        reference = [{"$ref": f"#/channels/{key}/messages/{name}"} for name, _, _ in versions]
         operations[f"publish_{key}"] = {
             "action": "send",
             "title": _sends(route, queue_prefix),

@@ -12,7 +12,13 @@ AT = 1_767_225_600  # 2026-01-01T00:00:00Z
 
 PAYLOADS: dict[str, dict[str, Any]] = {
     "PurchasePackage": {"user_id": USER, "package_id": 7, "amount": 2, "by_order": ORDER},
-    "RecordUsage": {"user_id": USER, "upload": 1_048_576, "download": 15_728_640},
+    "RecordUsage": {
+        "user_id": USER,
+        "upload": 1_048_576,
+        "download": 15_728_640,
+        "usage_id": "cdr-2026-11-26-000042",
+        "recorded_at": 1_764_115_200,
+    },
     "CancelPackage": {
         "user_id": USER,
         "item_id": 42,

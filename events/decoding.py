@@ -43,6 +43,27 @@ class BadMessageError(Exception):
         self.detail = detail
 
 
+class NewerVersionError(BadMessageError):
+    """A message of a schema version newer than this pkgq knows: not bad input, but left for a
+    newer pkgq (a rolling upgrade is under way, or about to be). Its consumer holds it as its
+    user's blocker and retries it after a pause, uncounted (domain/delivery.py, ErrorKind.NEWER),
+    so whichever pod knows the version applies it, in its user's order. `user_id`: the body's
+    `user_id` if it reads as one (a version's other fields are unknown), else None."""
+
+    def __init__(self, version: int, accepted: tuple[int, ...], decoded: Decoded) -> None:
+        super().__init__(
+            "newer_version",
+            f"{H_SCHEMA_VERSION}={version} is newer than this pkgq knows "
+            f"(it applies {' and '.join(map(str, accepted))}): left for a newer pkgq",
+        )
+        self.version = version
+        self.decoded = decoded
+
+    @property
+    def user_id(self) -> UUID | None:
+        return self.decoded.envelope.user_id
+
+
 @dataclass(frozen=True, slots=True)
 class RawDelivery:
     body: bytes
@@ -79,6 +100,9 @@ class RawDelivery:
 class Decoded:
     envelope: Envelope
     body: WireModel
+    newer: bool = False
+    """A version newer than this pkgq knows (NewerVersionError): `body` is a placeholder that
+    names its user only; nothing reads it, the message is held and retried as it came."""
 
 
 def _int_header(headers: Mapping[str, Any], name: str, default: int | None) -> int | None:
@@ -143,17 +167,29 @@ def decode(route: Route, raw: RawDelivery, *, max_body_bytes: int) -> Decoded:
             f"expected {route.message_type!r}",
         )
     version = _int_header(raw.headers, H_SCHEMA_VERSION, None)
-    if version != route.schema_version:
+    if version != route.schema_version and (
+        route.previous is None or version != route.previous.version
+    ):
+        if version is not None and version > route.schema_version:
+            user = _newer_user(raw)
+            # Never read (Decoded.newer): the user it names is the envelope's, or the nil UUID.
+            placeholder = WireModel.model_construct(user_id=user or UUID(int=0))
+            decoded = Decoded(_envelope(route, raw, message_id, version, user), placeholder, True)
+            raise NewerVersionError(version, route.accepted_versions, decoded)
+        accepted = " and ".join(map(str, route.accepted_versions))
         raise BadMessageError(
             "unsupported_version",
-            f"{H_SCHEMA_VERSION}={version!r}; {route.name} accepts {route.schema_version}",
+            f"{H_SCHEMA_VERSION}={version!r}; {route.name} accepts {accepted}",
         )
     try:
         text = raw.body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadMessageError("invalid_utf8", f"body is not UTF-8 ({exc.reason})") from None
     try:
-        body = route.model.model_validate_json(text)
+        if version == route.schema_version:
+            body = route.model.model_validate_json(text)
+        else:
+            body = _upcast(route, text)
     except ValidationError as exc:
         if exc.errors()[0]["type"] != "json_invalid":
             raise BadMessageError("schema_invalid", _summarise(exc)) from None
@@ -166,11 +202,17 @@ def decode(route: Route, raw: RawDelivery, *, max_body_bytes: int) -> Decoded:
         raise BadMessageError(
             "schema_invalid", f"{H_USER_ID}={header_user} differs from body user_id {body.user_id}"
         )
-    envelope = Envelope(
+    return Decoded(_envelope(route, raw, message_id, version, body.user_id), body)
+
+
+def _envelope(
+    route: Route, raw: RawDelivery, message_id: UUID, version: int, user_id: UUID | None
+) -> Envelope:
+    return Envelope(
         message_id=message_id,
         message_type=route.message_type,
         schema_version=version,
-        user_id=body.user_id,
+        user_id=user_id,
         seq=_bounded_header(raw.headers, H_SEQ, 0, MAX_SEQ),
         attempt=_bounded_header(raw.headers, H_ATTEMPT, 1, 2**31) or 1,
         timestamp=raw.timestamp or datetime.now(UTC),
@@ -180,7 +222,37 @@ def decode(route: Route, raw: RawDelivery, *, max_body_bytes: int) -> Decoded:
         expires_at=_time_header(raw.headers, H_EXPIRES_AT),
         publisher=publisher_of(raw.headers, raw.publisher),
     )
-    return Decoded(envelope, body)
+
+
+def _upcast(route: Route, text: str) -> WireModel:
+    """A body of the route's previous version: validated as it was then, then turned into the
+    current model (raises ValidationError; `previous` is set: decode checked the version)."""
+    previous = route.previous
+    assert previous is not None
+    old = previous.model.model_validate_json(text)
+    return route.model.model_validate(previous.upcast(old.model_dump()))
+
+
+def _newer_user(raw: RawDelivery) -> UUID | None:
+    """The user a message of an unknown (newer) version is for, so that it is held in its
+    user's order: the body's `user_id` if it has a readable one. The user header must agree,
+    as on any message (else it is schema_invalid: a header is never trusted over the body)."""
+    try:
+        parsed = json.loads(raw.body)
+    except (ValueError, RecursionError):
+        parsed = None
+    user: UUID | None = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("user_id"), str):
+        try:
+            user = UUID(parsed["user_id"])
+        except ValueError:
+            user = None
+    header_user = header_text(raw.headers, H_USER_ID, 64)
+    if header_user is not None and user is not None and header_user != str(user):
+        raise BadMessageError(
+            "schema_invalid", f"{H_USER_ID}={header_user} differs from body user_id {user}"
+        )
+    return user
 
 
 def _uuid_header(headers: Mapping[str, Any], name: str) -> UUID | None:

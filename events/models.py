@@ -65,11 +65,31 @@ class PurchasePackage(WireModel):
     amount: Annotated[int, Field(ge=1, le=MAX_AMOUNT)] = 1
 
 
-class RecordUsage(WireModel):
-    """Billing: traffic to bill to the user's active package."""
+UsageId = Annotated[Text, Field(min_length=1, max_length=128)]
+"""The billing system's own id of a usage record (its CDR or mediation record id)."""
+
+
+class RecordUsageV1(WireModel):
+    """RecordUsage as schema version 1 had it (events/versions.py turns it into version 2)."""
 
     upload: Bytes
     download: Bytes
+
+
+class RecordUsage(WireModel):
+    """Billing: traffic to bill to the user's active package (schema version 2).
+
+    `usage_id`: the billing system's own record id. A record whose (user_id, usage_id) was
+    billed before is acknowledged as `duplicate_usage` and bills nothing, whatever its
+    message_id, for PKGQ_USAGE_DEDUP_DAYS (35) at least. Without one (and in version 1) a record
+    is deduplicated by its message_id only. `recorded_at`: when the traffic happened (unix
+    seconds), stored with the billing; it decides which item late traffic is billed to
+    (domain/queue.py, UserQueue.record_usage)."""
+
+    upload: Bytes
+    download: Bytes
+    usage_id: UsageId | None = None
+    recorded_at: UnixSeconds | None = None
 
 
 class CancelPackage(WireModel):

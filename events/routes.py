@@ -17,6 +17,7 @@ from events.models import (
     RecordUsage,
     WireModel,
 )
+from events.versions import RECORD_USAGE_V1, Previous
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,9 @@ class Route:
     """The routing key on the `telecom` topic exchange, e.g. `telecom.package_purchase`."""
     model: type[WireModel]
     schema_version: int = 1
+    """The version pkgq writes and the current body model is of (header x-schema-version)."""
+    previous: Previous | None = None
+    """Version N-1, still accepted and turned into N on decode (events/versions.py)."""
     inbound: bool = False
     """Whether outsiders (shop, billing, admin tools) may publish on it. The others are pkgq's
     own lifecycle and internal routes: their consumers accept only messages that pkgq itself
@@ -36,12 +40,21 @@ class Route:
         return self.model.__name__
 
     @property
+    def accepted_versions(self) -> tuple[int, ...]:
+        """The schema versions its consumer applies: N-1 (when it has one) and N."""
+        if self.previous is None:
+            return (self.schema_version,)
+        return (self.previous.version, self.schema_version)
+
+    @property
     def short_name(self) -> str:
         return self.name.removeprefix("telecom.")
 
 
 PACKAGE_PURCHASE = Route("telecom.package_purchase", PurchasePackage, inbound=True)
-USAGE_RECORD = Route("telecom.usage_record", RecordUsage, inbound=True)
+USAGE_RECORD = Route(
+    "telecom.usage_record", RecordUsage, schema_version=2, previous=RECORD_USAGE_V1, inbound=True
+)
 PACKAGE_CANCEL = Route("telecom.package_cancel", CancelPackage, inbound=True)
 QUOTA_ADJUST = Route("telecom.quota_adjust", AdjustQuota, inbound=True)
 PACKAGE_QUEUING = Route("telecom.package_queuing", PackageQueuePushEvent)

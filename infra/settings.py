@@ -106,6 +106,12 @@ class Settings(BaseSettings):
     sweep_grace: float = Field(default=60.0, ge=0)
     """A time expiry this many seconds overdue, with no pending or recent trigger, is re-sent."""
 
+    newer_version_retry: float = Field(default=30.0, gt=0, le=3600)
+    """Seconds before a message of a schema version newer than this pkgq knows is tried again
+    (held in its user's order, never counted or buried for it: README, Rolling upgrades)."""
+    usage_dedup_days: int = Field(default=35, ge=1, le=3650)
+    """How long a billed usage record's (user_id, usage_id) is remembered at least: a resend
+    within it bills nothing (duplicate_usage). A billing cycle plus margin."""
     retry: RetrySettings = RetrySettings()
     """The default retry policy, e.g.
     PKGQ_RETRY='{"max_attempts": 10, "backoff": "exponential"}'."""

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from uuid import UUID
 
-from events.decoding import BadMessageError, Decoded, RawDelivery, decode
+from events.decoding import BadMessageError, Decoded, NewerVersionError, RawDelivery, decode
 from events.envelope import H_PUBLISHER, publisher_of
 from events.routes import UNTRUSTED_PUBLISHER, Route
 
@@ -99,6 +99,9 @@ def decode_all(
             if trusted_publisher is not None:
                 check_publisher(route, raw, trusted_publisher)
             ready.append(Delivery(index, raw, decode(route, raw, max_body_bytes=max_body_bytes)))
+        except NewerVersionError as newer:
+            # Not bad input: held in its user's order and retried for a newer pkgq to apply.
+            ready.append(Delivery(index, raw, newer.decoded))
         except BadMessageError as problem:
             bad.append(BadDelivery(index, raw, problem))
     return ready, bad

@@ -21,7 +21,7 @@ from consumers.delivery.snapshot import Snapshot
 from consumers.handler_errors import TTRExceededError
 from consumers.retry_policy import RetryPolicy
 from consumers.unit_of_work import Handler, HandlerContext, UnitOfWork
-from domain.delivery import Decision, Failure, Fate
+from domain.delivery import Decision, ErrorKind, Failure, Fate
 from events.decoding import Decoded, RawDelivery
 from events.routes import Route
 from infra import tracing
@@ -110,7 +110,9 @@ class Executor:
                 decision = gate.admit(facts)
                 if decision is None:
                     failure = known.failures.get(delivery.index)
-                    if failure is None:
+                    if failure is None and delivery.decoded.newer:
+                        failure = self._newer(delivery)
+                    elif failure is None:
                         failure, trace_id = await self._handle(conn, work, delivery, message_text)
                         if failure is not None:
                             known.failures[delivery.index] = failure
@@ -124,6 +126,24 @@ class Executor:
                 Decided(delivery.index, delivery.raw, delivery.decoded, decision, trace_id, seconds)
             )
         return decided
+
+    def _newer(self, delivery: Delivery) -> Failure:
+        """A version this pkgq does not know: no handler runs, a newer pkgq applies it."""
+        envelope = delivery.decoded.envelope
+        log.warning(
+            "newer_version_deferred",
+            schema_version=envelope.schema_version,
+            accepts=list(self.route.accepted_versions),
+            retry_in_s=self._policy.newer_version_s,
+        )
+        return Failure(
+            ErrorKind.NEWER,
+            "newer_version",
+            "NewerVersionError",
+            f"x-schema-version={envelope.schema_version} is newer than this pkgq knows (it "
+            f"applies {' and '.join(map(str, self.route.accepted_versions))})",
+            delay=self._policy.newer_version_s,
+        )
 
     async def _handle(
         self, conn: Conn, work: UnitOfWork, delivery: Delivery, message_text: str

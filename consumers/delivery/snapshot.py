@@ -60,7 +60,9 @@ async def load(
         still = await holds.lock_parked(conn, consumer, ids)
         ready = [d for d in ready if d.message_id in still]
     seen, counted = await attempts.states(conn, consumer, ids)
-    needs = [needs_of(d.decoded.body) for d in ready if d.message_id not in seen]
+    needs = [
+        needs_of(d.decoded.body) for d in ready if d.message_id not in seen and not d.decoded.newer
+    ]
     wanted = Needs(
         item_ids=tuple(i for n in needs for i in n.item_ids),
         package_ids=tuple(p for n in needs for p in n.package_ids),

@@ -64,7 +64,7 @@ CASES = {
     ),
     "unknown_type": Bad("unknown_type", USAGE_RECORD, _usage(USER), {"message_type": "Nope"}),
     "unsupported_version": Bad(
-        "unsupported_version", USAGE_RECORD, _usage(USER), {"headers": {H_SCHEMA_VERSION: 99}}
+        "unsupported_version", USAGE_RECORD, _usage(USER), {"headers": {H_SCHEMA_VERSION: 0}}
     ),
     "oversized": Bad("oversized", USAGE_RECORD, b" " * (LIMIT + 1) + _usage(USER)),
     "unknown_package": Bad(

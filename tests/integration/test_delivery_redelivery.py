@@ -39,7 +39,11 @@ def delivery(
         message_type=USAGE_RECORD.message_type,
         content_type=CONTENT_TYPE,
         timestamp=None,
-        headers={H_SCHEMA_VERSION: 1, H_USER_ID: str(user), H_ATTEMPT: attempt},
+        headers={
+            H_SCHEMA_VERSION: USAGE_RECORD.schema_version,
+            H_USER_ID: str(user),
+            H_ATTEMPT: attempt,
+        },
     )
 
 
@@ -196,7 +200,7 @@ async def test_a_message_without_a_user_header_is_buried_under_its_bodys_user_an
         message_type=m1.message_type,
         content_type=m1.content_type,
         timestamp=None,
-        headers={H_SCHEMA_VERSION: 1},
+        headers={H_SCHEMA_VERSION: USAGE_RECORD.schema_version},
     )
     assert await process(headerless) == Fate.BURIED
     assert await process(delivery(user, 2)) == Fate.PARKED

@@ -56,7 +56,11 @@ async def test_a_forged_x_attempt_neither_loses_nor_skips_the_retries_before_suc
     await app.start_consumers([USAGE_RECORD], pipelines={USAGE_RECORD.name: pipeline})
     user = uuid4()
     body = RecordUsage(user_id=user, upload=7, download=0).model_dump_json().encode()
-    headers = {H_SCHEMA_VERSION: 1, H_USER_ID: str(user), H_ATTEMPT: forged}
+    headers = {
+        H_SCHEMA_VERSION: USAGE_RECORD.schema_version,
+        H_USER_ID: str(user),
+        H_ATTEMPT: forged,
+    }
     mid = await send_raw(settings, amqp, USAGE_RECORD, body, headers=headers)
 
     async def applied() -> bool:

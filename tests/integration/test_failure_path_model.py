@@ -98,7 +98,7 @@ def raw(model: Model, m: int, headers: dict[str, Any], publisher: str) -> RawDel
         message_type=USAGE_RECORD.message_type,
         content_type=CONTENT_TYPE,
         timestamp=None,
-        headers={H_SCHEMA_VERSION: 1, H_USER_ID: str(user), **headers},
+        headers={H_SCHEMA_VERSION: USAGE_RECORD.schema_version, H_USER_ID: str(user), **headers},
         publisher=publisher,
     )
 

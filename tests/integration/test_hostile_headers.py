@@ -91,7 +91,7 @@ async def test_hostile_headers_on_an_inbound_route_are_filed_or_applied_and_over
 
     sent: list[str] = []
     for k, variant in enumerate(hostile_variants()):
-        headers = {H_SCHEMA_VERSION: 1, **variant}
+        headers = {H_SCHEMA_VERSION: USAGE_RECORD.schema_version, **variant}
         # The known message_id with another body (bad input: buried again under its key) ...
         await send_raw(
             settings, amqp, USAGE_RECORD, b"forged body %d" % k, message_id=known, headers=headers
@@ -160,7 +160,11 @@ async def test_hostile_broker_dead_letters_are_all_filed_with_an_honest_one_behi
                     b"forged body %d" % k,
                     message_id=known,
                     type=USAGE_RECORD.message_type,
-                    headers={H_SCHEMA_VERSION: 1, "x-index": k, **variant},
+                    headers={
+                        H_SCHEMA_VERSION: USAGE_RECORD.schema_version,
+                        "x-index": k,
+                        **variant,
+                    },
                 ),
                 routing_key=probe,
             )
@@ -172,7 +176,7 @@ async def test_hostile_broker_dead_letters_are_all_filed_with_an_honest_one_behi
                 message_id=honest_id,
                 type=USAGE_RECORD.message_type,
                 content_type="application/json",
-                headers={H_SCHEMA_VERSION: 1},
+                headers={H_SCHEMA_VERSION: USAGE_RECORD.schema_version},
             ),
             routing_key=probe,
         )
@@ -236,7 +240,11 @@ async def test_a_forged_x_attempt_neither_skips_nor_multiplies_retries(
         amqp,
         USAGE_RECORD,
         usage_body(user, 1),
-        headers={H_SCHEMA_VERSION: 1, H_USER_ID: str(user), H_ATTEMPT: forged},
+        headers={
+            H_SCHEMA_VERSION: USAGE_RECORD.schema_version,
+            H_USER_ID: str(user),
+            H_ATTEMPT: forged,
+        },
     )
 
     async def buried() -> bool:

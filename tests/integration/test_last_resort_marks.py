@@ -33,7 +33,7 @@ async def _publish(amqp: AbstractRobustConnection, settings: Settings, user_id: 
     """A usage record carrying every pkgq mark, published as `user_id` (None: no user_id)."""
     message_id = str(uuid4())
     body = RecordUsage(user_id=uuid4(), upload=1, download=1).model_dump_json().encode()
-    headers = {H_SCHEMA_VERSION: 1, "x-senders-own": "kept", **FORGED}
+    headers = {H_SCHEMA_VERSION: USAGE_RECORD.schema_version, "x-senders-own": "kept", **FORGED}
     publisher = await Publisher.open(amqp, settings.exchange, user_id=user_id)
     try:
         message = build_message(

@@ -31,7 +31,7 @@ def usage(user: UUID, message_id: UUID, upload: int) -> RawDelivery:
         message_type=USAGE_RECORD.message_type,
         content_type=CONTENT_TYPE,
         timestamp=None,
-        headers={H_SCHEMA_VERSION: 1, H_USER_ID: str(user)},
+        headers={H_SCHEMA_VERSION: USAGE_RECORD.schema_version, H_USER_ID: str(user)},
     )
 
 

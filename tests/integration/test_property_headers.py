@@ -42,7 +42,7 @@ async def test_message_id_and_type_headers_stand_in_for_missing_properties(
             message_id=None,  # published through pika: no message_id property at all
             message_type=None,
             headers={
-                H_SCHEMA_VERSION: "1",  # amqp-publish sends every header as text
+                H_SCHEMA_VERSION: str(USAGE_RECORD.schema_version),  # amqp-publish: all text
                 H_MESSAGE_ID: str(stand_in),
                 H_MESSAGE_TYPE: USAGE_RECORD.message_type,
             },
@@ -61,7 +61,7 @@ async def test_message_id_and_type_headers_stand_in_for_missing_properties(
             USAGE_RECORD,
             _body(),
             message_id=str(prop),
-            headers={H_SCHEMA_VERSION: 1, H_MESSAGE_ID: str(header)},
+            headers={H_SCHEMA_VERSION: USAGE_RECORD.schema_version, H_MESSAGE_ID: str(header)},
         )
 
         async def both() -> bool:
@@ -86,7 +86,7 @@ async def test_without_the_property_or_the_header_a_message_is_still_refused_as_
             USAGE_RECORD,
             _body(),
             message_id=None,
-            headers={H_SCHEMA_VERSION: 1, H_USER_ID: "not-checked-first"},
+            headers={H_SCHEMA_VERSION: USAGE_RECORD.schema_version, H_USER_ID: "not-checked-first"},
         )
 
         async def buried() -> bool:

@@ -26,7 +26,10 @@ from infra.transient import is_transient
 
 def raw_for(route: Route, body: WireModel, *, seq: int | None = None) -> RawDelivery:
     """A delivery of `body` on `route` as the broker would hand it over (no AMQP involved)."""
-    headers: dict[str, object] = {H_SCHEMA_VERSION: 1, H_USER_ID: str(body.user_id)}
+    headers: dict[str, object] = {
+        H_SCHEMA_VERSION: route.schema_version,
+        H_USER_ID: str(body.user_id),
+    }
     if seq is not None:
         headers[H_SEQ] = seq
     return RawDelivery(
@@ -154,7 +157,11 @@ async def publish_as_outsider(
     message_id of its choosing, extra headers (`marks`) and AMQP `expiration` (a TTL the
     broker applies: expired in the queue, it is dead-lettered as `expired`)."""
     message_id_text = str(message_id or uuid4())
-    headers: dict[str, Any] = {H_SCHEMA_VERSION: 1, H_USER_ID: str(body.user_id), **(marks or {})}
+    headers: dict[str, Any] = {
+        H_SCHEMA_VERSION: route.schema_version,
+        H_USER_ID: str(body.user_id),
+        **(marks or {}),
+    }
     if seq is not None:
         headers[H_SEQ] = seq
     channel = await connection.channel(publisher_confirms=True)

@@ -33,7 +33,8 @@ def failure(kind: ErrorKind) -> Failure:
     return Failure(kind, reason, "Error", "injected")
 
 
-kinds = st.sampled_from([*ErrorKind, None])
+kinds = st.sampled_from([*(k for k in ErrorKind if k is not ErrorKind.NEWER), None])
+"""Every kind of failure that counts (a newer version never does: tested on its own below)."""
 
 
 @given(results=st.lists(kinds, min_size=1, max_size=12), attempts=st.integers(0, 3))
@@ -81,6 +82,45 @@ def test_every_failure_moves_the_count_by_one_or_buries_and_nothing_follows_the_
             )
             held = kind is not ErrorKind.RULE
             assert (decision.holds == "buried") is held
+
+
+def newer(delay: float = 30.0) -> Failure:
+    return Failure(ErrorKind.NEWER, "newer_version", "NewerVersionError", "x", delay=delay)
+
+
+@given(deferrals=st.integers(1, 60), attempts=st.integers(0, MAX_ATTEMPTS - 1))
+def test_a_newer_version_is_retried_after_its_delay_holding_its_user_never_counted_or_buried(
+    deferrals: int, attempts: int
+) -> None:
+    user, message = uuid4(), uuid4()
+    gate = Gate(NOW, Source.QUEUE, set(), {}, {message: attempts} if attempts else {})
+    facts = Facts(0, message, user)
+    for _ in range(deferrals):  # far more often than max_attempts: it never runs out
+        if gate.holds.get(user) is not None:
+            gate.holds[user] = Hold(message, "retrying")  # its retry comes back as the blocker
+        assert gate.admit(facts) is None
+        decision = gate.decide(facts, newer(12.5), backoff)
+        gate.note(facts, decision)
+        assert decision.fate is Fate.RETRY
+        assert not decision.counted
+        assert decision.attempt == attempts
+        assert decision.retry_at == NOW + timedelta(seconds=12.5)
+        assert gate.holds[user] == Hold(message, "retrying")
+    assert gate.attempts.get(message, 0) == attempts
+
+
+def test_a_newer_version_whose_next_try_would_come_after_its_ttl_expires() -> None:
+    facts = Facts(0, uuid4(), uuid4(), expires_at=NOW + timedelta(seconds=10))
+    decision = Gate(NOW, Source.QUEUE, set(), {}).decide(facts, newer(30), backoff)
+    assert (decision.fate, decision.reason) == (Fate.EXPIRED, "expired")
+    assert decision.holds is None
+
+
+def test_a_newer_version_of_no_known_user_is_retried_without_holding_anyone() -> None:
+    gate = Gate(NOW, Source.QUEUE, set(), {})
+    decision = gate.decide(Facts(0, uuid4(), None), newer(), backoff)
+    assert decision.fate is Fate.RETRY
+    assert decision.holds is None
 
 
 def test_a_later_message_of_a_held_user_is_parked_behind_the_blocker_and_goes_once_lifted() -> None:

@@ -67,7 +67,7 @@ def test_the_models_with_text_are_found_so_the_tests_below_cover_them() -> None:
         (model, field)
         for model in ("CancelPackage", "AdjustQuota", "PackageCancelledEvent")
         for field in ("reason", "operator")
-    } | {("PackageCancelledEvent", "publisher")}
+    } | {("PackageCancelledEvent", "publisher"), ("RecordUsage", "usage_id")}
 
 
 @pytest.mark.parametrize("value", UNSTORABLE.values(), ids=UNSTORABLE.keys())
