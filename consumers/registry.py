@@ -30,6 +30,7 @@ HANDLERS: dict[str, Handler] = {
 
 NEEDS: dict[str, NeedsOf] = {
     routes.PACKAGE_PURCHASE.name: package_purchase.needs,
+    routes.USAGE_RECORD.name: usage_record.needs,
     routes.PACKAGE_CANCEL.name: package_cancel.needs,
     routes.QUOTA_ADJUST.name: quota_adjust.needs,
     routes.PACKAGE_ACTIVATE.name: package_activate.needs,

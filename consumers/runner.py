@@ -49,6 +49,7 @@ def pipeline_for(
         max_body_bytes=settings.max_body_bytes,
         ttr=settings.ttr_for(route.name),
         trusted_publisher=settings.amqp_user,
+        usage_dedup_days=settings.usage_dedup_days,
     )
 
 

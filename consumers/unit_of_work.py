@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from domain.delivery import Fate
 from domain.events import (
     DomainEvent,
     ExpiryUnscheduled,
@@ -26,7 +27,7 @@ from domain.queue import UserQueue
 from events.envelope import Envelope
 from events.models import AdjustQuota, CancelPackage
 from events.outgoing import expiry_key, outgoing
-from infra.postgres import access, audit, outbox
+from infra.postgres import access, audit, outbox, usage_billed
 from infra.postgres.pool import Conn
 from infra.postgres.queue_repo import LoadedQueue
 
@@ -48,6 +49,8 @@ class Needs:
     """Item ids it creates."""
     orders: tuple[tuple[UUID, UUID], ...] = ()
     """(user, by_order) pairs it buys: whether each was bought before is loaded with them."""
+    usages: tuple[tuple[UUID, str], ...] = ()
+    """(user, usage_id) pairs it bills: whether each was billed before is loaded with them."""
 
 
 NO_NEEDS = Needs()
@@ -73,8 +76,12 @@ class UnitOfWork:
     """Remaining traffic per user and item, for node management (None: unlimited)."""
     audit: list[audit.Entry] = field(default_factory=list)
     """Operators' commands applied, for the item audit (append-only, like outbox_rows)."""
-    duplicate_orders: set[UUID] = field(default_factory=set)
-    """Message ids of purchases that were repeats of an order bought before."""
+    billed_by: dict[tuple[UUID, str], UUID] = field(default_factory=dict)
+    """(user, usage_id) -> the message that billed it in this batch (a rolled-back message's
+    entry is left, harmless: only record ids its user's queue still holds are written)."""
+    repeats: dict[UUID, Fate] = field(default_factory=dict)
+    """Message ids of messages that repeated a business key seen before (an order bought, a
+    billing record billed), with the fate that says which (domain.delivery.REPEATS)."""
 
     def savepoint(self, user_id: UUID | None) -> Savepoint:
         """The state one message may change (its user's), to go back to if it fails."""
@@ -118,6 +125,19 @@ class UnitOfWork:
             for index, row in enumerate(self.outbox_rows)
             if row.cancel_key is None or index >= cut.get(row.cancel_key, 0)
         ]
+
+    def billings_to_write(self) -> list[usage_billed.NewBilling]:
+        """The usage records billed under a record id in this batch, as usage_billed keeps them."""
+        found = []
+        for user_id, loaded in self.queues.items():
+            usages = loaded.queue.usages
+            if len(usages) == len(loaded.usages_before):
+                continue  # nothing is ever removed from it: same size, nothing new
+            for usage_id, billed in usages.items():
+                if usage_id not in loaded.usages_before:
+                    message_id = self.billed_by[(user_id, usage_id)]
+                    found.append(usage_billed.NewBilling(user_id, usage_id, message_id, billed))
+        return found
 
     def remaining_to_write(self) -> dict[tuple[UUID, int], int | None]:
         return {(u, i): r for u, items in self.remaining.items() for i, r in items.items()}
@@ -188,6 +208,7 @@ def _copy(loaded: LoadedQueue) -> LoadedQueue:
         loaded.seq,
         loaded.seq_before,
         loaded.orders_before,
+        loaded.usages_before,
     )
 
 

@@ -37,6 +37,9 @@ class Fate(enum.StrEnum):
     """The same message (message_id) again: the consumer applied it before; nothing was run."""
     DUPLICATE_ORDER = "duplicate_order"
     """A purchase of an order bought before, under a new message_id: applied as nothing."""
+    DUPLICATE_USAGE = "duplicate_usage"
+    """A usage record whose (user, usage_id) was billed before, under a new message_id: applied
+    as nothing."""
     CANCELLED = "cancelled"
     """A member of a cancelled group: acknowledged without running the handler."""
     EXPIRED = "expired"
@@ -55,7 +58,10 @@ class Fate(enum.StrEnum):
     its batch keeps what was decided."""
 
 
-DONE = frozenset({Fate.APPLIED, Fate.DUPLICATE_ORDER, Fate.DUPLICATE, Fate.CANCELLED, Fate.EXPIRED})
+REPEATS = frozenset({Fate.DUPLICATE_ORDER, Fate.DUPLICATE_USAGE})
+"""Applied as nothing: a business key (an order, a billing record id) seen before under another
+message_id. Recorded in the inbox and acknowledged like an applied message."""
+DONE = frozenset({Fate.APPLIED, Fate.DUPLICATE, Fate.CANCELLED, Fate.EXPIRED, *REPEATS})
 """Fates after which the message is finished with and never blocks anyone."""
 
 
@@ -146,7 +152,7 @@ class Decision:
     @property
     def claims(self) -> bool:
         """Recorded in the inbox as applied (a later copy is a duplicate)."""
-        return self.fate in (Fate.APPLIED, Fate.DUPLICATE_ORDER, Fate.CANCELLED)
+        return self.fate in (Fate.APPLIED, Fate.CANCELLED) or self.fate in REPEATS
 
 
 Backoff = Callable[[int], float | None]
@@ -187,14 +193,21 @@ class Gate:
         return None
 
     def decide(
-        self, facts: Facts, failure: Failure | None, backoff: Backoff, *, repeat: bool = False
+        self,
+        facts: Facts,
+        failure: Failure | None,
+        backoff: Backoff,
+        *,
+        repeat: Fate | None = None,
     ) -> Decision:
-        """The handler ran: `failure` is how it failed (None: it did not). `repeat`: it was a
-        purchase of an order bought before (applied as nothing)."""
+        """The handler ran: `failure` is how it failed (None: it did not). `repeat`: one of
+        REPEATS when it named a business key seen before (applied as nothing)."""
         hold = self._hold_of(facts)
         lifts = hold is not None and hold.blocker == facts.message_id
         if failure is None:
-            return Decision(Fate.DUPLICATE_ORDER if repeat else Fate.APPLIED, lifts=lifts)
+            if repeat is not None and repeat not in REPEATS:
+                raise ValueError(f"{repeat} is not a repeat")
+            return Decision(repeat or Fate.APPLIED, lifts=lifts)
         if failure.kind is ErrorKind.NEWER:
             return self._deferred(facts, failure)
         attempt = self.attempts.get(facts.message_id, 0) + 1

@@ -100,6 +100,16 @@ class DuplicateOrder:
     item_ids: tuple[int, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class DuplicateUsage:
+    """A usage record named a billing record id (`usage_id`) billed before: nothing was billed.
+    `item_id`: the item the first record was billed to (None: it was kept as unbilled)."""
+
+    user_id: UUID
+    usage_id: str
+    item_id: int | None
+
+
 DomainEvent = (
     PackagesQueued
     | PackageActivated
@@ -110,4 +120,5 @@ DomainEvent = (
     | UsageRemaining
     | PackageCancelled
     | DuplicateOrder
+    | DuplicateUsage
 )

@@ -131,3 +131,15 @@ class QueueItem:
     def queue_order(self) -> tuple[datetime, int]:
         """FIFO order: oldest `created_at` first, then the lower id."""
         return (self.created_at, self.id)
+
+
+@dataclass(frozen=True, slots=True)
+class BilledUsage:
+    """A usage record billed under its billing system's record id (RecordUsage version 2)."""
+
+    item_id: int | None
+    """The item it was billed to (None: kept as unbilled, with nothing active or queued)."""
+    upload: int
+    download: int
+    recorded_at: datetime | None
+    """When the traffic happened, as the billing system says (None: not said)."""

@@ -13,17 +13,14 @@ stored, raises CounterOverflowError before anything changes (see `counters`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from uuid import UUID
 
+from domain import counters
 from domain.errors import (
     MAX_AMOUNT,
-    MAX_COUNTER,
     MAX_QUEUED_ITEMS,
-    MIN_COUNTER,
-    CounterOverflowError,
     InvalidAmountError,
     ItemNotAdjustableError,
     ItemNotCancellableError,
@@ -37,6 +34,7 @@ from domain.events import (
     AllPackagesExpired,
     DomainEvent,
     DuplicateOrder,
+    DuplicateUsage,
     ExpiryScheduled,
     ExpiryUnscheduled,
     PackageActivated,
@@ -45,7 +43,7 @@ from domain.events import (
     PackagesQueued,
     UsageRemaining,
 )
-from domain.model import ExpiryReason, ItemStatus, Package, QueueItem
+from domain.model import BilledUsage, ExpiryReason, ItemStatus, Package, QueueItem
 
 
 @dataclass(slots=True)
@@ -59,6 +57,9 @@ class UserQueue:
     orders: dict[UUID, tuple[int, ...]] = field(default_factory=dict)
     """Orders already bought, by `by_order`, with the items each queued: those the caller
     loaded (the ones its commands name) plus those bought since."""
+    usages: dict[str, BilledUsage] = field(default_factory=dict)
+    """Usage records billed, by their billing record id (`usage_id`): those the caller loaded
+    (the ones its records name) plus those billed since."""
 
     def copy(self) -> UserQueue:
         """A copy to change apart from this one: its items copied, its orders too."""
@@ -69,6 +70,7 @@ class UserQueue:
             self.unbilled_download,
             self.has_access,
             dict(self.orders),
+            dict(self.usages),
         )
 
     # -- queries (GetCurrentPackage, GetAllMyPackages) -------------------------------------
@@ -174,36 +176,73 @@ class UserQueue:
             events.append(AllPackagesExpired(self.user_id, now))
         return events
 
-    def record_usage(self, upload: int, download: int, now: datetime) -> list[DomainEvent]:
+    def record_usage(
+        self,
+        upload: int,
+        download: int,
+        now: datetime,
+        *,
+        usage_id: str | None = None,
+        recorded_at: datetime | None = None,
+    ) -> list[DomainEvent]:
         """RecordPackageUsage: bill traffic to the active item, or keep it as unbilled.
 
         If no item is active but one is queued, the queue advances first and the traffic is
         billed to the newly active item. Only with nothing to activate is it kept as unbilled.
         Traffic that would take a counter beyond a bigint (`counters`) is refused with
-        CounterOverflowError, and nothing changes.
+        CounterOverflowError, and nothing changes. A `usage_id` billed before bills nothing
+        (DuplicateUsage).
+
+        Late traffic (`recorded_at`, when it happened): an active item whose expire_at has
+        passed, but whose expiry has not been applied yet (its timer is on its way), is still
+        open: traffic recorded before its expire_at is billed to it, and then it expires. Once
+        an item's expiry is applied (its package_expiring published), its totals are final:
+        traffic reported later is billed to the item active then, whenever it happened.
         """
+        if usage_id is not None and (seen := self.usages.get(usage_id)) is not None:
+            return [DuplicateUsage(self.user_id, usage_id, seen.item_id)]
         if upload < 0 or download < 0:
             raise NegativeUsageError(upload, download)
-        if not self._fits_wherever_billed(upload + download):
+        if not counters.fits_wherever_billed(self, upload + download):
             # Near a counter's limit: bill a copy first, and refuse if a counter overflows.
-            self._refuse_overflow(lambda copy: copy._bill(upload, download, now))
-        return self._bill(upload, download, now)
+            counters.refuse_overflow(
+                self, lambda copy: copy._bill(upload, download, now, recorded_at)
+            )
+        events, item_id = self._bill(upload, download, now, recorded_at)
+        if usage_id is not None:
+            self.usages[usage_id] = BilledUsage(item_id, upload, download, recorded_at)
+        return events
 
-    def _bill(self, upload: int, download: int, now: datetime) -> list[DomainEvent]:
+    def _bill(
+        self, upload: int, download: int, now: datetime, recorded_at: datetime | None
+    ) -> tuple[list[DomainEvent], int | None]:
+        """The events, and the item billed (None: kept as unbilled)."""
+        late = self.current()
+        if late is not None and not (
+            late.time_exhausted(now)
+            and recorded_at is not None
+            and late.expire_at is not None
+            and recorded_at < late.expire_at
+        ):
+            late = None
         # Traffic after the active item's time ran out (its timer may still be on the way) is
-        # not billed to it: it expires by time here. Traffic while the previous item's expiry
-        # is on its way to the expiring consumer belongs to the next item: activate it now
-        # rather than let the outcome depend on which message the broker delivers first.
-        events = self._expire_if_time_is_up(now)
+        # not billed to it, unless it happened before (above): it expires by time here. Traffic
+        # while the previous item's expiry is on its way to the expiring consumer belongs to the
+        # next item: activate it now rather than let the outcome depend on which message the
+        # broker delivers first.
+        events = [] if late is not None else self._expire_if_time_is_up(now)
         events += self.advance(now)
-        active = self.current()
+        active = late or self.current()
         if active is None:
             self.unbilled_upload += upload
             self.unbilled_download += download
-            return events
+            return events, None
         active.upload += upload
         active.download += download
-        return events + self._after_quota_change(active, now)
+        events += self._after_quota_change(active, now)
+        if late is not None:
+            events += self._expire_if_time_is_up(now) + self.advance(now)
+        return events, active.id
 
     def expire_due(self, item_id: int, now: datetime) -> list[DomainEvent]:
         """The scheduled time-expiry timer of an item fired: consume it if its time is up.
@@ -278,8 +317,8 @@ class UserQueue:
         if limit is None:
             raise UnlimitedTrafficError(item_id)
         adjusted = item.adjust_quota + delta
-        _refuse_beyond_bigint(f"item {item_id} adjust_quota", adjusted, item.adjust_quota)
-        _refuse_beyond_bigint(
+        counters.refuse_beyond_bigint(f"item {item_id} adjust_quota", adjusted, item.adjust_quota)
+        counters.refuse_beyond_bigint(
             f"item {item_id} quota (traffic_limit + adjust_quota)",
             limit + adjusted,
             limit + item.adjust_quota,
@@ -295,39 +334,8 @@ class UserQueue:
 
     def counters(self) -> dict[str, int]:
         """Every number of this queue that Postgres stores as a bigint, or that pkgq adds up
-        from them (an item's used traffic and quota, the unbilled total), by name: each must
-        stay within MIN_COUNTER..MAX_COUNTER. The unbilled total is bounded because it all
-        moves onto the next item activated, where it becomes that item's used traffic."""
-        found = {
-            "unbilled upload": self.unbilled_upload,
-            "unbilled download": self.unbilled_download,
-            "unbilled traffic (upload + download)": self.unbilled_upload + self.unbilled_download,
-        }
-        for item in self.items:
-            found[f"item {item.id} upload"] = item.upload
-            found[f"item {item.id} download"] = item.download
-            found[f"item {item.id} used traffic (upload + download)"] = item.used
-            found[f"item {item.id} adjust_quota"] = item.adjust_quota
-            if item.quota is not None:
-                found[f"item {item.id} quota (traffic_limit + adjust_quota)"] = item.quota
-        return found
-
-    def _fits_wherever_billed(self, traffic: int) -> bool:
-        """True when no counter can overflow whichever live item (or the unbilled counters)
-        `traffic` and the unbilled usage land on: the quick answer for every usage record that
-        is nowhere near a bigint's limit."""
-        live = (i.used for i in self.items if i.status in (ItemStatus.IN_QUEUE, ItemStatus.ACTIVE))
-        most = max(live, default=0)
-        return most + self.unbilled_upload + self.unbilled_download + traffic <= MAX_COUNTER
-
-    def _refuse_overflow(self, transition: Callable[[UserQueue], object]) -> None:
-        """Run `transition` on a copy of this queue and raise CounterOverflowError if it takes
-        a counter beyond a bigint. This queue is not touched either way."""
-        copy = self.copy()
-        transition(copy)
-        before = self.counters()
-        for counter, value in copy.counters().items():
-            _refuse_beyond_bigint(counter, value, before.get(counter, 0))
+        from them, by name (domain/counters.py)."""
+        return counters.of(self)
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -382,10 +390,3 @@ class UserQueue:
         if withdraw_timer and item.expire_at is not None:
             events.append(ExpiryUnscheduled(self.user_id, item.id))
         return events
-
-
-def _refuse_beyond_bigint(counter: str, value: int, stored: int) -> None:
-    """Raise CounterOverflowError if `counter` would become `value`, beyond a bigint. A counter
-    that does not change is not judged here (it is what is stored)."""
-    if value != stored and not MIN_COUNTER <= value <= MAX_COUNTER:
-        raise CounterOverflowError(counter, value, stored)

@@ -116,7 +116,7 @@ class Executor:
                         failure, trace_id = await self._handle(conn, work, delivery, message_text)
                         if failure is not None:
                             known.failures[delivery.index] = failure
-                    repeat = delivery.message_id in work.duplicate_orders
+                    repeat = work.repeats.get(delivery.message_id)
                     decision = gate.decide(facts, failure, self._policy.delay_after, repeat=repeat)
                 gate.note(facts, decision)
             finally:

@@ -110,6 +110,7 @@ class DeliveryPipeline:
         ttr: float | None = None,
         needs: NeedsOf | None = None,
         trusted_publisher: str | None = None,
+        usage_dedup_days: int = writer.USAGE_DEDUP_DAYS,
     ) -> None:
         """`trusted_publisher`: pkgq's AMQP user (Settings.amqp_user). Given, the consumer of a
         route that is not inbound buries what anyone else published (untrusted_publisher);
@@ -123,6 +124,7 @@ class DeliveryPipeline:
         self._needs = needs or needs_of(route.name)
         self._executor = Executor(route, handler, policy, ttr)
         self._polled_at = -1e9
+        self._usage_dedup_days = usage_dedup_days
 
     @property
     def ttr(self) -> float | None:
@@ -249,7 +251,9 @@ class DeliveryPipeline:
                 holds_after=loaded.gate.holds,
                 failed_before=loaded.failed_before,
             )
-            lifted = await writer.write(conn, self.route, loaded.work, rows)
+            lifted = await writer.write(
+                conn, self.route, loaded.work, rows, usage_dedup_days=self._usage_dedup_days
+            )
         return done, lifted
 
     async def _timed_out(

@@ -6,8 +6,8 @@ In this order, one statement each, whatever the batch's size:
    taken from the parking lot, their parked rows;
 2. read which messages the consumer applied before and how often each has failed;
 3. load the users' live items with their terms, and what the route's messages need besides
-   (targeted items, catalog entries, new item ids, the orders purchases name), and lock the
-   group members among the messages.
+   (targeted items, catalog entries, new item ids, the orders purchases name, the billing
+   record ids usage records name), and lock the group members among the messages.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from uuid import UUID
 from consumers.delivery.decode import Delivery
 from consumers.unit_of_work import Needs, NeedsOf, UnitOfWork
 from domain.delivery import Facts, Gate, Hold, Source
-from infra.postgres import attempts, catalog, groups, holds, queue_repo
+from infra.postgres import attempts, catalog, groups, holds, queue_repo, usage_billed
 from infra.postgres.pool import Conn, in_uuid_order
 
 
@@ -68,15 +68,17 @@ async def load(
         package_ids=tuple(p for n in needs for p in n.package_ids),
         new_items=sum(n.new_items for n in needs),
         orders=tuple(o for n in needs for o in n.orders),
+        usages=tuple(u for n in needs for u in n.usages),
     )
     items = await queue_repo.load_items(conn, rows, wanted.item_ids) if rows else {}
     # Orders are looked up by (user, by_order), not found among the loaded items: an old
     # order's items may all be consumed and so not loaded.
     orders = await queue_repo.load_orders(conn, wanted.orders)
+    billed = await usage_billed.load(conn, wanted.usages)
     work = UnitOfWork(
         now,
         {
-            u: queue_repo.loaded_queue(row, items.get(u, []), orders.get(u))
+            u: queue_repo.loaded_queue(row, items.get(u, []), orders.get(u), billed.get(u))
             for u, row in rows.items()
         },
     )

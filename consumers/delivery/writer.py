@@ -3,9 +3,10 @@ included.
 
 In this order, inside the batch's transaction (whose snapshot locked the users, then their
 holds: the lock order lives in snapshot.py, and nothing here locks anything else first):
-inbox claims; items and user rows; access; timers and superseded retries withdrawn; follow-up
-events and retries; the operators' audit; addresses and groups finished; dead letters; failed
-attempts counted; parked messages parked or unparked; holds made; holds lifted; counters.
+inbox claims; items and user rows; usage records billed under a record id; access; timers and
+superseded retries withdrawn; follow-up events and retries; the operators' audit; addresses
+and groups finished; dead letters; failed attempts counted; parked messages parked or
+unparked; holds made; holds lifted; counters.
 A statement with nothing to write is not sent, so a batch costs at most a fixed number of
 statements, whatever its size and however many of its messages fail.
 
@@ -35,8 +36,12 @@ from infra.postgres import (
     outbox,
     queue_repo,
     transitions,
+    usage_billed,
 )
 from infra.postgres.pool import Conn
+
+USAGE_DEDUP_DAYS = 35
+"""The default of PKGQ_USAGE_DEDUP_DAYS."""
 
 log = structlog.get_logger(__name__)
 
@@ -46,14 +51,23 @@ class ClaimRaceError(Exception):
     batch is rolled back and run again (it is then a duplicate)."""
 
 
-async def write(conn: Conn, route: Route, work: UnitOfWork, writes: Writes) -> list[UUID]:
-    """Send a batch's writes. Returns the users whose parked messages may go now."""
+async def write(
+    conn: Conn,
+    route: Route,
+    work: UnitOfWork,
+    writes: Writes,
+    *,
+    usage_dedup_days: int = USAGE_DEDUP_DAYS,
+) -> list[UUID]:
+    """Send a batch's writes. Returns the users whose parked messages may go now.
+    `usage_dedup_days`: how long a billing record id billed now is remembered."""
     consumer = route.short_name
     if writes.claims:
         claimed = await inbox.claim_many(conn, consumer, writes.claims)
         if len(claimed) != len(writes.claims):
             raise ClaimRaceError(f"{len(writes.claims) - len(claimed)} claimed meanwhile")
     await queue_repo.save(conn, work.queues.values())
+    await usage_billed.write(conn, work.billings_to_write(), usage_dedup_days)
     stale = set(work.access_changes)
     stale -= await access.write(conn, work.access_changes, work.remaining_to_write())
     for user in sorted(stale):

@@ -16,7 +16,7 @@ from typing import Any
 from uuid import UUID, uuid4
 
 from consumers.delivery.executor import Decided
-from domain.delivery import Decision, Fate, Hold, Source
+from domain.delivery import REPEATS, Decision, Fate, Hold, Source
 from events.envelope import (
     H_ATTEMPT,
     H_FIRST_FAILED_AT,
@@ -192,7 +192,7 @@ def _finished(decided: Sequence[Decided]) -> list[job_state.Finished]:
     finished = []
     for d in decided:
         decision = d.decision
-        if decision.fate in (Fate.APPLIED, Fate.DUPLICATE_ORDER) and d.decoded is not None:
+        if (decision.fate is Fate.APPLIED or decision.fate in REPEATS) and d.decoded is not None:
             envelope = d.decoded.envelope
             if envelope.address is not None or envelope.group_id is not None:
                 finished.append(
@@ -294,7 +294,7 @@ def _moves(route: str, decided: Sequence[Decided], source: Source) -> dict[tuple
     parked message was counted as taken when it was parked."""
     fates = [d.decision.fate for d in decided if d.decision.fate is not Fate.GIVEN_BACK]
     taken = len(fates) if source is Source.QUEUE else 0
-    acked = sum(1 for f in fates if f in (Fate.APPLIED, Fate.DUPLICATE_ORDER))
+    acked = sum(1 for f in fates if f is Fate.APPLIED or f in REPEATS)
     retried = sum(1 for f in fates if f is Fate.RETRY)
     # seed 004's "release": a taken message put back to wait (here: a retry scheduled)
     return {(route, "take"): taken, (route, "ack"): acked, (route, "release"): retried}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import structlog
 
 from consumers.unit_of_work import HandlerContext, Needs, transition
+from domain.delivery import Fate
 from domain.errors import MAX_QUEUED_ITEMS, UnknownPackageError
 from domain.events import DuplicateOrder
 from events.models import PurchasePackage
@@ -44,7 +45,7 @@ async def handle(
     )
     for event in events:
         if isinstance(event, DuplicateOrder):
-            ctx.work.duplicate_orders.add(ctx.envelope.message_id)
+            ctx.work.repeats[ctx.envelope.message_id] = Fate.DUPLICATE_ORDER
             log.info(
                 "duplicate_order",
                 by_order=str(event.by_order),

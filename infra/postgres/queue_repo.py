@@ -14,7 +14,7 @@ from uuid import UUID
 
 import asyncpg
 
-from domain.model import ItemStatus, QueueItem, Terms
+from domain.model import BilledUsage, ItemStatus, QueueItem, Terms
 from domain.queue import UserQueue
 from infra.postgres.pool import Conn, clock, columns, in_uuid_order
 
@@ -37,6 +37,8 @@ class LoadedQueue:
     seq_before: int = 0
     orders_before: frozenset[UUID] = frozenset()
     """The orders (by_order) loaded as bought: `save` writes the ones bought since."""
+    usages_before: frozenset[str] = frozenset()
+    """The billing record ids loaded as billed: the batch writes the ones billed since."""
 
     def take_seqs(self, count: int) -> list[int]:
         """The next `count` numbers of the user's event sequence (written by save)."""
@@ -156,7 +158,10 @@ async def load_orders(
 
 
 def loaded_queue(
-    user: UserRow, items: list[QueueItem], orders: dict[UUID, tuple[int, ...]] | None = None
+    user: UserRow,
+    items: list[QueueItem],
+    orders: dict[UUID, tuple[int, ...]] | None = None,
+    usages: dict[str, BilledUsage] | None = None,
 ) -> LoadedQueue:
     """A locked user's queue, with the state it was loaded in."""
     queue = UserQueue(
@@ -166,6 +171,7 @@ def loaded_queue(
         unbilled_download=user.unbilled_download,
         has_access=user.has_access,
         orders=dict(orders or {}),
+        usages=dict(usages or {}),
     )
     return LoadedQueue(
         queue=queue,
@@ -174,6 +180,7 @@ def loaded_queue(
         seq=user.seq,
         seq_before=user.seq,
         orders_before=frozenset(queue.orders),
+        usages_before=frozenset(queue.usages),
     )
 
 

@@ -6,7 +6,8 @@ What goes, once it is older than the retention period:
 - addresses and job groups finished before it (a group's members go with it);
 - TTR strikes last struck before it;
 - workers stopped before it.
-Unique keys go as soon as their window has passed, whatever the retention. Dead letters are never
+Unique keys and billed usage record ids go as soon as their window has passed, whatever the
+retention. Dead letters are never
 pruned here: `pkgq dlq purge` decides about them.
 
 Each rule is declared by the module that owns its table (its `RETENTION`); this module runs
@@ -31,6 +32,7 @@ from infra.postgres import (
     strikes,
     transitions,
     unique_keys,
+    usage_billed,
     workers,
 )
 from infra.postgres.pool import Conn
@@ -45,6 +47,7 @@ TARGETS: tuple[Rule, ...] = (
     strikes.RETENTION,
     attempts.RETENTION,
     workers.RETENTION,
+    usage_billed.RETENTION,
 )
 """Each table's rule, declared by the module that owns the table, in the order they are pruned."""
 BATCHES = "batches"

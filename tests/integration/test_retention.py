@@ -27,6 +27,7 @@ EXPECTED = {
     "ttr_strikes": 2,
     "attempts": 2,
     "workers": 1,
+    "usage_billed": 2,
 }
 """What _populate leaves past retention, per table."""
 
@@ -94,6 +95,19 @@ async def _populate(pool: asyncpg.Pool) -> None:
             await conn.execute(
                 f"INSERT INTO telecom.unique_keys VALUES ($1, $2, {expires})", key, uuid4()
             )
+        # Billed usage record ids: 2 past their own window, 1 within it (retention is not
+        # theirs: one billed 8 days ago with a 35-day window stays).
+        for keep_until in (
+            "now() - interval '1 hour'",
+            "now() - interval '1 second'",
+            "now() + interval '27 days'",
+        ):
+            await conn.execute(
+                "INSERT INTO telecom.usage_billed (user_id, usage_id, message_id, upload, download, "
+                f"billed_at, keep_until) VALUES ($1, 'cdr', $2, 1, 0, {OLD}, {keep_until})",
+                uuid4(),
+                uuid4(),
+            )
         # TTR strikes: 2 old, 1 recent
         for when in (OLD, OLD, RECENT):
             await conn.execute(
@@ -151,8 +165,8 @@ async def test_prune_deletes_only_what_is_past_retention_in_bounded_batches(
     counts = await retention.prune(pool, RETENTION, batch_size=10)
 
     assert {k: v for k, v in counts.items() if k != retention.BATCHES} == EXPECTED
-    # inbox 10+10+8, outbox 10+2, then one short batch for each of the six other tables
-    assert counts[retention.BATCHES] == 3 + 2 + 6
+    # inbox 10+10+8, outbox 10+2, then one short batch for each of the seven other tables
+    assert counts[retention.BATCHES] == 3 + 2 + 7
     after = await _table_counts(pool)
     for table, gone in EXPECTED.items():
         assert after[table] == before[table] - gone, table

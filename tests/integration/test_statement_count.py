@@ -118,6 +118,19 @@ async def _lifecycle(
     counts["usage"], outcomes = await _run(pool, log, USAGE_RECORD, usage)
     assert outcomes == [Fate.APPLIED] * size
 
+    # Version 2, billed under the billing system's record id: each user's record twice in one
+    # batch (a resend under a new message_id), then once more in the next (loaded as billed).
+    def records() -> list[RawDelivery]:
+        return [
+            raw_for(USAGE_RECORD, RecordUsage(user_id=u, upload=0, download=0, usage_id="cdr-1"))
+            for u in users
+        ]
+
+    counts["usage_v2"], outcomes = await _run(pool, log, USAGE_RECORD, records() + records())
+    assert outcomes == [Fate.APPLIED] * size + [Fate.DUPLICATE_USAGE] * size
+    counts["usage_v2_resent"], outcomes = await _run(pool, log, USAGE_RECORD, records())
+    assert outcomes == [Fate.DUPLICATE_USAGE] * size
+
     # This one uses the package up: the item is consumed, its timer withdrawn, and an expiring
     # event written.
     usage = [raw_for(USAGE_RECORD, RecordUsage(user_id=u, upload=9, download=5)) for u in users]
@@ -170,7 +183,16 @@ async def test_a_batch_costs_the_same_fixed_number_of_statements_at_8_32_and_128
     package = await add_package(pool, 15, timedelta(days=30))
     await _lifecycle(pool, log, package, 2)  # warm up: prepared statements, codecs
     by_size = {size: await _lifecycle(pool, log, package, size) for size in SIZES}
-    for route in ("purchase", "queuing", "activate", "usage", "usage_consuming", "expiring"):
+    for route in (
+        "purchase",
+        "queuing",
+        "activate",
+        "usage",
+        "usage_v2",
+        "usage_v2_resent",
+        "usage_consuming",
+        "expiring",
+    ):
         counts = {size: by_size[size][route] for size in SIZES}
         assert len(set(counts.values())) == 1, f"{route}: statements grow with size: {counts}"
         assert counts[SIZES[0]] <= MAX_STATEMENTS, f"{route}: {counts[SIZES[0]]} statements"

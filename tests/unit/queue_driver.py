@@ -79,6 +79,8 @@ class Billing:
     after: State
     ref_target: int | None
     """The item the reference billed the traffic to (None: kept as unbilled)."""
+    recorded_at: datetime | None = None
+    """When the traffic happened, as reported (None: not said)."""
 
 
 @dataclass
@@ -216,9 +218,16 @@ class Driver:
         """The usage consumer, recorded before anyone reacts to what it returned."""
         self.recorded_upload += usage.upload
         self.recorded_download += usage.download
-        ref_target = self.ref.usage(usage.upload, usage.download, self.now)
+        recorded_at = (
+            None
+            if usage.recorded_before is None
+            else self.now - timedelta(seconds=usage.recorded_before)
+        )
+        ref_target = self.ref.usage(usage.upload, usage.download, self.now, recorded_at)
         before = real_state(self.queue)
-        returned = self.queue.record_usage(usage.upload, usage.download, self.now)
+        returned = self.queue.record_usage(
+            usage.upload, usage.download, self.now, recorded_at=recorded_at
+        )
         self.observe()
         self.trace.billings.append(
             Billing(
@@ -228,6 +237,7 @@ class Driver:
                 before=before,
                 after=real_state(self.queue),
                 ref_target=ref_target,
+                recorded_at=recorded_at,
             )
         )
         return returned

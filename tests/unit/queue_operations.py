@@ -48,6 +48,9 @@ class Rebuy:
 class Usage:
     upload: int
     download: int
+    recorded_before: int | None = None
+    """The traffic happened this many seconds before it is reported (RecordUsage v2's
+    recorded_at); None: not said (version 1)."""
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,7 @@ usages = st.builds(
     Usage,
     upload=st.integers(min_value=0, max_value=150),
     download=st.integers(min_value=0, max_value=150),
+    recorded_before=st.none() | st.integers(min_value=0, max_value=180),
 )
 BRANCHES: list[tuple[int, st.SearchStrategy[Op]]] = [
     # (weight, strategy): the operations that keep a timed item active and let the relay fall

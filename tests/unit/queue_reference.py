@@ -185,8 +185,30 @@ class RefQueue:
         self.advance(now)
         return "ok"
 
-    def usage(self, upload: int, download: int, now: datetime) -> int | None:
-        """Bill the traffic; return the id of the item it went to (None: kept as unbilled)."""
+    def usage(
+        self, upload: int, download: int, now: datetime, recorded_at: datetime | None = None
+    ) -> int | None:
+        """Bill the traffic; return the id of the item it went to (None: kept as unbilled).
+
+        Late traffic: the active item past its expire_at is still open until its expiry is
+        applied, so traffic that happened before its expire_at is its own; it then runs out
+        (by usage if that used it up, else by time). Once an item has run out, later reports
+        go to whichever item is active, whenever the traffic happened."""
+        item = self.active()
+        if (
+            item is not None
+            and recorded_at is not None
+            and item.expire_at is not None
+            and self.out_of_time(item, now)
+            and recorded_at < item.expire_at
+        ):
+            item.upload += upload
+            item.download += download
+            if self.out_of_traffic(item):
+                self.run_out(item, "usage", now)
+                self.advance(now)
+            self.expire_by_time(now)
+            return item.id
         self.expire_by_time(now)
         item = self.active()
         if item is None:

@@ -237,7 +237,7 @@ def test_usage_keeps_every_counter_within_a_bigint_or_is_refused_and_changes_not
     now = NOW + timedelta(minutes=minutes)
     before, objects = copy.deepcopy(queue), list(queue.items)
     unbounded = copy.deepcopy(queue)
-    unbounded_events = unbounded._bill(upload, download, now)  # the transition, unchecked
+    unbounded_events, _ = unbounded._bill(upload, download, now, None)  # unchecked
 
     if overflows(unbounded):
         with pytest.raises(CounterOverflowError) as refused:

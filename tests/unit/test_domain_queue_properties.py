@@ -22,6 +22,8 @@ state must equal the reference state.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from hypothesis import given, settings
 
 from domain.events import (
@@ -32,7 +34,7 @@ from domain.events import (
     PackageExpired,
 )
 from domain.model import ExpiryReason
-from tests.unit.queue_driver import Trace, run
+from tests.unit.queue_driver import Billing, Trace, run
 from tests.unit.queue_operations import (
     TRIGGER_OPS,
     USER,
@@ -86,12 +88,30 @@ def check_traffic_conserved_and_billed_like_the_reference(trace: Trace) -> None:
         ), step.op
 
 
+def _late(billing: Billing, item_id: int | None) -> bool:
+    """Whether `billing` is late traffic of item `item_id`: reported after the item's expire_at
+    (its expiry not applied yet) but recorded before it, so billed to it."""
+    if item_id is None or billing.recorded_at is None:
+        return False
+    item = billing.before.items.get(item_id)
+    return (
+        item is not None
+        and item.status == "active"
+        and item.expire_at is not None
+        and item.time_is_up(billing.now)
+        and billing.recorded_at < item.expire_at
+    )
+
+
 def check_no_traffic_for_an_item_whose_time_is_up(trace: Trace) -> None:
     """A usage report is billed to an item whose time is not up, or kept as unbilled; it ends an
-    active item whose time is up (timer still pending) by time first. Over a whole step, no
-    item gains traffic after its expire_at. (Unbilled traffic carried over at activation lands
-    on the new item even when its duration is zero and it ends by time at once: that happens at
-    its expire_at, not after it, and the reference does the same.)"""
+    active item whose time is up (timer still pending) by time first, unless the traffic was
+    recorded before that item's expire_at: then it is billed to it, which then runs out (by
+    usage if that used it up, else by time). Over a whole step, no item gains traffic after its
+    expire_at but such late traffic. (Unbilled traffic carried over at activation lands on the
+    new item even when its duration is zero and it ends by time at once: that happens at its
+    expire_at, not after it, and the reference does the same.)"""
+    late_billed: set[tuple[datetime, int]] = set()
     for billing in trace.billings:
         if billing.traffic == (0, 0):
             continue
@@ -110,19 +130,28 @@ def check_no_traffic_for_an_item_whose_time_is_up(trace: Trace) -> None:
         else:
             assert grew == {billing.ref_target: billing.traffic}, f"billed elsewhere: {billing}"
             target = billing.after.items[billing.ref_target]
-            assert not target.time_is_up(billing.now), f"billed to a timed-out item: {billing}"
+            late = _late(billing, billing.ref_target)
+            if late:
+                late_billed.add((billing.now, billing.ref_target))
+            assert late or not target.time_is_up(billing.now), (
+                f"billed to a timed-out item: {billing}"
+            )
         for item_id in billing.before.active_ids():
             item = billing.before.items[item_id]
             if not item.time_is_up(billing.now):
                 continue
-            # Usage after expire_at, its timer still pending: the item ends by time right here.
+            # Usage after expire_at, its timer still pending: the item ends right here, by time
+            # (or by usage, when late traffic of its own used it up).
             assert billing.after.items[item_id].status == "consumed", billing
             expired = [
                 (e.reason, e.expired_at)
                 for e in billing.returned
                 if isinstance(e, PackageExpired) and e.item_id == item_id
             ]
-            assert expired == [(ExpiryReason.TIME, item.expire_at)], billing
+            ends = [[(ExpiryReason.TIME, item.expire_at)]]
+            if _late(billing, item_id) and billing.ref_target == item_id:
+                ends.append([(ExpiryReason.USAGE, billing.now)])
+            assert expired in ends, billing
             assert ExpiryUnscheduled(USER, item_id) in billing.returned, billing
     for step in trace.steps:
         for item_id, (upload, download) in step.after.traffic().items():
@@ -130,6 +159,8 @@ def check_no_traffic_for_an_item_whose_time_is_up(trace: Trace) -> None:
             if was is None or (was.upload, was.download) == (upload, download):
                 continue
             expire_at = step.after.items[item_id].expire_at
+            if (step.now, item_id) in late_billed:
+                continue  # recorded before its expire_at, reported after: its own
             assert expire_at is None or step.now <= expire_at, (
                 f"traffic added to item {item_id} after its expire_at in {step.op}"
             )
@@ -366,3 +397,37 @@ def test_resent_orders_catalog_edits_and_plans_without_a_limit_match_the_referen
     check_each_transition_announced_exactly_once(trace)
     check_due_timers_expire_by_time_without_advancing(trace)
     check_stale_duplicate_and_early_triggers_change_nothing(trace)
+
+
+LATE_USAGE: list[Op] = [
+    Purchase(limit=300, duration=10, amount=3),
+    Lag(seconds=15),  # item 1's time is up at T0+10; its timer is still pending
+    Usage(upload=20, download=30, recorded_before=8),  # happened at T0+7: item 1's own
+    Tick(seconds=0),  # item 1's timer was on its way: it changes nothing now
+    LagPastExpiry(extra=3),  # item 2's time is up; its timer pending
+    Usage(upload=5, download=5, recorded_before=1),  # happened after its expire_at: item 3's
+    LagPastExpiry(extra=2),  # item 3's time is up; its timer pending
+    Usage(upload=200, download=200, recorded_before=5),  # item 3's own, and it uses it up
+    Usage(upload=1, download=1, recorded_before=100),  # long ago, but item 3 has run out
+]
+
+
+def test_late_usage_is_billed_to_the_item_it_happened_in_until_its_expiry_is_applied() -> None:
+    trace = run(LATE_USAGE)
+    late = [b.ref_target for b in trace.billings if _late(b, b.ref_target)]
+    assert late == [1, 3], "late usage of an item whose expiry was pending was not reached"
+    targets = [b.ref_target for b in trace.billings]
+    assert targets == [1, 3, 3, None]
+    expired = [(e.item_id, e.reason) for e in trace.events() if isinstance(e, PackageExpired)]
+    assert expired == [
+        (1, ExpiryReason.TIME),
+        (2, ExpiryReason.TIME),
+        (3, ExpiryReason.USAGE),
+    ]
+    for check in (
+        check_traffic_conserved_and_billed_like_the_reference,
+        check_no_traffic_for_an_item_whose_time_is_up,
+        check_state_quota_and_outcomes_match_the_reference,
+        check_each_transition_announced_exactly_once,
+    ):
+        check(trace)

@@ -8,7 +8,7 @@ import dataclasses
 from datetime import UTC, datetime, timedelta
 from uuid import uuid4
 
-from domain.model import ItemStatus, QueueItem, Terms
+from domain.model import BilledUsage, ItemStatus, QueueItem, Terms
 from domain.queue import UserQueue
 from events.decoding import RawDelivery
 
@@ -48,8 +48,9 @@ def test_an_items_copy_equals_the_item_in_every_field_and_changes_apart_from_it(
     assert item.upload == 11
 
 
-def test_a_queues_copy_equals_the_queue_and_shares_no_item_or_order_map() -> None:
-    queue = UserQueue(uuid4(), [full_item(1), full_item(2)], 5, 6, True, {uuid4(): (1, 2)})
+def test_a_queues_copy_equals_the_queue_and_shares_no_item_order_or_usage_map() -> None:
+    billed = {"cdr-1": BilledUsage(1, 2, 3, NOW)}
+    queue = UserQueue(uuid4(), [full_item(1), full_item(2)], 5, 6, True, {uuid4(): (1, 2)}, billed)
     defaults = UserQueue(queue.user_id)
     assert [
         f.name
@@ -62,6 +63,7 @@ def test_a_queues_copy_equals_the_queue_and_shares_no_item_or_order_map() -> Non
     assert copy == queue
     assert all(a is not b for a, b in zip(copy.items, queue.items, strict=True))
     assert copy.orders is not queue.orders
+    assert copy.usages is not queue.usages
 
 
 def test_a_delivery_with_other_headers_keeps_every_other_field() -> None:
