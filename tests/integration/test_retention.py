@@ -103,8 +103,9 @@ async def _populate(pool: asyncpg.Pool) -> None:
             "now() + interval '27 days'",
         ):
             await conn.execute(
-                "INSERT INTO telecom.usage_billed (user_id, usage_id, message_id, upload, download, "
-                f"billed_at, keep_until) VALUES ($1, 'cdr', $2, 1, 0, {OLD}, {keep_until})",
+                "INSERT INTO telecom.usage_billed (user_id, usage_id, message_id, upload, "
+                "download, billed_at, keep_until) "
+                f"VALUES ($1, 'cdr', $2, 1, 0, {OLD}, {keep_until})",
                 uuid4(),
                 uuid4(),
             )
