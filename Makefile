@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.pkgq-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test check unit integration e2e chaos bench bench-web services migrate venv clean ha-lab ha-lab-down
+.PHONY: demo test check unit integration e2e chaos bench bench-web services migrate venv clean ha-lab ha-lab-down schema
 
 $(STAMP): pyproject.toml constraints.txt deploy/local/ensure-venv.sh
 	deploy/local/ensure-venv.sh $(VENV)
@@ -23,6 +23,10 @@ migrate: venv services
 ## demo: start the relay and every consumer, drive sample users through all routes, show it.
 demo: migrate
 	$(BIN)/pkgq demo
+
+## schema: write infra/postgres/schema.sql from the migrations (after adding one; review the diff).
+schema: venv services
+	BIN=$(BIN) deploy/local/dump-schema.sh
 
 ## bench: the throughput benchmark (pkgq bench --help to scale it); key=value lines at the end.
 bench: migrate

@@ -5,13 +5,23 @@ anything changes."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol, Self, TypeVar
 
 from domain.errors import MAX_COUNTER, MIN_COUNTER, CounterOverflowError
-from domain.model import ItemStatus
+from domain.model import ItemStatus, QueueItem
 
-if TYPE_CHECKING:
-    from domain.queue import UserQueue
+
+class UserQueue(Protocol):
+    """What these checks read of a user's queue (domain.queue.UserQueue)."""
+
+    items: list[QueueItem]
+    unbilled_upload: int
+    unbilled_download: int
+
+    def copy(self) -> Self: ...
+
+
+Q = TypeVar("Q", bound=UserQueue)
 
 
 def of(queue: UserQueue) -> dict[str, int]:
@@ -43,7 +53,7 @@ def fits_wherever_billed(queue: UserQueue, traffic: int) -> bool:
     return most + queue.unbilled_upload + queue.unbilled_download + traffic <= MAX_COUNTER
 
 
-def refuse_overflow(queue: UserQueue, transition: Callable[[UserQueue], object]) -> None:
+def refuse_overflow(queue: Q, transition: Callable[[Q], object]) -> None:
     """Run `transition` on a copy of `queue` and raise CounterOverflowError if it takes a counter
     beyond a bigint. `queue` is not touched either way."""
     copy = queue.copy()

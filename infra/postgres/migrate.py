@@ -1,10 +1,19 @@
 """Versioned SQL migrations: `migrations/NNNN_name.sql`, applied once each, in order.
 
 A session advisory lock makes concurrent `pkgq migrate` runs (one per replica at start-up) safe.
+
+Expand, then contract: a release's migrations only add (tables, nullable or defaulted columns,
+indexes built concurrently on a table that can be large), so the previous release keeps running
+on the new schema during a rolling update; a removal waits for a later release
+(tests/integration/test_migrations.py checks the new migrations and that they yield schema.sql).
+A migration whose first line is `-- pkgq: no-transaction` runs outside a transaction, one
+statement at a time (statements end with `;` at the end of a line): CREATE INDEX CONCURRENTLY
+needs that. It must be safe to run again (IF NOT EXISTS), since it is recorded only at the end.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from importlib import resources
 
@@ -21,11 +30,30 @@ log = structlog.get_logger(__name__)
 MIGRATION_LOCK = 0x706B6771  # "pkgq"
 
 
+NO_TRANSACTION = "-- pkgq: no-transaction"
+
+
 @dataclass(frozen=True, slots=True)
 class Migration:
     version: int
     name: str
     sql: str
+
+    @property
+    def transactional(self) -> bool:
+        return not self.sql.startswith(NO_TRANSACTION)
+
+    def statements(self) -> list[str]:
+        """The statements of a no-transaction migration, one by one."""
+        parts = re.split(r";[ \t]*$", self.sql, flags=re.MULTILINE)
+        found = []
+        for part in parts:
+            code = "\n".join(
+                line for line in part.splitlines() if not line.strip().startswith("--")
+            ).strip()
+            if code:
+                found.append(code)
+        return found
 
 
 def available_migrations() -> list[Migration]:
@@ -119,8 +147,12 @@ async def migrate(
                 continue
             if target is not None and migration.version > target:
                 break
+            if not migration.transactional:
+                for statement in migration.statements():
+                    await conn.execute(statement)
             async with conn.transaction():
-                await conn.execute(migration.sql)
+                if migration.transactional:
+                    await conn.execute(migration.sql)
                 await conn.execute(
                     "INSERT INTO telecom.schema_migrations (version, name) VALUES ($1, $2)",
                     migration.version,

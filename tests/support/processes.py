@@ -52,11 +52,14 @@ async def cli(
 class PkgqProcess:
     """A real `pkgq` process started through the CLI (python -m consumers ...)."""
 
-    def __init__(self, settings: Settings, *args: str, **env: str) -> None:
+    def __init__(
+        self, settings: Settings, *args: str, python: str = sys.executable, **env: str
+    ) -> None:
+        """`python`: the interpreter (another release's, for the rolling-upgrade test)."""
         self.args = args
         self.log = tempfile.NamedTemporaryFile(prefix="pkgq-", suffix=".log")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "consumers", *args],
+            [python, "-m", "consumers", *args],
             env=settings_env(settings, **env),
             stdout=self.log,
             stderr=subprocess.STDOUT,

@@ -1,0 +1,194 @@
+"""Migrations: applied in order they yield exactly infra/postgres/schema.sql (the schema the code
+is written against), compared catalog to catalog as procrastinate's migration tests do; the ones
+added since the previous release only expand; a no-transaction migration runs statement by
+statement (CREATE INDEX CONCURRENTLY)."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import AsyncIterator
+from uuid import uuid4
+
+import asyncpg
+import pytest
+
+from infra.postgres import migrate as migrations
+from infra.postgres import schema_catalog
+from infra.settings import Settings
+from tests.support import pg_roles, releases
+
+PG_SERVER = "postgresql://postgres@127.0.0.1:5432"
+
+
+@pytest.fixture
+async def empty_db() -> AsyncIterator[asyncpg.Connection]:
+    """A database of its own, empty, owned by the owner role, connected to as that role."""
+    name = f"pkgq_t_schema_{uuid4().hex[:10]}"
+    admin = await asyncpg.connect(f"{PG_SERVER}/postgres")
+    try:
+        await admin.execute(f"CREATE DATABASE {name} OWNER {pg_roles.OWNER}")
+    finally:
+        await admin.close()
+    conn = await asyncpg.connect(pg_roles.as_role(f"{PG_SERVER}/{name}", pg_roles.OWNER))
+    try:
+        yield conn
+    finally:
+        await conn.close()
+        admin = await asyncpg.connect(f"{PG_SERVER}/postgres")
+        try:
+            await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        finally:
+            await admin.close()
+
+
+def differences(left: dict[str, list[str]], right: dict[str, list[str]]) -> str:
+    lines: list[str] = []
+    for kind in sorted(set(left) | set(right)):
+        a, b = left.get(kind, []), right.get(kind, [])
+        if a != b:
+            lines += [
+                f"{kind}:",
+                *difflib.unified_diff(a, b, "migrations", "schema.sql", lineterm=""),
+            ]
+    return "\n".join(lines)
+
+
+async def test_every_migration_applied_in_order_yields_exactly_the_schema_the_code_expects(
+    settings: Settings, empty_db: asyncpg.Connection
+) -> None:
+    migrated = await asyncpg.connect(pg_roles.as_role(settings.postgres_dsn, pg_roles.OWNER))
+    try:
+        from_migrations = await schema_catalog.describe(migrated)
+    finally:
+        await migrated.close()
+    await schema_catalog.load_schema_sql(empty_db)
+    from_schema_sql = await schema_catalog.describe(empty_db)
+    assert from_migrations["columns"], "nothing read from the catalog"
+    assert from_migrations == from_schema_sql, (
+        "the migrations and infra/postgres/schema.sql differ (run `make schema` after adding a "
+        "migration, and review the diff):\n" + differences(from_migrations, from_schema_sql)
+    )
+
+
+async def test_a_change_the_migrations_do_not_make_shows_as_a_difference(
+    empty_db: asyncpg.Connection,
+) -> None:
+    await schema_catalog.load_schema_sql(empty_db)
+    before = await schema_catalog.describe(empty_db)
+    await empty_db.execute("ALTER TABLE telecom.usage_billed ADD COLUMN stray int")
+    after = await schema_catalog.describe(empty_db)
+    assert "usage_billed.stray integer" in differences(before, after)
+
+
+# -- expand, then contract ------------------------------------------------------------------
+
+CONTRACTING = [
+    (
+        re.compile(r"\bDROP\s+(TABLE|COLUMN|INDEX|TYPE|FUNCTION|VIEW|SCHEMA|TRIGGER)\b", re.I),
+        "drops",
+    ),
+    (re.compile(r"\bRENAME\b", re.I), "renames"),
+    (re.compile(r"\bALTER\s+COLUMN\s+\w+\s+(SET\s+DATA\s+)?TYPE\b", re.I), "changes a type"),
+    (re.compile(r"\bSET\s+NOT\s+NULL\b", re.I), "makes a column NOT NULL"),
+    (
+        re.compile(r"\bADD\s+COLUMN\b(?![^;]*\bDEFAULT\b)[^;]*\bNOT\s+NULL\b", re.I),
+        "adds a NOT NULL column without a default",
+    ),
+]
+"""What the previous release's SQL may trip over while both run: a release only expands."""
+
+
+def contractions(sql: str, new_tables: set[str]) -> list[str]:
+    """Why `sql` (one migration) is not expand-only; an index on a table it does not create
+    itself must be built CONCURRENTLY (in a no-transaction migration)."""
+    code = "\n".join(line.split("--", 1)[0] for line in sql.splitlines())
+    found = [why for pattern, why in CONTRACTING if pattern.search(code)]
+    for match in re.finditer(
+        r"\bCREATE\s+(UNIQUE\s+)?INDEX\s+(CONCURRENTLY\s+)?[^;]*?\bON\s+(ONLY\s+)?([\w.]+)",
+        code,
+        re.I,
+    ):
+        table = match.group(4)
+        if match.group(2) is None and table not in new_tables:
+            found.append(f"indexes {table} without CONCURRENTLY")
+    return found
+
+
+def created_tables(sql: str) -> set[str]:
+    return set(re.findall(r"\bCREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?([\w.]+)", sql, re.I))
+
+
+def test_the_migrations_added_since_the_previous_release_only_expand() -> None:
+    tag = releases.previous_release()
+    folder = "infra/postgres/migrations"
+    released = set(releases.git("ls-tree", "--name-only", f"{tag}:{folder}").split())
+    new = [
+        m
+        for m in migrations.available_migrations()
+        if f"{m.version:04d}_{m.name}.sql" not in released
+    ]
+    assert new, f"no migration since {tag}: this check would pass on nothing"
+    for migration in new:
+        assert contractions(migration.sql, created_tables(migration.sql)) == [], migration.name
+
+
+@pytest.mark.parametrize(
+    ("sql", "why"),
+    [
+        ("ALTER TABLE telecom.outbox DROP COLUMN seq;", "drops"),
+        ("ALTER TABLE telecom.inbox RENAME TO seen;", "renames"),
+        ("ALTER TABLE telecom.outbox ALTER COLUMN seq TYPE int;", "changes a type"),
+        ("ALTER TABLE telecom.outbox ALTER COLUMN seq SET NOT NULL;", "makes a column NOT NULL"),
+        ("ALTER TABLE telecom.outbox ADD COLUMN x int NOT NULL;", "adds a NOT NULL column"),
+        ("CREATE INDEX o_x ON telecom.outbox (route);", "indexes telecom.outbox"),
+    ],
+)
+def test_each_kind_of_contraction_is_caught(sql: str, why: str) -> None:
+    found = contractions(sql, created_tables(sql))
+    assert any(f.startswith(why) for f in found), found
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "CREATE TABLE telecom.t (a int NOT NULL); CREATE INDEX t_a ON telecom.t (a);",
+        "ALTER TABLE telecom.outbox ADD COLUMN x int NOT NULL DEFAULT 0;",
+        "ALTER TABLE telecom.outbox ADD COLUMN x text;",
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS o_x ON telecom.outbox (route);",
+        "-- DROP TABLE in a comment\nCREATE TABLE telecom.u (a int);",
+    ],
+)
+def test_what_only_expands_passes(sql: str) -> None:
+    assert contractions(sql, created_tables(sql)) == []
+
+
+async def test_a_no_transaction_migration_builds_its_index_concurrently_and_is_recorded(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn = await asyncpg.connect(pg_roles.as_role(settings.postgres_dsn, pg_roles.OWNER))
+    try:
+        known = migrations.available_migrations()
+        extra = migrations.Migration(
+            known[-1].version + 1,
+            "concurrent_index",
+            f"{migrations.NO_TRANSACTION}\n-- an index on a table that can be large\n"
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_test_route\n"
+            "    ON telecom.outbox (route);\n"
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS inbox_test_consumer\n"
+            "    ON telecom.inbox (consumer);\n",
+        )
+        monkeypatch.setattr(migrations, "available_migrations", lambda: [*known, extra])
+        assert await migrations.migrate(conn) == [extra.version]
+        indexes = await conn.fetch(
+            "SELECT i.indexname, x.indisvalid FROM pg_indexes i "
+            "JOIN pg_class c ON c.relname = i.indexname JOIN pg_index x ON x.indexrelid = c.oid "
+            "WHERE i.indexname IN ('outbox_test_route', 'inbox_test_consumer')"
+        )
+        assert sorted((r["indexname"], r["indisvalid"]) for r in indexes) == [
+            ("inbox_test_consumer", True),
+            ("outbox_test_route", True),
+        ]
+        assert await migrations.migrate(conn) == []  # recorded: not run again
+    finally:
+        await conn.close()

@@ -1,0 +1,90 @@
+"""The previous release of pkgq, to run beside this one: its tag, its code checked out as a git
+worktree, and a virtualenv of its own to run it in (tests/e2e/test_rolling_upgrade.py)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import sysconfig
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TAG = re.compile(r"^v(\d+)\.(\d+)\.(\d+)$")
+
+
+def current_version() -> tuple[int, int, int]:
+    """This checkout's version, as pyproject.toml says."""
+    text = (REPO / "pyproject.toml").read_text()
+    major, minor, patch = tomllib.loads(text)["project"]["version"].split(".")
+    return int(major), int(minor), int(patch)
+
+
+def git(*args: str, cwd: Path = REPO) -> str:
+    done = subprocess.run(
+        ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)} failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+def previous_release() -> str:
+    """The newest release tag (vX.Y.Z) older than this checkout's version. A clone without
+    tags cannot run the upgrade test: say how to fetch them."""
+    current = current_version()
+    older = []
+    for tag in git("tag", "--list", "v*").split():
+        found = TAG.match(tag)
+        if found is not None:
+            version = tuple(int(n) for n in found.groups())
+            if version < current:
+                older.append((version, tag))
+    if not older:
+        raise RuntimeError(
+            f"no release tag older than {'.'.join(map(str, current))} in {REPO}: "
+            "fetch the tags (git fetch --tags) to run the rolling-upgrade test"
+        )
+    return max(older)[1]
+
+
+def checkout(tag: str, into: Path) -> Path:
+    """The release's code as a detached worktree in `into` (remove with `remove`)."""
+    git("worktree", "add", "--detach", "--force", str(into), tag)
+    return into
+
+
+def remove(worktree: Path) -> None:
+    git("worktree", "remove", "--force", str(worktree))
+
+
+def dependencies_of(root: Path) -> tuple[object, str]:
+    """What a checkout installs: its pyproject's dependencies and its constraints file."""
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    return project["dependencies"], (root / "constraints.txt").read_text()
+
+
+def venv_for(worktree: Path, into: Path) -> Path:
+    """A virtualenv that runs the release in `worktree`: its own interpreter and site-packages,
+    where the release's code comes first on the path. When the release pins the same
+    dependencies as this checkout (the usual case between two adjacent releases), their
+    installed copies are shared with this virtualenv instead of installed again (a minute on
+    this machine); otherwise they are installed into it from the release's constraints.
+    Returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(into)], check=True)
+    python = into / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    paths = [str(worktree)]
+    if dependencies_of(worktree) == dependencies_of(REPO):
+        paths.append(sysconfig.get_paths()["purelib"])
+    else:
+        pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet"]
+        subprocess.run([*pip, "-c", str(worktree / "constraints.txt"), str(worktree)], check=True)
+    (Path(purelib) / "pkgq-release.pth").write_text("\n".join(paths) + "\n")
+    return python
