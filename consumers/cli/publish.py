@@ -99,28 +99,48 @@ def publish_cmd(
     unique_for: Annotated[
         str | None, typer.Option(help="Dropped if the same body was published within this.")
     ] = None,
+    schema_version: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="The body's schema version (default: the route's current one). "
+            "usage_record takes 2 (usage_id?, recorded_at?) or 1; the others take 1.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Check BODY against ROUTE's message format and publish it; print its message_id.
 
     Without options it is published straight to the exchange, confirmed by the broker. With
     any of --priority, --delay, --ttl, --address or --unique-for it is stored in the outbox
-    (safe at once; the relay publishes it when due). Exit 4: the address is in use, or a
-    repeat within its unique window was dropped."""
+    (safe at once; the relay publishes it when due). --schema-version sends a body of the
+    route's previous version, as an older publisher does (direct publishes only). Exit 4: the
+    address is in use, or a repeat within its unique window was dropped."""
     settings = load_settings()
     target = route_argument(route)
     text = _read_body(body)
     try:
-        model = publishing.parse_body(target, text)
+        model = publishing.parse_body(target, text, schema_version)
     except ValidationError as exc:
-        exit_codes.fail(exit_codes.USAGE, f"invalid {target.message_type}: {exc}")
+        version = schema_version or target.schema_version
+        exit_codes.fail(
+            exit_codes.USAGE, f"invalid {target.message_type} (schema version {version}): {exc}"
+        )
+    except ValueError as exc:
+        exit_codes.fail(exit_codes.USAGE, str(exc))
     options = job_options(priority, delay, ttl, address, unique_for)
     if options is not None:
         if message_id is not None:
             raise typer.BadParameter("--message-id is for direct publishes (no job options)")
+        if schema_version not in (None, target.schema_version):
+            raise typer.BadParameter(
+                "--schema-version is for direct publishes: the outbox writes the current one"
+            )
         _report(_put(settings, target, model.model_dump_json(), options), as_json)
         return
-    sent = run(publish(settings, target, model, message_id=message_id))
+    sent = run(
+        publish(settings, target, model, message_id=message_id, schema_version=schema_version)
+    )
     show(sent, as_json, print, data={"message_id": str(sent)})
 
 

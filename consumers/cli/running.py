@@ -75,11 +75,19 @@ def with_jobs(settings: Settings, work: Callable[[Jobs], Awaitable[T]]) -> T:
 
 
 async def publish(
-    settings: Settings, route: Route, body: WireModel, *, message_id: UUID | None = None
+    settings: Settings,
+    route: Route,
+    body: WireModel,
+    *,
+    message_id: UUID | None = None,
+    schema_version: int | None = None,
 ) -> UUID:
-    """Publish one message straight to the exchange, with a confirm; its message_id."""
+    """Publish one message straight to the exchange, with a confirm; its message_id.
+    `schema_version`: the version `body` is of (None: the route's current one)."""
     conn = await open_amqp(settings, "pkgq-cli")
     try:
-        return await publishing.publish(settings, conn, route, body, message_id=message_id)
+        return await publishing.publish(
+            settings, conn, route, body, message_id=message_id, schema_version=schema_version
+        )
     finally:
         await conn.close()
