@@ -208,12 +208,27 @@ TRAFFIC_CONSERVATION = Check(
     """,
 )
 
+USAGE_BILLED_ELSEWHERE = Check(
+    "usage_billed_elsewhere",
+    "a usage record billed under its billing record id names an item that is not its user's",
+    """
+    SELECT b.user_id, b.usage_id, b.item_id, count(*) OVER () AS total
+    FROM telecom.usage_billed b
+    WHERE b.item_id IS NOT NULL AND NOT EXISTS (
+        SELECT FROM telecom.package_queue q WHERE q.id = b.item_id AND q.user_id = b.user_id
+    )
+    ORDER BY b.user_id, b.usage_id
+    LIMIT $1
+    """,
+)
+
 CHECKS: tuple[Check, ...] = (
     HOLD_WITHOUT_WAY_OUT,
     PARKED_WITHOUT_HOLD,
     FAILED_MESSAGE_UNACCOUNTED,
     MORE_THAN_ONE_ACTIVE_ITEM,
     TRAFFIC_CONSERVATION,
+    USAGE_BILLED_ELSEWHERE,
 )
 BY_NAME = {c.name: c for c in CHECKS}
 

@@ -262,6 +262,29 @@ async def test_traffic_in_two_places_or_on_an_item_never_activated_breaks_conser
     }
 
 
+async def test_a_usage_record_billed_to_another_users_item_is_found(pool: asyncpg.Pool) -> None:
+    owner, other = uuid4(), uuid4()
+    mine = await item(pool, owner, "active", upload=5)
+    theirs = await item(pool, other, "active", upload=5)
+    for user_id, usage_id, item_id in (
+        (owner, "right", mine),
+        (owner, "unbilled", None),
+        (owner, "wrong", theirs),
+    ):
+        await execute(
+            pool,
+            "INSERT INTO telecom.usage_billed (user_id, usage_id, message_id, item_id, upload, "
+            "download, keep_until) VALUES ($1, $2, $3, $4, 5, 0, now() + interval '1 day')",
+            user_id,
+            usage_id,
+            uuid4(),
+            item_id,
+        )
+    result = await found(pool, "usage_billed_elsewhere")
+    assert result.violations == 1
+    assert [(r["usage_id"], r["item_id"]) for r in result.sample] == [("wrong", theirs)]
+
+
 def gauge(check: str) -> float | None:
     return REGISTRY.get_sample_value("pkgq_invariant_violations", {"check": check})
 
