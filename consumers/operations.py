@@ -143,7 +143,9 @@ async def edit_and_replay(
 ) -> replay.ReplayResult:
     """Inside a transaction: replay a buried dead letter with a corrected body.
 
-    The body is validated against the route's model first (ValidationError: nothing happens).
+    The body is validated against the route's current model first (ValidationError: nothing
+    happens) and replayed as that version, whatever version the buried one was (a v1 usage
+    record may gain a usage_id).
     It keeps its message_id, so a hold it blocks still holds the user's later messages until the
     corrected message is applied, and the dead letter keeps the body it was buried with; the
     audit row keeps both. It keeps its publisher too: an edit makes nobody's message pkgq's own

@@ -44,10 +44,12 @@ class BadMessageError(Exception):
 
 
 class NewerVersionError(BadMessageError):
-    """A message of a schema version newer than this pkgq knows: not bad input, but left for a
-    newer pkgq (a rolling upgrade is under way, or about to be). Its consumer holds it as its
-    user's blocker and retries it after a pause, uncounted (domain/delivery.py, ErrorKind.NEWER),
-    so whichever pod knows the version applies it, in its user's order. `user_id`: the body's
+    """A message of the schema version after the route's current one: not bad input, but left
+    for the next release of pkgq (a rolling upgrade is under way, or about to be). Any version
+    further ahead is buried as unsupported_version: no rollout overlaps more than two releases.
+    Its consumer holds it as its user's blocker and retries it after a pause, uncounted
+    (domain/delivery.py, ErrorKind.NEWER), so whichever pod knows the version applies it, in
+    its user's order. `user_id`: the body's
     `user_id` if it reads as one (a version's other fields are unknown), else None."""
 
     def __init__(self, version: int, accepted: tuple[int, ...], decoded: Decoded) -> None:
@@ -170,7 +172,9 @@ def decode(route: Route, raw: RawDelivery, *, max_body_bytes: int) -> Decoded:
     if version != route.schema_version and (
         route.previous is None or version != route.previous.version
     ):
-        if version is not None and version > route.schema_version:
+        # Only the next version: a rolling update overlaps two releases, so anything further
+        # ahead (a typo, a hostile header) is bad input, buried at once and holding nobody.
+        if version == route.schema_version + 1:
             user = _newer_user(raw)
             # Never read (Decoded.newer): the user it names is the envelope's, or the nil UUID.
             placeholder = WireModel.model_construct(user_id=user or UUID(int=0))
@@ -179,7 +183,8 @@ def decode(route: Route, raw: RawDelivery, *, max_body_bytes: int) -> Decoded:
         accepted = " and ".join(map(str, route.accepted_versions))
         raise BadMessageError(
             "unsupported_version",
-            f"{H_SCHEMA_VERSION}={version!r}; {route.name} accepts {accepted}",
+            f"{H_SCHEMA_VERSION}={version!r}; {route.name} accepts {accepted} "
+            f"(and holds {route.schema_version + 1} for a newer pkgq)",
         )
     try:
         text = raw.body.decode("utf-8")

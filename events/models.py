@@ -21,6 +21,8 @@ Bytes = Annotated[int, Field(ge=0, le=2**62)]
 """Traffic in one message: within a bigint (Postgres) with room to spare. Whether it still fits
 once added to what is stored is the domain's rule (domain.errors.CounterOverflowError)."""
 UnixSeconds = Annotated[int, Field(ge=0, le=2**40)]
+MAX_DATETIME = 253_402_300_799
+"""9999-12-31T23:59:59Z: the last unix second a Python datetime (and the handler) can hold."""
 
 
 def _storable(value: str) -> str:
@@ -89,7 +91,7 @@ class RecordUsage(WireModel):
     upload: Bytes
     download: Bytes
     usage_id: UsageId | None = None
-    recorded_at: UnixSeconds | None = None
+    recorded_at: Annotated[int, Field(ge=0, le=MAX_DATETIME)] | None = None
 
 
 class CancelPackage(WireModel):

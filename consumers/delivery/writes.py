@@ -77,7 +77,11 @@ def writes_of(
             outbox.retry_key(consumer, d.decoded.envelope.user_id, d.decoded.envelope.message_id)
             for d in decided
             if d.decoded is not None
-            and (d.decision.counted or d.decoded.envelope.message_id in failed_before)
+            and (
+                d.decision.counted
+                or d.decoded.newer  # deferred, uncounted: its earlier retry is replaced too
+                or d.decoded.envelope.message_id in failed_before
+            )
             and d.decision.fate not in (Fate.PARKED, Fate.GIVEN_BACK)
         ],
         retries=_retries(route, decided, now),

@@ -1,6 +1,7 @@
 """Versioned SQL migrations: `migrations/NNNN_name.sql`, applied once each, in order.
 
-A session advisory lock makes concurrent `pkgq migrate` runs (one per replica at start-up) safe.
+A session advisory lock makes concurrent `pkgq migrate` runs (one per replica at start-up) safe;
+it is polled for, not waited on (see `migrate`).
 
 Expand, then contract: a release's migrations only add (tables, nullable or defaulted columns,
 indexes built concurrently on a table that can be large), so the previous release keeps running
@@ -13,6 +14,7 @@ needs that. It must be safe to run again (IF NOT EXISTS), since it is recorded o
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -127,7 +129,12 @@ async def migrate(
     `runtime_role` (when not empty, and not the migrating role itself) is granted what pkgq's
     processes need, on every run, once migration 0007 is in (telecom.grant_runtime): so tables
     added later are always covered."""
-    await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK)
+    # Polled rather than waited for: a session blocked in pg_advisory_lock holds a snapshot,
+    # which a concurrent migrate's CREATE INDEX CONCURRENTLY would wait for (a deadlock).
+    while not await conn.fetchval(  # noqa: ASYNC110  (a server-side lock: polled by design)
+        "SELECT pg_try_advisory_lock($1)", MIGRATION_LOCK
+    ):
+        await asyncio.sleep(0.2)
     try:
         await conn.execute(
             """
@@ -148,6 +155,10 @@ async def migrate(
             if target is not None and migration.version > target:
                 break
             if not migration.transactional:
+                # An index build interrupted before (a crash, a cancel) leaves an invalid index
+                # that IF NOT EXISTS would skip: drop it so the statement builds it again.
+                for name in await conn.fetch(_INVALID_INDEXES):
+                    await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name['name']}")
                 for statement in migration.statements():
                     await conn.execute(statement)
             async with conn.transaction():
@@ -165,6 +176,15 @@ async def migrate(
         return applied
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK)
+
+
+_INVALID_INDEXES = """
+    SELECT format('%I.%I', n.nspname, c.relname) AS name
+    FROM pg_index x
+    JOIN pg_class c ON c.oid = x.indexrelid
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = 'telecom' AND NOT x.indisvalid
+"""
 
 
 async def _grant_runtime(conn: asyncpg.Connection, role: str) -> None:

@@ -97,6 +97,10 @@ def replay_message(
     if edit is not None and edit.user_id is not None:
         user_id = edit.user_id
         headers[H_USER_ID] = str(edit.user_id)
+    if edit is not None:
+        # An edited body was checked against the route's current model and written as it:
+        # whatever version the buried one was, the replay is of the current version.
+        headers[H_SCHEMA_VERSION] = route.schema_version
     version = headers.get(H_SCHEMA_VERSION) or route.schema_version
     schema_version = _natural(version, 2**15)
     if not schema_version:

@@ -12,6 +12,8 @@ import asyncpg
 import pytest
 
 from consumers.cli import exit_codes
+from events.envelope import H_SCHEMA_VERSION
+from infra.rabbit.tap import Tap
 from infra.settings import Settings
 from tests.support.observing import eventually
 from tests.support.processes import PkgqProcess, cli
@@ -20,7 +22,7 @@ pytestmark = pytest.mark.e2e
 
 
 async def test_a_v1_usage_record_published_as_v1_is_applied_and_a_v2_one_beside_it(
-    settings: Settings, pool: asyncpg.Pool, spawn: Callable[..., PkgqProcess]
+    settings: Settings, pool: asyncpg.Pool, tap: Tap, spawn: Callable[..., PkgqProcess]
 ) -> None:
     spawn("run")
     user = str(uuid4())
@@ -39,6 +41,12 @@ async def test_a_v1_usage_record_published_as_v1_is_applied_and_a_v2_one_beside_
         return bool(up == 7)
 
     await eventually(billed)
+    sent_versions = [
+        t.headers.get(H_SCHEMA_VERSION)
+        for t in tap.seen
+        if t.exchange == settings.exchange and t.json().get("user_id") == user
+    ]
+    assert sent_versions == [1, 2]  # each under the version it was written in
 
 
 async def test_a_v2_field_in_a_v1_body_and_an_unknown_version_are_refused_naming_the_versions(

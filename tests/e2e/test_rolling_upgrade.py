@@ -1,11 +1,15 @@
-"""A rolling upgrade: the previous release's `pkgq relay` and `pkgq run` (the last tag, checked
-out as a git worktree, in a virtualenv of its own) work on the newest schema, first alone, then
-beside this release's processes, then this release alone, as pods are replaced one by one. Every
-user's lifecycle ends exactly as it would on one release, each message applied once, and nothing
-is buried (for its version or for any other reason).
+"""A rolling upgrade: the previous release's `pkgq relay` and `pkgq run` (its commit checked out
+as a git worktree, run by a virtualenv of its own) work on the newest schema, first alone, then
+beside this release's processes, then this release alone, as pods are replaced one by one.
+
+Every route is split into two partitions, and the two releases' consumers are replicas 0/2 and
+1/2, so while both run, both apply messages (each owns a partition; a route's queues are
+single-active-consumer). The previous release's pods are stopped while messages are still on
+their way, so this release takes over their partitions mid-stream. Every user's lifecycle ends
+exactly as on one release, each message applied once, and nothing is buried.
 
 Expand, then contract: the newest schema only adds to the previous release's, so its SQL runs
-unchanged; the message formats the previous release writes (version N-1) are still applied.
+unchanged; the message formats it writes (version N-1) are still applied here.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ import asyncio
 import json
 import os
 import subprocess
-from collections.abc import Callable, Iterator
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
 from uuid import UUID, uuid4
@@ -25,10 +30,13 @@ from aio_pika.abc import AbstractRobustConnection
 
 from events.envelope import H_SCHEMA_VERSION, H_USER_ID
 from events.models import PurchasePackage
-from events.routes import PACKAGE_PURCHASE, USAGE_RECORD
+from events.routes import PACKAGE_PURCHASE, ROUTES, USAGE_RECORD
+from infra.rabbit.connection import connect
+from infra.rabbit.publisher import Publisher, build_message
+from infra.rabbit.topology import declare_all, delete_all, routing_key_for
 from infra.settings import Settings
 from tests.support import releases
-from tests.support.deliveries import add_package, send, send_raw
+from tests.support.deliveries import add_package, send
 from tests.support.observing import eventually
 from tests.support.processes import PkgqProcess
 
@@ -39,29 +47,31 @@ TRAFFIC = 100
 
 
 @pytest.fixture(scope="module")
-def previous(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """(tag, python) of the previous release, checked out and ready to run."""
-    tag = releases.previous_release()
-    root = tmp_path_factory.mktemp("previous-release")
-    worktree = releases.checkout(tag, root / "code")
+def previous() -> Iterator[tuple[str, Path]]:
+    """(git ref, python) of the previous release, checked out and ready to run."""
+    ref = releases.previous_release()
+    root = Path(tempfile.mkdtemp(prefix="pkgq-previous-release-"))
+    worktree = releases.checkout(ref, root / "code")
     try:
-        yield tag, releases.venv_for(worktree, root / "venv")
+        yield ref, releases.venv_for(worktree, root / "venv")
     finally:
         releases.remove(worktree)
+        subprocess.run(["rm", "-rf", str(root)], check=False)
 
 
 @pytest.fixture
-def old_and_new(
-    previous: tuple[str, Path], spawn: Callable[..., PkgqProcess]
-) -> Callable[..., PkgqProcess]:
-    """Start a `pkgq` process of the previous release (old=True) or of this one."""
-    _, python = previous
-
-    def start(*args: str, old: bool) -> PkgqProcess:
-        # PYTHONSAFEPATH: the working directory (this checkout) is not put first on the path.
-        return spawn(*args, python=str(python), PYTHONSAFEPATH="1") if old else spawn(*args)
-
-    return start
+async def parted(settings: Settings, amqp: AbstractRobustConnection) -> AsyncIterator[Settings]:
+    """The test's namespace with every route in two partitions (removed at the end)."""
+    two = settings.model_copy(update={"partitions": dict.fromkeys(ROUTES, 2), "standby_delay": 1.0})
+    channel = await amqp.channel()
+    await declare_all(channel, two)
+    await channel.close()
+    yield two
+    connection = await connect(two.amqp_url, "pkgq-test-cleanup")
+    try:
+        await delete_all(await connection.channel(), two)
+    finally:
+        await connection.close()
 
 
 def imported_from(python: Path) -> Path:
@@ -76,9 +86,50 @@ def imported_from(python: Path) -> Path:
     return Path(seen)
 
 
-def usage_v1(user: UUID) -> bytes:
-    """A usage record as the previous release's publishers write it (version 1)."""
-    return json.dumps({"user_id": str(user), "upload": TRAFFIC, "download": 0}).encode()
+class Pods:
+    """The processes of both releases, stopped at the end whatever happens."""
+
+    def __init__(self, settings: Settings, python: Path) -> None:
+        self.settings = settings
+        self.python = python
+        self.started: list[PkgqProcess] = []
+
+    def start(self, *args: str, old: bool) -> PkgqProcess:
+        if old:
+            # PYTHONSAFEPATH: the working directory (this checkout) is not put first on the path.
+            process = PkgqProcess(self.settings, *args, python=str(self.python), PYTHONSAFEPATH="1")
+        else:
+            process = PkgqProcess(self.settings, *args)
+        self.started.append(process)
+        return process
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.args}:\n{p.logs()[-3000:]}" for p in self.started)
+
+    def stop_all(self) -> None:
+        for process in self.started:
+            try:
+                process.terminate(timeout=20)
+            except Exception:  # noqa: BLE001  (teardown must stop the rest)
+                process.kill()
+
+
+async def usage_v1(settings: Settings, amqp: AbstractRobustConnection, users: list[UUID]) -> None:
+    """One usage record per user as the previous release's publishers write it (version 1),
+    to the user's partition."""
+    publisher = await Publisher.open(amqp, settings.exchange, user_id=settings.amqp_user)
+    try:
+        for user in users:
+            body = json.dumps({"user_id": str(user), "upload": TRAFFIC, "download": 0})
+            message = build_message(
+                body.encode(),
+                message_id=uuid4(),
+                message_type=USAGE_RECORD.message_type,
+                headers={H_SCHEMA_VERSION: 1, H_USER_ID: str(user)},
+            )
+            await publisher.publish(message, routing_key_for(settings, USAGE_RECORD.name, user))
+    finally:
+        await publisher.close()
 
 
 async def finished(pool: asyncpg.Pool, users: list[UUID]) -> int:
@@ -93,79 +144,106 @@ async def finished(pool: asyncpg.Pool, users: list[UUID]) -> int:
     return count
 
 
-async def lifecycle(
-    settings: Settings,
-    amqp: AbstractRobustConnection,
-    pool: asyncpg.Pool,
-    package: int,
-    users: list[UUID],
-) -> None:
-    """Each user buys PACKAGES packages and uses each up with one v1 usage record."""
-    for user in users:
-        await send(
-            settings,
-            amqp,
-            PACKAGE_PURCHASE,
-            PurchasePackage(user_id=user, package_id=package, amount=PACKAGES),
+async def applied(pool: asyncpg.Pool, consumer: str) -> int:
+    async with pool.acquire() as conn:
+        count: int = await conn.fetchval(
+            "SELECT count(*) FROM telecom.inbox WHERE consumer = $1", consumer
         )
-    for _ in range(PACKAGES):
-        for user in users:
-            headers = {H_SCHEMA_VERSION: 1, H_USER_ID: str(user)}
-            await send_raw(settings, amqp, USAGE_RECORD, usage_v1(user), headers=headers)
+    return count
 
+
+async def start_lifecycles(
+    settings: Settings, amqp: AbstractRobustConnection, package: int, users: list[UUID]
+) -> None:
+    for user in users:
+        body = PurchasePackage(user_id=user, package_id=package, amount=PACKAGES)
+        await send(settings, amqp, PACKAGE_PURCHASE, body)
+
+
+async def wait_finished(pool: asyncpg.Pool, users: list[UUID], pods: Pods) -> None:
     async def done() -> bool:
         return await finished(pool, users) == len(users)
 
-    await eventually(done, within=90)
+    try:
+        await eventually(done, within=90)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{pods.logs()}") from None
 
 
 async def test_the_previous_release_runs_beside_this_one_on_the_newest_schema_and_buries_nothing(
-    settings: Settings,
+    parted: Settings,
     pool: asyncpg.Pool,
     amqp: AbstractRobustConnection,
     previous: tuple[str, Path],
-    old_and_new: Callable[..., PkgqProcess],
 ) -> None:
-    tag, python = previous
-    # The previous release's interpreter runs the previous release's code, not this one's.
+    ref, python = previous
     where = await asyncio.to_thread(imported_from, python)
-    assert where.is_relative_to(python.parents[2] / "code"), where
+    assert where.is_relative_to(python.parents[2] / "code"), where  # the old code, not ours
     package = await add_package(pool, TRAFFIC, timedelta(days=1))
-    start = old_and_new
+    pods = Pods(parted, python)
+    try:
+        # Before the rollout: the previous release alone, on the schema this release migrated.
+        old = [pods.start("relay", old=True), pods.start("run", old=True)]
+        alone = [uuid4() for _ in range(6)]
+        await start_lifecycles(parted, amqp, package, alone)
+        for _ in range(PACKAGES):
+            await usage_v1(parted, amqp, alone)
+        await wait_finished(pool, alone, pods)
+        applied_by_old_alone = await applied(pool, "usage_record")
 
-    # Before the rollout: the previous release alone, on the schema this release migrated.
-    old = [start("relay", old=True), start("run", old=True)]
-    alone = [uuid4() for _ in range(4)]
-    await lifecycle(settings, amqp, pool, package, alone)
+        # During it: one consumer of each release, each owning one partition of every route,
+        # and both relays on the same outbox.
+        old[1].terminate()
+        old[1] = pods.start("run", "--replica", "0/2", old=True)
+        new = [pods.start("relay", old=False), pods.start("run", "--replica", "1/2", old=False)]
+        during = [uuid4() for _ in range(16)]
+        await start_lifecycles(parted, amqp, package, during)
+        await usage_v1(parted, amqp, during)
 
-    # During it: both releases' pods consume the same queues and relay the same outbox.
-    new = [start("relay", old=False), start("run", old=False)]
-    during = [uuid4() for _ in range(12)]
-    await lifecycle(settings, amqp, pool, package, during)
+        async def half_applied() -> bool:
+            return await applied(pool, "usage_record") >= applied_by_old_alone + len(during)
 
-    # After it: the previous release's pods are gone.
-    for process in old:
-        assert process.terminate() == 0, process.logs()[-2000:]
-    after = [uuid4() for _ in range(4)]
-    await lifecycle(settings, amqp, pool, package, after)
+        await eventually(half_applied, within=60)
+        # The previous release's pods go while the rest is still on its way: this release's
+        # replica takes over their partitions and finishes every lifecycle.
+        await usage_v1(parted, amqp, during)
+        for process in old:
+            assert process.terminate() == 0, process.logs()[-3000:]
+        await usage_v1(parted, amqp, during)
+        await wait_finished(pool, during, pods)
 
-    users = alone + during + after
-    async with pool.acquire() as conn:
-        letters = await conn.fetch("SELECT route, reason FROM telecom.dead_letters")
-        applied = await conn.fetch(
-            "SELECT consumer, count(*) AS n FROM telecom.inbox GROUP BY consumer"
-        )
-        used = await conn.fetchval(
-            "SELECT sum(upload) FROM telecom.package_queue WHERE user_id = ANY($1::uuid[])", users
-        )
-    assert [dict(r) for r in letters] == [], f"buried beside {tag}"
-    counts = {r["consumer"]: r["n"] for r in applied}
-    assert counts["usage_record"] == PACKAGES * len(users)
-    assert counts["package_purchase"] == len(users)
-    assert counts["all_expired"] == len(users)
-    assert used == PACKAGES * TRAFFIC * len(users)
-    # The previous release did its share: its consumer applied messages of its own.
-    old_logs = old[1].logs()
-    assert '"event": "processed"' in old_logs, old_logs[-2000:]
-    for process in new:
-        assert process.proc.poll() is None, process.logs()[-2000:]
+        # After it: this release alone.
+        after = [uuid4() for _ in range(4)]
+        await start_lifecycles(parted, amqp, package, after)
+        for _ in range(PACKAGES):
+            await usage_v1(parted, amqp, after)
+        await wait_finished(pool, after, pods)
+
+        users = alone + during + after
+        async with pool.acquire() as conn:
+            letters = await conn.fetch("SELECT route, reason FROM telecom.dead_letters")
+            counts = {
+                r["consumer"]: r["n"]
+                for r in await conn.fetch(
+                    "SELECT consumer, count(*) AS n FROM telecom.inbox GROUP BY consumer"
+                )
+            }
+            billed = await conn.fetchval(
+                "SELECT (SELECT sum(upload) FROM telecom.package_queue "
+                "        WHERE user_id = ANY($1::uuid[])) "
+                "     + (SELECT sum(unbilled_upload) FROM telecom.queue_users "
+                "        WHERE user_id = ANY($1::uuid[]))",
+                users,
+            )
+        assert [dict(r) for r in letters] == [], f"buried beside {ref}:\n{pods.logs()}"
+        assert counts["usage_record"] == PACKAGES * len(users)
+        assert counts["package_purchase"] == len(users)
+        assert counts["all_expired"] == len(users)
+        assert billed == PACKAGES * TRAFFIC * len(users)  # each record billed once, somewhere
+        # Both releases applied messages while both ran: each consumer logged its own.
+        assert '"event": "processed"' in old[1].logs(), old[1].logs()[-3000:]
+        assert '"event": "processed"' in new[1].logs(), new[1].logs()[-3000:]
+        for process in new:
+            assert process.proc.poll() is None, process.logs()[-3000:]
+    finally:
+        pods.stop_all()

@@ -5,6 +5,7 @@ statement (CREATE INDEX CONCURRENTLY)."""
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import re
 from collections.abc import AsyncIterator
@@ -85,11 +86,14 @@ async def test_a_change_the_migrations_do_not_make_shows_as_a_difference(
 
 CONTRACTING = [
     (
-        re.compile(r"\bDROP\s+(TABLE|COLUMN|INDEX|TYPE|FUNCTION|VIEW|SCHEMA|TRIGGER)\b", re.I),
+        re.compile(
+            r"\bDROP\s+(TABLE|COLUMN|INDEX|TYPE|FUNCTION|VIEW|SCHEMA|TRIGGER|CONSTRAINT|DEFAULT)\b",
+            re.I,
+        ),
         "drops",
     ),
     (re.compile(r"\bRENAME\b", re.I), "renames"),
-    (re.compile(r"\bALTER\s+COLUMN\s+\w+\s+(SET\s+DATA\s+)?TYPE\b", re.I), "changes a type"),
+    (re.compile(r"\bALTER\s+(COLUMN\s+)?\w+\s+(SET\s+DATA\s+)?TYPE\b", re.I), "changes a type"),
     (re.compile(r"\bSET\s+NOT\s+NULL\b", re.I), "makes a column NOT NULL"),
     (
         re.compile(r"\bADD\s+COLUMN\b(?![^;]*\bDEFAULT\b)[^;]*\bNOT\s+NULL\b", re.I),
@@ -110,8 +114,24 @@ def contractions(sql: str, new_tables: set[str]) -> list[str]:
         re.I,
     ):
         table = match.group(4)
-        if match.group(2) is None and table not in new_tables:
+        if table in new_tables:
+            continue
+        if match.group(2) is None:
             found.append(f"indexes {table} without CONCURRENTLY")
+        if match.group(1) is not None:
+            found.append(f"makes rows of {table} unique, which the previous release writes")
+    for match in re.finditer(
+        r"\bALTER\s+TABLE\s+(ONLY\s+)?([\w.]+)[^;]*\bADD\s+CONSTRAINT\b(?![^;]*\bNOT\s+VALID\b)",
+        code,
+        re.I,
+    ):
+        if match.group(2) not in new_tables:
+            found.append(f"constrains {match.group(2)}, which the previous release writes")
+    for match in re.finditer(
+        r"\bCREATE\s+(OR\s+REPLACE\s+)?TRIGGER\b[^;]*?\bON\s+([\w.]+)", code, re.I
+    ):
+        if match.group(2) not in new_tables:
+            found.append(f"adds a trigger to {match.group(2)}")
     return found
 
 
@@ -142,6 +162,12 @@ def test_the_migrations_added_since_the_previous_release_only_expand() -> None:
         ("ALTER TABLE telecom.outbox ALTER COLUMN seq SET NOT NULL;", "makes a column NOT NULL"),
         ("ALTER TABLE telecom.outbox ADD COLUMN x int NOT NULL;", "adds a NOT NULL column"),
         ("CREATE INDEX o_x ON telecom.outbox (route);", "indexes telecom.outbox"),
+        ("ALTER TABLE telecom.outbox ALTER seq TYPE int;", "changes a type"),
+        ("ALTER TABLE telecom.outbox ALTER COLUMN seq DROP DEFAULT;", "drops"),
+        ("ALTER TABLE telecom.outbox DROP CONSTRAINT outbox_pkey;", "drops"),
+        ("ALTER TABLE telecom.outbox ADD CONSTRAINT c CHECK (seq > 0);", "constrains"),
+        ("CREATE UNIQUE INDEX CONCURRENTLY u ON telecom.outbox (seq);", "makes rows"),
+        ("CREATE TRIGGER t BEFORE INSERT ON telecom.inbox EXECUTE FUNCTION f();", "adds a"),
     ],
 )
 def test_each_kind_of_contraction_is_caught(sql: str, why: str) -> None:
@@ -156,6 +182,8 @@ def test_each_kind_of_contraction_is_caught(sql: str, why: str) -> None:
         "ALTER TABLE telecom.outbox ADD COLUMN x int NOT NULL DEFAULT 0;",
         "ALTER TABLE telecom.outbox ADD COLUMN x text;",
         "CREATE INDEX CONCURRENTLY IF NOT EXISTS o_x ON telecom.outbox (route);",
+        "ALTER TABLE telecom.outbox ADD CONSTRAINT c CHECK (seq > 0) NOT VALID;",
+        "CREATE TABLE telecom.v (a int); ALTER TABLE telecom.v ADD CONSTRAINT v_a UNIQUE (a);",
         "-- DROP TABLE in a comment\nCREATE TABLE telecom.u (a int);",
     ],
 )
@@ -192,3 +220,41 @@ async def test_a_no_transaction_migration_builds_its_index_concurrently_and_is_r
         assert await migrations.migrate(conn) == []  # recorded: not run again
     finally:
         await conn.close()
+
+
+async def test_an_interrupted_concurrent_index_is_built_again_and_two_migrates_do_not_deadlock(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dsn = pg_roles.as_role(settings.postgres_dsn, pg_roles.OWNER)
+    first, second = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
+    try:
+        # What a crash during CREATE INDEX CONCURRENTLY leaves: an invalid index (made here by
+        # a unique index over duplicate values).
+        await first.execute(
+            "CREATE TABLE telecom.t_dup (a int); INSERT INTO telecom.t_dup VALUES (1), (1)"
+        )
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await first.execute("CREATE UNIQUE INDEX CONCURRENTLY t_dup_a ON telecom.t_dup (a)")
+        await first.execute(
+            "DELETE FROM telecom.t_dup WHERE ctid <> (SELECT min(ctid) FROM telecom.t_dup)"
+        )
+        known = migrations.available_migrations()
+        extra = migrations.Migration(
+            known[-1].version + 1,
+            "rebuild",
+            f"{migrations.NO_TRANSACTION}\n"
+            "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS t_dup_a ON telecom.t_dup (a);\n",
+        )
+        monkeypatch.setattr(migrations, "available_migrations", lambda: [*known, extra])
+        applied = await asyncio.wait_for(
+            asyncio.gather(migrations.migrate(first), migrations.migrate(second)), timeout=60
+        )
+        assert sorted(applied, key=len) == [[], [extra.version]]
+        valid = await first.fetchval(
+            "SELECT x.indisvalid FROM pg_index x JOIN pg_class c ON c.oid = x.indexrelid "
+            "WHERE c.relname = 't_dup_a'"
+        )
+        assert valid is True
+    finally:
+        await first.close()
+        await second.close()

@@ -83,6 +83,13 @@ async def test_an_old_pod_holds_a_newer_message_and_its_followers_a_new_pod_appl
     again = await old.process_batch([usage(user, first, 5, NEWER)])
     assert [r.fate for r in again] == [Fate.RETRY]
     assert await fetch(pool, "SELECT * FROM telecom.dead_letters") == []
+    # One pending retry of it at a time: the earlier one is replaced, not doubled.
+    (pending,) = await fetch(
+        pool,
+        "SELECT count(*) AS n FROM telecom.outbox WHERE message_id = $1 AND published_at IS NULL",
+        first,
+    )
+    assert pending["n"] == 1
 
     # Then a new pod: it applies the newer message, and the parked one after it.
     new = pod(pool, knows=NEWER)

@@ -31,22 +31,31 @@ def git(*args: str, cwd: Path = REPO) -> str:
 
 
 def previous_release() -> str:
-    """The newest release tag (vX.Y.Z) older than this checkout's version. A clone without
-    tags cannot run the upgrade test: say how to fetch them."""
+    """The git ref of the newest release older than this checkout's version: its tag
+    (vX.Y.Z), or, in a clone without tags, its commit as releases.txt records it (the two must
+    agree where both are there)."""
     current = current_version()
-    older = []
+    recorded: dict[tuple[int, ...], str] = {}
+    for line in (REPO / "releases.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            version, commit = line.split()
+            recorded[tuple(int(n) for n in version.split("."))] = commit
+    tagged: dict[tuple[int, ...], str] = {}
     for tag in git("tag", "--list", "v*").split():
         found = TAG.match(tag)
         if found is not None:
-            version = tuple(int(n) for n in found.groups())
-            if version < current:
-                older.append((version, tag))
+            tagged[tuple(int(n) for n in found.groups())] = tag
+    older = sorted(v for v in {*recorded, *tagged} if v < current)
     if not older:
-        raise RuntimeError(
-            f"no release tag older than {'.'.join(map(str, current))} in {REPO}: "
-            "fetch the tags (git fetch --tags) to run the rolling-upgrade test"
-        )
-    return max(older)[1]
+        raise RuntimeError(f"no release older than {'.'.join(map(str, current))} is recorded")
+    newest = older[-1]
+    if newest in tagged and newest in recorded:
+        commit = git("rev-parse", f"{tagged[newest]}^{{commit}}").strip()
+        if commit != recorded[newest]:
+            raise RuntimeError(
+                f"{tagged[newest]} is {commit}, releases.txt says {recorded[newest]}"
+            )
+    return tagged.get(newest) or recorded[newest]
 
 
 def checkout(tag: str, into: Path) -> Path:

@@ -115,9 +115,27 @@ def test_a_newer_version_is_not_bad_input_but_left_for_a_newer_pkgq_with_its_use
     assert str(USAGE_RECORD.schema_version + 1) in newer.detail
 
 
+@pytest.mark.parametrize("ahead", [2, 3, 17, 2**31, 10**29])
+def test_a_version_further_ahead_than_the_next_is_buried_holding_nobody(ahead: int) -> None:
+    body = {"user_id": str(uuid4()), "upload": 1, "download": 1}
+    delivery = raw(USAGE_RECORD, body, USAGE_RECORD.schema_version + ahead)
+    with pytest.raises(BadMessageError) as caught:
+        decode(USAGE_RECORD, delivery, max_body_bytes=65536)
+    assert not isinstance(caught.value, NewerVersionError)
+    assert caught.value.reason == "unsupported_version"
+
+
+def test_a_recorded_at_beyond_what_a_datetime_holds_is_schema_invalid() -> None:
+    body = {"user_id": str(uuid4()), "upload": 1, "download": 1, "recorded_at": 2**40}
+    with pytest.raises(BadMessageError) as caught:
+        decode(USAGE_RECORD, raw(USAGE_RECORD, body, 2), max_body_bytes=65536)
+    assert caught.value.reason == "schema_invalid"
+    assert "recorded_at" in caught.value.detail
+
+
 def test_a_newer_version_whose_body_names_no_readable_user_holds_nobody() -> None:
     for body in ({"upload": 1}, {"user_id": "not-a-uuid"}, [1, 2]):
-        delivery = raw(USAGE_RECORD, body, USAGE_RECORD.schema_version + 3)  # type: ignore[arg-type]
+        delivery = raw(USAGE_RECORD, body, USAGE_RECORD.schema_version + 1)  # type: ignore[arg-type]
         with pytest.raises(NewerVersionError) as caught:
             decode(USAGE_RECORD, delivery, max_body_bytes=65536)
         assert caught.value.user_id is None

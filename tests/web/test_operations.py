@@ -11,7 +11,10 @@ import pytest
 from pydantic import ValidationError
 
 from consumers import operations
-from events.routes import PACKAGE_PURCHASE
+from events.decoding import RawDelivery, decode
+from events.envelope import CONTENT_TYPE
+from events.models import RecordUsage
+from events.routes import PACKAGE_PURCHASE, USAGE_RECORD
 from infra.postgres import dead_letters, holds
 from infra.settings import Settings
 from tests.support.dead_letters import buried
@@ -81,6 +84,43 @@ async def test_an_edited_replay_keeps_the_users_parked_messages_waiting_behind_i
     assert audit is not None
     assert audit["actor"] == "web:olga"
     assert json.loads(audit["detail"])["original_body"] == original.decode()
+
+
+async def test_an_edited_v1_usage_record_is_replayed_as_the_current_version_and_decodes(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    user = uuid4()
+    old = json.dumps({"user_id": str(user), "upload": -1, "download": 0}).encode()
+    message_id = uuid4()
+    dead = await buried(
+        pool,
+        USAGE_RECORD.name,
+        message_id=str(message_id),
+        user_id=user,
+        body=old,
+        headers={"x-schema-version": 1, "x-user-id": str(user)},
+    )
+    edited = json.dumps({"user_id": str(user), "upload": 1, "download": 0, "usage_id": "c-1"})
+    async with pool.acquire() as conn, conn.transaction():
+        result = await operations.edit_and_replay(
+            conn, dead, edited, "web:olga", pkgq_user=settings.amqp_user
+        )
+    assert result.replayed
+    async with pool.acquire() as conn:
+        sent = await conn.fetchrow(
+            "SELECT schema_version, body, headers FROM telecom.outbox WHERE message_id = $1",
+            message_id,
+        )
+    assert sent is not None
+    assert sent["schema_version"] == USAGE_RECORD.schema_version
+    assert sent["headers"]["x-schema-version"] == USAGE_RECORD.schema_version
+    # What the consumer will make of it: the current version, with the usage_id the edit added.
+    delivery = RawDelivery(
+        bytes(sent["body"]), str(message_id), "RecordUsage", CONTENT_TYPE, None, sent["headers"]
+    )
+    decoded = decode(USAGE_RECORD, delivery, max_body_bytes=2**20)
+    assert isinstance(decoded.body, RecordUsage)
+    assert decoded.body.usage_id == "c-1"
 
 
 async def test_an_edit_that_fails_validation_or_changes_the_user_replays_nothing(
