@@ -49,9 +49,9 @@ check: venv
 	deploy/observability/check.sh
 	deploy/asyncapi/check.sh
 
-## test: check, then the whole suite against the real services: isolated tests in parallel
-## (PKGQ_TEST_WORKERS, default 4) with the chaos tests beside them, then the service-restart
-## tests alone; the HA lab boots while the checks run, and goes at the end (run-suite.sh).
+## test: the whole suite against the real services, the checks beside it: isolated tests in
+## parallel (PKGQ_TEST_WORKERS, default 4) with `make check` and the chaos tests beside them,
+## then the serial tests alone; the HA lab boots in the background, goes at the end (run-suite.sh).
 test: venv
 	BIN=$(BIN) MAKE="$(MAKE)" deploy/local/run-suite.sh $(PYTEST_ARGS)
 

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# The whole suite, as `make test` runs it: the services, the static checks (`make check`), then
+# The whole suite, as `make test` runs it: the services and the migrations, then, all at once,
 # - the isolated tests in parallel (pytest-xdist; each test has its own database and exchange
-#   prefix), and beside them, in a process of their own, the chaos tests (marker `chaos`), which
-#   touch nothing but the HA lab (deploy/local/ha) and its own nodes;
-# - then the tests that stop or restart a shared service (marker `serial`) alone, so they never
-#   pull a service from under a neighbour.
+#   prefix);
+# - beside them, in a process of their own, the static checks (`make check`: formatting, lint,
+#   strict typing, the layers, the deploy checks), whose log is printed once the tests are done;
+# - beside them too, in a process group of their own, the chaos tests (marker `chaos`), which
+#   touch nothing but the HA lab (deploy/local/ha) and its own nodes: they start once the lab,
+#   booting in the background (about 30 s), is up;
+# then the tests that stop or restart a shared service or run another release beside this one
+# (marker `serial`) alone, so they never pull a service from under a neighbour.
 #
-# The HA lab boots in the background while the checks run (about 30 s, mostly while mypy keeps
-# one core busy), and is removed at the end if this run made it (PKGQ_HA_KEEP=1 keeps it).
-# PKGQ_SKIP_LAB=1 neither starts nor removes it: then the chaos tests start it themselves.
+# The lab is removed at the end if this run made it (PKGQ_HA_KEEP=1 keeps it). PKGQ_SKIP_LAB=1
+# neither starts nor removes it: then the chaos tests start it themselves.
 #
 # Extra pytest arguments pass through to every part (a `-m` or `-n` among them replaces the
 # part's own; select by path or -k instead). Fails when the checks or any part fail, or
@@ -21,11 +24,15 @@ make=${MAKE:-make}
 workers=${PKGQ_TEST_WORKERS:-4}  # 4 on 2 cores: the tests mostly wait on services and processes
 lab=deploy/local/ha/lab.sh
 
+scratch=$(mktemp -d -t pkgq-suite.XXXXXX)
+lab_log=$scratch/lab.log
+lab_rc=$scratch/lab.rc
+chaos_log=$scratch/chaos.log
+check_log=$scratch/check.log
 lab_pid=
 lab_started=0
-lab_log=$(mktemp -t pkgq-ha-lab.XXXXXX)
 chaos_pid=
-chaos_log=$(mktemp -t pkgq-chaos.XXXXXX)
+check_pid=
 finish() {
     # Interrupted while the chaos tests run: stop them first (they tear their processes down
     # and repair the lab), and only then remove the lab.
@@ -33,12 +40,15 @@ finish() {
         kill -INT -- "-$chaos_pid" 2>/dev/null
         wait "$chaos_pid" 2>/dev/null
     fi
-    rm -f "$chaos_log"
+    if [ -n "$check_pid" ] && kill -0 "$check_pid" 2>/dev/null; then
+        kill "$check_pid" 2>/dev/null
+        wait "$check_pid" 2>/dev/null
+    fi
     if [ -n "$lab_pid" ]; then wait "$lab_pid" 2>/dev/null; fi
     if [ "$lab_started" = 1 ] && [ "${PKGQ_HA_KEEP:-0}" != 1 ]; then
         "$lab" down >>"$lab_log" 2>&1 || { echo "run-suite: '$lab down' failed:" >&2; tail -20 "$lab_log" >&2; }
     fi
-    rm -f "$lab_log"
+    rm -rf "$scratch"
 }
 trap finish EXIT
 # The services and Debian tools first (apt-get, if anything is missing), then the lab beside them.
@@ -46,32 +56,48 @@ trap finish EXIT
 if [ "${PKGQ_SKIP_LAB:-0}" != 1 ]; then
     # A lab made before (its state directory's marker), healthy or not, is left in place.
     if [ ! -e "${PKGQ_HA_DIR:-/var/tmp/pkgq-ha}/.pkgq-ha-lab" ]; then lab_started=1; fi
-    "$lab" up >"$lab_log" 2>&1 &
+    ( "$lab" up >"$lab_log" 2>&1; echo $? >"$lab_rc" ) &
     lab_pid=$!
+else
+    echo 0 >"$lab_rc"
 fi
 
-"$make" --no-print-directory check migrate || exit $?
+"$make" --no-print-directory migrate || exit $?
 
-if [ -n "$lab_pid" ]; then
-    if ! wait "$lab_pid"; then
-        echo "run-suite: the HA lab did not come up in the background (the chaos tests try again):" >&2
-        tail -20 "$lab_log" >&2
-    fi
-    lab_pid=
-fi
-# A process group of its own (setsid), so that an interrupt is handed to it by finish, in order.
-setsid "$bin/pytest" -m chaos "$@" >"$chaos_log" 2>&1 &
+"$make" --no-print-directory check >"$check_log" 2>&1 &
+check_pid=$!
+# A process group of its own (setsid), so that an interrupt is handed to it by finish, in order;
+# it waits for the lab's boot to end (up or not: a chaos test boots a missing lab itself).
+setsid bash -c 'while [ ! -s "$1" ]; do sleep 0.5; done; shift; exec "$@"' \
+    wait-for-lab "$lab_rc" "$bin/pytest" -m chaos "$@" >"$chaos_log" 2>&1 &
 chaos_pid=$!
 "$bin/pytest" -n "$workers" -m "not serial and not chaos" "$@"
 parallel=$?
+wait "$check_pid"
+check=$?
+check_pid=
+echo "run-suite: the static checks, run beside the tests:"
+cat "$check_log"
 wait "$chaos_pid"
 chaos=$?
 chaos_pid=
+if [ -n "$lab_pid" ]; then
+    wait "$lab_pid"
+    lab_pid=
+    if [ "$(cat "$lab_rc")" != 0 ]; then
+        echo "run-suite: the HA lab did not come up in the background (the chaos tests tried again):" >&2
+        tail -20 "$lab_log" >&2
+    fi
+fi
 echo "run-suite: the chaos tests, run beside the parallel part:"
 cat "$chaos_log"
 "$bin/pytest" -m serial "$@"
 serial=$?
 
+if [ "$check" -ne 0 ]; then
+    echo "run-suite: the static checks failed (above)" >&2
+    exit "$check"
+fi
 for rc in "$parallel" "$chaos" "$serial"; do
     if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then exit "$rc"; fi
 done
