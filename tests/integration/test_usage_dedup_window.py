@@ -1,6 +1,6 @@
 """How long a billing record id is remembered: PKGQ_USAGE_DEDUP_DAYS from when it was billed,
-then retention forgets it (and only then); a record that failed is not remembered. Against the test's own database, through the usage
-route's pipeline."""
+then retention forgets it (and only then); a record that failed is not remembered. Against the
+test's own database, through the usage route's pipeline."""
 
 from __future__ import annotations
 
