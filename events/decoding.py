@@ -202,11 +202,7 @@ def decode(route: Route, raw: RawDelivery, *, max_body_bytes: int) -> Decoded:
         if unstorable_string is not None:
             raise BadMessageError("schema_invalid", unstorable_string) from None
         raise BadMessageError("invalid_json", _summarise(exc)) from None
-    header_user = header_text(raw.headers, H_USER_ID, 64)
-    if header_user is not None and header_user != str(body.user_id):
-        raise BadMessageError(
-            "schema_invalid", f"{H_USER_ID}={header_user} differs from body user_id {body.user_id}"
-        )
+    _check_user_header(raw, body.user_id)
     return Decoded(_envelope(route, raw, message_id, version, body.user_id), body)
 
 
@@ -246,18 +242,21 @@ def _newer_user(raw: RawDelivery) -> UUID | None:
         parsed = json.loads(raw.body)
     except (ValueError, RecursionError):
         parsed = None
-    user: UUID | None = None
-    if isinstance(parsed, dict) and isinstance(parsed.get("user_id"), str):
-        try:
-            user = UUID(parsed["user_id"])
-        except ValueError:
-            user = None
+    named = parsed.get("user_id") if isinstance(parsed, dict) else None
+    user = message_uuid(named) if isinstance(named, str) else None
+    if user is not None:
+        _check_user_header(raw, user)
+    return user
+
+
+def _check_user_header(raw: RawDelivery, user: UUID) -> None:
+    """The user header, when there is one, must name the body's user: it is only a claim
+    beside the body, never trusted over it (schema_invalid otherwise)."""
     header_user = header_text(raw.headers, H_USER_ID, 64)
-    if header_user is not None and user is not None and header_user != str(user):
+    if header_user is not None and header_user != str(user):
         raise BadMessageError(
             "schema_invalid", f"{H_USER_ID}={header_user} differs from body user_id {user}"
         )
-    return user
 
 
 def _uuid_header(headers: Mapping[str, Any], name: str) -> UUID | None:
