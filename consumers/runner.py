@@ -6,19 +6,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
+import socket
 from collections.abc import Iterable
 
 import structlog
 
+from consumers.breaker import Breaker
 from consumers.delivery import DeliveryPipeline
 from consumers.handlers import package_purchase
 from consumers.ingest import ingester
 from consumers.registry import HANDLERS
 from consumers.retry_policy import RetryPolicy, policy_for
+from consumers.route_pauses import PauseWatch, paused_routes
 from consumers.runtime import Services, start_status_server
 from consumers.unit_of_work import Handler
+from events.partitioning import route_of_key
 from events.routes import PACKAGE_PURCHASE, Route
-from infra.rabbit.consumer import QueueConsumer
+from infra.rabbit.consumer import Processor, QueueConsumer
 from infra.rabbit.publisher import Publisher
 from infra.rabbit.route_consumer import route_consumer
 from infra.rabbit.topology import declare_exchanges
@@ -72,19 +77,34 @@ async def run_consumers(
     dead_letters = await Publisher.open(svc.amqp, settings.dlx, user_id=settings.amqp_user)
     consumers: list[QueueConsumer] = []
     standby: list[QueueConsumer] = []
+    routed: list[QueueConsumer] = []
+    """The route consumers: not the ingester."""
+    pausable: list[QueueConsumer] = []
+    """The route consumers started so far: the pause watch's."""
+    paused = await paused_routes(svc.pool)  # a paused route's consumers start paused
+    resume_after: dict[str, float] = {}
+    """Routes whose breaker resumes them by itself: after how many seconds."""
     for route in routes:
         pipeline = (pipelines or {}).get(route.name) or pipeline_for(settings, svc, route)
+        processor: Processor = pipeline.process_batch
+        breaker = settings.breaker_for(route.name)
+        if breaker is not None:
+            worker = f"{socket.gethostname()}:{os.getpid()}"
+            processor = Breaker(svc.pool, route.name, breaker, worker).wrap(processor)
+            if breaker.resume_after_s is not None:
+                resume_after[route.name] = breaker.resume_after_s
         for partition in range(settings.partitions_for(route.name)):
             consumer = route_consumer(
                 route,
                 settings,
                 svc.amqp,
-                pipeline.process_batch,
+                processor,
                 dead_letters,
                 idle=pipeline.drain_parked,
                 partition=partition,
             )
             (consumers if settings.preferred(partition) else standby).append(consumer)
+            routed.append(consumer)
     if ingest:
         consumers.append(ingester(settings, svc.pool, svc.amqp))
     started: list[QueueConsumer] = []
@@ -94,13 +114,18 @@ async def run_consumers(
         return len(started) == len(consumers) and all(c.consuming for c in started)
 
     status = await start_status_server(settings, ready, svc)
+    watch: asyncio.Task[None] | None = None
     systemd = Notifier()
     systemd.start_watchdog()
     try:
         for consumer in consumers:
-            await consumer.start()
+            await _start(consumer, paused, routed, pausable)
             started.append(consumer)
-        log.info("ready", routes=[c.name for c in consumers])
+        watch = asyncio.create_task(
+            PauseWatch(svc.pool, pausable, settings.pause_poll, resume_after).run(),
+            name="pause-watch",
+        )
+        log.info("ready", routes=[c.name for c in consumers], paused=sorted(paused))
         await svc.set_routes(c.name for c in consumers)
         systemd.ready(f"consuming {len(consumers)} queue(s)")
         if standby:
@@ -108,10 +133,12 @@ async def run_consumers(
             # replicas that prefer a partition subscribe first, the others stand by for it.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=settings.standby_delay)
+            with contextlib.suppress(Exception):  # else the watch corrects it in a round
+                paused = await paused_routes(svc.pool)
             for consumer in standby:
                 if stop.is_set():
                     break
-                await consumer.start()
+                await _start(consumer, paused, routed, pausable)
                 consumers.append(consumer)
                 started.append(consumer)
             log.info("standing_by", routes=[c.name for c in standby])
@@ -122,6 +149,8 @@ async def run_consumers(
             waiter.cancel()
         return 0 if stop.is_set() else 1
     finally:
+        if watch is not None:
+            watch.cancel()
         systemd.stopping()
         if status is not None:
             status.draining = True
@@ -132,3 +161,17 @@ async def run_consumers(
         if status is not None:
             await status.stop()
         await systemd.stop_watchdog()
+
+
+async def _start(
+    consumer: QueueConsumer,
+    paused: set[str],
+    routed: list[QueueConsumer],
+    pausable: list[QueueConsumer],
+) -> None:
+    """Start a consumer: a route's paused if its route is, and then watched for pauses."""
+    if consumer not in routed:  # the dead-letter ingester: never paused
+        await consumer.start()
+        return
+    await consumer.start(paused=route_of_key(consumer.name) in paused)
+    pausable.append(consumer)

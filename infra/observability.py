@@ -91,6 +91,16 @@ INVARIANT_VIOLATIONS = Gauge(
     "doctor` names them), by check; 0 when it holds. Exported by the relays.",
     ["check"],
 )
+ROUTE_PAUSED = Gauge(
+    "pkgq_route_paused",
+    "1 while this process's consumers of the route are paused (`pkgq route pause`), else 0.",
+    ["route"],
+)
+BREAKER_TRIPS = Counter(
+    "pkgq_breaker_trips_total",
+    "Times this process's circuit breaker paused a route (PKGQ_BREAKER), by route.",
+    ["route"],
+)
 QUEUE_CONSUMERS = Gauge(
     "pkgq_queue_consumers",
     "Consumers subscribed to each queue pkgq consumes (active and standby), by passive declare; "

@@ -9,6 +9,7 @@
     ttr = 30                       # seconds a handler may run on one message
     queue_type = "classic"         # or "quorum"
     retry = { max_attempts = 10, backoff = "exponential", base_s = 2 }
+    breaker = { failure_rate = 0.5, min_deliveries = 20, window_s = 60, resume_after_s = 300 }
 
 Nothing else is accepted: an unknown route or key, or a value out of range, is an error that
 names the file, the route and the key.
@@ -37,6 +38,20 @@ class RetrySettings(BaseModel):
     max_delay_s: float = Field(default=7 * 86400.0, ge=0)
 
 
+class BreakerSettings(BaseModel):
+    """The circuit breaker (domain/breaker.py): pause a route's consumption when this share of
+    its deliveries failed (retried, dead-lettered) over a window, in one `pkgq run` process."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    failure_rate: float = Field(gt=0, le=1)
+    min_deliveries: int = Field(default=20, ge=1)
+    window_s: float = Field(default=60.0, gt=0, le=86400)
+    resume_after_s: float | None = Field(default=None, gt=0)
+    """Resume by itself this long after tripping (then trip again if failures go on); unset:
+    only an operator resumes it (`pkgq route resume`, the console)."""
+
+
 class RouteSettings(BaseModel):
     """One route's entry in the route configuration file (PKGQ_ROUTES_FILE): unset fields fall
     back to the process-wide settings."""
@@ -56,6 +71,7 @@ class RouteSettings(BaseModel):
     """Seconds a handler may run on one message before it is cancelled and the message is given
     back to the queue in its place (seed 001's reservation timeout)."""
     queue_type: Literal["classic", "quorum"] | None = None
+    breaker: BreakerSettings | None = None
 
 
 class RouteConfigError(ValueError):

@@ -15,7 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from domain.errors import MAX_QUEUED_ITEMS
 from infra.faults import FaultSpecError
 from infra.faults import parse as parse_faults
-from infra.route_config import RetrySettings, RouteSettings, load_routes_file
+from infra.route_config import BreakerSettings, RetrySettings, RouteSettings, load_routes_file
 from infra.tls import amqp_tls_problem
 
 LOCAL_OWNER_DSN = "postgresql://pkgq_owner@127.0.0.1:5432/pkgq"
@@ -120,6 +120,12 @@ class Settings(BaseSettings):
     PKGQ_RETRY_ROUTES='{"telecom.package_activate": {"max_attempts": 5}}'."""
     release_poll_interval: float = Field(default=2.0, gt=0)
     """How often a consumer looks for holds an operator released (a discarded dead letter)."""
+    breaker: BreakerSettings | None = None
+    """The circuit breaker of every route (a route's own in PKGQ_ROUTES_FILE wins), e.g.
+    PKGQ_BREAKER='{"failure_rate": 0.5, "min_deliveries": 20, "window_s": 60}'; unset: off."""
+    pause_poll: float = Field(default=2.0, gt=0)
+    """How often each `pkgq run` reads which routes are paused (`pkgq route pause`): a pause
+    or resume is obeyed by every replica within about this many seconds."""
 
     http_port: int = Field(default=0, ge=0, le=65535)
     """/metrics, /healthz and /readyz of this process (infra/observability.py); 0: off."""
@@ -345,6 +351,9 @@ class Settings(BaseSettings):
             return True
         index, count = (int(x) for x in self.replica.split("/"))
         return partition % count == index
+
+    def breaker_for(self, route_name: str) -> BreakerSettings | None:
+        return self.route(route_name).breaker or self.breaker
 
     def retry_for(self, route_name: str) -> RetrySettings:
         return self.route(route_name).retry or self.retry_routes.get(route_name, self.retry)

@@ -21,6 +21,7 @@ from consumers.cli.catalog import catalog_app
 from consumers.cli.dlq import dlq_app
 from consumers.cli.partitions import partitions_app
 from consumers.cli.queues import queues_app
+from consumers.cli.routes import route_app
 from consumers.cli.user import user_app
 from consumers.cli.web import web_app
 
@@ -63,6 +64,7 @@ app.add_typer(catalog_app, name="catalog")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(partitions_app, name="partitions")
 app.add_typer(queues_app, name="queues")
+app.add_typer(route_app, name="route")
 app.add_typer(web_app, name="web")
 
 

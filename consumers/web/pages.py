@@ -23,6 +23,7 @@ from consumers.web.dependencies import Operator, Viewer, pool_of, render
 from consumers.web.throttle import LoginThrottle
 from infra.postgres import (
     console,
+    consumer_pauses,
     groups,
     holds,
     invariants,
@@ -107,6 +108,7 @@ async def _overview(request: Request) -> dict[str, Any]:
         # The checks' last stored results (the relay's, or `pkgq doctor`'s): never the checks
         # themselves, which are too heavy for a page that refreshes every few seconds.
         checked = await invariants.stored(conn)
+        pauses = await consumer_pauses.paused(conn)
     alive = [w for w in running if w.state(settings.worker_stale_after) == "alive"]
     return {
         "invariants": checked,
@@ -120,6 +122,7 @@ async def _overview(request: Request) -> dict[str, Any]:
                 "short": route.removeprefix("telecom."),
                 **row,
                 "held": held.get(route.removeprefix("telecom."), 0),
+                "pause": pauses.get(route),
             }
             for route, row in table.items()
         ],
@@ -127,12 +130,14 @@ async def _overview(request: Request) -> dict[str, Any]:
         "workers_alive": len(alive),
         "workers_stale": len(running) - len(alive),
         "held_total": sum(held.values()),
+        "pauses": sorted(pauses.values(), key=lambda p: p.paused_at),
     }
 
 
 @router.get("/", response_class=HTMLResponse)
 async def overview(request: Request, who: Viewer) -> Response:
-    return render(request, "overview.html", await _overview(request))
+    context = await _overview(request)
+    return render(request, "overview.html", {**context, "flash": request.query_params.get("done")})
 
 
 @router.get("/overview/live", response_class=HTMLResponse)

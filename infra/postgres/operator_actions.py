@@ -15,7 +15,16 @@ from infra.postgres.pool import Conn
 
 log = structlog.get_logger(__name__)
 
-Action = Literal["cancel", "adjust_quota", "edit_replay", "replay", "discard", "release_hold"]
+Action = Literal[
+    "cancel",
+    "adjust_quota",
+    "edit_replay",
+    "replay",
+    "discard",
+    "release_hold",
+    "pause_route",
+    "resume_route",
+]
 
 
 @dataclass(frozen=True, slots=True)

@@ -161,6 +161,14 @@ CREATE TABLE telecom.attempts (
     last_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
+CREATE TABLE telecom.consumer_pauses (
+    route text NOT NULL,
+    paused_at timestamp with time zone DEFAULT now() NOT NULL,
+    paused_by text NOT NULL,
+    reason text,
+    automatic boolean DEFAULT false NOT NULL
+);
+
 CREATE TABLE telecom.dead_letter_counts (
     route text NOT NULL,
     kind text NOT NULL,
@@ -306,7 +314,7 @@ CREATE TABLE telecom.operator_actions (
     dead_letter_id bigint,
     message_id uuid,
     detail jsonb DEFAULT '{}'::jsonb NOT NULL,
-    CONSTRAINT operator_actions_action_check CHECK ((action = ANY (ARRAY['cancel'::text, 'adjust_quota'::text, 'edit_replay'::text, 'replay'::text, 'discard'::text, 'release_hold'::text])))
+    CONSTRAINT operator_actions_action_check CHECK ((action = ANY (ARRAY['cancel'::text, 'adjust_quota'::text, 'edit_replay'::text, 'replay'::text, 'discard'::text, 'release_hold'::text, 'pause_route'::text, 'resume_route'::text])))
 );
 
 CREATE SEQUENCE telecom.operator_actions_id_seq
@@ -538,6 +546,9 @@ ALTER TABLE ONLY telecom.addresses
 
 ALTER TABLE ONLY telecom.attempts
     ADD CONSTRAINT attempts_pkey PRIMARY KEY (consumer, message_id, generation);
+
+ALTER TABLE ONLY telecom.consumer_pauses
+    ADD CONSTRAINT consumer_pauses_pkey PRIMARY KEY (route);
 
 ALTER TABLE ONLY telecom.dead_letter_counts
     ADD CONSTRAINT dead_letter_counts_pkey PRIMARY KEY (route, kind, slot);

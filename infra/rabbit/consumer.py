@@ -102,24 +102,34 @@ class QueueConsumer(Subscription):
         self._background: set[asyncio.Task[None]] = set()
         self._queue: Any = None
         self._channel: Any = None
+        self._paused = False
+        self._in_hand = 0
+        """Batches being processed or settled (a pause waits for them)."""
+        self._empty_hand = asyncio.Event()
+        self._empty_hand.set()
         self.processed = 0
 
     @property
     def consuming(self) -> bool:
-        """Subscribed, on an open channel, and not stopping (for /readyz)."""
-        return (
+        """Subscribed on an open channel, or paused on purpose, and not stopping (/readyz)."""
+        if self._stopping.is_set() or self.failed.is_set():
+            return False
+        return self._paused or (
             self._consumer_tag is not None
-            and not self._stopping.is_set()
-            and not self.failed.is_set()
             and self._channel is not None
             and not self._channel.is_closed
         )
 
-    async def start(self) -> None:
-        await self._subscribe()
+    async def start(self, *, paused: bool = False) -> None:
+        """Subscribe and consume; `paused`: declare the queue only, until `resume`."""
+        self._paused = paused
+        if paused:
+            await self._declare_only()
+        else:
+            await self._subscribe()
         self._worker = asyncio.create_task(self._run(), name=f"consume:{self.name}")
         self._worker.add_done_callback(self._worker_done)
-        log.info("consuming", route=self.name, queue=self._queue.name)
+        log.info("consuming", route=self.name, queue=self._queue.name, paused=paused)
 
     async def stop(self) -> None:
         """Stop taking deliveries, finish the one in hand, leave the rest to be redelivered."""
@@ -200,10 +210,19 @@ class QueueConsumer(Subscription):
                 break  # a delivery that raced the stop stays unacked: redelivered
             message = getter.result()
             batch = [m for m in await self._collect(source, message) if channel_open(m)]
-            if not batch:
-                continue  # their channel died; the broker redelivers them on the new one
-            if not await self._deliver(batch):
-                return  # stopping, or failed to subscribe again: the rest stays unacked
+            if not batch or self._paused:
+                # Their channel died (the broker redelivers them on the new one), or a pause
+                # began: its channel's close gives them back, in order.
+                continue
+            self._in_hand += 1  # no await since the pause check: a pause waits for this
+            self._empty_hand.clear()
+            try:
+                if not await self._deliver(batch):
+                    return  # stopping, or failed to subscribe again: the rest stays unacked
+            finally:
+                self._in_hand -= 1
+                if not self._in_hand:
+                    self._empty_hand.set()
 
     async def _collect(
         self, source: asyncio.Queue[AmqpDelivery], first: AmqpDelivery
@@ -326,7 +345,7 @@ class QueueConsumer(Subscription):
         self.max_active = max(self.max_active, self.active)
 
     async def _run_idle(self) -> None:
-        if self._idle is None:
+        if self._idle is None or self._paused:  # paused: the parked wait too
             return
         try:
             await self._idle()

@@ -46,6 +46,63 @@ class Subscription:
     _background: set[asyncio.Task[None]]
     _queue: Any
     _channel: Any
+    _paused: bool
+    _in_hand: int
+    _empty_hand: asyncio.Event
+
+    async def pause(self) -> None:
+        """Stop consuming and keep the queue (`pkgq route pause`): cancel the subscription, let
+        the batch in hand be processed and settled, then give back what is buffered by closing
+        the channel (back in its place, in order). Until `resume`, nothing subscribes again,
+        not even after a reconnection. Does nothing if paused already."""
+        if self._paused:
+            return
+        self._paused = True
+        async with self._giving_back:
+            tag, self._consumer_tag = self._consumer_tag, None
+            if self._channel is not None and tag is not None:
+                with contextlib.suppress(Exception):  # bounded: the broker may be down
+                    underlay = await asyncio.wait_for(self._channel.get_underlay_channel(), 2)
+                    await asyncio.wait_for(underlay.basic_cancel(tag), timeout=2)
+            await self._settled(self._settings.drain_timeout)
+            if self._channel is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._channel.close(), timeout=5)
+            self._drop_buffered()
+        log.info("consumer_paused", route=self.name)
+
+    async def resume(self) -> None:
+        """Subscribe again after `pause` (waiting for the connection, as after a give-back).
+        If that fails the consumer is failed: the process exits, and its successor, seeing
+        the route no longer paused, subscribes."""
+        if not self._paused:
+            return
+        async with self._giving_back:
+            self._paused = False
+            try:
+                await self._subscribe_when_connected()
+            except Exception:
+                log.exception("resume_failed", route=self.name)
+                self.failed.set()
+                return
+        log.info("consumer_resumed", route=self.name)
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    async def _settled(self, at_most: float) -> None:
+        """Wait (up to `at_most` s) until no batch is being processed or settled."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._empty_hand.wait(), at_most)
+
+    async def _declare_only(self) -> None:
+        """Start paused: the queue exists (publishers' messages are kept), nobody consumes."""
+        channel = await self._connection.channel(publisher_confirms=False)
+        try:
+            self._queue = await self._declare(channel)
+        finally:
+            await channel.close()
 
     async def _subscribe(self) -> None:
         self._channel = await self._connection.channel(publisher_confirms=False)
@@ -72,7 +129,7 @@ class Subscription:
     async def _consume_again(self, *_: object) -> None:
         """After a reconnection: subscribe again (what was buffered came on the old channel
         and is dropped unacked: the broker redelivers it, in order)."""
-        if self._stopping.is_set():
+        if self._stopping.is_set() or self._paused:
             return
         try:
             await self._take_deliveries()
@@ -104,17 +161,22 @@ class Subscription:
             self._consumer_tag = None
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(old.close(), timeout=5)
-            # What was buffered came on the closed channel and is back in the queue: drop it.
-            for queue in (self._buffer, *self._lane_queues):
-                kept = []
-                while not queue.empty():
-                    message = queue.get_nowait()
-                    if channel_open(message):
-                        kept.append(message)
-                for message in kept:
-                    queue.put_nowait(message)
+            self._drop_buffered()
+            if self._paused:  # paused meanwhile: it subscribes again on resume
+                return
             await self._subscribe_when_connected()
             log.info("given_back", route=self.name)
+
+    def _drop_buffered(self) -> None:
+        """What was buffered on a closed channel is back in the queue: drop it here."""
+        for queue in (self._buffer, *self._lane_queues):
+            kept = []
+            while not queue.empty():
+                message = queue.get_nowait()
+                if channel_open(message):
+                    kept.append(message)
+            for message in kept:
+                queue.put_nowait(message)
 
     async def _subscribe_when_connected(self) -> None:
         """Subscribe again, unless stopping. After a lost node or a broker restart the
@@ -122,7 +184,7 @@ class Subscription:
         and try again, until PKGQ_STARTUP_WAIT runs out, rather than fail for want of a
         channel. A stop ends the wait at once."""
         deadline = asyncio.get_running_loop().time() + self._settings.startup_wait
-        while not self._stopping.is_set():
+        while not self._stopping.is_set() and not self._paused:
             stopping = asyncio.ensure_future(self._stopping.wait())
             connected = asyncio.ensure_future(self._connection.ready())
             left = max(0.0, deadline - asyncio.get_running_loop().time())
@@ -133,7 +195,7 @@ class Subscription:
             finally:
                 stopping.cancel()
                 connected.cancel()
-            if self._stopping.is_set():
+            if self._stopping.is_set() or self._paused:
                 return
             try:
                 await self._subscribe()

@@ -103,6 +103,7 @@ async def test_version_prints_the_installed_version_and_exits_zero(settings: Set
         ("dlq", "list", "--route", "telecom.nope"),
         ("dlq", "replay", "--route", "nope", "--dry-run"),
         ("partitions", "status", "nope"),
+        ("route", "pause", "nope"),
         ("tail", "--route", "nope"),
     ],
 )
@@ -188,6 +189,16 @@ async def test_every_command_that_prints_data_prints_json_that_parses(
     assert (paused["changed"], paused["state"]) == (True, "paused")
     resumed = await as_json(settings, "partitions", "resume", "package_queuing")
     assert (resumed["changed"], resumed["state"]) == (True, "resumed")
+
+    stopped = await as_json(
+        settings, "route", "pause", "usage_record", "--reason", "r", "--wait", "0"
+    )
+    assert (stopped["changed"], stopped["paused"]) == (True, True)
+    status = await as_json(settings, "route", "status")
+    assert [(r["route"], r["paused"]["reason"]) for r in status if r["paused"]] == [
+        ("telecom.usage_record", "r")
+    ]
+    assert (await as_json(settings, "route", "resume", "usage_record"))["changed"] is True
 
     group_id = await open_group(pool)
     assert (await as_json(settings, "group", "show", str(group_id)))["state"] == "open"

@@ -103,10 +103,11 @@ CONTRACTING = [
 """What the previous release's SQL may trip over while both run: a release only expands."""
 
 
-def contractions(sql: str, new_tables: set[str]) -> list[str]:
+def contractions(sql: str, new_tables: set[str], earlier: str = "") -> list[str]:
     """Why `sql` (one migration) is not expand-only; an index on a table it does not create
-    itself must be built CONCURRENTLY (in a no-transaction migration)."""
-    code = "\n".join(line.split("--", 1)[0] for line in sql.splitlines())
+    itself must be built CONCURRENTLY (in a no-transaction migration). `earlier`: the SQL of
+    the migrations before it (where a CHECK it widens was last defined)."""
+    code = _without_widenings(_code(sql), _code(earlier))
     found = [why for pattern, why in CONTRACTING if pattern.search(code)]
     for match in re.finditer(
         r"\bCREATE\s+(UNIQUE\s+)?INDEX\s+(CONCURRENTLY\s+)?[^;]*?\bON\s+(ONLY\s+)?([\w.]+)",
@@ -135,6 +136,32 @@ def contractions(sql: str, new_tables: set[str]) -> list[str]:
     return found
 
 
+def _code(sql: str) -> str:
+    return "\n".join(line.split("--", 1)[0] for line in sql.splitlines())
+
+
+def _without_widenings(code: str, earlier: str) -> str:
+    """`code` without each DROP CONSTRAINT of a `column IN (...)` CHECK that it adds again
+    under the same name allowing every value the constraint's last earlier definition allowed:
+    a widening, which whatever the previous release writes still passes. Its ADD must then be
+    NOT VALID (validated by a statement of its own), as any other constraint's."""
+    for name in re.findall(r"\bDROP\s+CONSTRAINT\s+(\w+)", code, re.I):
+        new, old = _check_values(code, name), _check_values(earlier, name)
+        if new is not None and old is not None and old <= new:
+            code = re.sub(rf"\bDROP\s+CONSTRAINT\s+{name}\b\s*,?", "", code, flags=re.I)
+    return code
+
+
+def _check_values(sql: str, name: str) -> set[str] | None:
+    """The values the last `ADD CONSTRAINT name CHECK (column IN (...))` in `sql` allows."""
+    found = re.findall(
+        rf"\bADD\s+CONSTRAINT\s+{name}\s+CHECK\s*\(\s*\w+\s+IN\s*\(([^)]*)\)\s*\)",
+        sql,
+        re.I,
+    )
+    return set(re.findall(r"'([^']*)'", found[-1])) if found else None
+
+
 def created_tables(sql: str) -> set[str]:
     return set(re.findall(r"\bCREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?([\w.]+)", sql, re.I))
 
@@ -149,8 +176,11 @@ def test_the_migrations_added_since_the_previous_release_only_expand() -> None:
         if f"{m.version:04d}_{m.name}.sql" not in released
     ]
     assert new, f"no migration since {tag}: this check would pass on nothing"
+    every = migrations.available_migrations()
     for migration in new:
-        assert contractions(migration.sql, created_tables(migration.sql)) == [], migration.name
+        earlier = "\n".join(m.sql for m in every if m.version < migration.version)
+        found = contractions(migration.sql, created_tables(migration.sql), earlier)
+        assert found == [], migration.name
 
 
 @pytest.mark.parametrize(
@@ -189,6 +219,38 @@ def test_each_kind_of_contraction_is_caught(sql: str, why: str) -> None:
 )
 def test_what_only_expands_passes(sql: str) -> None:
     assert contractions(sql, created_tables(sql)) == []
+
+
+_ACTIONS_0012 = (
+    "ALTER TABLE telecom.operator_actions ADD CONSTRAINT operator_actions_action_check "
+    "CHECK (action IN ('cancel', 'replay'));"
+)
+
+
+def _replace_check(values: str) -> str:
+    return (
+        "ALTER TABLE telecom.operator_actions DROP CONSTRAINT operator_actions_action_check, "
+        "ADD CONSTRAINT operator_actions_action_check CHECK (action IN ("
+        f"{values})) NOT VALID;"
+    )
+
+
+def test_a_check_replaced_by_one_allowing_more_values_is_an_expansion() -> None:
+    sql = _replace_check("'cancel', 'replay', 'pause_route'")
+    assert contractions(sql, set(), _ACTIONS_0012) == []
+
+
+@pytest.mark.parametrize(
+    ("sql", "earlier"),
+    [
+        (_replace_check("'cancel', 'pause_route'"), _ACTIONS_0012),  # 'replay' is refused
+        (_replace_check("'cancel', 'replay', 'pause_route'"), ""),  # nothing to compare with
+    ],
+)
+def test_a_check_replaced_by_one_refusing_a_value_or_unknown_before_is_a_contraction(
+    sql: str, earlier: str
+) -> None:
+    assert any(f.startswith("drops") for f in contractions(sql, set(), earlier))
 
 
 async def test_a_no_transaction_migration_builds_its_index_concurrently_and_is_recorded(

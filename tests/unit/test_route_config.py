@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from infra.route_config import RetrySettings, RouteConfigError, load_routes_file
+from infra.route_config import BreakerSettings, RetrySettings, RouteConfigError, load_routes_file
 from infra.settings import Settings
 
 
@@ -45,6 +45,21 @@ def test_the_file_wins_over_the_environment_wide_settings(tmp_path: Path) -> Non
     assert settings.prefetch_for("telecom.all_expired") == 50
 
 
+def test_a_routes_breaker_wins_over_the_process_wide_one_and_none_means_off(
+    tmp_path: Path,
+) -> None:
+    found = load_routes_file(
+        write(tmp_path, "[routes.usage_record]\nbreaker = { failure_rate = 0.2 }\n")
+    )
+    assert Settings(route_settings=found).breaker_for("telecom.all_expired") is None
+    wide = BreakerSettings(failure_rate=0.9, min_deliveries=5)
+    settings = Settings(route_settings=found, breaker=wide)
+    own = settings.breaker_for("telecom.usage_record")
+    assert own is not None
+    assert (own.failure_rate, own.min_deliveries, own.resume_after_s) == (0.2, 20, None)
+    assert settings.breaker_for("telecom.all_expired") == wide
+
+
 def test_settings_read_the_file_named_by_routes_file(tmp_path: Path) -> None:
     path = write(tmp_path, "[routes.usage_record]\nbatch_size = 3\n")
     assert Settings(routes_file=str(path)).batch_size_for("telecom.usage_record") == 3
@@ -57,6 +72,10 @@ def test_settings_read_the_file_named_by_routes_file(tmp_path: Path) -> None:
         ("[routes.usage_record]\nworkers = 2\n", "workers: Extra inputs are not permitted"),
         ("[routes.usage_record]\nconcurrency = 0\n", "concurrency: Input should be greater"),
         ("[routes.usage_record]\nttr = -1\n", "ttr: Input should be greater than 0"),
+        (
+            "[routes.usage_record]\nbreaker = { failure_rate = 1.5 }\n",
+            "breaker.failure_rate: Input should be less than or equal to 1",
+        ),
         ('[routes.usage_record]\nqueue_type = "stream"\n', "queue_type: Input should be"),
         ("[defaults]\nconcurrency = 2\n", "unknown top-level key(s) ['defaults']"),
         ("[routes.usage_record\n", "not valid TOML"),
