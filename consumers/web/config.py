@@ -52,7 +52,7 @@ class WebSettings(BaseSettings):
     login_failures: int = Field(default=5, ge=1)
     """Failed sign-ins as one user name within PKGQ_WEB_LOGIN_WINDOW before the next waits."""
     login_address_failures: int = Field(default=20, ge=1)
-    """The same from one client address (looser: a proxy's users share one)."""
+    """The same from one client address (looser: an untrusted proxy's users share one)."""
     login_window: float = Field(default=300.0, gt=0)
     """Seconds a failed sign-in counts against its name and address."""
     trusted_proxies: Annotated[list[Network], NoDecode] = Field(default_factory=list)
