@@ -7,11 +7,14 @@ import asyncio
 import contextlib
 import getpass
 import json
+import logging
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Annotated, Any
 
+import structlog
 import typer
+from pydantic import ValidationError
 
 from consumers.cli import exit_codes
 from consumers.web.config import WebSettings
@@ -50,20 +53,42 @@ def serve(
     from consumers.web.app import create_app
 
     settings = load_settings(logs_to_stdout=True)
-    web = WebSettings.load()
+    try:
+        web = WebSettings.load()
+    except ValidationError as exc:
+        exit_codes.fail(exit_codes.USAGE, "; ".join(_setting_errors(exc)))
     problems = web.problems()
     if problems:
         exit_codes.fail(exit_codes.USAGE, "; ".join(problems))
     app = create_app(settings, web, baseline=baseline)
+    if web.access_log:  # its lines are info, and libraries only log warnings (infra/logging.py)
+        logging.getLogger("uvicorn.access").setLevel(logging.INFO)
+    structlog.get_logger(__name__).info(
+        "web_starting",
+        trusted_proxies=[str(net) for net in web.trusted_proxies],
+        forwarded_headers="believed from trusted_proxies" if web.trusted_proxies else "ignored",
+    )
     config = uvicorn.Config(
         app,
         host=host or web.host,
         port=port if port is not None else web.port,
         access_log=web.access_log,
         log_config=None,  # structlog renders the stdlib records (infra/logging.py)
-        proxy_headers=False,
+        proxy_headers=False,  # PKGQ_WEB_TRUSTED_PROXIES decides instead (create_app)
     )
     run(_serve(config))
+
+
+def _setting_errors(exc: ValidationError) -> list[str]:
+    """Each invalid PKGQ_WEB_* setting by its variable's name, in a line."""
+    found = []
+    for error in exc.errors():
+        field, *inside = (str(part) for part in error["loc"])
+        where = f" ({'.'.join(inside)})" if inside else ""
+        found.append(
+            f"PKGQ_WEB_{field.upper()}{where}: {error['msg'].removeprefix('Value error, ')}"
+        )
+    return found
 
 
 async def _serve(config: uvicorn.Config) -> None:

@@ -17,6 +17,7 @@ from fastapi.templating import Jinja2Templates
 from starlette.datastructures import MutableHeaders
 from starlette.middleware.sessions import SessionMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from consumers.web import api, auth, dlq_pages, hold_pages, pages, route_pages
 from consumers.web.config import WebSettings
@@ -95,6 +96,15 @@ def create_app(
         https_only=web.secure_cookies,
     )
     app.add_middleware(SecurityHeaders)
+    if web.trusted_proxies:
+        # Outermost, so the throttle, the sign-in log lines and uvicorn's access log all see
+        # the forwarded client: from a trusted peer, the right-most X-Forwarded-For address
+        # that is no trusted proxy (a client cannot prepend its way past its ingress) and the
+        # X-Forwarded-Proto scheme. Here rather than uvicorn's proxy_headers, whose default
+        # trusts 127.0.0.1 and FORWARDED_ALLOW_IPS from the environment.
+        app.add_middleware(
+            ProxyHeadersMiddleware, trusted_hosts=[str(net) for net in web.trusted_proxies]
+        )
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     app.include_router(api.router)
     if baseline:

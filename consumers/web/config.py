@@ -3,13 +3,16 @@ like them, lower-case: `pkgq_web_secret`, `pkgq_web_users`, `pkgq_web_tokens`)."
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 Role = Literal["viewer", "operator"]
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class WebUser(BaseModel):
@@ -49,9 +52,18 @@ class WebSettings(BaseSettings):
     login_failures: int = Field(default=5, ge=1)
     """Failed sign-ins as one user name within PKGQ_WEB_LOGIN_WINDOW before the next waits."""
     login_address_failures: int = Field(default=20, ge=1)
-    """The same from one client address (looser: a proxy's users share one)."""
+    """The same from one client address (looser: an untrusted proxy's users share one)."""
     login_window: float = Field(default=300.0, gt=0)
     """Seconds a failed sign-in counts against its name and address."""
+    trusted_proxies: Annotated[list[Network], NoDecode] = Field(default_factory=list)
+    """Proxies (addresses and CIDR networks) whose X-Forwarded-For and X-Forwarded-Proto are
+    believed, e.g. `10.0.0.0/8,127.0.0.1` or a JSON list; empty: nobody's (the headers are
+    ignored, and the client is whoever connected)."""
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _networks(cls, value: object) -> object:
+        return proxy_networks(value) if isinstance(value, str | list | tuple) else value
 
     @classmethod
     def load(cls) -> WebSettings:
@@ -74,3 +86,30 @@ class WebSettings(BaseSettings):
                 "(create one with `pkgq web hash-password`)"
             )
         return found
+
+
+def proxy_networks(value: str | list[object] | tuple[object, ...]) -> list[Network]:
+    """PKGQ_WEB_TRUSTED_PROXIES: comma-separated (`10.0.0.0/8, 127.0.0.1`) or a JSON list; each
+    entry an IP address or a CIDR network, anything else refused by name."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)  # a list, or an error: it starts with "["
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not a JSON list of addresses: {exc}") from None
+        else:
+            value = [entry for entry in text.split(",") if entry.strip()]
+    return [_network(entry) for entry in value]
+
+
+def _network(entry: object) -> Network:
+    if isinstance(entry, ipaddress.IPv4Network | ipaddress.IPv6Network):
+        return entry
+    try:
+        return ipaddress.ip_network(str(entry).strip())
+    except ValueError as exc:
+        raise ValueError(
+            f"{entry!r} is not an IP address or a CIDR network ({exc}); "
+            "PKGQ_WEB_TRUSTED_PROXIES takes e.g. 10.0.0.0/8,127.0.0.1"
+        ) from None
