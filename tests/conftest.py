@@ -25,6 +25,7 @@ from infra.settings import Settings
 from tests.support import pg_roles
 from tests.support.broker_users import delete_namespaces
 from tests.support.in_process import InProcess, StartApp
+from tests.support.test_databases import TestDatabases
 
 PG_SERVER = os.environ.get("PKGQ_TEST_PG_SERVER", "postgresql://postgres@127.0.0.1:5432")
 AMQP_URL = os.environ.get("PKGQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
@@ -105,38 +106,45 @@ def make_settings(namespace: str, **overrides: object) -> Settings:
     return Settings(**values)  # type: ignore[arg-type]  # keys are Settings fields
 
 
-@pytest.fixture
-async def settings(template_db: str) -> AsyncIterator[Settings]:
-    namespace = f"pkgq_t_{uuid4().hex[:12]}"
-    admin = await _admin()
-    try:
-        # WAL_LOG (PostgreSQL 15's default) writes the template's pages to the WAL; FILE_COPY
-        # copies its files, faster alone (0.18 s against 0.30 s here) but it forces two
-        # checkpoints, which flush every other test's dirty pages too: with 4 workers the
-        # parallel part took 345 and 351 s with WAL_LOG, 359 s with FILE_COPY (same tree, one
-        # machine, back to back). PKGQ_TEST_DB_STRATEGY picks the other to measure again.
-        strategy = os.environ.get("PKGQ_TEST_DB_STRATEGY", "WAL_LOG")
-        if strategy not in ("WAL_LOG", "FILE_COPY"):
-            raise ValueError(f"PKGQ_TEST_DB_STRATEGY={strategy!r}: WAL_LOG or FILE_COPY")
-        await admin.execute(
-            f"CREATE DATABASE {namespace} TEMPLATE {template_db} OWNER {pg_roles.OWNER} "
-            f"STRATEGY {strategy}"
-        )
-    finally:
-        await admin.close()
-    settings = make_settings(namespace)
-    yield settings
-    admin = await _admin()
-    try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {namespace} WITH (FORCE)")
-    finally:
-        await admin.close()
+async def _clean_up_broker(namespace: str) -> None:
     conn = await connect(AMQP_URL, "pkgq-test-cleanup")
     try:
         channel = await conn.channel()
-        await delete_all(channel, settings)
+        await delete_all(channel, make_settings(namespace))
     finally:
         await conn.close()
+
+
+@pytest.fixture(scope="session")
+def databases(template_db: str) -> Iterator[TestDatabases]:
+    """This worker's maker of test databases (tests/support/test_databases.py)."""
+    # WAL_LOG (PostgreSQL 15's default) writes the template's pages to the WAL; FILE_COPY
+    # copies its files, faster alone (0.18 s against 0.30 s here) but it forces two
+    # checkpoints, which flush every other test's dirty pages too: with 4 workers the
+    # parallel part took 345 and 351 s with WAL_LOG, 359 s with FILE_COPY (same tree, one
+    # machine, back to back). PKGQ_TEST_DB_STRATEGY picks the other to measure again.
+    strategy = os.environ.get("PKGQ_TEST_DB_STRATEGY", "WAL_LOG")
+    if strategy not in ("WAL_LOG", "FILE_COPY"):
+        raise ValueError(f"PKGQ_TEST_DB_STRATEGY={strategy!r}: WAL_LOG or FILE_COPY")
+
+    def create_sql(name: str) -> str:
+        return (
+            f"CREATE DATABASE {name} TEMPLATE {template_db} OWNER {pg_roles.OWNER} "
+            f"STRATEGY {strategy}"
+        )
+
+    found = TestDatabases(f"{PG_SERVER}/postgres", create_sql, _clean_up_broker)
+    yield found
+    found.close()
+
+
+@pytest.fixture
+async def settings(databases: TestDatabases) -> AsyncIterator[Settings]:
+    """The test's own database (made while the previous test ran) and broker names, both
+    removed after it off the test's path."""
+    namespace = databases.take()
+    yield make_settings(namespace)
+    databases.give_back(namespace)
     _NAMESPACES.add(namespace)  # the rest goes at the end of the session (broker_leftovers)
 
 
