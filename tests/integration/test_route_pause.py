@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from uuid import UUID, uuid4
 
 import asyncpg
@@ -235,3 +235,47 @@ async def test_a_breakers_pause_ends_by_itself_after_its_time_and_an_operators_n
         assert set(await consumer_pauses.paused(conn)) == {"telecom.quota_adjust"}
         audit = await operator_actions.recent(conn, limit=1)
     assert (audit[0]["action"], audit[0]["actor"]) == ("resume_route", "breaker")
+
+
+async def test_every_replica_obeys_a_pause_and_one_started_while_paused_does_not_subscribe(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    in_process: StartApp,
+) -> None:
+    tuned = settings.model_copy(update={"pause_poll": 0.2})
+    queue = route_queues(tuned, PACKAGE_PURCHASE.name)[0][0]
+    package = await add_package(pool, 1000)
+
+    def consumers(count: int) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            figures = (await passive_figures(amqp, [queue]))[queue]
+            return figures is not None and figures[1] == count
+
+        return check
+
+    first = in_process(tuned, pool, amqp)
+    await first.start_consumers([PACKAGE_PURCHASE])
+    await eventually(consumers(1))
+    async with pool.acquire() as conn:
+        await consumer_pauses.pause(conn, PACKAGE_PURCHASE.name, "olga")
+    await eventually(consumers(0))
+    second = in_process(tuned, pool, amqp)  # as after a restart, or a scale-up
+    await second.start_consumers([PACKAGE_PURCHASE])
+    user = uuid4()
+    await send(tuned, amqp, PACKAGE_PURCHASE, PurchasePackage(user_id=user, package_id=package))
+    assert (await passive_figures(amqp, [queue]))[queue] == (1, 0)
+
+    async with pool.acquire() as conn:
+        await consumer_pauses.resume(conn, PACKAGE_PURCHASE.name, "olga")
+    await eventually(consumers(2))  # both replicas subscribe again
+
+    async def applied() -> bool:
+        async with pool.acquire() as conn:
+            return bool(
+                await conn.fetchval(
+                    "SELECT count(*) FROM telecom.package_queue WHERE user_id = $1", user
+                )
+            )
+
+    await eventually(applied)
