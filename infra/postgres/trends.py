@@ -133,8 +133,9 @@ ON CONFLICT (minute, route) DO NOTHING
 
 # $4: the bucket width, $5: how many buckets. Buckets are aligned to the epoch, so a 5-minute
 # bucket starts at :00, :05, ... whoever asks; `minute >= first` reads the primary key's range
-# and nothing before it. The totals only grow, so a bucket's counts are the next bucket's first
-# total less its own first (the sum of its minutes' differences, read from one row per bucket
+# and nothing before it. The totals only grow (nothing in pkgq lowers them; a hand-made reset
+# shows as one bucket's jump), so a bucket's counts are the next bucket's first total less its
+# own first (the sum of its minutes' differences, read from one row per bucket
 # after grouping, not from every minute); the current bucket's run to the live totals.
 _READ = f"""
 WITH {_FIGURES},
@@ -171,16 +172,19 @@ summed AS (
     FROM grouped
     WINDOW w AS (PARTITION BY route ORDER BY bucket)
 )
-SELECT b.bucket, r.route,
-       coalesce(s.processed, 0)::bigint AS processed,
-       coalesce(s.failed, 0)::bigint AS failed,
-       coalesce(s.dead_lettered, 0)::bigint AS dead_lettered,
-       s.parked, s.outbox_pending, s.outbox_lag_s
+SELECT r.route,
+       array_agg(b.bucket ORDER BY b.bucket) AS buckets,
+       array_agg(coalesce(s.processed, 0)::bigint ORDER BY b.bucket) AS processed,
+       array_agg(coalesce(s.failed, 0)::bigint ORDER BY b.bucket) AS failed,
+       array_agg(coalesce(s.dead_lettered, 0)::bigint ORDER BY b.bucket) AS dead_lettered,
+       array_agg(s.parked ORDER BY b.bucket) AS parked,
+       array_agg(s.outbox_pending ORDER BY b.bucket) AS outbox_pending,
+       array_agg(s.outbox_lag_s ORDER BY b.bucket) AS outbox_lag_s
 FROM span,
      generate_series(span.first, span.last, $4::interval) AS b(bucket)
      CROSS JOIN routes r
      LEFT JOIN summed s ON s.route = r.route AND s.bucket = b.bucket
-ORDER BY r.route, b.bucket
+GROUP BY r.route
 """
 
 
@@ -203,16 +207,21 @@ async def read(conn: Conn, window: Window, routes: Sequence[tuple[str, str]] = C
         window.step,
         window.buckets,
     )
-    buckets: list[datetime] = []
-    found = {route: RouteTrend() for route, _ in routes}
-    for row in rows:
-        trend = found[row["route"]]
-        if len(trend.processed) == len(buckets):
-            buckets.append(row["bucket"])
-        trend.processed.append(int(row["processed"]))
-        trend.failed.append(int(row["failed"]))
-        trend.dead_lettered.append(int(row["dead_lettered"]))
-        trend.parked.append(row["parked"])
-        trend.outbox_pending.append(row["outbox_pending"])
-        trend.outbox_lag_s.append(row["outbox_lag_s"])
-    return Trends(window, buckets, found)
+    # One row per route, each series an array over the buckets (far cheaper to decode than a
+    # row per bucket: a day is 288 buckets of every route).
+    found = {row["route"]: row for row in rows}
+    return Trends(
+        window,
+        list(rows[0]["buckets"]) if rows else [],
+        {
+            route: RouteTrend(
+                processed=list(found[route]["processed"]),
+                failed=list(found[route]["failed"]),
+                dead_lettered=list(found[route]["dead_lettered"]),
+                parked=list(found[route]["parked"]),
+                outbox_pending=list(found[route]["outbox_pending"]),
+                outbox_lag_s=list(found[route]["outbox_lag_s"]),
+            )
+            for route, _ in routes
+        },
+    )

@@ -6,7 +6,9 @@ document.addEventListener("DOMContentLoaded", () => {
   if (!box || typeof uPlot === "undefined") return;
   const grid = box.querySelector("#trend-charts");
   const status = box.querySelector("#trend-status");
-  const every = Number(box.dataset.every || 3000);
+  // The hour refreshes with the figures above; the day, in 5-minute buckets, less often.
+  const every = () =>
+    Number((state.window === "1d" ? box.dataset.everyDay : box.dataset.every) || 3000);
   const HEIGHT = 170;
   // Drawn in this order, the last on top: where all are 0, the baseline is processed's.
   const SERIES = [
@@ -133,7 +135,7 @@ document.addEventListener("DOMContentLoaded", () => {
       if (mine !== asking) return;
       status.textContent = "not updated: the console did not answer; trying again";
     }
-    timer = setTimeout(tick, every);
+    timer = setTimeout(tick, every());
   };
 
   box.querySelectorAll("[data-window]").forEach((button) => {
