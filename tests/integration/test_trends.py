@@ -203,7 +203,7 @@ async def test_with_a_big_outbox_the_trends_read_and_snapshot_use_indexes_only(
             "INSERT INTO telecom.parked (consumer, user_id, message_id, route, message_type, "
             "body) SELECT ($2::text[])[1 + g % 9], gen_random_uuid(), gen_random_uuid(), "
             "'telecom.x', 'X', '{}' FROM generate_series(1, $1) AS g",
-            100_000,
+            50_000,
             [consumer for _, consumer in trends.CHARTED],
         )
         # A week of snapshots of every route (the default retention keeps that many).
