@@ -12,7 +12,9 @@ the last day): a bucket's counts are the differences between consecutive snapsho
 current minute's against the live totals, so the last bucket moves while you look), summed; its
 gauges are the largest seen in it. A bucket without traffic counts 0; a gauge that nobody
 snapshotted (no relay ran) is None. A minute whose snapshot was missed (every relay down) gives
-its counts to the snapshot before it: nothing is lost, it shows a little early.
+its counts to the snapshot before it: nothing is lost, it shows a little early. What was
+counted before the first snapshot ever (before this release's first relay started) is charted
+nowhere: when it happened is not known.
 
 Which moves are which:
 - processed: ack;
@@ -45,7 +47,8 @@ RETENTION = Rule(
     "route_minutes",
     "telecom.route_minutes",
     "ctid",
-    "minute < least({cutoff}, now() - interval '25 hours')",
+    "minute < least({cutoff}, now() - "
+    f"make_interval(secs => {int(KEEP_AT_LEAST.total_seconds())}))",
 )
 """Snapshots older than the retention go, but never the last KEEP_AT_LEAST."""
 
