@@ -66,6 +66,12 @@ async def test_counts_land_in_their_minute_per_route_and_quiet_minutes_are_zero(
             "now() - interval '90 seconds')",
             PURCHASE,
         )
+        await conn.execute(
+            "INSERT INTO telecom.parked (consumer, user_id, message_id, route, message_type, "
+            "body) SELECT 'usage_record', gen_random_uuid(), gen_random_uuid(), $1, 'X', '{}' "
+            "FROM generate_series(1, 2)",
+            USAGE,
+        )
         found = await trends.read(conn, trends.WINDOWS["1h"], ROUTES)
 
     assert len(found.buckets) == 60
@@ -88,10 +94,12 @@ async def test_counts_land_in_their_minute_per_route_and_quiet_minutes_are_zero(
     assert (usage.processed[before], usage.failed[before], usage.parked[before]) == (0, 0, None)
     assert sum(usage.processed) == 9
     assert sum(purchase.processed) == 2
-    # The gauges of the last bucket are the live ones: the purchase's due row, 90 s old.
+    # The gauges of the last bucket are the live ones: the purchase's due row, 90 s old, and
+    # the usage records parked.
     assert purchase.outbox_pending[-1] == 1
     assert (purchase.outbox_lag_s[-1] or 0) >= 89
     assert usage.outbox_pending[-1] == 0
+    assert (usage.parked[-1], purchase.parked[-1]) == (2, 0)  # parked by its consumer
 
 
 async def test_a_minute_is_snapshotted_once_whoever_asks(pool: asyncpg.Pool) -> None:
