@@ -13,6 +13,10 @@ Beside them, on its own interval (`invariant_check_interval`, 0: off), the invar
 (infra/outbox/invariant_watch.py) run under their lease the same way; a relay that does not hold
 it exports the results the holder stored, so every relay reports the same figures.
 
+And every TREND_TICK seconds, without a lease, this minute's trend snapshot
+(infra/postgres/trends.py): one statement that writes only the first time it runs in a minute,
+whichever relay runs it, so a snapshot opens each minute within a few seconds of its start.
+
 Without a worker id (a relay that was not started by `services()`), the jobs run without a lease:
 both are safe to run concurrently, the lease only saves duplicate work.
 """
@@ -29,7 +33,7 @@ import structlog
 
 from infra.outbox import invariant_watch
 from infra.outbox.sweep import sweep_overdue_expiries
-from infra.postgres import leases, retention
+from infra.postgres import leases, retention, trends
 from infra.settings import Settings
 from infra.transient import is_transient, needs_operator
 
@@ -37,16 +41,21 @@ log = structlog.get_logger(__name__)
 
 EXPIRY_SWEEP = "expiry_sweep"
 RETENTION = "retention"
+TRENDS = "trend_snapshot"
+TREND_TICK = 5.0
+"""Seconds between two tries at this minute's trend snapshot (a no-op once it is taken)."""
 
 
 async def housekeeping_forever(
     settings: Settings, pool: asyncpg.Pool, worker_id: UUID | None, stop: asyncio.Event
 ) -> None:
-    """Run the lease-guarded jobs every `settings.housekeeping_interval`, and the invariant
-    checks every `settings.invariant_check_interval`, until `stop` is set."""
-    async with asyncio.TaskGroup() as both:
-        both.create_task(_jobs_forever(settings, pool, worker_id, stop))
-        both.create_task(_invariants_forever(settings, pool, worker_id, stop))
+    """Run the lease-guarded jobs every `settings.housekeeping_interval`, the invariant checks
+    every `settings.invariant_check_interval` and the trend snapshot every minute, until `stop`
+    is set."""
+    async with asyncio.TaskGroup() as loops:
+        loops.create_task(_jobs_forever(settings, pool, worker_id, stop))
+        loops.create_task(_invariants_forever(settings, pool, worker_id, stop))
+        loops.create_task(_trends_forever(settings, pool, stop))
 
 
 async def _jobs_forever(
@@ -107,6 +116,20 @@ async def _invariants_forever(
     finally:
         if worker_id is not None:
             await _release_all(pool, worker_id, [invariant_watch.LEASE])
+
+
+async def _trends_forever(settings: Settings, pool: asyncpg.Pool, stop: asyncio.Event) -> None:
+    """This minute's trend snapshot, tried every TREND_TICK seconds (no lease: it is taken once
+    a minute whoever tries, and trying costs one primary-key lookup)."""
+
+    async def take() -> None:
+        async with pool.acquire() as conn:
+            await trends.snapshot(conn)
+
+    while not stop.is_set():
+        await _run_job(settings, pool, None, TRENDS, take, 0)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=TREND_TICK)
 
 
 async def _run_job(

@@ -17,6 +17,7 @@ call the owner to change it:
     transition_counts   transitions              leases              leases
     transition_seconds  transitions              operator_actions    operator_actions
     schema_migrations   migrate                  dead_letter_counts  (triggers on dead_letters)
+    route_minutes       trends
 
 Retention deletes by the rule each owner declares (its `RETENTION`, a pruning.Rule): the owner
 says which of its rows are past retention, retention.py runs the batched deletes. Modules that

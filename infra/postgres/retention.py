@@ -5,7 +5,8 @@ What goes, once it is older than the retention period:
 - outbox rows published before it;
 - addresses and job groups finished before it (a group's members go with it);
 - TTR strikes last struck before it;
-- workers stopped before it.
+- workers stopped before it;
+- trend snapshots taken before it, the last 25 hours always kept (the day's chart needs them).
 Unique keys and billed usage record ids go as soon as their window has passed, whatever the
 retention. Dead letters are never
 pruned here: `pkgq dlq purge` decides about them.
@@ -31,6 +32,7 @@ from infra.postgres import (
     outbox,
     strikes,
     transitions,
+    trends,
     unique_keys,
     usage_billed,
     workers,
@@ -48,6 +50,7 @@ TARGETS: tuple[Rule, ...] = (
     attempts.RETENTION,
     workers.RETENTION,
     usage_billed.RETENTION,
+    trends.RETENTION,
 )
 """Each table's rule, declared by the module that owns the table, in the order they are pruned."""
 BATCHES = "batches"

@@ -449,6 +449,30 @@ CREATE TABLE telecom.queue_users (
     CONSTRAINT queue_users_unbilled_upload_check CHECK ((unbilled_upload >= 0))
 );
 
+CREATE TABLE telecom.route_minutes (
+    minute timestamp with time zone NOT NULL,
+    route text NOT NULL,
+    taken_at timestamp with time zone DEFAULT now() NOT NULL,
+    acked bigint NOT NULL,
+    failed bigint NOT NULL,
+    dead_lettered bigint NOT NULL,
+    parked integer NOT NULL,
+    outbox_pending integer NOT NULL,
+    outbox_lag_s double precision NOT NULL
+);
+
+COMMENT ON COLUMN telecom.route_minutes.acked IS 'Running total of the route''s ack transitions (processed) when the snapshot was taken';
+
+COMMENT ON COLUMN telecom.route_minutes.failed IS 'Running total of release (a retry scheduled), ttr and bury: deliveries that failed';
+
+COMMENT ON COLUMN telecom.route_minutes.dead_lettered IS 'Running total of bury and ttl: messages that entered the dead-letter store';
+
+COMMENT ON COLUMN telecom.route_minutes.parked IS 'Parked messages of the route''s consumer, counted up to 1,000';
+
+COMMENT ON COLUMN telecom.route_minutes.outbox_pending IS 'Unpublished outbox rows of the route that were due, counted up to 1,000';
+
+COMMENT ON COLUMN telecom.route_minutes.outbox_lag_s IS 'Age in seconds of the route''s oldest due unpublished outbox row (0: none)';
+
 CREATE TABLE telecom.route_pauses (
     route text NOT NULL,
     paused_at timestamp with time zone DEFAULT now() NOT NULL,
@@ -603,6 +627,9 @@ ALTER TABLE ONLY telecom.parked
 
 ALTER TABLE ONLY telecom.queue_users
     ADD CONSTRAINT queue_users_pkey PRIMARY KEY (user_id);
+
+ALTER TABLE ONLY telecom.route_minutes
+    ADD CONSTRAINT route_minutes_pkey PRIMARY KEY (minute, route);
 
 ALTER TABLE ONLY telecom.route_pauses
     ADD CONSTRAINT route_pauses_pkey PRIMARY KEY (route);

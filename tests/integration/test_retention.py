@@ -28,6 +28,7 @@ EXPECTED = {
     "attempts": 2,
     "workers": 1,
     "usage_billed": 2,
+    "route_minutes": 2,
 }
 """What _populate leaves past retention, per table."""
 
@@ -136,6 +137,13 @@ async def _populate(pool: asyncpg.Pool) -> None:
                 uuid4(),
                 name,
             )
+        # trend snapshots: 2 minutes of one route long ago, 1 recent
+        for when in (OLD, f"{OLD} - interval '1 minute'", RECENT):
+            await conn.execute(
+                "INSERT INTO telecom.route_minutes (minute, route, acked, failed, dead_lettered, "
+                "parked, outbox_pending, outbox_lag_s) "
+                f"VALUES (date_trunc('minute', {when}), 'telecom.usage_record', 1, 0, 0, 0, 0, 0)"
+            )
         # a dead letter buried long ago: never pruned here
         await conn.execute(
             "INSERT INTO telecom.dead_letters (dedup_key, source, route, consumer, body, reason, "
@@ -166,8 +174,8 @@ async def test_prune_deletes_only_what_is_past_retention_in_bounded_batches(
     counts = await retention.prune(pool, RETENTION, batch_size=10)
 
     assert {k: v for k, v in counts.items() if k != retention.BATCHES} == EXPECTED
-    # inbox 10+10+8, outbox 10+2, then one short batch for each of the seven other tables
-    assert counts[retention.BATCHES] == 3 + 2 + 7
+    # inbox 10+10+8, outbox 10+2, then one short batch for each of the eight other tables
+    assert counts[retention.BATCHES] == 3 + 2 + 8
     after = await _table_counts(pool)
     for table, gone in EXPECTED.items():
         assert after[table] == before[table] - gone, table
