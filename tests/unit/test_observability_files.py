@@ -22,6 +22,8 @@ ALERTS = {
     "PkgqReconnectStorm",
     "PkgqWorkerReaped",
     "PkgqInvariantViolated",
+    "PkgqRoutePaused",
+    "PkgqCircuitBreakerTripped",
 }
 
 
