@@ -77,6 +77,11 @@ SELECT * FROM (
            o.item_id, '{}'::jsonb
     FROM telecom.operator_actions o WHERE o.message_id = $1
     UNION ALL
+    SELECT 'operator', o.at, d.user_id, NULL, o.action || ' by ' || o.actor, o.dead_letter_id,
+           o.item_id, '{}'::jsonb
+    FROM telecom.dead_letters d JOIN telecom.operator_actions o ON o.dead_letter_id = d.id
+    WHERE d.message_uuid = $1 AND o.message_id IS DISTINCT FROM $1
+    UNION ALL
     SELECT 'usage', u.billed_at, u.user_id, NULL, 'billed', NULL, u.item_id,
            jsonb_build_object('usage_id', u.usage_id, 'upload', u.upload,
                               'download', u.download)

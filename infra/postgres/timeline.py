@@ -130,6 +130,17 @@ _BRANCHES = (
         "o.at",
         _ID.format("o.id"),
     ),
+    # An operator's action on one of the user's dead letters names the dead letter, not always
+    # the user (a replay or discard from the dead-letter pages): found through it.
+    _branch(
+        RANKS["operator"],
+        "'operator', o.action, o.message_id, NULL, o.item_id, o.dead_letter_id, NULL, "
+        "o.detail || jsonb_build_object('actor', o.actor)",
+        "telecom.dead_letters d JOIN telecom.operator_actions o ON o.dead_letter_id = d.id",
+        "d.user_id = $1 AND o.user_id IS NULL",
+        "o.at",
+        _ID.format("o.id"),
+    ),
     _branch(
         RANKS["audit"],
         "'audit', a.action, a.message_id, NULL, a.item_id, NULL, NULL, jsonb_build_object("
