@@ -18,7 +18,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.middleware.sessions import SessionMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from consumers.web import api, auth, dlq_pages, hold_pages, pages
+from consumers.web import api, auth, dlq_pages, hold_pages, pages, timeline_pages
 from consumers.web.config import WebSettings
 from consumers.web.dependencies import open_pool, render
 from consumers.web.throttle import Limit, LoginThrottle
@@ -102,6 +102,7 @@ def create_app(
     app.include_router(pages.router)
     app.include_router(dlq_pages.router)
     app.include_router(hold_pages.router)
+    app.include_router(timeline_pages.router)
 
     @app.exception_handler(auth.LoginRequiredError)
     async def to_login(request: Request, exc: auth.LoginRequiredError) -> Response:
