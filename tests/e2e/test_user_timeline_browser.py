@@ -68,7 +68,9 @@ async def test_a_users_timeline_shows_purchase_activation_usage_failure_replay_a
         await send(settings, amqp, USAGE_RECORD, usage)
 
         async def billed() -> bool:
-            return await count("SELECT count(*) AS n FROM telecom.usage_billed WHERE user_id = $1")
+            return bool(
+                await count("SELECT count(*) AS n FROM telecom.usage_billed WHERE user_id = $1")
+            )
 
         await eventually(billed, within=60)
         failing = PurchasePackage(user_id=user, package_id=missing)

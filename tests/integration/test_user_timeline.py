@@ -12,13 +12,14 @@ import asyncpg
 
 from consumers import timeline_view
 from infra.postgres import message_search, timeline
+from infra.postgres.pool import Conn
 from infra.settings import Settings
 from tests.support.deliveries import add_package
 
 SOURCES = set(timeline.RANKS)
 
 
-async def _story(conn: asyncpg.Connection, user: UUID, package: int, t0: datetime) -> UUID:
+async def _story(conn: Conn, user: UUID, package: int, t0: datetime) -> UUID:
     """One row in every table the timeline reads, each at its own second after t0 (in the order
     of this function), all naming one message_id where the table keeps one. Returns it."""
     m = uuid4()
