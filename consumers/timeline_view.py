@@ -12,6 +12,7 @@ Only entries on the same page are linked."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 from uuid import UUID
 
@@ -89,9 +90,14 @@ def summary(e: Entry) -> str:
     return f"{e.source} {e.kind}"
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(key: str, value: Any) -> Any:
+    """A detail's value as JSON; a body an operator action keeps (an edited replay's original
+    and edited bodies) summarized like every other body."""
     if isinstance(value, UUID):
         return str(value)
+    if key.endswith("_body") and value is not None:
+        raw = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        return _cut(body_summary(raw.encode()))
     return value
 
 
@@ -117,7 +123,7 @@ def rows(entries: list[Entry]) -> list[dict[str, Any]]:
                 "dead_letter_id": e.dead_letter_id,
                 "body": _cut(body_summary(e.body)) if e.body is not None else None,
                 "caused_by": caused_by,
-                "detail": {k: _jsonable(v) for k, v in e.detail.items()},
+                "detail": {k: _jsonable(k, v) for k, v in e.detail.items()},
                 "cursor": e.position.cursor(),
             }
         )
