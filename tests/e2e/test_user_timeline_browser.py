@@ -2,9 +2,11 @@
 `pkgq relay` and `pkgq web` processes: a purchase, its activation, billed usage, a purchase that
 fails and is dead-lettered, its replay from the console once fixed, and a cancel from the
 console all show on the user's timeline in the order they happened, each message linked to the
-search that finds it (and from there to its dead letter).
+search that finds it; the search box on the Users page finds the failed message in each place
+it is kept, linked to the user's timeline and its dead letter.
 
-Screenshots go to build/screenshots/ (git-ignored): user-timeline.png, message-search.png."""
+Screenshots go to build/screenshots/ (git-ignored): user-timeline.png,
+find-user-and-message.png (the search box) and message-search.png (what it found)."""
 
 from __future__ import annotations
 
@@ -128,8 +130,13 @@ async def test_a_users_timeline_shows_purchase_activation_usage_failure_replay_a
         await shoot(page, "user-timeline")
 
         failed_row = page.locator("#timeline tr[data-kind='dead_lettered']")
-        await failed_row.locator(f"a[href='/messages?message_id={failed_id}']").click()
-        await page.wait_for_load_state("load")
+        assert await failed_row.locator(f"a[href='/messages?message_id={failed_id}']").count()
+        # the search box on the Users page finds it wherever it is
+        await page.click("nav >> text=Users")
+        await page.fill("input[name=message_id]", str(failed_id))
+        await shoot(page, "find-user-and-message")
+        async with page.expect_navigation():
+            await page.click("button:has-text('Find')")
         places = await page.eval_on_selector_all(
             "#places tbody tr", "rows => rows.map(r => r.dataset.place)"
         )
