@@ -126,9 +126,19 @@ def web_bench_cmd(
         int, typer.Option(min=1, max=10, help="Alternating rounds; each endpoint's best counts.")
     ] = 3,
     port: Annotated[int, typer.Option(help="Where the benchmarked pkgq web listens.")] = 18081,
+    history_users: Annotated[
+        int, typer.Option(min=1, help="Users with a history, whose timelines are loaded.")
+    ] = 10_000,
+    outbox_rows: Annotated[
+        int, typer.Option(min=1, help="Outbox rows spread over the users with a history.")
+    ] = 1_000_000,
+    page_connections: Annotated[
+        int, typer.Option(min=1, help="wrk's open connections on the console's pages.")
+    ] = 4,
 ) -> None:
     """Benchmark /api/v1/users/{id}/current with wrk against a one-row SELECT endpoint on the
-    same stack, in a database of its own (pkgq_bench_web); prints key=value lines last."""
+    same stack, and the console's overview and users' timelines (p99 against 200 ms), in a
+    database of its own (pkgq_bench_web); prints key=value lines last."""
     from devtools.web_bench import run_web_bench
 
     settings = load_settings()
@@ -146,6 +156,9 @@ def web_bench_cmd(
             port=port,
             rounds=rounds,
             say=say,
+            history_users=history_users,
+            outbox_rows=outbox_rows,
+            page_connections=page_connections,
         )
     )
     raise typer.Exit(code)

@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from consumers.cli import doctor, groups, inspect, publish, services, tail, workers
+from consumers.cli import doctor, groups, history, inspect, publish, services, tail, workers
 from consumers.cli.catalog import catalog_app
 from consumers.cli.dlq import dlq_app
 from consumers.cli.partitions import partitions_app
@@ -57,7 +57,7 @@ def _options(
     """pkgq: the telecom package queue on RabbitMQ and PostgreSQL."""
 
 
-for module in (services, inspect, publish, groups, workers, tail, doctor):
+for module in (services, inspect, publish, groups, workers, tail, doctor, history):
     module.register(app)
 app.add_typer(user_app, name="user")
 app.add_typer(catalog_app, name="catalog")

@@ -19,7 +19,16 @@ from starlette.middleware.sessions import SessionMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-from consumers.web import api, auth, dlq_pages, hold_pages, pages, route_pages, trends
+from consumers.web import (
+    api,
+    auth,
+    dlq_pages,
+    hold_pages,
+    pages,
+    route_pages,
+    timeline_pages,
+    trends,
+)
 from consumers.web.config import WebSettings
 from consumers.web.dependencies import open_pool, render
 from consumers.web.throttle import Limit, LoginThrottle
@@ -114,6 +123,7 @@ def create_app(
     app.include_router(hold_pages.router)
     app.include_router(route_pages.router)
     app.include_router(trends.router)
+    app.include_router(timeline_pages.router)
 
     @app.exception_handler(auth.LoginRequiredError)
     async def to_login(request: Request, exc: auth.LoginRequiredError) -> Response:

@@ -25,7 +25,7 @@ async def claim(conn: Conn, consumer: str, message_id: UUID) -> bool:
 
 async def claim_many(conn: Conn, consumer: str, messages: Mapping[UUID, UUID | None]) -> set[UUID]:
     """Claim messages (message_id -> its user) in one statement. Returns those claimed now
-    (not applied before).
+    (not applied before). The user is kept with the message (a user's timeline reads it).
 
     The same statement marks `superseded` every dead letter of the consumer for a message it
     claims, for the same user, whatever its status (buried; replayed or discarded, which a
@@ -37,8 +37,8 @@ async def claim_many(conn: Conn, consumer: str, messages: Mapping[UUID, UUID | N
     rows = await conn.fetch(
         """
         WITH claimed AS (
-            INSERT INTO telecom.inbox (consumer, message_id)
-            SELECT $1, m FROM unnest($2::uuid[]) AS m
+            INSERT INTO telecom.inbox (consumer, message_id, user_id)
+            SELECT $1, m, u FROM unnest($2::uuid[], $3::uuid[]) AS y(m, u)
             ON CONFLICT DO NOTHING RETURNING message_id
         ), superseded AS (
             UPDATE telecom.dead_letters d SET status = 'superseded', superseded_at = now()

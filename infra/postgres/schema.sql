@@ -246,7 +246,8 @@ CREATE TABLE telecom.holds (
 CREATE TABLE telecom.inbox (
     consumer text NOT NULL,
     message_id uuid NOT NULL,
-    processed_at timestamp with time zone DEFAULT now() NOT NULL
+    processed_at timestamp with time zone DEFAULT now() NOT NULL,
+    user_id uuid
 );
 
 CREATE TABLE telecom.invariant_checks (
@@ -679,9 +680,15 @@ CREATE INDEX holds_held ON telecom.holds USING btree (consumer, state, since) WH
 
 CREATE INDEX holds_releasing ON telecom.holds USING btree (consumer) WHERE (blocker IS NULL);
 
+CREATE INDEX holds_user ON telecom.holds USING btree (user_id, since);
+
 CREATE INDEX inbox_processed_at ON telecom.inbox USING btree (processed_at);
 
+CREATE INDEX inbox_user ON telecom.inbox USING btree (user_id, processed_at) WHERE (user_id IS NOT NULL);
+
 CREATE INDEX item_audit_item ON telecom.item_audit USING btree (item_id);
+
+CREATE INDEX item_audit_message ON telecom.item_audit USING btree (message_id);
 
 CREATE INDEX item_audit_user ON telecom.item_audit USING btree (user_id, at);
 
@@ -692,6 +699,8 @@ CREATE INDEX operator_actions_at ON telecom.operator_actions USING btree (at);
 CREATE UNIQUE INDEX operator_actions_command_once ON telecom.operator_actions USING btree (message_id) WHERE (action = ANY (ARRAY['cancel'::text, 'adjust_quota'::text]));
 
 CREATE INDEX operator_actions_dead_letter ON telecom.operator_actions USING btree (dead_letter_id) WHERE (dead_letter_id IS NOT NULL);
+
+CREATE INDEX operator_actions_message ON telecom.operator_actions USING btree (message_id) WHERE (message_id IS NOT NULL);
 
 CREATE INDEX operator_actions_user ON telecom.operator_actions USING btree (user_id, at) WHERE (user_id IS NOT NULL);
 
@@ -707,6 +716,8 @@ CREATE INDEX outbox_pending ON telecom.outbox USING btree (partition, available_
 
 CREATE INDEX outbox_unpublished_route ON telecom.outbox USING btree (route, available_at) WHERE (published_at IS NULL);
 
+CREATE INDEX outbox_user ON telecom.outbox USING btree (user_id, created_at, id) WHERE (user_id IS NOT NULL);
+
 CREATE INDEX package_queue_active_expiry ON telecom.package_queue USING btree (expire_at) WHERE ((status = 'active'::telecom.package_status) AND (expire_at IS NOT NULL));
 
 CREATE UNIQUE INDEX package_queue_one_active ON telecom.package_queue USING btree (user_id) WHERE (status = 'active'::telecom.package_status);
@@ -721,9 +732,15 @@ CREATE INDEX package_queue_user_status_created ON telecom.package_queue USING bt
 
 CREATE INDEX parked_user ON telecom.parked USING btree (consumer, user_id, id);
 
+CREATE INDEX parked_user_time ON telecom.parked USING btree (user_id, parked_at);
+
 CREATE INDEX unique_keys_expires ON telecom.unique_keys USING btree (expires_at);
 
 CREATE INDEX usage_billed_keep_until ON telecom.usage_billed USING btree (keep_until);
+
+CREATE INDEX usage_billed_message ON telecom.usage_billed USING btree (message_id);
+
+CREATE INDEX usage_billed_user ON telecom.usage_billed USING btree (user_id, billed_at);
 
 CREATE INDEX workers_alive ON telecom.workers USING btree (heartbeat_at) WHERE (stopped_at IS NULL);
 

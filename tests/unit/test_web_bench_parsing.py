@@ -49,3 +49,9 @@ def test_the_request_script_sends_every_path_with_the_token() -> None:
     script = lua_script(["/a", "/b"], "tok")
     assert '"/a",\n"/b"' in script
     assert '["Authorization"] = "Bearer tok"' in script
+
+
+def test_the_request_script_for_console_pages_sends_the_session_cookie_not_the_token() -> None:
+    script = lua_script(["/"], "tok", "session=abc")
+    assert '["Cookie"] = "session=abc"' in script
+    assert "Bearer" not in script
