@@ -220,6 +220,13 @@ async def test_the_previous_release_runs_beside_this_one_on_the_newest_schema_an
         await wait_finished(pool, after, pods)
 
         users = alone + during + after
+
+        # A user is finished once access is gone; its AllExpired event, put in the outbox by
+        # that transaction, may still be on its way to the consumer that logs it.
+        async def every_all_expired_applied() -> bool:
+            return await applied(pool, "all_expired") == len(users)
+
+        await eventually(every_all_expired_applied, within=60)
         async with pool.acquire() as conn:
             letters = await conn.fetch("SELECT route, reason FROM telecom.dead_letters")
             counts = {
