@@ -96,3 +96,12 @@ def api_viewer(
 Viewer = Annotated[auth.Principal, Depends(page_viewer)]
 Operator = Annotated[auth.Principal, Depends(page_operator)]
 ApiViewer = Annotated[auth.Principal, Depends(api_viewer)]
+
+
+def page_size(limit: str | None, default: int, most: int) -> int:
+    """A page's `limit` query parameter: `default` when absent, else 1..`most` (else 422)."""
+    if limit is None:
+        return default
+    if not (limit.isascii() and limit.isdigit()) or not 1 <= int(limit) <= most:
+        raise HTTPException(422, f"limit must be a number from 1 to {most}")
+    return int(limit)

@@ -19,7 +19,7 @@ from consumers import operations
 from consumers.job_stats import route_stats
 from consumers.queue_view import PAGE_MAX, current_package, cursor_of, item_row, position_of
 from consumers.web import auth
-from consumers.web.dependencies import Operator, Viewer, pool_of, render
+from consumers.web.dependencies import Operator, Viewer, page_size, pool_of, render
 from consumers.web.throttle import LoginThrottle
 from infra.postgres import (
     console,
@@ -158,11 +158,7 @@ async def find_user(request: Request, who: Viewer, user_id: str | None = None) -
 
 def _page_size(limit: str | None) -> int:
     """The `limit` of a page of a user's queue: USER_PAGE_ITEMS, or 1..PAGE_MAX (else 422)."""
-    if limit is None:
-        return USER_PAGE_ITEMS
-    if not (limit.isascii() and limit.isdigit()) or not 1 <= int(limit) <= PAGE_MAX:
-        raise HTTPException(422, f"limit must be a number from 1 to {PAGE_MAX}")
-    return int(limit)
+    return page_size(limit, USER_PAGE_ITEMS, PAGE_MAX)
 
 
 def _query(user_id: UUID, params: Mapping[str, str | int]) -> str:

@@ -12,7 +12,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, Response
 
 from consumers import timeline_view
-from consumers.web.dependencies import Viewer, pool_of, render
+from consumers.web.dependencies import Viewer, page_size, pool_of, render
 from infra.postgres import message_search, timeline
 
 router = APIRouter(include_in_schema=False)
@@ -22,11 +22,7 @@ TIMELINE_MAX = 500
 
 
 def _size(limit: str | None) -> int:
-    if limit is None:
-        return TIMELINE_PAGE
-    if not (limit.isascii() and limit.isdigit()) or not 1 <= int(limit) <= TIMELINE_MAX:
-        raise HTTPException(422, f"limit must be a number from 1 to {TIMELINE_MAX}")
-    return int(limit)
+    return page_size(limit, TIMELINE_PAGE, TIMELINE_MAX)
 
 
 @router.get("/users/{user_id}/timeline", response_class=HTMLResponse)
