@@ -108,10 +108,13 @@ async def test_a_viewer_may_read_but_every_action_is_refused_with_403(
     token = await csrf(http, "/holds")
     assert (await http.get("/dead-letters/confirm?action=replay&id=1")).status_code == 403
     assert (await http.get("/items/1/cancel")).status_code == 403
+    assert (await http.get("/routes/usage_record/pause")).status_code == 403
     for path, data in [
         ("/dead-letters/act", {"action": "discard", "ids": "1"}),
         ("/items/1/cancel", {}),
         ("/dead-letters/1/edit-replay", {"body": "{}"}),
+        ("/routes/usage_record/pause", {"reason": "x"}),
+        ("/routes/usage_record/resume", {}),
     ]:
         reply = await http.post(path, data={"csrf": token, **data})
         assert reply.status_code == 403, path
@@ -125,20 +128,24 @@ async def test_a_form_without_its_csrf_token_or_with_another_is_refused_with_403
     assert no_token.status_code == 403
     await sign_in(http, "olga", OPERATOR_PASSWORD)
     for data in [{}, {"csrf": "forged"}]:
-        reply = await http.post("/items/1/cancel", data={**data, "reason": "x"})
-        assert reply.status_code == 403
-        assert "CSRF token" in reply.text
+        for path in ("/items/1/cancel", "/routes/usage_record/pause"):
+            reply = await http.post(path, data={**data, "reason": "x"})
+            assert reply.status_code == 403
+            assert "CSRF token" in reply.text
     assert (await http.post("/logout", data={})).status_code == 403
     assert (await http.get("/holds")).status_code == 200  # still signed in
 
 
-async def test_an_operator_action_on_a_missing_item_is_404(http: httpx.AsyncClient) -> None:
+async def test_an_operator_action_on_a_missing_item_or_route_is_404(http: httpx.AsyncClient) -> None:
     await sign_in(http, "olga", OPERATOR_PASSWORD)
     token = await csrf(http, "/holds")
     reply = await http.post("/items/424242/cancel", data={"csrf": token})
     assert reply.status_code == 404
     assert f"no queue item {424242}" in reply.text
     assert (await http.get(f"/users/{uuid4()}")).status_code == 404
+    for path in ("/routes/no_such_route/pause", "/routes/usage_record/explode"):
+        assert (await http.get(path)).status_code == 404
+        assert (await http.post(path, data={"csrf": token})).status_code == 404
 
 
 async def test_too_many_wrong_passwords_for_one_name_make_the_next_sign_in_wait(
