@@ -136,7 +136,9 @@ async def test_a_form_without_its_csrf_token_or_with_another_is_refused_with_403
     assert (await http.get("/holds")).status_code == 200  # still signed in
 
 
-async def test_an_operator_action_on_a_missing_item_or_route_is_404(http: httpx.AsyncClient) -> None:
+async def test_an_operator_action_on_a_missing_item_or_route_is_404(
+    http: httpx.AsyncClient,
+) -> None:
     await sign_in(http, "olga", OPERATOR_PASSWORD)
     token = await csrf(http, "/holds")
     reply = await http.post("/items/424242/cancel", data={"csrf": token})
