@@ -104,7 +104,10 @@ async def test_consumers_per_queue_follow_subscriptions_and_a_missing_queue_read
     try:
 
         async def consumed() -> bool:
-            return await _metrics_show(port, f'pkgq_queue_consumers{{queue="{queue}"}} 1.0')
+            try:
+                return await _metrics_show(port, f'pkgq_queue_consumers{{queue="{queue}"}} 1.0')
+            except ConnectionRefusedError:  # the consumers' status server is not up yet
+                return False
 
         await eventually(consumed)
     finally:
