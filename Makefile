@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.pkgq-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test check unit integration e2e chaos bench bench-web services migrate venv clean ha-lab ha-lab-down schema
+.PHONY: demo test check docs unit integration e2e chaos bench bench-web services migrate venv clean ha-lab ha-lab-down schema
 
 $(STAMP): pyproject.toml constraints.txt deploy/local/ensure-venv.sh
 	deploy/local/ensure-venv.sh $(VENV)
@@ -48,6 +48,13 @@ check: venv
 	deploy/k8s/verify.sh
 	deploy/observability/check.sh
 	deploy/asyncapi/check.sh
+	$(MAKE) --no-print-directory docs
+
+## docs: the documentation site (mkdocs.yml, docs/) into build/site, strict: a broken link, a
+## missing page or a stale anchor fails. The browser tests' screenshots (build/screenshots/) are
+## copied in when present. docs/reference/ is generated: python -m devtools.docs_reference.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 ## test: the whole suite against the real services, the checks beside it: isolated tests in
 ## parallel (PKGQ_TEST_WORKERS, default 4) with `make check` and the chaos tests beside them,
