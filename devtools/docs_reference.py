@@ -113,6 +113,32 @@ REASONS: dict[str, tuple[str, str]] = {
 NOT_REASONS = frozenset({"server_not_writable", "exited"})
 """String literals named `reason` in the code that are not dead-letter reasons (log fields)."""
 
+UNDOCUMENTED = {
+    # What the README's settings table said of the fields that have no docstring (yet): used
+    # only while a field has none, so a docstring added to the field wins.
+    "tcp_keepalives_interval": "Seconds between the server's probes of a silent client "
+    "connection (see PKGQ_TCP_KEEPALIVES_IDLE).",
+    "tcp_keepalives_count": "Unanswered probes before the server drops a silent client "
+    "connection (see PKGQ_TCP_KEEPALIVES_IDLE).",
+    "max_body_bytes": "The largest message body pkgq accepts; a bigger one is buried as "
+    "`oversized`. The broker's max_message_size (deploy/rabbitmq/rabbitmq.conf) matches it.",
+    "pool_min_size": "Postgres connections per process, at least (raise the maximum with "
+    "`--concurrency`).",
+    "pool_max_size": "Postgres connections per process, at most.",
+    "relay_batch_size": "Outbox rows the relay claims and publishes in one round.",
+    "relay_poll_interval": "Seconds between the relay's polls when no NOTIFY wakes it.",
+    "drain_timeout": "Seconds `pkgq run` and `pkgq relay` take to drain on SIGTERM/SIGINT, "
+    "even while RabbitMQ is down.",
+    "log_format": "`auto` (JSON off a TTY, readable on one), `json` or `console`.",
+    "log_level": "The lowest level logged: `debug`, `info`, `warning`, `error`.",
+    "standby_delay": "Seconds a `pkgq run` replica waits before it subscribes to the "
+    "partitions it stands by for (see PKGQ_REPLICA).",
+    "prune_batch_size": "Rows retention deletes in one statement (see PKGQ_RETENTION).",
+    "host": "The address `pkgq web` (the console and the read API) listens on.",
+    "port": "The port `pkgq web` listens on.",
+    "access_log": "Whether uvicorn writes its access log.",
+}
+
 SCANNED = ("domain", "events", "infra", "consumers")
 
 
@@ -211,7 +237,8 @@ def settings_page() -> str:
         docs = attribute_docstrings(model)
         rows = []
         for name, field in model.model_fields.items():
-            meaning = _one_line(docs.get(name) or field.description) or "(no docstring yet)"
+            meaning = _one_line(docs.get(name) or field.description or UNDOCUMENTED.get(name))
+            meaning = meaning or "(no docstring yet)"
             bounds = _bounds(field)
             rows.append(
                 (
