@@ -81,62 +81,64 @@ def diagrams(built_site: Path) -> dict[str, list[str]]:
     return found
 
 
-async def test_the_lifecycle_state_machine_renders_to_svg_without_a_cdn(
+HOW_TOS = (
+    "Publish from another language",
+    "Replay and edit dead letters",
+    "Run under systemd",
+    "Run on Kubernetes",
+    "Run on the replicated profile",
+    "Change a route's partitions",
+    "Upgrade",
+    "Rotate credentials",
+    "Read the dashboards at 3 a.m.",
+)
+
+
+async def _lifecycle(page: Page, site_url: str, diagrams: dict[str, list[str]]) -> Path:
+    await page.goto(f"{site_url}/explanation/lifecycle.html")
+    assert await _rendered_diagrams(page) == 1
+    svg = page.locator("div.mermaid svg").first
+    for state in ("in_queue", "active", "consumed", "cancelled"):
+        assert await svg.get_by_text(state, exact=True).count() >= 1, state
+    shot = await shoot(page, "docs-lifecycle")
+    # Every other diagram of the site, parsed by the same mermaid (which draws a bomb and
+    # "Syntax error in text" for one it cannot parse).
+    errors = {
+        f"{name} #{i}": error
+        for name, sources in diagrams.items()
+        for i, source in enumerate(sources)
+        if (error := await page.evaluate(PARSE, source))
+    }
+    assert not errors, errors
+    return shot
+
+
+async def _home(page: Page, site_url: str) -> None:
+    await page.goto(f"{site_url}/index.html")
+    assert await _rendered_diagrams(page) == 1
+    assert await page.locator("div.mermaid svg").get_by_text("relay").count() >= 1
+    await shoot(page, "docs-home")
+    # One click: the How-to tab; its page's navigation lists every how-to (the second click).
+    await page.get_by_role("link", name="How-to guides").first.click()
+    await page.wait_for_url("**/how-to/index.html")
+    nav = page.locator("nav.md-nav--primary")
+    for title in HOW_TOS:
+        assert await nav.get_by_role("link", name=title, exact=True).count() >= 1, title
+
+
+async def test_the_diagrams_render_offline_and_each_how_to_is_two_clicks_from_home(
     site_url: str, diagrams: dict[str, list[str]]
 ) -> None:
+    """One browser, one build for all of it: the lifecycle's state machine drawn as SVG (with
+    a screenshot, build/screenshots/docs-lifecycle.png), every diagram of the site parsed, the
+    message path on the home page, and the how-tos in the navigation."""
     assert len(diagrams) >= 6, diagrams  # home, tutorial, lifecycle, delivery, failures, outbox
     refused: list[str] = []
     async with browser() as chromium:
         page = await chromium.new_page(viewport={"width": 1360, "height": 900})
         await _offline(page, site_url, refused)
-        await page.goto(f"{site_url}/explanation/lifecycle.html")
-
-        assert await _rendered_diagrams(page) == 1
-        svg = page.locator("div.mermaid svg").first
-        for state in ("in_queue", "active", "consumed", "cancelled"):
-            assert await svg.get_by_text(state, exact=True).count() >= 1, state
-        shot = await shoot(page, "docs-lifecycle")
-        # Every other diagram of the site, parsed by the same mermaid (which draws a bomb and
-        # "Syntax error in text" for one it cannot parse).
-        errors = {
-            f"{name} #{i}": error
-            for name, sources in diagrams.items()
-            for i, source in enumerate(sources)
-            if (error := await page.evaluate(PARSE, source))
-        }
-        assert not errors, errors
+        shot = await _lifecycle(page, site_url, diagrams)
+        await _home(page, site_url)
 
     assert shot.stat().st_size > 10_000
     assert not refused, refused  # no CDN: not mermaid, not fonts
-
-
-async def test_the_message_path_renders_on_the_home_page_and_each_how_to_is_in_the_nav(
-    site_url: str,
-) -> None:
-    refused: list[str] = []
-    async with browser() as chromium:
-        page = await chromium.new_page(viewport={"width": 1360, "height": 900})
-        await _offline(page, site_url, refused)
-        await page.goto(f"{site_url}/index.html")
-
-        assert await _rendered_diagrams(page) == 1
-        assert await page.locator("div.mermaid svg").get_by_text("relay").count() >= 1
-        await shoot(page, "docs-home")
-        # One click: the How-to tab; its page's navigation lists every how-to (the second click).
-        await page.get_by_role("link", name="How-to guides").first.click()
-        await page.wait_for_url("**/how-to/index.html")
-        nav = page.locator("nav.md-nav--primary")
-        for title in (
-            "Publish from another language",
-            "Replay and edit dead letters",
-            "Run under systemd",
-            "Run on Kubernetes",
-            "Run on the replicated profile",
-            "Change a route's partitions",
-            "Upgrade",
-            "Rotate credentials",
-            "Read the dashboards at 3 a.m.",
-        ):
-            assert await nav.get_by_role("link", name=title, exact=True).count() >= 1, title
-
-    assert not refused, refused
