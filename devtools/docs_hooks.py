@@ -24,6 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
 SCREENSHOTS = ROOT / "build" / "screenshots"
 SHOT = re.compile(r"!\[([^\]]*)\]\((?:\.\./)*screenshots/([\w.-]+\.png)\)")
+PROOF = re.compile(r"(?<!\[)`(tests/[\w/]+/(test_\w+)\.py)((?:::[\w.\[\]-]+)*)`")
+"""A test named in a page's text as code (`tests/x/test_y.py`, `...::test_z`)."""
+FENCE = re.compile(r"^(```|~~~)", re.MULTILINE)
 
 
 def _first_paragraph(doc: str | None) -> str:
@@ -48,7 +51,7 @@ def _tests_of(tree: ast.Module) -> list[tuple[str, str]]:
     return found
 
 
-def tests_page(tests: Path) -> str:
+def page_of_tests(tests: Path) -> str:
     """The reference page of every test, grouped by folder and module."""
     out = [
         "# Tests\n\n",
@@ -81,14 +84,40 @@ def tests_page(tests: Path) -> str:
 
 
 def on_files(files: Files, config: Any) -> Files:
-    files.append(File.generated(config, "reference/tests.md", content=tests_page(TESTS)))
+    files.append(File.generated(config, "reference/tests.md", content=page_of_tests(TESTS)))
     if SCREENSHOTS.is_dir():
         for png in sorted(SCREENSHOTS.glob("*.png")):
             files.append(File.generated(config, f"screenshots/{png.name}", abs_src_path=str(png)))
     return files
 
 
+def link_proofs(markdown: str, src_uri: str) -> str:
+    """Each test named as code outside code blocks, as a link to its entry on the tests page,
+    so the strict build fails when a page names a test module or function that is gone."""
+    up = "../" * src_uri.count("/")
+
+    def link(match: re.Match[str]) -> str:
+        _path, stem, names = match.groups()
+        function = names.split("::")[-1].split("[")[0] if names else ""
+        anchor = f"{stem}.{function}" if function else stem
+        return f"[{match.group(0)}]({up}reference/tests.md#{anchor})"
+
+    parts = FENCE.split(markdown)
+    # FENCE.split keeps the fences: text, fence, code, fence, text, ...; link the text only
+    out, inside = [], False
+    for part in parts:
+        if FENCE.fullmatch(part):
+            inside = not inside
+            out.append(part)
+        else:
+            out.append(part if inside else PROOF.sub(link, part))
+    return "".join(out)
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
+    if page.file.src_uri != "reference/tests.md":
+        markdown = link_proofs(markdown, page.file.src_uri)
+
     def shot(match: re.Match[str]) -> str:
         if (SCREENSHOTS / match.group(2)).exists():
             return match.group(0)
