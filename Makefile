@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.pkgq-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test check unit integration e2e chaos bench bench-web services migrate venv clean ha-lab ha-lab-down schema
+.PHONY: demo test check docs reference unit integration e2e chaos bench bench-web services migrate venv clean ha-lab ha-lab-down schema
 
 $(STAMP): pyproject.toml constraints.txt deploy/local/ensure-venv.sh
 	deploy/local/ensure-venv.sh $(VENV)
@@ -48,6 +48,18 @@ check: venv
 	deploy/k8s/verify.sh
 	deploy/observability/check.sh
 	deploy/asyncapi/check.sh
+	$(MAKE) --no-print-directory docs
+
+## docs: the documentation site (mkdocs.yml, docs/) into build/site, strict: a broken link, a
+## missing page or a stale anchor fails. The browser tests' screenshots (build/screenshots/) are
+## copied in when present. docs/reference/ is generated: python -m devtools.docs_reference.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+## reference: rewrite docs/reference/*.md from the code (settings, commands, metrics, routes,
+## dead-letter reasons) after changing one; tests/unit/test_docs_reference.py fails until then.
+reference: venv
+	$(BIN)/python -m devtools.docs_reference
 
 ## test: the whole suite against the real services, the checks beside it: isolated tests in
 ## parallel (PKGQ_TEST_WORKERS, default 4) with `make check` and the chaos tests beside them,

@@ -19,6 +19,7 @@ import typer
 from consumers.cli import doctor, groups, history, inspect, publish, services, tail, workers
 from consumers.cli.catalog import catalog_app
 from consumers.cli.dlq import dlq_app
+from consumers.cli.help_text import ReflowedGroup
 from consumers.cli.partitions import partitions_app
 from consumers.cli.queues import queues_app
 from consumers.cli.routes import route_app
@@ -26,6 +27,7 @@ from consumers.cli.user import user_app
 from consumers.cli.web import web_app
 
 app = typer.Typer(
+    cls=ReflowedGroup,  # help texts as sentences, wrapped by the terminal (help_text.py)
     help="pkgq: the telecom package queue on RabbitMQ and PostgreSQL.",
     pretty_exceptions_enable=False,  # plain tracebacks: readable in journald and log shippers
 )

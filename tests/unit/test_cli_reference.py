@@ -1,6 +1,10 @@
-"""The README's command reference and exit-status table are the program's: every command
+"""The command references and the exit-status tables are the program's: every command
 `pkgq --help` offers is listed, nothing else is, and every exit status is explained as
-consumers/cli/exit_codes.py defines it."""
+consumers/cli/exit_codes.py defines it.
+
+Where: the documentation site's generated docs/reference/cli.md (devtools/docs_reference.py) and
+its docs/explanation/cli.md, always; the README's "Command reference" and exit-status table too,
+for as long as the README has them (the shrunk README, docs/_next_readme.md, has neither)."""
 
 from __future__ import annotations
 
@@ -8,13 +12,18 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
 from consumers.cli import exit_codes
 from consumers.cli.app import app
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+REFERENCE = ROOT / "docs" / "reference" / "cli.md"
+CONTRACT = ROOT / "docs" / "explanation" / "cli.md"
+EXIT_TABLE = "| exit status | meaning |"
 
 
 def commands(group: typer.Typer, prefix: str = "pkgq") -> Iterator[str]:
@@ -36,28 +45,56 @@ def readme_section(heading: str) -> str:
     return text[start : text.index("\n\n**", start + len(heading))]
 
 
+def readme_has_its_reference() -> bool:
+    return "**Command reference**" in README.read_text()
+
+
 def documented_commands() -> list[str]:
     table = readme_section("**Command reference**")
     return re.findall(r"^\| `(pkgq [a-z -]+)` \|", table, flags=re.MULTILINE)
 
 
+def generated_commands() -> list[str]:
+    """The commands docs/reference/cli.md lists (groups included: `pkgq dlq`)."""
+    return re.findall(r"^\| \[`(pkgq [a-z -]+)`\]", REFERENCE.read_text(), flags=re.MULTILINE)
+
+
+def offered_by_help() -> set[str]:
+    result = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    offered = set(re.findall(r"^│ (\w[\w-]*) ", result.output, flags=re.MULTILINE))
+    return offered - {"--version", "--install-completion", "--show-completion"}
+
+
+def test_the_generated_reference_lists_every_command_of_the_program_once() -> None:
+    documented = generated_commands()
+    assert len(documented) == len(set(documented)), "a command is listed twice"
+    groups = {f"pkgq {g.name}" for g in app.registered_groups}
+    assert set(documented) - groups == set(commands(app)) - groups
+    assert {name.split()[1] for name in documented} == offered_by_help()
+
+
 def test_the_readme_lists_every_command_of_the_program_once_and_no_other() -> None:
+    if not readme_has_its_reference():
+        pytest.skip("the README has no command reference: docs/reference/cli.md is checked")
     documented = documented_commands()
     assert len(documented) == len(set(documented)), "a command is listed twice"
     assert set(documented) == set(commands(app))
 
 
 def test_every_top_level_command_in_the_readme_is_offered_by_pkgq_help() -> None:
-    result = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"})
-    assert result.exit_code == 0
-    offered = set(re.findall(r"^│ (\w[\w-]*) ", result.output, flags=re.MULTILINE))
+    if not readme_has_its_reference():
+        pytest.skip("the README has no command reference: docs/reference/cli.md is checked")
     top_level = {name.split()[1] for name in documented_commands()}
-    assert top_level == offered - {"--version", "--install-completion", "--show-completion"}
+    assert top_level == offered_by_help()
 
 
-def test_the_readme_explains_each_exit_status_as_the_program_defines_it() -> None:
-    text = README.read_text()
-    table = text[text.index("| exit status | meaning |") :]
+@pytest.mark.parametrize("source", [CONTRACT, README], ids=["docs", "readme"])
+def test_each_exit_status_is_explained_as_the_program_defines_it(source: Path) -> None:
+    text = source.read_text()
+    if source == README and EXIT_TABLE not in text:
+        pytest.skip("the README has no exit-status table: docs/explanation/cli.md is checked")
+    table = text[text.index(EXIT_TABLE) :]
     rows = dict(re.findall(r"^\| (\d+) \| (.+) \|$", table.split("\n\n")[0], flags=re.MULTILINE))
     assert {int(code) for code in rows} == set(exit_codes.MEANINGS)
     for code, meaning in exit_codes.MEANINGS.items():
