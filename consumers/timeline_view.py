@@ -102,7 +102,7 @@ def _jsonable(key: str, value: Any) -> Any:
 
 
 def rows(entries: list[Entry]) -> list[dict[str, Any]]:
-    """The entries as the documented rows (README, "pkgq user history")."""
+    """The entries as the documented rows (docs/explanation/cli.md, "pkgq user history")."""
     received: dict[Any, list[str]] = {}
     for e in entries:
         if e.source == "inbox" and e.message_id is not None:
@@ -131,7 +131,7 @@ def rows(entries: list[Entry]) -> list[dict[str, Any]]:
 
 
 def places(found: list[Place]) -> list[dict[str, Any]]:
-    """Where a message is, as the documented rows (README, "pkgq find")."""
+    """Where a message is, as the documented rows (docs/explanation/cli.md, "pkgq find")."""
     return [
         {
             "place": p.place,

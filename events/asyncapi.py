@@ -143,7 +143,7 @@ def _servers() -> dict[str, Any]:
             "protocolVersion": "0.9.1",
             "title": "RabbitMQ over AMQP with TLS",
             "description": "The broker's certificate verified against a CA; a client "
-            "certificate where the broker asks for one (README, TLS).",
+            "certificate where the broker asks for one (docs/how-to/tls.md).",
             "variables": variables,
         },
     }
@@ -154,7 +154,7 @@ def _headers(version: int) -> dict[str, Any]:
     described = {
         "const": version,
         "description": "Body schema version (a route accepts its current one and the one "
-        "before; a newer one waits for a newer pkgq: README, Rolling upgrades).",
+        "before; a newer one waits for a newer pkgq: docs/how-to/upgrade.md).",
     }
     return {
         **HEADERS_SCHEMA,

@@ -26,7 +26,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PKGQ_", extra="ignore")
 
     postgres_dsn: str = "postgresql://pkgq_runtime@127.0.0.1:5432/pkgq"
-    """What every process but `pkgq migrate` connects with: the runtime role (README, Roles)."""
+    """What every process but `pkgq migrate` connects with: the runtime role
+    (docs/how-to/provisioning.md)."""
     migrate_dsn: str | None = None
     """What `pkgq migrate` connects with: the role that owns the schema. Unset: PKGQ_POSTGRES_DSN
     if that is set (one DSN for everything, as before roles), else the local `pkgq_owner`. See
@@ -52,7 +53,7 @@ class Settings(BaseSettings):
     amqp_ca_file: str | None = None
     """`amqps://` only: the CA file (PEM) the broker's certificate is verified against; unset:
     the system's trusted CAs. An amqps connection always verifies the certificate and the host
-    name (README, TLS)."""
+    name (docs/how-to/tls.md)."""
     amqp_cert_file: str | None = None
     """`amqps://` only: a client certificate (PEM, with its key unless PKGQ_AMQP_KEY_FILE)."""
     amqp_key_file: str | None = None
@@ -108,7 +109,7 @@ class Settings(BaseSettings):
 
     newer_version_retry: float = Field(default=30.0, gt=0, le=3600)
     """Seconds before a message of a schema version newer than this pkgq knows is tried again
-    (held in its user's order, never counted or buried for it: README, Rolling upgrades)."""
+    (held in its user's order, never counted or buried for it: docs/how-to/upgrade.md)."""
     usage_dedup_days: int = Field(default=35, ge=1, le=3650)
     """How long a billed usage record's (user_id, usage_id) is remembered at least: a resend
     within it bills nothing (duplicate_usage). A billing cycle plus margin."""
@@ -149,7 +150,7 @@ class Settings(BaseSettings):
 
     partitions: dict[str, int] = Field(default_factory=dict)
     """Queues per route, e.g. PKGQ_PARTITIONS='{"telecom.usage_record": 4}' (default 1). See
-    events/partitioning.py, and the README for changing it safely."""
+    events/partitioning.py, and docs/how-to/partitions.md for changing it safely."""
     replica: str | None = Field(default=None, pattern=r"^\d+/\d+$")
     """`I/N`: this `pkgq run` is replica I of N. It consumes partitions k with k % N == I at once
     and subscribes to the others only as a standby after `standby_delay` seconds."""
@@ -169,8 +170,8 @@ class Settings(BaseSettings):
     """The per-route settings by full route name (filled from routes_file, or set as JSON)."""
     queue_type: Literal["classic", "quorum"] = "classic"
     """The default queue type. "quorum": every queue pkgq declares is a replicated quorum queue
-    (the replicated profile: infra/rabbit/topology.py, README "Replicated profile"); see the
-    README for the guarantees that change with them (no broker-side priorities)."""
+    (the replicated profile: infra/rabbit/topology.py, docs/how-to/replicated.md, with the
+    guarantees that change with them: no broker-side priorities)."""
     delivery_limit: int = Field(default=20, ge=1, le=10_000)
     """Quorum queues only: how often the broker delivers one message before it dead-letters it
     itself (reason `delivery_limit`, filed and replayable like any dead letter). A delivery

@@ -1,4 +1,5 @@
-"""What a `pkgq` command's exit status means: one meaning per number (the README's table).
+"""What a `pkgq` command's exit status means: one meaning per number (the table in
+docs/explanation/cli.md).
 
 Errors that stop a command before it does anything (a usage error, something not found, a
 broker or database that is not as pkgq needs it) are printed on stderr; a command's outcome

@@ -1,6 +1,7 @@
 """`pkgq user history USER_ID`: the user's timeline (as the console's /users/{id}/timeline),
 newest first, a page at a time; `pkgq find MESSAGE_ID`: every place a message is recorded.
-Both print the rows of consumers/timeline_view.py with `--json` (documented in the README)."""
+Both print the rows of consumers/timeline_view.py with `--json` (documented in
+docs/explanation/cli.md)."""
 
 from __future__ import annotations
 

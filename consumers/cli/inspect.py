@@ -113,7 +113,8 @@ def stats_cmd(as_json: JsonOpt = False) -> None:
     take, ack, release, bury, dig, plow, ttl, ttr, delete), with how many were processed (/min) and
     dead-lettered (fail/min) in the last minute. Taken counts come from the
     RabbitMQ management API ('?' when it cannot be reached). Nothing is counted row by row: a
-    figure past 1,000 is estimated from Postgres' statistics and shown as ~N (README, Stats)."""
+    figure past 1,000 is estimated from Postgres' statistics and shown as ~N
+    (docs/explanation/job-queue.md, Stats)."""
     from consumers.job_stats import route_stats
 
     settings = load_settings()

@@ -1,7 +1,7 @@
 """`pkgq partitions …`: see a route's partition queues, and pause its relaying to change them.
 
 Changing a route's partition count moves users between queues. To do it without reordering or
-losing anything in flight (README, "Changing a route's partition count"):
+losing anything in flight (docs/how-to/partitions.md):
 pause the route, let its queues drain, stop its consumers, change PKGQ_PARTITIONS everywhere,
 start them again, resume.
 """

@@ -1,6 +1,6 @@
 """`pkgq queues convert`: move the broker's queues to the type these settings declare (classic
-to quorum, the replicated profile) by drain-and-recreate (infra/rabbit/convert.py, README
-"Moving to the replicated profile")."""
+to quorum, the replicated profile) by drain-and-recreate (infra/rabbit/convert.py,
+docs/how-to/replicated.md)."""
 
 from __future__ import annotations
 

@@ -116,7 +116,8 @@ async def _until_visible(dsn: str, within: float = 30.0) -> None:
 
 
 class RuntimeRoleMissingError(Exception):
-    """PKGQ_RUNTIME_ROLE names a role that does not exist (create it first: README, Roles)."""
+    """PKGQ_RUNTIME_ROLE names a role that does not exist (create it first:
+    docs/how-to/provisioning.md)."""
 
 
 async def migrate(
@@ -195,7 +196,7 @@ async def _grant_runtime(conn: asyncpg.Connection, role: str) -> None:
     if not await conn.fetchval("SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = $1)", role):
         raise RuntimeRoleMissingError(
             f"the runtime role {role!r} (PKGQ_RUNTIME_ROLE) does not exist: create it first "
-            f"(README, Roles), or set PKGQ_RUNTIME_ROLE='' to grant nothing"
+            f"(docs/how-to/provisioning.md), or set PKGQ_RUNTIME_ROLE='' to grant nothing"
         )
     async with conn.transaction():
         await conn.execute("SELECT telecom.grant_runtime($1)", role)

@@ -40,7 +40,7 @@ class QueueFigures:
 def management_base(settings: Settings) -> tuple[str, str, str]:
     """(base URL, user, password): PKGQ_MANAGEMENT_URL, or the AMQP host with the AMQP
     credentials, on port 15672 (http) or, when the AMQP URL is `amqps://`, on 15671 (https,
-    verified as the AMQP connection is: README, TLS)."""
+    verified as the AMQP connection is: docs/how-to/tls.md)."""
     amqp = urlsplit(settings.amqp_urls[0])
     if settings.management_url:
         base = urlsplit(settings.management_url)

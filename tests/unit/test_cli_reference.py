@@ -3,8 +3,7 @@
 consumers/cli/exit_codes.py defines it.
 
 Where: the documentation site's generated docs/reference/cli.md (devtools/docs_reference.py) and
-its docs/explanation/cli.md, always; the README's "Command reference" and exit-status table too,
-for as long as the README has them (the shrunk README, docs/_next_readme.md, has neither)."""
+its docs/explanation/cli.md (the README links to them and repeats neither)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -20,7 +18,6 @@ from consumers.cli import exit_codes
 from consumers.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
 REFERENCE = ROOT / "docs" / "reference" / "cli.md"
 CONTRACT = ROOT / "docs" / "explanation" / "cli.md"
 EXIT_TABLE = "| exit status | meaning |"
@@ -37,21 +34,6 @@ def commands(group: typer.Typer, prefix: str = "pkgq") -> Iterator[str]:
         if sub.typer_instance.info.invoke_without_command:  # the group runs alone too (pkgq web)
             yield f"{prefix} {sub.name}"
         yield from commands(sub.typer_instance, f"{prefix} {sub.name}")
-
-
-def readme_section(heading: str) -> str:
-    text = README.read_text()
-    start = text.index(heading)
-    return text[start : text.index("\n\n**", start + len(heading))]
-
-
-def readme_has_its_reference() -> bool:
-    return "**Command reference**" in README.read_text()
-
-
-def documented_commands() -> list[str]:
-    table = readme_section("**Command reference**")
-    return re.findall(r"^\| `(pkgq [a-z -]+)` \|", table, flags=re.MULTILINE)
 
 
 def generated_commands() -> list[str]:
@@ -74,26 +56,8 @@ def test_the_generated_reference_lists_every_command_of_the_program_once() -> No
     assert {name.split()[1] for name in documented} == offered_by_help()
 
 
-def test_the_readme_lists_every_command_of_the_program_once_and_no_other() -> None:
-    if not readme_has_its_reference():
-        pytest.skip("the README has no command reference: docs/reference/cli.md is checked")
-    documented = documented_commands()
-    assert len(documented) == len(set(documented)), "a command is listed twice"
-    assert set(documented) == set(commands(app))
-
-
-def test_every_top_level_command_in_the_readme_is_offered_by_pkgq_help() -> None:
-    if not readme_has_its_reference():
-        pytest.skip("the README has no command reference: docs/reference/cli.md is checked")
-    top_level = {name.split()[1] for name in documented_commands()}
-    assert top_level == offered_by_help()
-
-
-@pytest.mark.parametrize("source", [CONTRACT, README], ids=["docs", "readme"])
-def test_each_exit_status_is_explained_as_the_program_defines_it(source: Path) -> None:
-    text = source.read_text()
-    if source == README and EXIT_TABLE not in text:
-        pytest.skip("the README has no exit-status table: docs/explanation/cli.md is checked")
+def test_each_exit_status_is_explained_as_the_program_defines_it() -> None:
+    text = CONTRACT.read_text()
     table = text[text.index(EXIT_TABLE) :]
     rows = dict(re.findall(r"^\| (\d+) \| (.+) \|$", table.split("\n\n")[0], flags=re.MULTILINE))
     assert {int(code) for code in rows} == set(exit_codes.MEANINGS)
