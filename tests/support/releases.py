@@ -74,10 +74,20 @@ def dependencies_of(root: Path) -> tuple[object, str]:
     return project["dependencies"], (root / "constraints.txt").read_text()
 
 
+def _pins(constraints: str) -> set[str]:
+    """The pins of a constraints file (`name==version` lines, comments and blanks left out)."""
+    return {
+        line.split("#", 1)[0].strip()
+        for line in constraints.splitlines()
+        if line.split("#", 1)[0].strip()
+    }
+
+
 def venv_for(worktree: Path, into: Path) -> Path:
     """A virtualenv that runs the release in `worktree`: its own interpreter and site-packages,
-    where the release's code comes first on the path. When the release pins the same
-    dependencies as this checkout (the usual case between two adjacent releases), their
+    where the release's code comes first on the path. When the release has the same
+    dependencies as this checkout and every pin of its constraints holds here too (the usual
+    case between two adjacent releases; this one may pin more, e.g. new dev tools), their
     installed copies are shared with this virtualenv instead of installed again (a minute on
     this machine); otherwise they are installed into it from the release's constraints.
     Returns its python."""
@@ -90,10 +100,16 @@ def venv_for(worktree: Path, into: Path) -> Path:
         check=True,
     ).stdout.strip()
     paths = [str(worktree)]
-    if dependencies_of(worktree) == dependencies_of(REPO):
+    theirs, their_pins = dependencies_of(worktree)
+    ours, our_pins = dependencies_of(REPO)
+    if theirs == ours and _pins(their_pins) <= _pins(our_pins):
         paths.append(sysconfig.get_paths()["purelib"])
     else:
+        # Their dependencies only, at their pins: the release's code itself is the worktree's
+        # (the .pth below), never an installed copy that would come first on the path.
+        assert isinstance(theirs, list)
         pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet"]
-        subprocess.run([*pip, "-c", str(worktree / "constraints.txt"), str(worktree)], check=True)
+        constraints = str(worktree / "constraints.txt")
+        subprocess.run([*pip, "-c", constraints, *map(str, theirs)], check=True)
     (Path(purelib) / "pkgq-release.pth").write_text("\n".join(paths) + "\n")
     return python
