@@ -166,9 +166,7 @@ class StatusServer:
     async def stop(self) -> None:
         for task in (self._heartbeat, self._refresher):
             if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(Exception):
@@ -197,7 +195,10 @@ class StatusServer:
         assert self._refresh is not None
         while True:
             try:
-                await asyncio.wait_for(self._refresh(), timeout=max(5.0, self._refresh_every))
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
+                # lands as the refresh finishes, and this loop then outlived stop() for good.
+                async with asyncio.timeout(max(5.0, self._refresh_every)):
+                    await self._refresh()
             except Exception as exc:  # noqa: BLE001  (the gauges keep their last values)
                 log.warning("metrics_refresh_failed", error=repr(exc))
             await asyncio.sleep(self._refresh_every)
@@ -239,3 +240,13 @@ class StatusServer:
                 return "200 OK", b"ready\n", text
             return "503 Service Unavailable", b"not ready\n", text
         return "404 Not Found", b"not found\n", text
+
+
+async def cancel_and_wait(task: asyncio.Task[None]) -> None:
+    """Cancel `task` and wait for its end, cancelling again while it goes on: a cancel that a
+    library swallowed must not leave the task running (nor its awaiter waiting) for ever."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=1.0)
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("status_task_failed", task=task.get_name(), error=repr(task.exception()))
