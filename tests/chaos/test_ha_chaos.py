@@ -299,7 +299,7 @@ async def test_node_kills_a_postgres_failover_and_killed_processes_lose_and_doub
 
         await asyncio.wait_for(sender, timeout=300)
         await workload.wait_end_state(pool, within=180)
-        await _all_dead_letters_filed_once(pool, expected_dead)
+        await _all_dead_letters_filed_once(pool, expected_dead, chaos.lab, settings)
         events = await _tapped(amqp, tap)
         _each_users_events_in_order(events)
         doctor = await asyncio.to_thread(pkgq, settings, "doctor", **chaos.env())
@@ -360,7 +360,14 @@ async def _victim(the_lab: Lab, settings: Settings, killed: list[int]) -> int:
     return next(n for n in (1, 2, 3) if n not in killed[-1:])
 
 
-async def _all_dead_letters_filed_once(pool: asyncpg.Pool, expected: set[str]) -> None:
+async def _all_dead_letters_filed_once(
+    pool: asyncpg.Pool, expected: set[str], the_lab: Lab, settings: Settings
+) -> None:
+    """Every broker dead letter is filed, once. The broker re-sends one whose confirm was lost
+    with a node after the lab's dead_letter_worker_publisher_confirm_timeout (15 s,
+    deploy/rabbitmq/advanced.config), so two minutes is ample; a miss names what is missing and
+    what the broker's queues hold."""
+
     async def filed() -> bool:
         return await _count(
             pool,
@@ -369,7 +376,20 @@ async def _all_dead_letters_filed_once(pool: asyncpg.Pool, expected: set[str]) -
             list(expected),
         ) == len(expected)
 
-    await eventually(filed, within=120, every=0.5)
+    try:
+        await eventually(filed, within=120, every=0.5)
+    except AssertionError:
+        async with pool.acquire() as conn:
+            found = await conn.fetch(
+                "SELECT message_id FROM telecom.dead_letters WHERE message_id = ANY($1::text[])",
+                list(expected),
+            )
+        missing = sorted(expected - {r["message_id"] for r in found})
+        queues = await the_lab.queue_states(f"{settings.queue_prefix}.")
+        raise AssertionError(
+            f"{len(missing)} of {len(expected)} broker dead letters not filed in 120 s: "
+            f"{missing}; the broker's queues: {queues}"
+        ) from None
     async with pool.acquire() as conn:
         rows = await conn.fetch(
             "SELECT message_id, count(*) AS n, min(reason) AS reason FROM telecom.dead_letters "

@@ -4,7 +4,9 @@ over them from any node without a mismatch."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import subprocess
 from typing import Any
 
 import pytest
@@ -53,3 +55,23 @@ async def test_the_quorum_definitions_import_into_the_cluster_and_every_node_dec
             await declare_all(channel, settings)  # TopologyMismatchError on any drift
         finally:
             await connection.close()
+
+
+async def test_every_lab_node_resends_an_unconfirmed_dead_letter_after_15_seconds(
+    the_lab: Lab,
+) -> None:
+    """The lab's nodes read deploy/rabbitmq/advanced.config: a dead letter whose confirm was
+    lost with a node comes again in 15 s, not RabbitMQ's default 3 minutes."""
+    read = "{ok, T} = application:get_env(rabbit, dead_letter_worker_publisher_confirm_timeout), T."
+    for node in (1, 2, 3):
+        found = await asyncio.to_thread(
+            subprocess.run,
+            ["rabbitmqctl", "-n", f"pkgqha{node}@localhost", "eval", read],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert found.returncode == 0, found.stderr
+        # A lab started before the setting existed keeps its old config: `make ha-lab-down`.
+        assert found.stdout.strip() == "15000", (node, found.stdout)

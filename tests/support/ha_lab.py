@@ -96,6 +96,13 @@ class Lab:
                 found[queue["name"]] = int(node[6])
         return found
 
+    async def queue_states(self, prefix: str) -> list[dict[str, Any]]:
+        """For a failure message: each queue whose name starts with `prefix`, with its depth,
+        unacknowledged count, consumers and leader."""
+        async with self.client() as client:
+            columns = "name,messages_ready,messages_unacknowledged,consumers,leader"
+            return await listed(client, "queues", prefix, columns)
+
     async def remove_namespace(self, prefix: str, database: str) -> None:
         """Delete a test's queues and exchanges (names starting with `prefix`) and its
         database, so that a lab kept for the next run holds nothing of this one."""

@@ -384,10 +384,20 @@ def rabbitmq_conf(text: str) -> dict[str, str]:
     return found
 
 
-def replication_errors(docs: list[Doc], broker_conf: dict[str, str], pkgq: Doc) -> list[str]:
+def erlang_terms(text: str) -> str:
+    """advanced.config's Erlang terms without `%` comments and whitespace, to compare two copies
+    (pkgq's settings hold no `%` or space inside a string)."""
+    lines = (line.partition("%")[0] for line in text.splitlines())
+    return "".join("".join(lines).split())
+
+
+def replication_errors(
+    docs: list[Doc], broker_conf: dict[str, str], pkgq: Doc, advanced: str = ""
+) -> list[str]:
     """An overlay that runs pkgq on replicated services (prod): one RabbitmqCluster of at least
     3 nodes, spread one per Kubernetes node, pausing a minority partition, with pkgq's broker
-    settings (`broker_conf`, deploy/rabbitmq/rabbitmq.conf); one CloudNativePG Cluster of at
+    settings (`broker_conf`, deploy/rabbitmq/rabbitmq.conf, and `advanced`,
+    deploy/rabbitmq/advanced.config, as its advancedConfig); one CloudNativePG Cluster of at
     least 3 instances, one per node, committing synchronously (durability required, failover
     quorum), bootstrapping pkgq's database and owner, room for every pod's pool; and pkgq
     declaring quorum queues (PKGQ_QUEUE_TYPE=quorum)."""
@@ -396,7 +406,7 @@ def replication_errors(docs: list[Doc], broker_conf: dict[str, str], pkgq: Doc) 
     if len(rabbits) != 1:
         errors.append(f"need exactly one RabbitmqCluster (the broker), found {len(rabbits)}")
     for doc in rabbits:
-        errors += _rabbitmq_errors(doc, broker_conf)
+        errors += _rabbitmq_errors(doc, broker_conf, advanced)
     databases = _of_kind(docs, POSTGRES_CLUSTER)
     if len(databases) != 1:
         errors.append(
@@ -431,7 +441,7 @@ def _anti_affine(terms: list[Doc], labels: dict[str, str]) -> bool:
     )
 
 
-def _rabbitmq_errors(doc: Doc, broker_conf: dict[str, str]) -> list[str]:
+def _rabbitmq_errors(doc: Doc, broker_conf: dict[str, str], advanced: str) -> list[str]:
     errors: list[str] = []
     name = doc["metadata"]["name"]
     where = f"RabbitmqCluster/{name}"
@@ -454,6 +464,13 @@ def _rabbitmq_errors(doc: Doc, broker_conf: dict[str, str]) -> list[str]:
                 f"{where}: additionalConfig must set {key} = {value}, as "
                 f"deploy/rabbitmq/rabbitmq.conf does (found {conf.get(key)!r})"
             )
+    found = spec.get("rabbitmq", {}).get("advancedConfig", "")
+    if erlang_terms(found) != erlang_terms(advanced):
+        errors.append(
+            f"{where}: advancedConfig must hold deploy/rabbitmq/advanced.config's terms (the "
+            "dead-letter worker's confirm timeout: a dead letter whose confirm was lost with a "
+            "node otherwise reaches pkgq 3 minutes late)"
+        )
     terms = (
         spec.get("affinity", {})
         .get("podAntiAffinity", {})

@@ -13,7 +13,7 @@ from schemas import Checker
 
 Doc = dict[str, Any]
 
-SELF_TESTS = 32
+SELF_TESTS = 33
 
 
 class Overlay(NamedTuple):
@@ -42,6 +42,7 @@ def self_tests(
     broker_conf: dict[str, str],
     max_message_size: int,
     pkgq: Doc,
+    advanced: str,
 ) -> Iterator[str]:
     """Yield a description of each of the SELF_TESTS deliberately broken documents that the
     checks failed to reject: copies of dev's documents, and of prod's for its replicated
@@ -141,7 +142,7 @@ def self_tests(
     if not rules_reject("ConfigMap", "", stale_map, "regenerate"):
         yield "a partition map that differs from the definitions passed pkgq's rules"
 
-    yield from _replicated_self_tests(overlays["prod"], checker, broker_conf, pkgq)
+    yield from _replicated_self_tests(overlays["prod"], checker, broker_conf, pkgq, advanced)
 
 
 RABBITMQ = "RabbitmqCluster"
@@ -149,9 +150,9 @@ POSTGRES = "Cluster"
 
 
 def _replicated_self_tests(
-    prod: Overlay, checker: Checker, broker_conf: dict[str, str], pkgq: Doc
+    prod: Overlay, checker: Checker, broker_conf: dict[str, str], pkgq: Doc, advanced: str
 ) -> Iterator[str]:
-    """15 broken copies of prod's RabbitmqCluster, CloudNativePG Cluster and settings."""
+    """16 broken copies of prod's RabbitmqCluster, CloudNativePG Cluster and settings."""
     docs = prod.docs
 
     def schema_rejects(kind: str, breaks: Callable[[Doc], None]) -> bool:
@@ -164,7 +165,7 @@ def _replicated_self_tests(
         breaks(doc)
         changed = [*docs[:i], doc, *docs[i + 1 :]]
         found = rule_errors(changed, prod.routes, prod.shared)
-        found += replication_errors(changed, broker_conf, pkgq)
+        found += replication_errors(changed, broker_conf, pkgq, advanced)
         return any(needle in e for e in found)
 
     def removed(kind: str, pick: str, needle: str) -> bool:
@@ -205,6 +206,10 @@ def _replicated_self_tests(
 
     if not rules_reject(RABBITMQ, no_size_limit, "max_message_size"):
         yield "a RabbitmqCluster without pkgq's max_message_size passed pkgq's rules"
+    if not rules_reject(
+        RABBITMQ, lambda d: d["spec"]["rabbitmq"].pop("advancedConfig"), "advancedConfig"
+    ):
+        yield "a RabbitmqCluster without pkgq's advanced.config passed pkgq's rules"
     if not removed("PodDisruptionBudget", "rabbitmq", "RabbitmqCluster/"):
         yield "a RabbitmqCluster without a PodDisruptionBudget passed pkgq's rules"
     if not rules_reject(POSTGRES, lambda d: d["spec"].update(instances=1), "instances"):

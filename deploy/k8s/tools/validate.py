@@ -68,6 +68,7 @@ def main() -> int:
     broker_conf_path = opts.repo / "deploy/rabbitmq/rabbitmq.conf"
     max_message_size = broker_max_message_size(broker_conf_path)
     broker_conf = rabbitmq_conf(broker_conf_path.read_text())
+    advanced = (opts.repo / "deploy/rabbitmq/advanced.config").read_text()
     pkgq_defaults = json.loads(opts.pkgq_defaults.read_text())
     failures: list[str] = []
     counts: list[str] = []
@@ -87,15 +88,16 @@ def main() -> int:
             operated += (doc.get("apiVersion"), doc.get("kind")) in checker.crds
         failures += [f"{overlay}: {e}" for e in rule_errors(docs, routes, shared)]
         if overlay in REPLICATED:
-            failures += [
-                f"{overlay}: {e}" for e in replication_errors(docs, broker_conf, pkgq_defaults)
-            ]
+            found = replication_errors(docs, broker_conf, pkgq_defaults, advanced)
+            failures += [f"{overlay}: {e}" for e in found]
         failures += [
             f"{overlay}: {e}" for e in memory_errors(docs, max_message_size, pkgq_defaults)
         ]
         all_commands |= commands(docs)
         counts.append(f"{overlay} {len(docs)} documents ({keda} KEDA, {operated} operators')")
-    missed = list(self_tests(overlays, checker, broker_conf, max_message_size, pkgq_defaults))
+    missed = list(
+        self_tests(overlays, checker, broker_conf, max_message_size, pkgq_defaults, advanced)
+    )
     failures += [f"self-test: {m}" for m in missed]
     failures += dockerfile_errors(opts.repo)
     if opts.commands_out:

@@ -30,6 +30,12 @@ cluster_partition_handling = autoheal
 log.file.level = info
 log.console = false
 EOF
+    # At-least-once dead-lettering: a quorum queue's dead-letter worker sends a dead letter again
+    # when the target queue has not confirmed it within this many ms. RabbitMQ's default is
+    # 180000: a dead letter whose confirm was lost with a killed node then reaches
+    # pkgq.dead_letters 3 minutes late. The lab uses the value deploy/rabbitmq/advanced.config
+    # recommends (a copy sent again is filed once: the ingester's store dedups).
+    cp "$HERE/../../rabbitmq/advanced.config" "$dir/advanced.config"
     echo '[rabbitmq_management,rabbitmq_consistent_hash_exchange].' >"$dir/enabled_plugins"
     : >"$dir/rabbitmq-env.conf"
     chown -R rabbitmq:rabbitmq "$dir"
