@@ -1,17 +1,13 @@
-"""The developer tools' commands, added to `pkgq` when this package is installed: `pkgq bench`
-and `pkgq demo`. What they run is imported only when they run."""
+"""The developer tools' commands, added to `pkgq` when this package is installed: `pkgq bench`,
+`pkgq demo` and `pkgq web bench`. What they run is imported only when they run: `pkgq` loads
+this module to resolve any of its groups (a plugin may add to one), so it stays light."""
 
 from __future__ import annotations
 
 import sys
 from typing import Annotated
 
-import structlog
 import typer
-from rich.console import Console
-from rich.progress import Progress
-
-from consumers.cli.running import load_settings, run
 
 
 def _bench_namespace(value: str) -> str:
@@ -70,6 +66,11 @@ def bench_cmd(
     Scale it with --users and --packages (events per run are about users x (3 x packages + 3)).
     It uses its own database (pkgq_bench) and broker names (bench.*) next to the configured ones.
     """
+    import structlog
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from consumers.cli.running import load_settings, run
     from devtools.bench.run import PHASES, run_bench
     from devtools.bench.scenario import Scenario
 
@@ -111,6 +112,7 @@ def demo_cmd(
 ) -> None:
     """Start the relay and all consumers, drive sample users through every route, show it (a
     developer tool). Exit 1 if a step failed, 5 if it timed out."""
+    from consumers.cli.running import load_settings, run
     from devtools.demo import run_demo
 
     settings = load_settings()
@@ -139,6 +141,7 @@ def web_bench_cmd(
     """Benchmark /api/v1/users/{id}/current with wrk against a one-row SELECT endpoint on the
     same stack, and the console's overview and users' timelines (p99 against 200 ms), in a
     database of its own (pkgq_bench_web); prints key=value lines last."""
+    from consumers.cli.running import load_settings, run
     from devtools.web_bench import run_web_bench
 
     settings = load_settings()
@@ -164,10 +167,14 @@ def web_bench_cmd(
     raise typer.Exit(code)
 
 
+web_extras = typer.Typer()
+"""What this package adds to `pkgq web`: added under the group's name, its commands join the
+group's (consumers/cli/lazy.py), without importing consumers/cli/web.py here."""
+web_extras.command("bench")(web_bench_cmd)
+
+
 def register(app: typer.Typer) -> None:
     """Add `bench`, `demo` and `web bench` to the `pkgq` app."""
-    from consumers.cli.web import web_app
-
     app.command("bench")(bench_cmd)
     app.command("demo")(demo_cmd)
-    web_app.command("bench")(web_bench_cmd)
+    app.add_typer(web_extras, name="web")

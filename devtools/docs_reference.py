@@ -257,12 +257,20 @@ def settings_page() -> str:
 
 
 # typer >= 0.25 carries a click of its own (typer._click): its classes are not click's, so the
-# tree is read by duck typing: a group has `commands`, an option has `opts`.
+# tree is read by duck typing: a group has `list_commands` (pkgq's root builds its commands as
+# they are named: consumers/cli/lazy.py), an option has `opts`.
+
+
+def _subcommands(command: Any) -> dict[str, Any]:
+    if not hasattr(command, "list_commands"):
+        return {}
+    ctx = typer.Context(command)
+    return {name: command.get_command(ctx, name) for name in command.list_commands(ctx)}
 
 
 def _walk(command: Any, path: str) -> Iterator[tuple[str, Any]]:
     yield path, command
-    subcommands: dict[str, Any] = getattr(command, "commands", None) or {}
+    subcommands = _subcommands(command)
     for name in sorted(subcommands):
         yield from _walk(subcommands[name], f"{path} {name}")
 
@@ -308,10 +316,10 @@ def cli_page() -> str:
         params = [p for p in command.params if p.name != "help"]
         block = [f"## `{path}` {{#{anchor}}}\n\n", first + "\n\n"]
         block += [p + "\n\n" for p in rest if p]
-        if getattr(command, "commands", None):
+        if subcommands := _subcommands(command):
             block.append(
                 "Commands: "
-                + ", ".join(f"[`{path} {n}`](#{anchor}-{n})" for n in sorted(command.commands))
+                + ", ".join(f"[`{path} {n}`](#{anchor}-{n})" for n in sorted(subcommands))
                 + ".\n\n"
             )
         if params:

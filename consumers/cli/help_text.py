@@ -1,8 +1,9 @@
 """Help texts as sentences: a docstring or an option's help is written wrapped at the source's
 line length, and rich/click keep those newlines, so `pkgq --help` broke sentences mid-line at
 every terminal width. `ReflowedGroup` (the app's group class) joins each paragraph's lines into
-one when the command tree is built, for every command and option below it, and the terminal wraps
-them. Paragraphs (blank lines), list items and click's `\\b` no-rewrap blocks stay as written."""
+one when the command tree is built, for every command and option below it (lazy.py's group: as
+it builds each command), and the terminal wraps them. Paragraphs (blank lines), list items and
+click's `\\b` no-rewrap blocks stay as written."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def reflow(text: str) -> str:
     return "\n\n".join(paragraphs) + cut + tail
 
 
-def _reflow_tree(command: Any) -> None:
+def reflow_tree(command: Any) -> None:
+    """Reflow the help of `command`, its options and every command below it, in place."""
     for attribute in ("help", "short_help"):
         value = getattr(command, attribute, None)
         if isinstance(value, str):
@@ -43,13 +45,14 @@ def _reflow_tree(command: Any) -> None:
         if isinstance(getattr(param, "help", None), str):
             param.help = reflow(param.help)
     for sub in (getattr(command, "commands", None) or {}).values():
-        _reflow_tree(sub)
+        reflow_tree(sub)
 
 
 class ReflowedGroup(TyperGroup):
-    """The root group: built last, with every command and group under it already built, so
-    reflowing from here covers the whole tree (plugins' commands too)."""
+    """A root group built last, with every command and group under it already built, so
+    reflowing from here covers the whole tree (its subclass lazy.LazyGroup reflows each command
+    it builds later)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        _reflow_tree(self)
+        reflow_tree(self)

@@ -16,7 +16,6 @@ from consumers.cli.options import JsonOpt
 from consumers.cli.output import Column, console, field, say, short, show
 from consumers.cli.output import table as table_of
 from consumers.cli.running import load_settings, on_database
-from consumers.cli.user import user_app
 from infra.postgres import message_search, timeline
 from infra.postgres.pool import Conn
 
@@ -91,6 +90,5 @@ def find_cmd(message_id: UUID, as_json: JsonOpt = False) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    """Add `user history` and `find`."""
-    user_app.command("history")(history_cmd)
+    """Add `find` to the `pkgq` app (`user history` is added by user.py, with the user group)."""
     app.command("find")(find_cmd)

@@ -12,6 +12,7 @@ import typer
 
 from consumers import operations
 from consumers.cli import exit_codes
+from consumers.cli.history import history_cmd
 from consumers.cli.options import JsonOpt, operator
 from consumers.cli.output import Column, console, say, show, table, text
 from consumers.cli.running import connected, load_settings, run
@@ -128,3 +129,7 @@ def user_adjust_quota(
         settings, lambda c: operations.adjust_quota(c, item_id, delta, who, reason)
     )
     _published(run(command), as_json)
+
+
+# Last, as it always was: its code is with `pkgq find` (history.py), as both read the timeline.
+user_app.command("history")(history_cmd)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import io
 import re
-from collections.abc import Iterator
 from itertools import pairwise
 from typing import Any
 
@@ -22,6 +21,7 @@ import typer.main
 
 from consumers.cli.app import app
 from consumers.cli.help_text import reflow
+from tests.support.cli_tree import walk
 
 LIST_ITEM = re.compile(r"^(?:[-*•] |\d+[.)] )")
 WIDTHS = (60, 200)
@@ -47,13 +47,6 @@ def test_reflow_joins_wrapped_lines_keeps_paragraphs_list_items_and_no_rewrap_bl
         "- an item that wraps\n- another\n\n\b\nkept\nas is"
     )
     assert reflow("Before.\f\nafter\nthe cut") == "Before.\f\nafter\nthe cut"
-
-
-def _commands(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
-    yield path
-    subcommands: dict[str, Any] = getattr(command, "commands", None) or {}
-    for name in sorted(subcommands):
-        yield from _commands(subcommands[name], (*path, name))
 
 
 def _indent(line: str) -> int:
@@ -133,7 +126,7 @@ def test_no_help_text_breaks_a_sentence_with_a_hard_newline() -> None:
     root = typer.main.get_command(app)
     broken: dict[str, list[str]] = {}
     for width in WIDTHS:
-        for path in _commands(root):
+        for path, _ in walk(root):
             output = render_help(root, path, width)
             assert "Usage: pkgq" in output, (path, output)
             if found := hard_breaks(output, width):

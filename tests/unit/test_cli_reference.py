@@ -10,12 +10,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-import typer
+import typer.main
 from typer.testing import CliRunner
 
 from consumers.cli import exit_codes
 from consumers.cli.app import app
+from tests.support.cli_tree import subcommands
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "reference" / "cli.md"
@@ -23,17 +25,13 @@ CONTRACT = ROOT / "docs" / "explanation" / "cli.md"
 EXIT_TABLE = "| exit status | meaning |"
 
 
-def commands(group: typer.Typer, prefix: str = "pkgq") -> Iterator[str]:
-    """Every command the app registers, as an operator types it (`pkgq dlq list`)."""
-    for command in group.registered_commands:
-        assert command.name, "every command is registered under an explicit name"
-        yield f"{prefix} {command.name}"
-    for sub in group.registered_groups:
-        assert sub.name is not None
-        assert sub.typer_instance is not None
-        if sub.typer_instance.info.invoke_without_command:  # the group runs alone too (pkgq web)
-            yield f"{prefix} {sub.name}"
-        yield from commands(sub.typer_instance, f"{prefix} {sub.name}")
+def commands(command: Any, prefix: str = "pkgq") -> Iterator[str]:
+    """Every command the program offers, as an operator types it (`pkgq dlq list`); a group
+    too when it runs alone (`pkgq web`)."""
+    for name, sub in subcommands(command).items():
+        if not subcommands(sub) or sub.invoke_without_command:
+            yield f"{prefix} {name}"
+        yield from commands(sub, f"{prefix} {name}")
 
 
 def generated_commands() -> list[str]:
@@ -51,8 +49,9 @@ def offered_by_help() -> set[str]:
 def test_the_generated_reference_lists_every_command_of_the_program_once() -> None:
     documented = generated_commands()
     assert len(documented) == len(set(documented)), "a command is listed twice"
-    groups = {f"pkgq {g.name}" for g in app.registered_groups}
-    assert set(documented) - groups == set(commands(app)) - groups
+    root = typer.main.get_command(app)
+    groups = {f"pkgq {name}" for name, sub in subcommands(root).items() if subcommands(sub)}
+    assert set(documented) - groups == set(commands(root)) - groups
     assert {name.split()[1] for name in documented} == offered_by_help()
 
 
