@@ -20,6 +20,7 @@ import structlog
 from aio_pika.abc import AbstractChannel, AbstractQueue, AbstractRobustConnection
 
 from infra.rabbit.deliveries import AmqpDelivery, channel_open
+from infra.rabbit.in_hand import InHand
 from infra.settings import Settings
 from infra.transient import StoppingError
 
@@ -47,8 +48,7 @@ class Subscription:
     _queue: Any
     _channel: Any
     _paused: bool
-    _in_hand: int
-    _empty_hand: asyncio.Event
+    _in_hand: InHand
 
     async def pause(self) -> None:
         """Stop consuming and keep the queue (`pkgq route pause`): cancel the subscription, let
@@ -94,7 +94,7 @@ class Subscription:
     async def _settled(self, at_most: float) -> None:
         """Wait (up to `at_most` s) until no batch is being processed or settled."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._empty_hand.wait(), at_most)
+            await asyncio.wait_for(self._in_hand.emptied(), at_most)
 
     async def _declare_only(self) -> None:
         """Start paused: the queue exists (publishers' messages are kept), nobody consumes."""
