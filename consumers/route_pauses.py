@@ -38,8 +38,8 @@ class PauseWatch:
         every: float,
         resume_after: Mapping[str, float] | None = None,
     ) -> None:
-        """`consumers`: the runner's route consumers (standby ones join the list later: it is
-        read each round); not the dead-letter ingester, which has no route to pause.
+        """`consumers`: the runner's consumers (standby ones join the list later: it is read
+        each round); those that are not `pausable` (the dead-letter ingester) are left alone.
         `resume_after`: routes whose circuit breaker's pause ends by itself, after how many
         seconds (consumers/breaker.py); an operator's pause never does."""
         self._pool = pool
@@ -71,6 +71,8 @@ async def apply(consumers: Sequence[QueueConsumer], paused: set[str]) -> None:
     waits for the consumer's batch in hand)."""
     changes = []
     for consumer in consumers:
+        if not consumer.pausable:
+            continue
         route = route_of_key(consumer.name)
         if route in paused and not consumer.paused:
             changes.append(consumer.pause())

@@ -77,10 +77,6 @@ async def run_consumers(
     dead_letters = await Publisher.open(svc.amqp, settings.dlx, user_id=settings.amqp_user)
     consumers: list[QueueConsumer] = []
     standby: list[QueueConsumer] = []
-    routed: list[QueueConsumer] = []
-    """The route consumers: not the ingester."""
-    pausable: list[QueueConsumer] = []
-    """The route consumers started so far: the pause watch's."""
     paused = await paused_routes(svc.pool)  # a paused route's consumers start paused
     resume_after: dict[str, float] = {}
     """Routes whose breaker resumes them by itself: after how many seconds."""
@@ -104,10 +100,10 @@ async def run_consumers(
                 partition=partition,
             )
             (consumers if settings.preferred(partition) else standby).append(consumer)
-            routed.append(consumer)
     if ingest:
         consumers.append(ingester(settings, svc.pool, svc.amqp))
     started: list[QueueConsumer] = []
+    """The consumers started so far: the pause watch's (it reads the list each round)."""
 
     def ready() -> bool:
         """Consuming from every assigned queue (the status port adds that Postgres answers)."""
@@ -119,10 +115,10 @@ async def run_consumers(
     systemd.start_watchdog()
     try:
         for consumer in consumers:
-            await _start(consumer, paused, routed, pausable)
+            await _start(consumer, paused)
             started.append(consumer)
         watch = asyncio.create_task(
-            PauseWatch(svc.pool, pausable, settings.pause_poll, resume_after).run(),
+            PauseWatch(svc.pool, started, settings.pause_poll, resume_after).run(),
             name="pause-watch",
         )
         log.info("ready", routes=[c.name for c in consumers], paused=sorted(paused))
@@ -138,7 +134,7 @@ async def run_consumers(
             for consumer in standby:
                 if stop.is_set():
                     break
-                await _start(consumer, paused, routed, pausable)
+                await _start(consumer, paused)
                 consumers.append(consumer)
                 started.append(consumer)
             log.info("standing_by", routes=[c.name for c in standby])
@@ -163,15 +159,6 @@ async def run_consumers(
         await systemd.stop_watchdog()
 
 
-async def _start(
-    consumer: QueueConsumer,
-    paused: set[str],
-    routed: list[QueueConsumer],
-    pausable: list[QueueConsumer],
-) -> None:
-    """Start a consumer: a route's paused if its route is, and then watched for pauses."""
-    if consumer not in routed:  # the dead-letter ingester: never paused
-        await consumer.start()
-        return
-    await consumer.start(paused=route_of_key(consumer.name) in paused)
-    pausable.append(consumer)
+async def _start(consumer: QueueConsumer, paused: set[str]) -> None:
+    """Start a consumer, paused if its route is (the dead-letter ingester has none)."""
+    await consumer.start(paused=consumer.pausable and route_of_key(consumer.name) in paused)

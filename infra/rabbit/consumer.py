@@ -66,6 +66,7 @@ class QueueConsumer(Subscription):
         linger: float = 0.0,
         prefetch: int | None = None,
         lanes: int = 1,
+        pausable: bool = False,
     ) -> None:
         """`name`: the route (or queue) for logs and the DLX routing key; `declare`: makes the
         queue on a channel; `dead_letters`: where the last-resort copy goes (None: requeue after
@@ -73,8 +74,10 @@ class QueueConsumer(Subscription):
         `processor` takes up to `batch_size` deliveries at once, waiting up to `linger` s, and
         up to `batch_max` (default: batch_size) when that many are buffered already;
         `lanes`: worker lanes (messages are spread over them by user, so each user's stay in
-        order while different users are processed concurrently)."""
+        order while different users are processed concurrently); `pausable`: it consumes a
+        route, which `pkgq route pause` may pause (the dead-letter ingester has none)."""
         self.name = name
+        self.pausable = pausable
         self.consumer_name = route_of_key(name).rsplit(".", 1)[-1]
         self._declare = declare
         self._settings = settings
