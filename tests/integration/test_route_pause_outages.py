@@ -1,9 +1,13 @@
 """A route's pause and resume meeting an outage: a pause written while this process cannot
-reach Postgres is obeyed once it can."""
+reach Postgres is obeyed once it can; a resume while the broker is down waits for the broker,
+however long, and consumption resumes once it is back."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
 from uuid import UUID, uuid4
 
 import asyncpg
@@ -16,13 +20,21 @@ from consumers import publishing
 from events.routes import USAGE_RECORD
 from infra.postgres import consumer_pauses
 from infra.postgres.pool import create_pool
+from infra.rabbit.connection import connect
 from infra.rabbit.management import passive_figures
 from infra.rabbit.topology import route_queues
 from infra.settings import Settings
 from tests.conformance.jobs_support import Recorder, recording_pipeline, usage
-from tests.support.in_process import StartApp
+from tests.support.in_process import InProcess, StartApp
 from tests.support.observing import eventually
 from tests.support.proxy import FreezingProxy
+
+
+@pytest.fixture
+async def broker_proxy() -> AsyncIterator[FreezingProxy]:
+    proxy = await FreezingProxy("127.0.0.1", 5672).start()
+    yield proxy
+    await proxy.close()
 
 
 @pytest.fixture
@@ -45,6 +57,10 @@ async def cut_off_pool(
     await pool.close()
 
 
+def _still_running(app: InProcess) -> bool:
+    return not any(task.done() for task in app.tasks)
+
+
 def _figures_are(
     amqp: AbstractRobustConnection, queue: str, ready: int, consumers: int
 ) -> Callable[[], Awaitable[bool]]:
@@ -52,6 +68,14 @@ def _figures_are(
         return (await passive_figures(amqp, [queue]))[queue] == (ready, consumers)
 
     check.__qualname__ = f"{queue} has {ready} ready and {consumers} consumer(s)"
+    return check
+
+
+def _logged(logs: list[MutableMapping[str, Any]], event: str) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return any(e["event"] == event for e in logs)
+
+    check.__qualname__ = f"{event} logged"
     return check
 
 
@@ -95,10 +119,7 @@ async def test_a_pause_written_while_the_process_cannot_reach_postgres_is_obeyed
         postgres_proxy.cut()
         await _pause(pool, USAGE_RECORD.name)  # the operator's Postgres is there
 
-        async def watch_failed() -> bool:
-            return any(e["event"] == "pause_watch_failed" for e in logs)
-
-        await eventually(watch_failed)
+        await eventually(_logged(logs, "pause_watch_failed"))
         failed = next(e for e in logs if e["event"] == "pause_watch_failed")
         assert failed["paused"] == []  # what it keeps: the state last read
         # The state last read holds: still subscribed, and a message sent now is taken (and
@@ -125,3 +146,102 @@ async def test_a_pause_written_while_the_process_cannot_reach_postgres_is_obeyed
     await app.close()
     assert [task.result() for task in app.tasks] == [0]
     assert await _inbox_count(pool, [during, *after]) == 3  # each applied once
+
+
+@dataclass
+class PausedRun:
+    app: InProcess
+    connection: AbstractRobustConnection
+    settings: Settings
+    queue: str
+    recorder: Recorder
+    waiting: UUID
+    """A message that waits on the broker for the route's resume."""
+
+
+@pytest.fixture
+async def paused_run(
+    in_process: StartApp,
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    broker_proxy: FreezingProxy,
+) -> AsyncIterator[PausedRun]:
+    """`pkgq run` of usage_record reaching the broker through `broker_proxy`, started while the
+    route is paused, with one message waiting. PKGQ_STARTUP_WAIT, which bounds the wait for the
+    broker at start-up, is short: the tests' outages last several times longer."""
+    tuned = settings.model_copy(update={"pause_poll": 0.2, "startup_wait": 0.5})
+    queue = route_queues(tuned, USAGE_RECORD.name)[0][0]
+    url = f"amqp://guest:guest@127.0.0.1:{broker_proxy.port}/"
+    connection = await connect(url, "pkgq-test-resume-outage")
+    recorder = Recorder()
+    app = in_process(tuned, pool, connection)
+    await _pause(pool, USAGE_RECORD.name)
+    await app.start_consumers(
+        [USAGE_RECORD], pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder)}
+    )
+    waiting = await publishing.publish(tuned, amqp, USAGE_RECORD, usage(uuid4(), 1))
+    await eventually(_figures_are(amqp, queue, 1, 0))  # started paused: it waits
+    yield PausedRun(app, connection, tuned, queue, recorder, waiting)
+    await app.close()
+    await connection.close()
+
+
+async def test_a_resume_while_the_broker_is_down_waits_for_it_however_long_and_consumption_resumes_once_it_is_back(  # noqa: E501
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    broker_proxy: FreezingProxy,
+    paused_run: PausedRun,
+) -> None:
+    run = paused_run
+    with capture_logs() as logs:
+        broker_proxy.refusing = True
+        broker_proxy.cut()
+        await _resume(pool, USAGE_RECORD.name)
+        await eventually(_logged(logs, "resume_waiting_for_broker"))
+        await asyncio.sleep(3 * run.settings.startup_wait)  # the outage outlasts it
+        assert _still_running(run.app)
+        assert not any(e["event"] == "resume_failed" for e in logs)
+        broker_proxy.refusing = False
+
+        async def applied() -> bool:
+            return run.recorder.applied == [run.waiting]
+
+        await eventually(applied, within=30)
+    await eventually(_figures_are(amqp, run.queue, 0, 1))
+    await run.app.close()
+    assert [task.result() for task in run.app.tasks] == [0]  # stopped on request, not failed
+
+
+async def test_a_pause_written_while_a_resume_waits_for_the_broker_is_obeyed_and_the_route_stays_paused_once_the_broker_is_back(  # noqa: E501
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    broker_proxy: FreezingProxy,
+    paused_run: PausedRun,
+) -> None:
+    run = paused_run
+    with capture_logs() as logs:
+        broker_proxy.refusing = True
+        broker_proxy.cut()
+        await _resume(pool, USAGE_RECORD.name)
+        await eventually(_logged(logs, "resume_waiting_for_broker"))
+        await _pause(pool, USAGE_RECORD.name)
+        await eventually(_logged(logs, "consumer_paused"))  # the watch was not held up
+        broker_proxy.refusing = False
+
+        async def reconnected() -> bool:
+            return run.connection.connected.is_set()
+
+        await eventually(reconnected, within=30)
+        await asyncio.sleep(1)  # time enough to subscribe, were it still wanted
+        assert not any(e["event"] == "consumer_resumed" for e in logs)
+    assert (await passive_figures(amqp, [run.queue]))[run.queue] == (1, 0)
+    assert run.recorder.applied == []
+    await _resume(pool, USAGE_RECORD.name)
+
+    async def applied() -> bool:
+        return run.recorder.applied == [run.waiting]
+
+    await eventually(applied)
+    await run.app.close()
+    assert [task.result() for task in run.app.tasks] == [0]
