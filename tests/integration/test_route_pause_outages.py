@@ -1,6 +1,7 @@
 """A route's pause and resume meeting an outage: a pause written while this process cannot
 reach Postgres is obeyed once it can; a resume while the broker is down waits for the broker,
-however long, and consumption resumes once it is back."""
+however long, and consumption resumes once it is back; a batch that outlasts the drain timeout
+of a pause goes back to the queue and is applied once (the inbox drops the redelivery)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from structlog.testing import capture_logs
 from yarl import URL
 
 from consumers import publishing
+from domain.delivery import Fate
 from events.routes import USAGE_RECORD
 from infra.postgres import consumer_pauses
 from infra.postgres.pool import create_pool
@@ -24,7 +26,7 @@ from infra.rabbit.connection import connect
 from infra.rabbit.management import passive_figures
 from infra.rabbit.topology import route_queues
 from infra.settings import Settings
-from tests.conformance.jobs_support import Recorder, recording_pipeline, usage
+from tests.conformance.jobs_support import BLOCK, Recorder, recording_pipeline, usage
 from tests.support.in_process import InProcess, StartApp
 from tests.support.observing import eventually
 from tests.support.proxy import FreezingProxy
@@ -245,3 +247,78 @@ async def test_a_pause_written_while_a_resume_waits_for_the_broker_is_obeyed_and
     await eventually(applied)
     await run.app.close()
     assert [task.result() for task in run.app.tasks] == [0]
+
+
+@pytest.mark.parametrize("resumed", ["after_it_commits", "while_it_still_runs"])
+async def test_a_batch_that_outlasts_the_drain_timeout_of_a_pause_goes_back_to_the_queue_and_each_message_is_applied_once(  # noqa: E501
+    in_process: StartApp,
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    resumed: str,
+) -> None:
+    tuned = settings.model_copy(
+        update={
+            "pause_poll": 0.2,
+            "drain_timeout": 0.5,
+            "batch_size": 3,
+            "batch_linger_ms": 1000,  # the three in one batch
+        }
+    )
+    queue = route_queues(tuned, USAGE_RECORD.name)[0][0]
+    recorder = Recorder()
+    app = in_process(tuned, pool, amqp)
+    await _pause(pool, USAGE_RECORD.name)
+    await app.start_consumers(
+        [USAGE_RECORD], pipelines={USAGE_RECORD.name: recording_pipeline(pool, recorder)}
+    )
+    user = uuid4()
+    sent = [
+        await publishing.publish(tuned, amqp, USAGE_RECORD, usage(user, upload))
+        for upload in (1, BLOCK, 3)
+    ]
+    await eventually(_figures_are(amqp, queue, 3, 0))
+    await _resume(pool, USAGE_RECORD.name)
+
+    async def blocked() -> bool:
+        return recorder.started == sent[:2]  # in one batch, in one transaction, held
+
+    await eventually(blocked)
+    with capture_logs() as logs:
+        await _pause(pool, USAGE_RECORD.name)
+        await eventually(_logged(logs, "consumer_paused"))  # the drain timeout ran out
+        await eventually(_figures_are(amqp, queue, 3, 0))  # the batch is back on the broker
+        assert await _inbox_count(pool, sent) == 0  # nothing committed yet
+        if resumed == "while_it_still_runs":
+            await _resume(pool, USAGE_RECORD.name)
+            # taken again, on the new channel: it waits behind the batch still in hand
+            await eventually(_figures_are(amqp, queue, 0, 1))
+        recorder.gate.set()  # the first batch ends after all, and commits
+
+        async def committed() -> bool:
+            return recorder.applied == sent
+
+        await eventually(committed)
+        await eventually(_logged(logs, "ack_failed"))  # its channel was closed by the pause
+        if resumed == "after_it_commits":
+            await _resume(pool, USAGE_RECORD.name)
+        await eventually(_figures_are(amqp, queue, 0, 1))
+
+        def outcomes() -> dict[str, list[str]]:
+            found: dict[str, list[str]] = {str(m): [] for m in sent}
+            for event in logs:
+                if event["event"] == "processed":
+                    found[event["message_id"]].append(event["outcome"])
+            return found
+
+        async def settled_twice() -> bool:
+            return all(len(seen) == 2 for seen in outcomes().values())
+
+        await eventually(settled_twice)
+    # each applied by the first batch, and dropped by the inbox when redelivered
+    assert all(seen == [Fate.APPLIED, Fate.DUPLICATE] for seen in outcomes().values())
+    assert recorder.started == sent  # the handler never ran again
+    assert recorder.applied == sent
+    assert await _inbox_count(pool, sent) == 3
+    await app.close()
+    assert [task.result() for task in app.tasks] == [0]
