@@ -104,9 +104,9 @@ class Subscription:
             try:
                 await self._subscribe()
             except Exception as exc:
-                # Half made: closed, so that it is not restored beside the next attempt's.
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self._channel.close(), timeout=2)
+                if self._channel is not None:  # half made: not to be restored beside the next
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(self._channel.close(), timeout=2)
                 if is_transient(exc):
                     return False
                 log.exception("resume_failed", route=self.name)
