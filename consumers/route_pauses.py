@@ -1,7 +1,8 @@
 """Each `pkgq run` obeys `pkgq route pause` / `resume`: the pause watch reads which routes are
 paused (telecom.consumer_pauses) every PKGQ_PAUSE_POLL seconds, pauses this process's consumers
 of those routes (every partition) and resumes the others. The state lives in Postgres, so
-every replica obeys, and a restarted one starts paused (the runner asks before subscribing).
+every replica obeys, and a restarted one starts paused (the runner has the watch read them
+before it starts a consumer).
 
 A Postgres outage changes nothing: the consumers keep the state last read (a paused route
 stays paused; the others go on, and meet the outage in their own transactions).
@@ -25,11 +26,6 @@ from infra.rabbit.consumer import QueueConsumer
 log = structlog.get_logger(__name__)
 
 
-async def paused_routes(pool: asyncpg.Pool) -> set[str]:
-    async with pool.acquire() as conn:
-        return set(await consumer_pauses.paused(conn))
-
-
 class PauseWatch:
     def __init__(
         self,
@@ -38,44 +34,58 @@ class PauseWatch:
         every: float,
         resume_after: Mapping[str, float] | None = None,
     ) -> None:
-        """`consumers`: the runner's route consumers (standby ones join the list later: it is
-        read each round); not the dead-letter ingester, which has no route to pause.
+        """`consumers`: the runner's consumers (standby ones join the list later: it is read
+        each round); those that are not `pausable` (the dead-letter ingester) are left alone.
         `resume_after`: routes whose circuit breaker's pause ends by itself, after how many
         seconds (consumers/breaker.py); an operator's pause never does."""
         self._pool = pool
         self._resume_after = dict(resume_after or {})
         self._consumers = consumers
         self._every = every
+        self.paused: frozenset[str] = frozenset()
+        """The paused routes as last read: kept through a Postgres outage."""
 
     async def run(self) -> None:
         while True:
             await self.round()
             await asyncio.sleep(self._every)
 
+    async def read(self) -> frozenset[str]:
+        """Read the paused routes (ending first the breaker's pauses whose time has come) into
+        `paused`, the one way they are read. Raises if Postgres does not answer in time:
+        `paused` then stays as last read."""
+        async with asyncio.timeout(max(5.0, 2 * self._every)):
+            async with self._pool.acquire() as conn:
+                for route, after in self._resume_after.items():
+                    await consumer_pauses.resume_breaker(conn, route, after)
+                self.paused = frozenset(await consumer_pauses.paused(conn))
+        return self.paused
+
+    def holds(self, consumer: QueueConsumer) -> bool:
+        """Whether a pause, as last read, holds the consumer (never one not `pausable`)."""
+        return consumer.pausable and route_of_key(consumer.name) in self.paused
+
     async def round(self) -> None:
         """Read the paused routes once and make this process's consumers agree."""
         try:
-            async with asyncio.timeout(max(5.0, 2 * self._every)):
-                async with self._pool.acquire() as conn:
-                    for route, after in self._resume_after.items():
-                        await consumer_pauses.resume_breaker(conn, route, after)
-                    paused = set(await consumer_pauses.paused(conn))
+            await self.read()
         except Exception as exc:  # noqa: BLE001  (an outage: keep the state last read)
-            log.warning("pause_watch_failed", error=repr(exc))
+            log.warning("pause_watch_failed", error=repr(exc), paused=sorted(self.paused))
             return
-        await apply(self._consumers, paused)
+        await self._apply()
 
-
-async def apply(consumers: Sequence[QueueConsumer], paused: set[str]) -> None:
-    """Pause the consumers of the routes in `paused`, resume the others (all at once: a pause
-    waits for the consumer's batch in hand)."""
-    changes = []
-    for consumer in consumers:
-        route = route_of_key(consumer.name)
-        if route in paused and not consumer.paused:
-            changes.append(consumer.pause())
-        elif route not in paused and consumer.paused:
-            changes.append(consumer.resume())
-        ROUTE_PAUSED.labels(route=route).set(1 if route in paused else 0)
-    if changes:
-        await asyncio.gather(*changes)
+    async def _apply(self) -> None:
+        """Pause the consumers a pause holds, resume the others (all at once: a pause waits
+        for the consumer's batch in hand)."""
+        changes = []
+        for consumer in self._consumers:
+            if not consumer.pausable:
+                continue
+            held = self.holds(consumer)
+            if held and not consumer.paused:
+                changes.append(consumer.pause())
+            elif not held and consumer.paused:
+                changes.append(consumer.resume())
+            ROUTE_PAUSED.labels(route=route_of_key(consumer.name)).set(1 if held else 0)
+        if changes:
+            await asyncio.gather(*changes)

@@ -18,10 +18,9 @@ from consumers.handlers import package_purchase
 from consumers.ingest import ingester
 from consumers.registry import HANDLERS
 from consumers.retry_policy import RetryPolicy, policy_for
-from consumers.route_pauses import PauseWatch, paused_routes
+from consumers.route_pauses import PauseWatch
 from consumers.runtime import Services, start_status_server
 from consumers.unit_of_work import Handler
-from events.partitioning import route_of_key
 from events.routes import PACKAGE_PURCHASE, Route
 from infra.rabbit.consumer import Processor, QueueConsumer
 from infra.rabbit.publisher import Publisher
@@ -77,11 +76,6 @@ async def run_consumers(
     dead_letters = await Publisher.open(svc.amqp, settings.dlx, user_id=settings.amqp_user)
     consumers: list[QueueConsumer] = []
     standby: list[QueueConsumer] = []
-    routed: list[QueueConsumer] = []
-    """The route consumers: not the ingester."""
-    pausable: list[QueueConsumer] = []
-    """The route consumers started so far: the pause watch's."""
-    paused = await paused_routes(svc.pool)  # a paused route's consumers start paused
     resume_after: dict[str, float] = {}
     """Routes whose breaker resumes them by itself: after how many seconds."""
     for route in routes:
@@ -104,10 +98,12 @@ async def run_consumers(
                 partition=partition,
             )
             (consumers if settings.preferred(partition) else standby).append(consumer)
-            routed.append(consumer)
     if ingest:
         consumers.append(ingester(settings, svc.pool, svc.amqp))
     started: list[QueueConsumer] = []
+    """The consumers started so far: the pause watch's (it reads the list each round)."""
+    pauses = PauseWatch(svc.pool, started, settings.pause_poll, resume_after)
+    await pauses.read()  # a paused route's consumers start paused
 
     def ready() -> bool:
         """Consuming from every assigned queue (the status port adds that Postgres answers)."""
@@ -119,13 +115,10 @@ async def run_consumers(
     systemd.start_watchdog()
     try:
         for consumer in consumers:
-            await _start(consumer, paused, routed, pausable)
+            await consumer.start(paused=pauses.holds(consumer))
             started.append(consumer)
-        watch = asyncio.create_task(
-            PauseWatch(svc.pool, pausable, settings.pause_poll, resume_after).run(),
-            name="pause-watch",
-        )
-        log.info("ready", routes=[c.name for c in consumers], paused=sorted(paused))
+        watch = asyncio.create_task(pauses.run(), name="pause-watch")
+        log.info("ready", routes=[c.name for c in consumers], paused=sorted(pauses.paused))
         await svc.set_routes(c.name for c in consumers)
         systemd.ready(f"consuming {len(consumers)} queue(s)")
         if standby:
@@ -133,12 +126,12 @@ async def run_consumers(
             # replicas that prefer a partition subscribe first, the others stand by for it.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=settings.standby_delay)
-            with contextlib.suppress(Exception):  # else the watch corrects it in a round
-                paused = await paused_routes(svc.pool)
+            with contextlib.suppress(Exception):  # else as last read: the watch corrects it
+                await pauses.read()
             for consumer in standby:
                 if stop.is_set():
                     break
-                await _start(consumer, paused, routed, pausable)
+                await consumer.start(paused=pauses.holds(consumer))
                 consumers.append(consumer)
                 started.append(consumer)
             log.info("standing_by", routes=[c.name for c in standby])
@@ -161,17 +154,3 @@ async def run_consumers(
         if status is not None:
             await status.stop()
         await systemd.stop_watchdog()
-
-
-async def _start(
-    consumer: QueueConsumer,
-    paused: set[str],
-    routed: list[QueueConsumer],
-    pausable: list[QueueConsumer],
-) -> None:
-    """Start a consumer: a route's paused if its route is, and then watched for pauses."""
-    if consumer not in routed:  # the dead-letter ingester: never paused
-        await consumer.start()
-        return
-    await consumer.start(paused=route_of_key(consumer.name) in paused)
-    pausable.append(consumer)

@@ -69,17 +69,25 @@ async def _status(settings: Settings, names: list[str]) -> list[dict[str, Any]]:
     return found
 
 
-async def _consumers_gone(settings: Settings, name: str, wait: float) -> int | None:
-    """Wait up to `wait` s until no consumer is subscribed to the route's queues; the
-    consumers left (None: the broker could not be asked)."""
+async def _consumers_gone(
+    settings: Settings, name: str, wait: float
+) -> tuple[int | None, list[str]]:
+    """Wait up to `wait` s until no consumer is subscribed to the route's queues: the consumers
+    left (None: the broker could not be asked, or a queue is missing), and the route's queues
+    the broker does not have (a queue that does not exist tells nothing: it is not waited for,
+    nor counted as one that nobody consumes)."""
     deadline = asyncio.get_running_loop().time() + wait
     while True:
         try:
-            left = sum(q["consumers"] or 0 for q in await queue_depths(settings, name))
+            queues = await queue_depths(settings, name)
         except Exception:  # noqa: BLE001
-            return None
+            return None, []
+        missing = [q["queue"] for q in queues if q["consumers"] is None]
+        if missing:
+            return None, missing
+        left = sum(q["consumers"] for q in queues)
         if left == 0 or asyncio.get_running_loop().time() >= deadline:
-            return left
+            return left, []
         await asyncio.sleep(0.5)
 
 
@@ -104,17 +112,26 @@ def pause_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Stop the route's consumption on every replica (its messages wait on the broker, in
-    order), then wait until no replica consumes it."""
+    order), then wait until no replica consumes it. Exit 5 if one still does after --wait, 6 if
+    the broker has no queue of the route (the pause is recorded all the same)."""
     settings = load_settings()
     name = route_argument(route).name
     who = by or operator()
     changed = run(connected(settings, lambda c: consumer_pauses.pause(c, name, who, reason)))
-    left = run(_consumers_gone(settings, name, wait)) if wait > 0 else None
-    data = {"route": name, "changed": changed, "paused": True, "consumers_left": left}
+    left, missing = run(_consumers_gone(settings, name, wait)) if wait > 0 else (None, [])
+    data = {
+        "route": name,
+        "changed": changed,
+        "paused": True,
+        "consumers_left": left,
+        "missing_queues": missing,
+    }
 
     def render(_: object) -> None:
         say(f"{name}: {'paused' if changed else 'was paused already'}")
-        if wait > 0 and left is None:
+        if missing:
+            say(f"not confirmed: the broker has no queue {', '.join(missing)}")
+        elif wait > 0 and left is None:
             say("could not ask the broker whether every replica obeyed")
         elif left:
             say(
@@ -125,6 +142,14 @@ def pause_cmd(
             say("no replica consumes it now")
 
     show(data, as_json, render)
+    if missing:
+        exit_codes.fail(
+            exit_codes.MISMATCH,
+            f"{name}: the broker has no queue {', '.join(missing)}, so whether every replica "
+            "obeys the pause cannot be told (it is recorded: a replica that declares the queue "
+            "starts paused). Is the topology provisioned on this broker, and are "
+            "PKGQ_QUEUE_PREFIX and the route's partitions the replicas'?",
+        )
     if left:
         raise typer.Exit(exit_codes.TIMEOUT)
 

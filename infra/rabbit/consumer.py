@@ -34,6 +34,7 @@ from infra import faults
 from infra.observability import IN_FLIGHT, MESSAGES
 from infra.rabbit import settle
 from infra.rabbit.deliveries import AmqpDelivery, channel_open, raw_delivery
+from infra.rabbit.in_hand import InHand
 from infra.rabbit.last_resort import copy_to_dead_letters
 from infra.rabbit.outcomes import Processor, Result, Settle, settle_of
 from infra.rabbit.publisher import Publisher
@@ -65,6 +66,7 @@ class QueueConsumer(Subscription):
         linger: float = 0.0,
         prefetch: int | None = None,
         lanes: int = 1,
+        pausable: bool = False,
     ) -> None:
         """`name`: the route (or queue) for logs and the DLX routing key; `declare`: makes the
         queue on a channel; `dead_letters`: where the last-resort copy goes (None: requeue after
@@ -72,8 +74,10 @@ class QueueConsumer(Subscription):
         `processor` takes up to `batch_size` deliveries at once, waiting up to `linger` s, and
         up to `batch_max` (default: batch_size) when that many are buffered already;
         `lanes`: worker lanes (messages are spread over them by user, so each user's stay in
-        order while different users are processed concurrently)."""
+        order while different users are processed concurrently); `pausable`: it consumes a
+        route, which `pkgq route pause` may pause (the dead-letter ingester has none)."""
         self.name = name
+        self.pausable = pausable
         self.consumer_name = route_of_key(name).rsplit(".", 1)[-1]
         self._declare = declare
         self._settings = settings
@@ -103,10 +107,8 @@ class QueueConsumer(Subscription):
         self._queue: Any = None
         self._channel: Any = None
         self._paused = False
-        self._in_hand = 0
+        self._in_hand = InHand()
         """Batches being processed or settled (a pause waits for them)."""
-        self._empty_hand = asyncio.Event()
-        self._empty_hand.set()
         self.processed = 0
 
     @property
@@ -214,15 +216,9 @@ class QueueConsumer(Subscription):
                 # Their channel died (the broker redelivers them on the new one), or a pause
                 # began: its channel's close gives them back, in order.
                 continue
-            self._in_hand += 1  # no await since the pause check: a pause waits for this
-            self._empty_hand.clear()
-            try:
+            with self._in_hand:  # no await since the pause check: a pause waits for this
                 if not await self._deliver(batch):
                     return  # stopping, or failed to subscribe again: the rest stays unacked
-            finally:
-                self._in_hand -= 1
-                if not self._in_hand:
-                    self._empty_hand.set()
 
     async def _collect(
         self, source: asyncio.Queue[AmqpDelivery], first: AmqpDelivery

@@ -43,4 +43,5 @@ def route_consumer(
         linger=settings.batch_linger_ms / 1000,
         prefetch=settings.prefetch_for(route.name),
         lanes=settings.concurrency_for(route.name),
+        pausable=True,
     )

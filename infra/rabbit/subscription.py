@@ -20,8 +20,9 @@ import structlog
 from aio_pika.abc import AbstractChannel, AbstractQueue, AbstractRobustConnection
 
 from infra.rabbit.deliveries import AmqpDelivery, channel_open
+from infra.rabbit.in_hand import InHand
 from infra.settings import Settings
-from infra.transient import StoppingError
+from infra.transient import StoppingError, is_transient
 
 log = structlog.get_logger(__name__)
 
@@ -47,8 +48,7 @@ class Subscription:
     _queue: Any
     _channel: Any
     _paused: bool
-    _in_hand: int
-    _empty_hand: asyncio.Event
+    _in_hand: InHand
 
     async def pause(self) -> None:
         """Stop consuming and keep the queue (`pkgq route pause`): cancel the subscription, let
@@ -72,20 +72,60 @@ class Subscription:
         log.info("consumer_paused", route=self.name)
 
     async def resume(self) -> None:
-        """Subscribe again after `pause` (waiting for the connection, as after a give-back).
-        If that fails the consumer is failed: the process exits, and its successor, seeing
-        the route no longer paused, subscribes."""
+        """Subscribe again after `pause`. With the broker away (a restart, a lost node) it
+        returns at once and subscribes once the broker is back, however long that takes, as
+        the robust connection restores a subscription after any outage: never a reason to exit
+        (nor to hold up the pause watch, which obeys a pause written meanwhile). Only a failure
+        that is no outage (the queue declared anew with other arguments) fails the consumer."""
         if not self._paused:
             return
+        self._paused = False
+        if await self._resubscribe():
+            return
+        log.warning("resume_waiting_for_broker", route=self.name)
+        task = asyncio.create_task(self._resubscribe_once_back(), name=f"resume:{self.name}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _resubscribed_or_unwanted(self) -> bool:
+        """Subscribed already, or no subscription is wanted now (paused again, stopping)."""
+        return self._stopping.is_set() or self._paused or self._consumer_tag is not None
+
+    async def _resubscribe(self) -> bool:
+        """One attempt to subscribe after a pause. False: the broker is away (try again once
+        it is back); True: done (subscribed, no longer wanted, or failed for good)."""
+        if self._resubscribed_or_unwanted():
+            return True
+        if not self._connection.connected.is_set():
+            return False
         async with self._giving_back:
-            self._paused = False
+            if self._resubscribed_or_unwanted():
+                return True
             try:
-                await self._subscribe_when_connected()
-            except Exception:
+                await self._subscribe()
+            except Exception as exc:
+                if self._channel is not None:  # half made: not to be restored beside the next
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(self._channel.close(), timeout=2)
+                if is_transient(exc):
+                    return False
                 log.exception("resume_failed", route=self.name)
                 self.failed.set()
-                return
+                return True
         log.info("consumer_resumed", route=self.name)
+        return True
+
+    async def _resubscribe_once_back(self) -> None:
+        while not await self._resubscribe():
+            with contextlib.suppress(TimeoutError):  # a breath between attempts
+                await asyncio.wait_for(self._stopping.wait(), timeout=0.5)
+            stopping = asyncio.ensure_future(self._stopping.wait())
+            connected = asyncio.ensure_future(self._connection.ready())
+            try:
+                await asyncio.wait({stopping, connected}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopping.cancel()
+                connected.cancel()
 
     @property
     def paused(self) -> bool:
@@ -94,7 +134,7 @@ class Subscription:
     async def _settled(self, at_most: float) -> None:
         """Wait (up to `at_most` s) until no batch is being processed or settled."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._empty_hand.wait(), at_most)
+            await asyncio.wait_for(self._in_hand.emptied(), at_most)
 
     async def _declare_only(self) -> None:
         """Start paused: the queue exists (publishers' messages are kept), nobody consumes."""

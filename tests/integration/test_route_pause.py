@@ -13,10 +13,12 @@ import asyncpg
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
+from consumers.ingest import ingester
 from consumers.route_pauses import PauseWatch
 from domain.delivery import Fate
 from events.decoding import RawDelivery
 from events.models import PurchasePackage, RecordUsage
+from events.partitioning import route_of_key
 from events.routes import PACKAGE_PURCHASE, USAGE_RECORD
 from infra.postgres import consumer_pauses, operator_actions
 from infra.rabbit.connection import connect
@@ -168,6 +170,33 @@ async def test_the_pause_watch_obeys_the_row_in_postgres_and_both_changes_are_au
         ("resume_route", "olga"),
     ]
     assert audit[1]["detail"]["reason"] == "billing outage"
+
+
+async def test_the_pause_watch_leaves_the_dead_letter_ingester_alone_even_under_a_pause_of_its_queues_name(  # noqa: E501
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    recorder_consumer: tuple[QueueConsumer, Recorder, AbstractRobustConnection],
+) -> None:
+    consumer, _, connection = recorder_consumer
+    dead_letters = ingester(settings, pool, connection)
+    assert consumer.pausable
+    assert not dead_letters.pausable
+    await consumer.start()
+    await dead_letters.start()
+    try:
+        watch = PauseWatch(pool, [dead_letters, consumer], every=60)
+        async with pool.acquire() as conn:  # a row naming it: not a route, never obeyed
+            await consumer_pauses.pause(conn, route_of_key(dead_letters.name), "olga")
+            await consumer_pauses.pause(conn, USAGE_RECORD.name, "olga")
+        await watch.round()
+        assert consumer.paused
+        assert not dead_letters.paused
+        assert not watch.holds(dead_letters)
+        figures = await passive_figures(amqp, [settings.dead_letter_queue])
+        assert figures[settings.dead_letter_queue] == (0, 1)
+    finally:
+        await dead_letters.stop()
 
 
 async def test_the_circuit_breaker_pauses_a_route_whose_deliveries_fail_and_an_operator_resumes_it(
