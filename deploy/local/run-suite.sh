@@ -71,8 +71,10 @@ check_pid=$!
 setsid bash -c 'while [ ! -s "$1" ]; do sleep 0.5; done; shift; exec "$@"' \
     wait-for-lab "$lab_rc" "$bin/pytest" -m chaos "$@" >"$chaos_log" 2>&1 &
 chaos_pid=$!
+started=$SECONDS
 "$bin/pytest" -n "$workers" -m "not serial and not chaos" "$@"
 parallel=$?
+parallel_s=$((SECONDS - started))
 wait "$check_pid"
 check=$?
 check_pid=
@@ -91,8 +93,11 @@ if [ -n "$lab_pid" ]; then
 fi
 echo "run-suite: the chaos tests, run beside the parallel part:"
 cat "$chaos_log"
+started=$SECONDS
 "$bin/pytest" -m serial "$@"
 serial=$?
+# Where the wall time went: make test has 8 minutes on a 2-core machine.
+echo "run-suite: seconds: parallel part $parallel_s, serial part $((SECONDS - started)), whole run $SECONDS"
 
 if [ "$check" -ne 0 ]; then
     echo "run-suite: the static checks failed (above)" >&2

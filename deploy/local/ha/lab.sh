@@ -3,7 +3,10 @@
 # synchronous streaming standby, all on this machine beside (never instead of) the development
 # RabbitMQ (rabbit@localhost, 5672) and PostgreSQL (15/main, 5432), which it does not touch.
 # Chaos tests drive it with the subcommands below. Runs as root. See README.md here.
-set -euo pipefail
+set -eEuo pipefail
+# A command that fails outside a die (set -e ends the script) says which one, so a boot that
+# stops under load in CI is not a log that ends without a reason.
+trap 'echo "ha-lab: line $LINENO: \"$BASH_COMMAND\" failed with status $?" >&2' ERR
 
 SCRIPT=ha-lab
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -104,7 +107,7 @@ main() {
     case "$cmd" in
         up) cmd_up ;;
         down) cmd_down ;;
-        status) cmd_status ;;
+        status) cmd_status || exit 1 ;;  # down is an answer, not a failure to trap
         rabbit-kill) cmd_rabbit_kill "$@" ;;
         rabbit-start) cmd_rabbit_start "$@" ;;
         rabbit-nodes) cmd_rabbit_nodes ;;
