@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -62,7 +63,13 @@ from infra.rabbit.tap import Tap, Tapped
 from infra.rabbit.topology import declare_all
 from infra.settings import Settings
 
-console = Console(soft_wrap=True)
+
+@functools.cache
+def console() -> Console:
+    """The demo's terminal, made when it first prints (from the environment it runs in)."""
+    return Console(soft_wrap=True)
+
+
 MIB = 2**20
 
 
@@ -83,13 +90,13 @@ class Demo:
         who = self.names.get(str(body.get("user_id", "")), "?")
         if t.exchange == self.settings.dlx:
             reason = t.headers.get(H_DEAD_REASON, "?")
-            console.print(
+            console().print(
                 f"[dim]{elapsed:6.2f}s[/dim] [red]DEAD LETTER[/red] {t.routing_key} reason={reason}"
             )
             return
         detail = {k: v for k, v in body.items() if k != "user_id"}
         seq = f" seq={t.seq}" if t.seq is not None else ""
-        console.print(
+        console().print(
             f"[dim]{elapsed:6.2f}s[/dim] [bold cyan]{t.routing_key:<26}[/bold cyan] "
             f"[bold]{who:<6}[/bold]{seq} {detail}"
         )
@@ -173,7 +180,7 @@ class Demo:
                 row = await dead_letters.find_by_message_id(conn, str(message_id))
                 if row is not None:
                     elapsed = time.monotonic() - self.started
-                    console.print(
+                    console().print(
                         f"[dim]{elapsed:6.2f}s[/dim] [red]DEAD LETTER[/red] {USAGE_RECORD.name} "
                         f"reason={row['reason']} ({row['error_message']}); "
                         f"see: pkgq dlq show {row['id']}",
@@ -191,7 +198,7 @@ async def job_scenes(settings: Settings, small: int, users: dict[str, UUID]) -> 
     )
     try:
         jobs = Jobs(pool)
-        console.rule("job-queue options: priority, delay, address; then a group")
+        console().rule("job-queue options: priority, delay, address; then a group")
         dave = users["dave"]
         put = await jobs.publish(
             PACKAGE_PURCHASE,
@@ -200,12 +207,12 @@ async def job_scenes(settings: Settings, small: int, users: dict[str, UUID]) -> 
             delay=2,
             address=f"demo:{dave}",
         )
-        console.print(f"dave's purchase put with priority 2, delay 2 s, address demo:{dave}")
+        console().print(f"dave's purchase put with priority 2, delay 2 s, address demo:{dave}")
         started = time.monotonic()
         state = await jobs.wait(f"demo:{dave}", timeout=30)
         if state.state != "done":
             raise DemoFailedError(f"dave's purchase {state.state}: {state.error}")
-        console.print(
+        console().print(
             f"waited on the address: {state.state} after {time.monotonic() - started:.1f} s "
             f"(message {put.message_id})"
         )
@@ -215,7 +222,7 @@ async def job_scenes(settings: Settings, small: int, users: dict[str, UUID]) -> 
             [PurchasePackage(user_id=u, package_id=small) for u in members],
             name="demo grant",
         )
-        console.print(f"bulk grant to erin, frank and gina as group {group.group_id}")
+        console().print(f"bulk grant to erin, frank and gina as group {group.group_id}")
         summary = None
         for _ in range(150):  # the group is polled from Postgres for up to 30 s
             summary = await jobs.group(group.group_id)
@@ -224,7 +231,7 @@ async def job_scenes(settings: Settings, small: int, users: dict[str, UUID]) -> 
             await asyncio.sleep(0.2)
         if summary is None or summary["state"] != "completed":
             raise DemoFailedError(f"group did not complete: {summary}")
-        console.print(
+        console().print(
             f"group completed: {summary['done']} done, {summary['failed']} failed "
             f"(pkgq group show {group.group_id})"
         )
@@ -238,8 +245,8 @@ async def job_scenes(settings: Settings, small: int, users: dict[str, UUID]) -> 
                 *("?" if row[k] is None else str(row[k]) for k in STATES),
                 *(str(moves[m]) for m in ("put", "take", "ack", "bury")),
             )
-        console.rule("pkgq stats")
-        console.print(view)
+        console().rule("pkgq stats")
+        console().print(view)
     finally:
         await pool.close()
 
@@ -284,7 +291,7 @@ async def _final_state(settings: Settings, users: dict[str, UUID]) -> None:
                     str(item.used),
                     "unlimited" if item.quota is None else str(item.quota),
                 )
-        console.print(table)
+        console().print(table)
 
 
 def _routes_seen(tap: Tap, settings: Settings) -> set[str]:
@@ -305,7 +312,7 @@ async def run_demo(settings: Settings, within: float) -> int:
     await demo.tap.attach(amqp, settings.exchange, settings.dlx)
     users = {name: uuid4() for name in ("alice", "bob", "carol", "dave", "erin", "frank", "gina")}
     demo.names = {str(u): n for n, u in users.items()}
-    console.rule("pkgq demo: starting the relay and the consumers of every route")
+    console().rule("pkgq demo: starting the relay and the consumers of every route")
     processes = [_spawn(["relay"], settings), _spawn(["run"], settings)]
     code = exit_codes.OK
     try:
@@ -318,22 +325,22 @@ async def run_demo(settings: Settings, within: float) -> int:
             )
             await job_scenes(settings, small, users)
         seen = _routes_seen(demo.tap, settings)
-        console.rule("final state")
+        console().rule("final state")
         await _final_state(settings, users)
-        console.print(f"[green]every route at work: {len(seen)}/{len(ALL_ROUTES)}[/green]")
+        console().print(f"[green]every route at work: {len(seen)}/{len(ALL_ROUTES)}[/green]")
         for name, user in users.items():
-            console.print(f"  inspect {name}: pkgq user show {user}")
+            console().print(f"  inspect {name}: pkgq user show {user}")
     except DemoFailedError as exc:
-        console.print(f"[red]demo failed:[/red] {exc}")
+        console().print(f"[red]demo failed:[/red] {exc}")
         code = exit_codes.FAILED
     except TimeoutError:
-        console.print(f"[red]demo failed:[/red] not done within {within} s")
+        console().print(f"[red]demo failed:[/red] not done within {within} s")
         code = exit_codes.TIMEOUT
     finally:
         stop_processes(processes)
         for proc in processes:
             if proc.returncode not in (0, -signal.SIGTERM):
-                console.print(f"[red]{proc.args!r} exited with {proc.returncode}[/red]")
+                console().print(f"[red]{proc.args!r} exited with {proc.returncode}[/red]")
                 code = exit_codes.FAILED
         await demo.tap.close()
         with contextlib.suppress(Exception):

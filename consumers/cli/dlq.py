@@ -68,14 +68,14 @@ def list_cmd(
 
 def _print_dead_letter(row: dict[str, Any]) -> None:
     for key in _SHOWN:
-        console.print(Text.assemble((f"{key:>15}", "bold"), "  ", text(row.get(key))))
+        console().print(Text.assemble((f"{key:>15}", "bold"), "  ", text(row.get(key))))
     # JSON escapes every control character (ESC as \u001b); printed as text, not markup.
     for key in ("headers", "body"):
-        console.print(Text(key, style="bold"))
-        console.print(text(json.dumps(row[key], indent=2, default=str)))
+        console().print(Text(key, style="bold"))
+        console().print(text(json.dumps(row[key], indent=2, default=str)))
     if row.get("traceback"):
-        console.print(Text("traceback", style="bold"))
-        console.print(text(row["traceback"]))
+        console().print(Text("traceback", style="bold"))
+        console().print(text(row["traceback"]))
 
 
 @dlq_app.command("show")

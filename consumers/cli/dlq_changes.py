@@ -100,7 +100,7 @@ async def _in_batches(
     """Run `step` over `ids` in transactions of BATCH (consumers/operations.py, as the console
     does), with a progress bar on a terminal. Returns each committed batch's result."""
     batches = -(-len(ids) // BATCH)
-    with Progress(console=console, transient=True, disable=not sys.stdout.isatty()) as progress:
+    with Progress(console=console(), transient=True, disable=not sys.stdout.isatty()) as progress:
         task = progress.add_task(label, total=len(ids))
         done = 0
 
@@ -143,7 +143,7 @@ def _replay(
     def render(_: object) -> None:
         say(f"replayed {outcome['replayed']} dead letter(s) through the outbox")
         for r in skipped:
-            console.print(text(f"not replayed {r.id}: {r.detail}", style="yellow"))
+            console().print(text(f"not replayed {r.id}: {r.detail}", style="yellow"))
 
     show(
         outcome,
@@ -170,10 +170,11 @@ def dig_cmd(
         exit_codes.fail(exit_codes.NOT_FOUND, f"no dead letter {dead_letter_id}")
     r = rows[0]
     if r["status"] == "superseded":
-        console.print(text(f"dead letter {dead_letter_id} is {replay.SUPERSEDED}", style="yellow"))
+        said = f"dead letter {dead_letter_id} is {replay.SUPERSEDED}"
+        console().print(text(said, style="yellow"))
         raise typer.Exit(exit_codes.FAILED)
     if not force and r["status"] != "buried":
-        console.print(
+        console().print(
             text(
                 f"dead letter {dead_letter_id} is {r['status']} "
                 f"({r['replayed_by'] or r['discarded_by']} at "

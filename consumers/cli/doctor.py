@@ -62,12 +62,12 @@ def _render(results: list[Result]) -> None:
         ),
         ("what a violation means", lambda r: text(invariants.BY_NAME[r.check].about)),
     ]
-    console.print(table(results, columns))
+    console().print(table(results, columns))
     for result in results:
         if result.ok:
             continue
         shown = len(result.sample)
-        console.print(Text(f"\n{result.check}: {result.violations} violation(s)", style="bold"))
+        console().print(Text(f"\n{result.check}: {result.violations} violation(s)", style="bold"))
         for row in result.sample:
             say("  ", _named(row))
         if shown < result.violations:

@@ -183,9 +183,9 @@ def grant_cmd(
 
 async def _follow(jobs: Jobs, group_id: UUID, total: int, limit: float) -> dict[str, Any]:
     deadline = time.monotonic() + limit
-    tty = console.is_terminal
+    tty = console().is_terminal
     columns = (TextColumn("granting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, disable=not tty) as progress:
+    with Progress(*columns, console=console(), disable=not tty) as progress:
         task = progress.add_task("grant", total=total)
         last_logged = -1
         while True:

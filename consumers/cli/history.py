@@ -68,7 +68,7 @@ def history_cmd(
     }
 
     def render(shown: dict[str, Any]) -> None:
-        console.print(table_of(shown["entries"], _ENTRY_COLUMNS))
+        console().print(table_of(shown["entries"], _ENTRY_COLUMNS))
         if shown["next"]:
             say("older: --after ", shown["next"])
 
@@ -84,7 +84,7 @@ def find_cmd(message_id: UUID, as_json: JsonOpt = False) -> None:
         return await message_search.find(conn, message_id)
 
     found = timeline_view.places(on_database(load_settings(), read))
-    show(found, as_json, lambda rows: console.print(table_of(rows, _PLACE_COLUMNS)))
+    show(found, as_json, lambda rows: console().print(table_of(rows, _PLACE_COLUMNS)))
     if not found:
         exit_codes.fail(exit_codes.NOT_FOUND, f"message {message_id} is recorded nowhere")
 

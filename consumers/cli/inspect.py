@@ -102,7 +102,7 @@ def _print_stats(stats: dict[str, dict[str, Any]]) -> None:
             for head, d in (("/min", "processed_1m"), ("fail/min", "failed_1m"))
         ),
     ]
-    console.print(table(stats.items(), columns))
+    console().print(table(stats.items(), columns))
 
 
 def stats_cmd(as_json: JsonOpt = False) -> None:

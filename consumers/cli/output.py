@@ -3,6 +3,7 @@ always as literal, printable text (never rich markup, never terminal control cha
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
@@ -18,7 +19,13 @@ Cell = str | Text
 Column = tuple[str, Callable[[Any], Cell]]
 """A table column: its heading, and how a row's cell is made."""
 
-console = Console()
+
+@functools.cache
+def console() -> Console:
+    """The terminal a command prints to, made when it first prints: its width and colours come
+    from the environment the command runs in (COLUMNS, NO_COLOR, ...), not the one pkgq was
+    imported in."""
+    return Console()
 
 
 def clean(value: object) -> str:
@@ -42,7 +49,7 @@ def short(value: str | None, width: int) -> Text:
 def say(*parts: object) -> None:
     """One line of text output, every part literal (no markup), never wrapped (scripts read it)."""
     line = Text.assemble(*(part if isinstance(part, Text) else clean(part) for part in parts))
-    console.print(line, soft_wrap=True)
+    console().print(line, soft_wrap=True)
 
 
 def print_json(value: Any, *, indent: int | None = 2) -> None:
@@ -72,7 +79,7 @@ def show_table(
     """The commands' usual output: the rows as JSON with `--json`, else a table (and a footer)."""
 
     def render(found: Sequence[Any]) -> None:
-        console.print(table(found, columns))
+        console().print(table(found, columns))
         if footer is not None:
             say(footer)
 

@@ -50,7 +50,7 @@ def _print_status(state: dict[str, Any]) -> None:
         f"{state['route']}: {state['partitions']} partition(s), {paused}, "
         f"{state['pending']} pending in the outbox"
     )
-    console.print(table(state["queues"], _QUEUE_COLUMNS))
+    console().print(table(state["queues"], _QUEUE_COLUMNS))
 
 
 @partitions_app.command("status")

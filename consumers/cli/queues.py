@@ -33,7 +33,7 @@ class _Shown:
 
     def __init__(self) -> None:
         self._draining: tuple[str, int | None, int | None] | None = None
-        self._status = console.status("") if sys.stdout.isatty() else None
+        self._status = console().status("") if sys.stdout.isatty() else None
 
     def __call__(self, progress: Progress) -> None:
         if progress.step == "draining":

@@ -73,7 +73,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
     say(f"access: {'granted' if grant and grant['granted'] else 'revoked/none'}")
     if unbilled:
         say(f"unbilled: up={unbilled['upload']} down={unbilled['download']}")
-    console.print(table(summary["packages"], _ITEM_COLUMNS))
+    console().print(table(summary["packages"], _ITEM_COLUMNS))
 
 
 @user_app.command("show")

@@ -52,7 +52,7 @@ def workers_cmd(
 
     def render(rows: list[dict[str, Any]]) -> None:
         if rows:
-            console.print(table(rows, _COLUMNS))
+            console().print(table(rows, _COLUMNS))
         else:
             say("no workers" + ("" if include_stopped else " running"))
 
@@ -62,7 +62,7 @@ def workers_cmd(
 def _print_pruned(counts: dict[str, int], settings: Settings, dry_run: bool) -> None:
     shown = [(k, n) for k, n in counts.items() if k != retention.BATCHES]
     heading = "would be pruned" if dry_run else "pruned"
-    console.print(table(shown, [("table", lambda kv: kv[0]), (heading, lambda kv: str(kv[1]))]))
+    console().print(table(shown, [("table", lambda kv: kv[0]), (heading, lambda kv: str(kv[1]))]))
     if not dry_run:
         say(f"{counts[retention.BATCHES]} batch(es) of at most {settings.prune_batch_size}")
 

@@ -12,6 +12,7 @@ import tempfile
 
 from infra.settings import Settings
 from tests.support import pg_roles
+from tests.support.zygote import zygote
 
 
 def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
@@ -31,7 +32,11 @@ def pkgq(
     settings: Settings, *args: str, stdin: str | None = None, **env: str
 ) -> subprocess.CompletedProcess[str]:
     """Run one `pkgq` command (python -m consumers ...) against the test's namespace, with
-    `env` added to its environment."""
+    `env` added to its environment: forked from the worker's fork server, which has the
+    command line imported already (tests/support/zygote.py), unless PKGQ_TEST_ZYGOTE=0."""
+    forks = zygote()
+    if forks is not None:
+        return forks.run(list(args), settings_env(settings, **env), stdin, timeout=120)
     return subprocess.run(
         [sys.executable, "-m", "consumers", *args],
         env=settings_env(settings, **env),

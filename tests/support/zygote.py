@@ -1,0 +1,233 @@
+"""A fork server for short `pkgq` commands in tests: one process per test worker imports the
+command line once, and each `pkgq ...` the tests run is a fork of it that runs the command
+with its own arguments, environment, working directory and standard streams, then exits with
+the command's status, as `python -m consumers ...` would.
+
+Why: a fresh interpreter spends about half a second of CPU importing before a short command
+does anything, and the suite runs a few hundred of them on a 2-core machine. A fork starts
+with the imports done. What differs from a fresh process: the imports were made under the
+worker's environment (pkgq reads its settings when a command runs, never at import), and the
+child ends with `os._exit` after running the exit handlers, without waiting for threads a
+command left behind. Long-running processes (`PkgqProcess`) and the entry point itself
+(`python -m consumers`) are still started fresh; `tests/unit/test_zygote.py` runs commands
+both ways and compares them. PKGQ_TEST_ZYGOTE=0 turns it off.
+
+The protocol: JSON lines. A request {"id", "argv", "env", "cwd", "stdin", "stdout", "stderr"}
+(paths of files for the streams) is answered {"id", "pid"} when the child is forked and
+{"id", "code"} when it has ended (negative: killed by that signal, as subprocess says).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import locale
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+ENTRY = str(Path(__file__).resolve().parents[2] / "consumers" / "__main__.py")
+"""What `sys.argv[0]` is in `python -m consumers`: click names the program from it."""
+
+
+# -- the server (in its own process) -------------------------------------------------------
+
+
+def _preload() -> None:
+    """Import every command's module, the plugins' too, as `pkgq --help` does."""
+    import typer.main
+
+    from consumers.cli.app import app
+
+    root = typer.main.get_command(app)
+    with root.make_context("pkgq", ["--help"], resilient_parsing=True) as ctx:
+        for name in root.list_commands(ctx):  # type: ignore[attr-defined]
+            root.get_command(ctx, name)  # type: ignore[attr-defined]
+
+
+def _child(request: dict[str, Any], keep: tuple[int, ...]) -> None:
+    """Run one command in this forked process and exit with its status; never returns."""
+    code = 1
+    try:
+        for fd in keep:
+            os.close(fd)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for target, path, flags in (
+            (0, request["stdin"] or os.devnull, os.O_RDONLY),
+            (1, request["stdout"], os.O_WRONLY),
+            (2, request["stderr"], os.O_WRONLY),
+        ):
+            fd = os.open(path, flags)
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.argv = [ENTRY, *request["argv"]]
+        sys.modules["__main__"].__package__ = "consumers"  # click: "python -m consumers"
+        from consumers.cli import main
+
+        try:
+            main()
+            code = 0
+        except SystemExit as exit_:
+            if exit_.code is None:
+                code = 0
+            elif isinstance(exit_.code, int):
+                code = exit_.code
+            else:  # as the interpreter does: the value on stderr, status 1
+                print(exit_.code, file=sys.stderr)
+                code = 1
+        except BaseException:  # noqa: BLE001  (as the interpreter does: a traceback, status 1)
+            traceback.print_exc()
+            code = 1
+        atexit._run_exitfuncs()
+    finally:
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def serve(requests_fd: int, answers_fd: int) -> None:
+    """Read requests, fork a child for each, say its pid and later its status; end when the
+    requests' pipe closes (the test worker went) and every child has been reaped."""
+    _preload()
+    children: dict[int, int] = {}  # pid -> request id
+    pending = b""
+
+    def answer(message: dict[str, Any]) -> None:
+        os.write(answers_fd, (json.dumps(message) + "\n").encode())
+
+    def start(request: dict[str, Any]) -> None:
+        pid = os.fork()
+        if pid == 0:
+            _child(request, (requests_fd, answers_fd))
+        children[pid] = request["id"]
+        answer({"id": request["id"], "pid": pid})
+
+    open_ = True
+    while open_ or children:
+        watched = [requests_fd] if open_ else []
+        ready, _, _ = select.select(watched, [], [], 0.01 if children else None)
+        if ready:
+            chunk = os.read(requests_fd, 1 << 16)
+            if not chunk:
+                open_ = False
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                start(json.loads(line))
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            answer({"id": children.pop(pid), "code": os.waitstatus_to_exitcode(status)})
+
+
+# -- the client (in the test worker) --------------------------------------------------------
+
+
+class Zygote:
+    """The test worker's fork server, started on first use; thread-safe."""
+
+    def __init__(self) -> None:
+        requests_read, self._requests = os.pipe()
+        answers_read, answers_write = os.pipe()
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.zygote", str(requests_read), str(answers_write)],
+            pass_fds=(requests_read, answers_write),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
+        os.close(requests_read)
+        os.close(answers_write)
+        self._answers = os.fdopen(answers_read, "r", encoding="utf-8")
+        self._lock = threading.Lock()
+        self._next_id = 0
+        self._pids: dict[int, Future[int]] = {}
+        self._codes: dict[int, Future[int]] = {}
+        threading.Thread(target=self._read, name="pkgq-test-zygote", daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self._answers:
+            message = json.loads(line)
+            with self._lock:
+                if "pid" in message:
+                    self._pids.pop(message["id"]).set_result(message["pid"])
+                else:
+                    self._codes.pop(message["id"]).set_result(message["code"])
+        with self._lock:  # the server is gone: nobody waits for ever
+            for future in (*self._pids.values(), *self._codes.values()):
+                future.set_exception(RuntimeError("the test zygote ended"))
+
+    def run(
+        self, args: list[str], env: dict[str, str], stdin: str | None, timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        """`python -m consumers *args` with `env`, as subprocess.run(capture_output=True,
+        text=True) gives it."""
+        encoding = locale.getpreferredencoding(False)
+        with tempfile.TemporaryDirectory(prefix="pkgq-zygote-") as scratch:
+            paths = {name: os.path.join(scratch, name) for name in ("stdin", "stdout", "stderr")}
+            for name in ("stdout", "stderr"):
+                Path(paths[name]).touch()
+            if stdin is not None:
+                Path(paths["stdin"]).write_text(stdin, encoding=encoding)
+            pid_future: Future[int] = Future()
+            code_future: Future[int] = Future()
+            with self._lock:
+                self._next_id += 1
+                request_id = self._next_id
+                self._pids[request_id] = pid_future
+                self._codes[request_id] = code_future
+                request = {
+                    "id": request_id,
+                    "argv": args,
+                    "env": env,
+                    "cwd": os.getcwd(),
+                    "stdin": paths["stdin"] if stdin is not None else None,
+                    "stdout": paths["stdout"],
+                    "stderr": paths["stderr"],
+                }
+                os.write(self._requests, (json.dumps(request) + "\n").encode())
+            pid = pid_future.result(timeout=30)
+            command = [sys.executable, "-m", "consumers", *args]
+            try:
+                code = code_future.result(timeout=timeout)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                code_future.result(timeout=30)
+                raise subprocess.TimeoutExpired(command, timeout) from None
+            out, err = (
+                Path(paths[name]).read_text(encoding=encoding) for name in ("stdout", "stderr")
+            )
+        return subprocess.CompletedProcess(command, code, out, err)
+
+
+_zygote: Zygote | None = None
+_started = threading.Lock()
+
+
+def zygote() -> Zygote | None:
+    """This worker's fork server, or None when PKGQ_TEST_ZYGOTE=0."""
+    global _zygote
+    if os.environ.get("PKGQ_TEST_ZYGOTE", "1") == "0":
+        return None
+    with _started:
+        if _zygote is None:
+            _zygote = Zygote()
+        return _zygote
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]), int(sys.argv[2]))

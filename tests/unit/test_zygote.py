@@ -1,0 +1,84 @@
+"""The test workers' fork server runs a `pkgq` command as a fresh `python -m consumers`
+process does: the same status, output and error output, its own environment, working
+directory and input, and a command killed at its timeout is reported as subprocess does."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.zygote import Zygote
+
+
+@pytest.fixture(scope="module")
+def forks() -> Zygote:
+    return Zygote()
+
+
+def _fresh(
+    args: list[str], env: dict[str, str], stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "consumers", *args],
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--version"],
+        ["--help"],
+        ["no-such-command"],
+        ["dlq", "--help"],
+        ["route", "pause", "--help"],
+        ["route", "pause"],  # a missing argument: usage error, status 2
+        ["publish", "--help"],
+    ],
+)
+def test_a_forked_command_prints_and_exits_as_a_fresh_process(
+    forks: Zygote, args: list[str]
+) -> None:
+    env = {**os.environ, "COLUMNS": "100"}
+    forked = forks.run(args, env, None, timeout=60)
+    fresh = _fresh(args, env)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (
+        fresh.returncode,
+        fresh.stdout,
+        fresh.stderr,
+    )
+    assert forked.args == [sys.executable, "-m", "consumers", *args]
+
+
+def test_a_forked_command_reads_its_own_environment_and_input(forks: Zygote) -> None:
+    env = {**os.environ, "PKGQ_AMQP_URL": "not a url at all"}
+    forked = forks.run(["publish", "package_purchase", "-"], env, "{}", timeout=60)
+    fresh = _fresh(["publish", "package_purchase", "-"], env, "{}")
+    assert forked.returncode == fresh.returncode != 0
+    assert forked.stderr == fresh.stderr
+    # The fork server's own environment is not the command's.
+    assert "PKGQ_AMQP_URL" not in os.environ or os.environ["PKGQ_AMQP_URL"] != "not a url at all"
+
+
+def test_a_forked_command_over_its_timeout_is_killed_and_reported_as_subprocess_does(
+    forks: Zygote,
+) -> None:
+    with socket.socket() as silent:  # takes the connection, never answers the AMQP handshake
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        env = {**os.environ, "PKGQ_AMQP_URL": f"amqp://guest:guest@127.0.0.1:{port}/"}
+        body = '{"user_id": "00000000-0000-0000-0000-000000000001", "package_id": 1}'
+        with pytest.raises(subprocess.TimeoutExpired):
+            forks.run(["publish", "package_purchase", "-"], env, body, timeout=1)
+    after = forks.run(["--version"], dict(os.environ), None, timeout=60)
+    assert after.returncode == 0
