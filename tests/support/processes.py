@@ -12,7 +12,7 @@ import tempfile
 
 from infra.settings import Settings
 from tests.support import pg_roles
-from tests.support.zygote import zygote
+from tests.support.zygote import Forked, zygote
 
 
 def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
@@ -63,6 +63,11 @@ class PkgqProcess:
         """`python`: the interpreter (another release's, for the rolling-upgrade test)."""
         self.args = args
         self.log = tempfile.NamedTemporaryFile(prefix="pkgq-", suffix=".log")  # noqa: SIM115
+        forks = zygote() if python == sys.executable else None
+        self.proc: subprocess.Popen[bytes] | Forked
+        if forks is not None:  # a fork of the worker's fork server (tests/support/zygote.py)
+            self.proc = forks.start(list(args), settings_env(settings, **env), self.log.name, None)
+            return
         self.proc = subprocess.Popen(
             [python, "-m", "consumers", *args],
             env=settings_env(settings, **env),

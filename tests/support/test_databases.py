@@ -37,14 +37,31 @@ class TestDatabases:
         self._create_sql = create_sql
         self._clean_up_broker = clean_up_broker
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="pkgq-test-databases")
-        self._next: Future[str] | None = None
+        self._next: Future[None] | None = None
+        self._next_name: str | None = None
         self._removals: list[Future[None]] = []
 
     def take(self) -> str:
-        """A fresh database's name (made ahead, or now), and the next one started."""
-        ready = self._next or self._thread.submit(self._run, self._create)
-        name = ready.result()
-        self._next = self._thread.submit(self._run, self._create)
+        """A fresh database's name (made ahead, or now), and the next one started. One made
+        ahead can have failed (a restart test of this worker stopped Postgres meanwhile): then
+        it is made now."""
+        name = self._next_name or self._start()
+        try:
+            assert self._next is not None
+            self._next.result()
+        except Exception:  # noqa: BLE001  (see above; a second failure is the test's error)
+            self.give_back(name)  # in case it was made before the connection broke
+            name = self._start()
+            assert self._next is not None
+            self._next.result()
+        self._start()
+        return name
+
+    def _start(self) -> str:
+        """Start making the next database (its name is known at once)."""
+        self._next_name = f"pkgq_t_{uuid4().hex[:12]}"
+        name = self._next_name
+        self._next = self._thread.submit(self._run, lambda: self._create(name))
         return name
 
     def give_back(self, name: str) -> None:
@@ -52,12 +69,14 @@ class TestDatabases:
         self._removals.append(self._thread.submit(self._run, lambda: self._remove(name)))
 
     def close(self) -> None:
-        """Drop the database made ahead, and wait for every clean-up asked for (a failed one
-        is a warning: the session's end removes the broker names again, and a database left
-        behind keeps its roles, which the session warns about too)."""
-        if self._next is not None:
-            self.give_back(self._next.result())
+        """Drop the database made ahead (made or not), and wait for every clean-up asked for
+        (a failed one is a warning: the session's end removes the broker names again, and a
+        database left behind keeps its roles, which the session warns about too)."""
+        if self._next is not None and self._next_name is not None:
+            self._next.exception()  # made or failed: either way it is over
+            self.give_back(self._next_name)
             self._next = None
+            self._next_name = None
         self._thread.shutdown(wait=True)
         for removal in self._removals:
             if removal.exception() is not None:
@@ -67,14 +86,12 @@ class TestDatabases:
     def _run(work: Callable[[], Coroutine[Any, Any, T]]) -> T:
         return asyncio.run(work())
 
-    async def _create(self) -> str:
-        name = f"pkgq_t_{uuid4().hex[:12]}"
+    async def _create(self, name: str) -> None:
         admin = await asyncpg.connect(self._admin_dsn)
         try:
             await admin.execute(self._create_sql(name))
         finally:
             await admin.close()
-        return name
 
     async def _remove(self, name: str) -> None:
         admin = await asyncpg.connect(self._admin_dsn)

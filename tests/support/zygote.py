@@ -8,13 +8,15 @@ does anything, and the suite runs a few hundred of them on a 2-core machine. A f
 with the imports done. What differs from a fresh process: the imports were made under the
 worker's environment (pkgq reads its settings when a command runs, never at import), and the
 child ends with `os._exit` after running the exit handlers, without waiting for threads a
-command left behind. Long-running processes (`PkgqProcess`) and the entry point itself
-(`python -m consumers`) are still started fresh; `tests/unit/test_zygote.py` runs commands
-both ways and compares them. PKGQ_TEST_ZYGOTE=0 turns it off.
+command left behind. Another release's interpreter (the rolling-upgrade test) still starts
+fresh, and `tests/unit/test_zygote.py` runs commands both ways and compares them.
+PKGQ_TEST_ZYGOTE=0 turns it off. Long-running commands (`PkgqProcess`: run, relay, web) are
+forks too, signalled and waited for by pid.
 
 The protocol: JSON lines. A request {"id", "argv", "env", "cwd", "stdin", "stdout", "stderr"}
-(paths of files for the streams) is answered {"id", "pid"} when the child is forked and
-{"id", "code"} when it has ended (negative: killed by that signal, as subprocess says).
+(paths of files for the streams; "stderr" null: into "stdout") is answered {"id", "pid"}
+when the child is forked and {"id", "code"} when it has ended (negative: killed by that
+signal, as subprocess says).
 """
 
 from __future__ import annotations
@@ -61,14 +63,18 @@ def _child(request: dict[str, Any], keep: tuple[int, ...]) -> None:
         for fd in keep:
             os.close(fd)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for target, path, flags in (
+        streams = [
             (0, request["stdin"] or os.devnull, os.O_RDONLY),
-            (1, request["stdout"], os.O_WRONLY),
-            (2, request["stderr"], os.O_WRONLY),
-        ):
+            (1, request["stdout"], os.O_WRONLY | os.O_APPEND),
+        ]
+        if request["stderr"] is not None:
+            streams.append((2, request["stderr"], os.O_WRONLY | os.O_APPEND))
+        for target, path, flags in streams:
             fd = os.open(path, flags)
             os.dup2(fd, target)
             os.close(fd)
+        if request["stderr"] is None:  # stderr=STDOUT
+            os.dup2(1, 2)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -170,6 +176,41 @@ class Zygote:
             for future in (*self._pids.values(), *self._codes.values()):
                 future.set_exception(RuntimeError("the test zygote ended"))
 
+    def start(
+        self, args: list[str], env: dict[str, str], stdout: str, stderr: str | None
+    ) -> Forked:
+        """Fork `python -m consumers *args` with `env`, its output appended to the file
+        `stdout` and its error output to `stderr` (None: to `stdout` too); no input."""
+        return self._fork(args, env, None, stdout, stderr)
+
+    def _fork(
+        self,
+        args: list[str],
+        env: dict[str, str],
+        stdin: str | None,
+        stdout: str,
+        stderr: str | None,
+    ) -> Forked:
+        pid_future: Future[int] = Future()
+        code_future: Future[int] = Future()
+        with self._lock:
+            self._next_id += 1
+            request_id = self._next_id
+            self._pids[request_id] = pid_future
+            self._codes[request_id] = code_future
+            request = {
+                "id": request_id,
+                "argv": args,
+                "env": env,
+                "cwd": os.getcwd(),
+                "stdin": stdin,
+                "stdout": stdout,
+                "stderr": stderr,
+            }
+            os.write(self._requests, (json.dumps(request) + "\n").encode())
+        command = [sys.executable, "-m", "consumers", *args]
+        return Forked(command, pid_future.result(timeout=30), code_future)
+
     def run(
         self, args: list[str], env: dict[str, str], stdin: str | None, timeout: float
     ) -> subprocess.CompletedProcess[str]:
@@ -182,36 +223,56 @@ class Zygote:
                 Path(paths[name]).touch()
             if stdin is not None:
                 Path(paths["stdin"]).write_text(stdin, encoding=encoding)
-            pid_future: Future[int] = Future()
-            code_future: Future[int] = Future()
-            with self._lock:
-                self._next_id += 1
-                request_id = self._next_id
-                self._pids[request_id] = pid_future
-                self._codes[request_id] = code_future
-                request = {
-                    "id": request_id,
-                    "argv": args,
-                    "env": env,
-                    "cwd": os.getcwd(),
-                    "stdin": paths["stdin"] if stdin is not None else None,
-                    "stdout": paths["stdout"],
-                    "stderr": paths["stderr"],
-                }
-                os.write(self._requests, (json.dumps(request) + "\n").encode())
-            pid = pid_future.result(timeout=30)
-            command = [sys.executable, "-m", "consumers", *args]
+            child = self._fork(
+                args,
+                env,
+                paths["stdin"] if stdin is not None else None,
+                paths["stdout"],
+                paths["stderr"],
+            )
             try:
-                code = code_future.result(timeout=timeout)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                code_future.result(timeout=30)
-                raise subprocess.TimeoutExpired(command, timeout) from None
+                code = child.wait(timeout)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait(30)
+                raise
             out, err = (
                 Path(paths[name]).read_text(encoding=encoding) for name in ("stdout", "stderr")
             )
-        return subprocess.CompletedProcess(command, code, out, err)
+        return subprocess.CompletedProcess(child.args, code, out, err)
+
+
+class Forked:
+    """A forked command, with the part of subprocess.Popen's interface the tests use."""
+
+    def __init__(self, args: list[str], pid: int, code: Future[int]) -> None:
+        self.args = args
+        self.pid = pid
+        self._code = code
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self._code.done():
+            self.returncode = self._code.result()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        try:
+            self.returncode = self._code.result(timeout=timeout)
+        except TimeoutError:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0) from None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # as Popen: never a pid the server has reaped
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 _zygote: Zygote | None = None

@@ -5,9 +5,11 @@ directory and input, and a command killed at its timeout is reported as subproce
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +84,29 @@ def test_a_forked_command_over_its_timeout_is_killed_and_reported_as_subprocess_
             forks.run(["publish", "package_purchase", "-"], env, body, timeout=1)
     after = forks.run(["--version"], dict(os.environ), None, timeout=60)
     assert after.returncode == 0
+
+
+def test_a_forked_long_running_command_logs_to_one_file_and_is_signalled_by_pid(
+    forks: Zygote, tmp_path: Path
+) -> None:
+    """A long-running command (as PkgqProcess starts one) writes its output and its errors
+    into one log, is signalled by pid, and reports its status as Popen does."""
+    log = tmp_path / "child.log"
+    log.touch()
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        env = {**os.environ, "PKGQ_AMQP_URL": f"amqp://guest:guest@127.0.0.1:{port}/"}
+        body = '{"user_id": "00000000-0000-0000-0000-000000000001", "package_id": 1}'
+        child = forks.start(["publish", "package_purchase", body], env, str(log), None)
+        assert child.poll() is None
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.wait(0.2)
+        child.send_signal(signal.SIGKILL)
+        assert child.wait(30) == -signal.SIGKILL
+    assert child.poll() == -signal.SIGKILL
+    # Output and error output in one file: a usage error prints to stderr.
+    wrong = forks.start(["route", "pause"], dict(os.environ), str(log), None)
+    assert wrong.wait(60) == 2
+    assert "Usage:" in log.read_text()
