@@ -62,8 +62,9 @@ reference: venv
 	$(BIN)/python -m devtools.docs_reference
 
 ## test: the whole suite against the real services, the checks beside it: isolated tests in
-## parallel (PKGQ_TEST_WORKERS, default 4) with `make check` and the chaos tests beside them,
-## then the serial tests alone; the HA lab boots in the background, goes at the end (run-suite.sh).
+## parallel (PKGQ_TEST_WORKERS, default 4) with the chaos tests beside them, then the serial
+## tests with `make check` beside them; the HA lab boots in the background, goes at the end
+## (run-suite.sh).
 test: venv
 	BIN=$(BIN) MAKE="$(MAKE)" deploy/local/run-suite.sh $(PYTEST_ARGS)
 

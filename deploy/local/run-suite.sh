@@ -2,13 +2,15 @@
 # The whole suite, as `make test` runs it: the services and the migrations, then, all at once,
 # - the isolated tests in parallel (pytest-xdist; each test has its own database and exchange
 #   prefix);
-# - beside them, in a process of their own, the static checks (`make check`: formatting, lint,
-#   strict typing, the layers, the deploy checks), whose log is printed once the tests are done;
-# - beside them too, in a process group of their own, the chaos tests (marker `chaos`), which
+# - beside them, in a process group of their own, the chaos tests (marker `chaos`), which
 #   touch nothing but the HA lab (deploy/local/ha) and its own nodes: they start once the lab,
 #   booting in the background (about 30 s), is up;
 # then the tests that stop or restart a shared service or run another release beside this one
-# (marker `serial`) alone, so they never pull a service from under a neighbour.
+# (marker `serial`) alone, so they never pull a service from under a neighbour; beside them,
+# in a process of their own, the static checks (`make check`: formatting, lint, strict typing,
+# the layers, the deploy checks, the docs), whose log is printed at the end. The serial tests
+# mostly wait for services to stop and start, so the checks' CPU costs the run less there than
+# beside the parallel part (2 cores).
 #
 # The lab is removed at the end if this run made it (PKGQ_HA_KEEP=1 keeps it). PKGQ_SKIP_LAB=1
 # neither starts nor removes it: then the chaos tests start it themselves.
@@ -64,8 +66,6 @@ fi
 
 "$make" --no-print-directory migrate || exit $?
 
-"$make" --no-print-directory check >"$check_log" 2>&1 &
-check_pid=$!
 # A process group of its own (setsid), so that an interrupt is handed to it by finish, in order;
 # it waits for the lab's boot to end (up or not: a chaos test boots a missing lab itself).
 setsid bash -c 'while [ ! -s "$1" ]; do sleep 0.5; done; shift; exec "$@"' \
@@ -75,11 +75,6 @@ started=$SECONDS
 "$bin/pytest" -n "$workers" -m "not serial and not chaos" "$@"
 parallel=$?
 parallel_s=$((SECONDS - started))
-wait "$check_pid"
-check=$?
-check_pid=
-echo "run-suite: the static checks, run beside the tests:"
-cat "$check_log"
 wait "$chaos_pid"
 chaos=$?
 chaos_pid=
@@ -93,11 +88,19 @@ if [ -n "$lab_pid" ]; then
 fi
 echo "run-suite: the chaos tests, run beside the parallel part:"
 cat "$chaos_log"
+"$make" --no-print-directory check >"$check_log" 2>&1 &
+check_pid=$!
 started=$SECONDS
 "$bin/pytest" -m serial "$@"
 serial=$?
+serial_s=$((SECONDS - started))
+wait "$check_pid"
+check=$?
+check_pid=
+echo "run-suite: the static checks, run beside the serial tests:"
+cat "$check_log"
 # Where the wall time went: make test has 8 minutes on a 2-core machine.
-echo "run-suite: seconds: parallel part $parallel_s, serial part $((SECONDS - started)), whole run $SECONDS"
+echo "run-suite: seconds: parallel part $parallel_s, serial part $serial_s, whole run $SECONDS"
 
 if [ "$check" -ne 0 ]; then
     echo "run-suite: the static checks failed (above)" >&2

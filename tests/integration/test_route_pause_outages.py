@@ -189,6 +189,17 @@ async def paused_run(
     await connection.close()
 
 
+async def _resume_while_the_broker_is_down(
+    pool: asyncpg.Pool, broker_proxy: FreezingProxy, logs: list[MutableMapping[str, Any]]
+) -> None:
+    """Cut the broker off (refusing new connections), resume the route, and wait until the
+    consumer says it waits for the broker."""
+    broker_proxy.refusing = True
+    broker_proxy.cut()
+    await _resume(pool, USAGE_RECORD.name)
+    await eventually(_logged(logs, "resume_waiting_for_broker"))
+
+
 async def test_a_resume_while_the_broker_is_down_waits_for_it_however_long_and_consumption_resumes_once_it_is_back(  # noqa: E501
     pool: asyncpg.Pool,
     amqp: AbstractRobustConnection,
@@ -197,10 +208,7 @@ async def test_a_resume_while_the_broker_is_down_waits_for_it_however_long_and_c
 ) -> None:
     run = paused_run
     with capture_logs() as logs:
-        broker_proxy.refusing = True
-        broker_proxy.cut()
-        await _resume(pool, USAGE_RECORD.name)
-        await eventually(_logged(logs, "resume_waiting_for_broker"))
+        await _resume_while_the_broker_is_down(pool, broker_proxy, logs)
         await asyncio.sleep(3 * run.settings.startup_wait)  # the outage outlasts it
         assert _still_running(run.app)
         assert not any(e["event"] == "resume_failed" for e in logs)
@@ -223,10 +231,7 @@ async def test_a_pause_written_while_a_resume_waits_for_the_broker_is_obeyed_and
 ) -> None:
     run = paused_run
     with capture_logs() as logs:
-        broker_proxy.refusing = True
-        broker_proxy.cut()
-        await _resume(pool, USAGE_RECORD.name)
-        await eventually(_logged(logs, "resume_waiting_for_broker"))
+        await _resume_while_the_broker_is_down(pool, broker_proxy, logs)
         await _pause(pool, USAGE_RECORD.name)
         await eventually(_logged(logs, "consumer_paused"))  # the watch was not held up
         broker_proxy.refusing = False
