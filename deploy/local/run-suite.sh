@@ -53,6 +53,7 @@ finish() {
     rm -rf "$scratch"
 }
 trap finish EXIT
+trap 'exit 130' INT TERM  # an interrupt ends the run now (finish stops what still runs)
 # The services and Debian tools first (apt-get, if anything is missing), then the lab beside them.
 "$make" --no-print-directory services || exit $?
 if [ "${PKGQ_SKIP_LAB:-0}" != 1 ]; then

@@ -1,17 +1,20 @@
-"""A fork server for short `pkgq` commands in tests: one process per test worker imports the
-command line once, and each `pkgq ...` the tests run is a fork of it that runs the command
-with its own arguments, environment, working directory and standard streams, then exits with
-the command's status, as `python -m consumers ...` would.
+"""A fork server for the `pkgq` commands tests run: one process per test worker imports the
+command line once, and each `pkgq ...` the tests run (short ones, and long-running ones that
+`PkgqProcess` signals and waits for by pid) is a fork of it that runs the command with its own
+arguments, environment, working directory and standard streams, then exits with the
+command's status, as `python -m consumers ...` would.
 
-Why: a fresh interpreter spends about half a second of CPU importing before a short command
-does anything, and the suite runs a few hundred of them on a 2-core machine. A fork starts
-with the imports done. What differs from a fresh process: the imports were made under the
-worker's environment (pkgq reads its settings when a command runs, never at import), and the
-child ends with `os._exit` after running the exit handlers, without waiting for threads a
-command left behind. Another release's interpreter (the rolling-upgrade test) still starts
-fresh, and `tests/unit/test_zygote.py` runs commands both ways and compares them.
-PKGQ_TEST_ZYGOTE=0 turns it off. Long-running commands (`PkgqProcess`: run, relay, web) are
-forks too, signalled and waited for by pid.
+Why: a fresh interpreter spends about half a second of CPU importing before a command does
+anything, and the suite runs a few hundred of them on a 2-core machine. A fork starts with
+the imports done. What differs from a fresh process: the imports were made under the
+worker's environment (pkgq reads its settings when a command runs, never at import), and so
+were the interpreter's own choices (PYTHON* variables, locale, hash seed) and the plugins'
+entry points read at preload; an unhandled KeyboardInterrupt ends it with status 1, not by
+the signal; and the child ends with `os._exit` after running the exit handlers, without
+waiting for threads a command left behind. When the worker goes, the server stops the
+commands it left running (SIGTERM, then SIGKILL after GRACE_S) and ends. Another release's
+interpreter (the rolling-upgrade test) still starts fresh; `tests/unit/test_zygote.py` runs
+commands both ways and compares them. PKGQ_TEST_ZYGOTE=0 turns it off.
 
 The protocol: JSON lines. A request {"id", "argv", "env", "cwd", "stdin", "stdout", "stderr"}
 (paths of files for the streams; "stderr" null: into "stdout") is answered {"id", "pid"}
@@ -32,12 +35,14 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-ENTRY = str(Path(__file__).resolve().parents[2] / "consumers" / "__main__.py")
+ROOT = Path(__file__).resolve().parents[2]
+ENTRY = str(ROOT / "consumers" / "__main__.py")
 """What `sys.argv[0]` is in `python -m consumers`: click names the program from it."""
 
 
@@ -104,6 +109,23 @@ def _child(request: dict[str, Any], keep: tuple[int, ...]) -> None:
         os._exit(code)
 
 
+GRACE_S = 10.0
+"""How long commands left running by a worker that went get after a SIGTERM."""
+
+
+def _signal_all(children: dict[int, int], sig: int) -> None:
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """All of `data` (a pipe write of more than PIPE_BUF bytes may be cut short)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def serve(requests_fd: int, answers_fd: int) -> None:
     """Read requests, fork a child for each, say its pid and later its status; end when the
     requests' pipe closes (the test worker went) and every child has been reaped."""
@@ -112,7 +134,7 @@ def serve(requests_fd: int, answers_fd: int) -> None:
     pending = b""
 
     def answer(message: dict[str, Any]) -> None:
-        os.write(answers_fd, (json.dumps(message) + "\n").encode())
+        _write_all(answers_fd, (json.dumps(message) + "\n").encode())
 
     def start(request: dict[str, Any]) -> None:
         pid = os.fork()
@@ -122,17 +144,22 @@ def serve(requests_fd: int, answers_fd: int) -> None:
         answer({"id": request["id"], "pid": pid})
 
     open_ = True
+    gone_at = 0.0
     while open_ or children:
         watched = [requests_fd] if open_ else []
         ready, _, _ = select.select(watched, [], [], 0.01 if children else None)
         if ready:
             chunk = os.read(requests_fd, 1 << 16)
-            if not chunk:
+            if not chunk:  # the worker went: stop what it left running (TERM, then KILL)
                 open_ = False
+                gone_at = time.monotonic()
+                _signal_all(children, signal.SIGTERM)
             pending += chunk
             *lines, pending = pending.split(b"\n")
             for line in lines:
                 start(json.loads(line))
+        if not open_ and children and time.monotonic() - gone_at > GRACE_S:
+            _signal_all(children, signal.SIGKILL)
         while children:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
@@ -154,6 +181,7 @@ class Zygote:
             pass_fds=(requests_read, answers_write),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
+            cwd=ROOT,  # where `tests` imports from, whatever directory pytest runs in
         )
         os.close(requests_read)
         os.close(answers_write)
@@ -175,6 +203,15 @@ class Zygote:
         with self._lock:  # the server is gone: nobody waits for ever
             for future in (*self._pids.values(), *self._codes.values()):
                 future.set_exception(RuntimeError("the test zygote ended"))
+
+    def alive(self) -> bool:
+        return self._process.poll() is None
+
+    def close(self) -> None:
+        """End the server (it stops the commands still running first)."""
+        with contextlib.suppress(OSError):
+            os.close(self._requests)
+        self._process.wait(timeout=GRACE_S + 30)
 
     def start(
         self, args: list[str], env: dict[str, str], stdout: str, stderr: str | None
@@ -207,7 +244,7 @@ class Zygote:
                 "stdout": stdout,
                 "stderr": stderr,
             }
-            os.write(self._requests, (json.dumps(request) + "\n").encode())
+            _write_all(self._requests, (json.dumps(request) + "\n").encode())
         command = [sys.executable, "-m", "consumers", *args]
         return Forked(command, pid_future.result(timeout=30), code_future)
 
@@ -252,7 +289,7 @@ class Forked:
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
-        if self._code.done():
+        if self._code.done() and self._code.exception() is None:
             self.returncode = self._code.result()
         return self.returncode
 
@@ -264,7 +301,7 @@ class Forked:
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
-        if self.poll() is None:  # as Popen: never a pid the server has reaped
+        if self.poll() is None:  # not once its status is known (its pid may be reused then)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, sig)
 
@@ -285,7 +322,7 @@ def zygote() -> Zygote | None:
     if os.environ.get("PKGQ_TEST_ZYGOTE", "1") == "0":
         return None
     with _started:
-        if _zygote is None:
+        if _zygote is None or not _zygote.alive():  # started on first use, again if it died
             _zygote = Zygote()
         return _zygote
 

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,10 @@ from tests.support.zygote import Zygote
 
 
 @pytest.fixture(scope="module")
-def forks() -> Zygote:
-    return Zygote()
+def forks() -> Iterator[Zygote]:
+    server = Zygote()
+    yield server
+    server.close()
 
 
 def _fresh(
@@ -67,8 +70,6 @@ def test_a_forked_command_reads_its_own_environment_and_input(forks: Zygote) -> 
     fresh = _fresh(["publish", "package_purchase", "-"], env, "{}")
     assert forked.returncode == fresh.returncode != 0
     assert forked.stderr == fresh.stderr
-    # The fork server's own environment is not the command's.
-    assert "PKGQ_AMQP_URL" not in os.environ or os.environ["PKGQ_AMQP_URL"] != "not a url at all"
 
 
 def test_a_forked_command_over_its_timeout_is_killed_and_reported_as_subprocess_does(
@@ -110,3 +111,24 @@ def test_a_forked_long_running_command_logs_to_one_file_and_is_signalled_by_pid(
     wrong = forks.start(["route", "pause"], dict(os.environ), str(log), None)
     assert wrong.wait(60) == 2
     assert "Usage:" in log.read_text()
+
+
+def test_the_commands_a_worker_left_running_are_stopped_when_the_worker_goes(
+    tmp_path: Path,
+) -> None:
+    """The server ends once the worker's end of the requests pipe closes, and takes down
+    what that worker still had running, so nothing outlives a test session."""
+    server = Zygote()
+    log = tmp_path / "left.log"
+    log.touch()
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        env = {**os.environ, "PKGQ_AMQP_URL": f"amqp://guest:guest@127.0.0.1:{port}/"}
+        body = '{"user_id": "00000000-0000-0000-0000-000000000001", "package_id": 1}'
+        left = server.start(["publish", "package_purchase", body], env, str(log), None)
+        server.close()
+    assert not server.alive()
+    with pytest.raises(ProcessLookupError):
+        os.kill(left.pid, 0)  # gone, and reaped

@@ -467,7 +467,8 @@ def _rabbitmq_errors(doc: Doc, broker_conf: dict[str, str], advanced: str) -> li
     found = spec.get("rabbitmq", {}).get("advancedConfig", "")
     if erlang_terms(found) != erlang_terms(advanced):
         errors.append(
-            f"{where}: advancedConfig must hold deploy/rabbitmq/advanced.config's terms (the "
+            f"{where}: advancedConfig must be deploy/rabbitmq/advanced.config's terms, no more "
+            "and no less (add a term there to add it here; the "
             "dead-letter worker's confirm timeout: a dead letter whose confirm was lost with a "
             "node otherwise reaches pkgq 3 minutes late)"
         )

@@ -4,9 +4,11 @@
 # RabbitMQ (rabbit@localhost, 5672) and PostgreSQL (15/main, 5432), which it does not touch.
 # Chaos tests drive it with the subcommands below. Runs as root. See README.md here.
 set -eEuo pipefail
-# A command that fails outside a die (set -e ends the script) says which one, so a boot that
-# stops under load in CI is not a log that ends without a reason.
-trap 'echo "ha-lab: line $LINENO: \"$BASH_COMMAND\" failed with status $?" >&2' ERR
+# A command that fails outside a die (set -e ends the script) says which one and where, so a
+# boot that stops under load in CI is not a log that ends without a reason. Not inside a
+# $(...) or a background job (a subshell): their callers check them, and a message built with
+# one may meet an empty answer.
+trap 'ha_lab_rc=$?; [ "$BASH_SUBSHELL" = 0 ] && echo "ha-lab: ${BASH_SOURCE[0]}:$LINENO: \"$BASH_COMMAND\" failed with status $ha_lab_rc" >&2' ERR
 
 SCRIPT=ha-lab
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -101,7 +103,7 @@ main() {
     case "$cmd" in
         -h | --help | help) usage; return 0 ;;
         env) env_lines; return 0 ;;
-        "") usage >&2; return 2 ;;
+        "") usage >&2; exit 2 ;;
     esac
     require_root "$cmd" "$@"
     case "$cmd" in
