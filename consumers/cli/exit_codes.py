@@ -23,6 +23,7 @@ TIMEOUT = 5
 MISMATCH = 6
 NOT_CONFIRMED = 7
 VIOLATIONS = 8
+UNREACHABLE = 9
 
 MEANINGS: dict[int, str] = {
     OK: "ok: done as asked",
@@ -40,6 +41,8 @@ MEANINGS: dict[int, str] = {
     "terminal to ask on and no --yes; nothing was changed",
     VIOLATIONS: "violations: an invariant does not hold (`pkgq doctor` found rows that break it, "
     "and names them)",
+    UNREACHABLE: "unreachable: RabbitMQ or PostgreSQL did not answer at the configured address "
+    "(down, or a wrong address) or went away during the command",
 }
 
 

@@ -1,6 +1,7 @@
 """How a command runs: its settings (with logging set up), its one event loop, and the
 short-lived connections it works through. Errors that mean the broker or the database is not
-as pkgq needs it end the command with exit status 6, whichever command met them."""
+as pkgq needs it end the command with exit status 6, and one that cannot be reached with
+status 9 and one line naming it, whichever command met them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 from uuid import UUID
+
+import asyncpg
+from aiormq.exceptions import AMQPError
 
 from consumers import publishing
 from consumers.cli import exit_codes
@@ -23,6 +27,7 @@ from infra.rabbit.connection import open_amqp
 from infra.rabbit.topology import TopologyMismatchError
 from infra.settings import Settings
 from infra.tls import TlsError
+from infra.transient import is_outage
 
 T = TypeVar("T")
 
@@ -46,6 +51,29 @@ def run(work: Coroutine[Any, Any, T]) -> T:
         exit_codes.fail(exit_codes.MISMATCH, exc)
     except TlsError as exc:  # one line that says what to check, no traceback
         exit_codes.fail(exit_codes.USAGE, exc)
+    except Exception as exc:
+        if not is_outage(exc):
+            raise
+        exit_codes.fail(exit_codes.UNREACHABLE, unreachable(exc))
+
+
+def unreachable(exc: BaseException) -> str:
+    """One line for a service that did not answer: which one (as far as the error tells), what
+    it said, and where to look."""
+    if isinstance(exc, AMQPError):
+        return (
+            f"RabbitMQ did not answer ({exc}): check that it runs and that PKGQ_AMQP_URL "
+            "points at it"
+        )
+    if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError):
+        return (
+            f"PostgreSQL did not answer ({exc}): check that it runs and that PKGQ_POSTGRES_DSN "
+            "points at it"
+        )
+    return (
+        f"RabbitMQ or PostgreSQL did not answer ({exc}): check that both run and that "
+        "PKGQ_AMQP_URL and PKGQ_POSTGRES_DSN point at them"
+    )
 
 
 async def connected(settings: Settings, call: Callable[[Conn], Awaitable[T]]) -> T:

@@ -6,6 +6,7 @@ destructive commands. Real `pkgq` processes against the test's own database and 
 from __future__ import annotations
 
 import json
+import socket
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -81,10 +82,42 @@ def test_every_exit_status_has_one_meaning() -> None:
         exit_codes.MISMATCH,
         exit_codes.NOT_CONFIRMED,
         exit_codes.VIOLATIONS,
+        exit_codes.UNREACHABLE,
     ]
-    assert codes == list(range(9))
+    assert codes == list(range(10))
     assert sorted(exit_codes.MEANINGS) == codes
     assert len(set(exit_codes.MEANINGS.values())) == len(codes)
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:  # bound, never listening: connections are refused
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_a_command_that_cannot_reach_rabbitmq_says_so_in_one_line_with_status_9(
+    settings: Settings,
+) -> None:
+    broker = f"amqp://guest:guest@127.0.0.1:{_closed_port()}/"
+    body = json.dumps({"user_id": str(uuid4()), "package_id": 1})
+    done = await cli(settings, "publish", "package_purchase", body, PKGQ_AMQP_URL=broker)
+    assert done.returncode == exit_codes.UNREACHABLE, done.stderr
+    assert "Traceback" not in done.stderr
+    (said,) = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert said.startswith("error: RabbitMQ did not answer (")
+    assert "PKGQ_AMQP_URL" in said
+
+
+async def test_a_command_that_cannot_reach_postgres_says_so_in_one_line_with_status_9(
+    settings: Settings,
+) -> None:
+    dsn = f"postgresql://pkgq@127.0.0.1:{_closed_port()}/pkgq"
+    done = await cli(settings, "dlq", "list", PKGQ_POSTGRES_DSN=dsn)
+    assert done.returncode == exit_codes.UNREACHABLE, done.stderr
+    assert "Traceback" not in done.stderr
+    (said,) = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert "did not answer (" in said
+    assert "PKGQ_POSTGRES_DSN" in said
 
 
 async def test_version_prints_the_installed_version_and_exits_zero(settings: Settings) -> None:
