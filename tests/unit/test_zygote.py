@@ -4,6 +4,7 @@ directory and input, and a command killed at its timeout is reported as subproce
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -72,17 +73,26 @@ def test_a_forked_command_reads_its_own_environment_and_input(forks: Zygote) -> 
     assert forked.stderr == fresh.stderr
 
 
-def test_a_forked_command_over_its_timeout_is_killed_and_reported_as_subprocess_does(
-    forks: Zygote,
-) -> None:
-    with socket.socket() as silent:  # takes the connection, never answers the AMQP handshake
+BODY = '{"user_id": "00000000-0000-0000-0000-000000000001", "package_id": 1}'
+"""A purchase body that `pkgq publish` accepts."""
+
+
+@contextlib.contextmanager
+def a_silent_broker() -> Iterator[dict[str, str]]:
+    """An environment whose broker takes the connection and never answers the AMQP handshake,
+    so a publish waits until it is stopped."""
+    with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         port = silent.getsockname()[1]
-        env = {**os.environ, "PKGQ_AMQP_URL": f"amqp://guest:guest@127.0.0.1:{port}/"}
-        body = '{"user_id": "00000000-0000-0000-0000-000000000001", "package_id": 1}'
-        with pytest.raises(subprocess.TimeoutExpired):
-            forks.run(["publish", "package_purchase", "-"], env, body, timeout=1)
+        yield {**os.environ, "PKGQ_AMQP_URL": f"amqp://guest:guest@127.0.0.1:{port}/"}
+
+
+def test_a_forked_command_over_its_timeout_is_killed_and_reported_as_subprocess_does(
+    forks: Zygote,
+) -> None:
+    with a_silent_broker() as env, pytest.raises(subprocess.TimeoutExpired):
+        forks.run(["publish", "package_purchase", "-"], env, BODY, timeout=1)
     after = forks.run(["--version"], dict(os.environ), None, timeout=60)
     assert after.returncode == 0
 
@@ -94,13 +104,8 @@ def test_a_forked_long_running_command_logs_to_one_file_and_is_signalled_by_pid(
     into one log, is signalled by pid, and reports its status as Popen does."""
     log = tmp_path / "child.log"
     log.touch()
-    with socket.socket() as silent:
-        silent.bind(("127.0.0.1", 0))
-        silent.listen()
-        port = silent.getsockname()[1]
-        env = {**os.environ, "PKGQ_AMQP_URL": f"amqp://guest:guest@127.0.0.1:{port}/"}
-        body = '{"user_id": "00000000-0000-0000-0000-000000000001", "package_id": 1}'
-        child = forks.start(["publish", "package_purchase", body], env, str(log), None)
+    with a_silent_broker() as env:
+        child = forks.start(["publish", "package_purchase", BODY], env, str(log), None)
         assert child.poll() is None
         with pytest.raises(subprocess.TimeoutExpired):
             child.wait(0.2)
@@ -121,13 +126,8 @@ def test_the_commands_a_worker_left_running_are_stopped_when_the_worker_goes(
     server = Zygote()
     log = tmp_path / "left.log"
     log.touch()
-    with socket.socket() as silent:
-        silent.bind(("127.0.0.1", 0))
-        silent.listen()
-        port = silent.getsockname()[1]
-        env = {**os.environ, "PKGQ_AMQP_URL": f"amqp://guest:guest@127.0.0.1:{port}/"}
-        body = '{"user_id": "00000000-0000-0000-0000-000000000001", "package_id": 1}'
-        left = server.start(["publish", "package_purchase", body], env, str(log), None)
+    with a_silent_broker() as env:
+        left = server.start(["publish", "package_purchase", BODY], env, str(log), None)
         server.close()
     assert not server.alive()
     with pytest.raises(ProcessLookupError):
