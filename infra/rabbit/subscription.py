@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import aiormq.abc
@@ -83,9 +83,25 @@ class Subscription:
         if await self._resubscribe():
             return
         log.warning("resume_waiting_for_broker", route=self.name)
-        task = asyncio.create_task(self._resubscribe_once_back(), name=f"resume:{self.name}")
+        self._in_background(self._resubscribe_once_back(), f"resume:{self.name}")
+
+    def _in_background(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run `work` as a task the subscription keeps until it ends."""
+        task = asyncio.create_task(work, name=name)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def _stopping_or_connected(self, at_most: float | None = None) -> None:
+        """Wait until a stop is asked for or the connection is up (at most `at_most` s)."""
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        connected = asyncio.ensure_future(self._connection.ready())
+        try:
+            await asyncio.wait(
+                {stopping, connected}, timeout=at_most, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            stopping.cancel()
+            connected.cancel()
 
     def _resubscribed_or_unwanted(self) -> bool:
         """Subscribed already, or no subscription is wanted now (paused again, stopping)."""
@@ -119,13 +135,7 @@ class Subscription:
         while not await self._resubscribe():
             with contextlib.suppress(TimeoutError):  # a breath between attempts
                 await asyncio.wait_for(self._stopping.wait(), timeout=0.5)
-            stopping = asyncio.ensure_future(self._stopping.wait())
-            connected = asyncio.ensure_future(self._connection.ready())
-            try:
-                await asyncio.wait({stopping, connected}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stopping.cancel()
-                connected.cancel()
+            await self._stopping_or_connected()
 
     @property
     def paused(self) -> bool:
@@ -184,9 +194,7 @@ class Subscription:
             return
         log.warning("consumer_cancelled_by_broker", route=self.name)
         self._consumer_tag = None
-        task = asyncio.create_task(self._resubscribe_after_cancel(), name=f"cancel:{self.name}")
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._in_background(self._resubscribe_after_cancel(), f"cancel:{self.name}")
 
     async def _resubscribe_after_cancel(self) -> None:
         with contextlib.suppress(StoppingError):
@@ -225,16 +233,9 @@ class Subscription:
         channel. A stop ends the wait at once."""
         deadline = asyncio.get_running_loop().time() + self._settings.startup_wait
         while not self._stopping.is_set() and not self._paused:
-            stopping = asyncio.ensure_future(self._stopping.wait())
-            connected = asyncio.ensure_future(self._connection.ready())
-            left = max(0.0, deadline - asyncio.get_running_loop().time())
-            try:
-                await asyncio.wait(
-                    {stopping, connected}, timeout=left, return_when=asyncio.FIRST_COMPLETED
-                )
-            finally:
-                stopping.cancel()
-                connected.cancel()
+            await self._stopping_or_connected(
+                max(0.0, deadline - asyncio.get_running_loop().time())
+            )
             if self._stopping.is_set() or self._paused:
                 return
             try:
