@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from domain.errors import MAX_QUEUED_ITEMS
+from infra.event_loop import EventLoopName
 from infra.faults import FaultSpecError
 from infra.faults import parse as parse_faults
 from infra.route_config import BreakerSettings, RetrySettings, RouteSettings, load_routes_file
@@ -142,6 +143,9 @@ class Settings(BaseSettings):
     outage, or a certificate not accepted) before they exit."""
     log_format: str = Field(default="auto", pattern="^(auto|json|console)$")
     log_level: str = "info"
+    event_loop: EventLoopName = "uvloop"
+    """The event loop commands run on: uvloop (the default; the consumers' and the relay's
+    throughput, infra/event_loop.py) or asyncio (the standard library's)."""
 
     faults: str = ""
     """Crash tests only, never in production: the fault points that SIGKILL the process, e.g.

@@ -18,7 +18,7 @@ from consumers import publishing
 from consumers.cli import exit_codes
 from events.models import WireModel
 from events.routes import Route
-from infra import faults
+from infra import event_loop, faults
 from infra.jobs import Jobs
 from infra.logging import configure_logging
 from infra.postgres.migrate import RuntimeRoleMissingError
@@ -37,6 +37,7 @@ def load_settings(*, logs_to_stdout: bool = False) -> Settings:
     the crash tests' faults enabled, if PKGQ_FAULTS names any."""
     settings = Settings.load()
     faults.configure(settings.faults)
+    event_loop.choose(settings.event_loop)
     configure_logging(
         settings.log_format, settings.log_level, sys.stdout if logs_to_stdout else sys.stderr
     )
@@ -44,9 +45,11 @@ def load_settings(*, logs_to_stdout: bool = False) -> Settings:
 
 
 def run(work: Coroutine[Any, Any, T]) -> T:
-    """Run a command's async work to its end: the one way the CLI runs async code."""
+    """Run a command's async work to its end on the chosen event loop (infra/event_loop.py):
+    the one way the CLI runs async code."""
     try:
-        return asyncio.run(work)
+        with asyncio.Runner(loop_factory=event_loop.loop_factory()) as runner:
+            return runner.run(work)
     except (TopologyMismatchError, RuntimeRoleMissingError) as exc:
         exit_codes.fail(exit_codes.MISMATCH, exc)
     except TlsError as exc:  # one line that says what to check, no traceback

@@ -52,6 +52,7 @@ ENTRY = str(ROOT / "consumers" / "__main__.py")
 def _preload() -> None:
     """Import every command's module, the plugins' too, as `pkgq --help` does."""
     import typer.main
+    import uvloop  # noqa: F401  (every command's event loop: infra/event_loop.py)
 
     from consumers.cli.app import app
 
