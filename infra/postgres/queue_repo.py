@@ -40,6 +40,31 @@ class LoadedQueue:
     usages_before: frozenset[str] = frozenset()
     """The billing record ids loaded as billed: the batch writes the ones billed since."""
 
+    def as_loaded(self) -> LoadedQueue:
+        """A fresh queue as this one was loaded (a failed first message's rollback): the items
+        as loaded, copied, the user row and sequence as read, and the orders and billed usages
+        loaded with it (entries are only ever added to those)."""
+        queue = self.queue
+        upload, download, has_access = self.user_before
+        fresh = UserQueue(
+            user_id=queue.user_id,
+            items=[item.copy() for item in self.items_before.values()],
+            unbilled_upload=upload,
+            unbilled_download=download,
+            has_access=has_access,
+            orders={k: v for k, v in queue.orders.items() if k in self.orders_before},
+            usages={k: v for k, v in queue.usages.items() if k in self.usages_before},
+        )
+        return LoadedQueue(
+            fresh,
+            self.items_before,
+            self.user_before,
+            self.seq_before,
+            self.seq_before,
+            self.orders_before,
+            self.usages_before,
+        )
+
     def take_seqs(self, count: int) -> list[int]:
         """The next `count` numbers of the user's event sequence (written by save)."""
         first = self.seq + 1
@@ -195,10 +220,34 @@ async def allocate_item_ids(conn: Conn, count: int) -> tuple[list[int], datetime
     return [r["id"] for r in rows], rows[0]["at"]
 
 
+_COUNTERS = """
+    UPDATE telecom.package_queue AS q SET upload = c.upload, download = c.download
+    FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS c(id, upload, download)
+    WHERE q.id = c.id
+"""
+
+
+def _only_counters_differ(item: QueueItem, was: QueueItem) -> bool:
+    """Whether `item` differs from how it was loaded in its traffic counters alone (a usage
+    billed to it), the only change the counters' update writes. Its terms, id, user, order and
+    creation never change once it is bought."""
+    return (
+        item.status is was.status
+        and item.activated_at == was.activated_at
+        and item.adjust_quota == was.adjust_quota
+        and item.expire_at == was.expire_at
+    )
+
+
+def _counter_columns(items: list[QueueItem]) -> list[list[int]]:
+    return [[i.id for i in items], [i.upload for i in items], [i.download for i in items]]
+
+
 async def save(conn: Conn, queues: Iterable[LoadedQueue]) -> None:
     """Write back new and changed items with the orders bought (one statement) and changed
     user rows (one more)."""
     items: list[QueueItem] = []
+    counted: list[QueueItem] = []
     users: list[LoadedQueue] = []
     orders: list[tuple[UUID, UUID, tuple[int, ...]]] = []
     for loaded in queues:
@@ -209,11 +258,21 @@ async def save(conn: Conn, queues: Iterable[LoadedQueue]) -> None:
             if order not in loaded.orders_before
         )
         before = loaded.items_before
-        items.extend(i for i in queue.items if i.id not in before or i != before[i.id])
+        for item in queue.items:
+            was = before.get(item.id)
+            if was is None:
+                items.append(item)
+            elif item != was:
+                (counted if _only_counters_differ(item, was) else items).append(item)
         user_after = (queue.unbilled_upload, queue.unbilled_download, queue.has_access)
         if user_after != loaded.user_before or loaded.seq != loaded.seq_before:
             users.append(loaded)
-    if items:
+    if counted and not items:
+        # Usage billed to items that change nothing else (most of a usage batch): three short
+        # arrays instead of the upsert's fourteen, and a plain update instead of a speculative
+        # insert. With other items to write as well, it rides on their statement (below).
+        await conn.execute(_COUNTERS, *_counter_columns(counted))
+    elif items:
         # Items leaving `active` are written before the ones entering it (the rows go in in
         # this order), so the partial unique index (one active item per user) never sees two.
         items.sort(key=lambda i: i.status is ItemStatus.ACTIVE)
@@ -229,6 +288,12 @@ async def save(conn: Conn, queues: Iterable[LoadedQueue]) -> None:
                 FROM unnest($15::uuid[], $16::uuid[], $17::bigint[])
                      AS o(user_id, by_order, item_id)
                 GROUP BY o.user_id, o.by_order
+            ), counted AS (
+                -- items whose counters alone changed: never among the rows below
+                UPDATE telecom.package_queue AS q SET upload = c.upload, download = c.download
+                FROM unnest($18::bigint[], $19::bigint[], $20::bigint[])
+                     AS c(id, upload, download)
+                WHERE q.id = c.id
             )
             INSERT INTO telecom.package_queue AS q
                 (id, user_id, package_id, by_order, status, created_at, activated_at,
@@ -257,6 +322,7 @@ async def save(conn: Conn, queues: Iterable[LoadedQueue]) -> None:
             [u for u, _, ids in orders for _ in ids],
             [o for _, o, ids in orders for _ in ids],
             [i for _, _, ids in orders for i in ids],
+            *_counter_columns(counted),
         )
     if users:
         await conn.execute(

@@ -1,0 +1,111 @@
+"""Usage billed to an item that changes nothing else is written as its counters alone (three
+short arrays, a plain UPDATE), not through the items' upsert; beside items that change more
+(consumed, bought), the counters ride on the upsert's statement. Either way the rows end up
+exactly as the domain left them."""
+# An item whose time is up is expired by the usage that finds it (a status change: the upsert).
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from uuid import UUID, uuid4
+
+import asyncpg
+import pytest
+
+from consumers.delivery import DeliveryPipeline
+from consumers.registry import HANDLERS
+from consumers.retry_policy import RetryPolicy
+from domain.delivery import Fate
+from events.models import RecordUsage
+from events.routes import USAGE_RECORD
+from infra.postgres import bench_data
+from infra.postgres.pool import create_pool
+from infra.postgres.statements import StatementLog
+from infra.settings import Settings
+from tests.support.deliveries import add_package, raw_for
+
+LIMIT = 1000
+COUNTERS_ONLY = "UPDATE telecom.package_queue AS q SET upload = c.upload"
+UPSERT = "WITH bought AS ( INSERT INTO telecom.orders"
+"""How the items' upsert begins (the statement log keeps each statement's first 120 characters,
+whitespace folded)."""
+
+
+@pytest.fixture
+async def logged(settings: Settings) -> AsyncIterator[tuple[asyncpg.Pool, StatementLog]]:
+    log = StatementLog()
+    pool = await create_pool(
+        settings.postgres_dsn, min_size=1, max_size=2, query_logger=log, reset_session=False
+    )
+    yield pool, log
+    await pool.close()
+
+
+async def _active_users(pool: asyncpg.Pool, count: int) -> list[UUID]:
+    users = [uuid4() for _ in range(count)]
+    package = await add_package(pool, LIMIT, name="counters")
+    async with pool.acquire() as conn:
+        await bench_data.seed_active_users(conn, users, package, LIMIT)
+    return users
+
+
+async def _items(pool: asyncpg.Pool, users: list[UUID]) -> dict[UUID, tuple[str, int, int]]:
+    async with pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT user_id, status::text AS status, upload, download FROM telecom.package_queue "
+            "WHERE user_id = ANY($1::uuid[])",
+            users,
+        )
+    return {r["user_id"]: (r["status"], r["upload"], r["download"]) for r in rows}
+
+
+async def _bill(
+    pool: asyncpg.Pool, log: StatementLog, usage: list[tuple[UUID, int, int]]
+) -> list[str]:
+    pipeline = DeliveryPipeline(
+        pool, USAGE_RECORD, HANDLERS[USAGE_RECORD.name], RetryPolicy(), max_body_bytes=2**20
+    )
+    await log.settled()
+    log.clear()
+    raws = [
+        raw_for(USAGE_RECORD, RecordUsage(user_id=u, upload=up, download=down))
+        for u, up, down in usage
+    ]
+    results = await pipeline.process_batch(raws)
+    assert [r.fate for r in results] == [Fate.APPLIED] * len(raws)
+    await log.settled()
+    return list(log.statements)
+
+
+async def test_usage_that_changes_only_counters_is_written_by_the_counters_update_alone(
+    logged: tuple[asyncpg.Pool, StatementLog],
+) -> None:
+    pool, log = logged
+    users = await _active_users(pool, 3)
+    statements = await _bill(pool, log, [(u, 10 * (n + 1), n) for n, u in enumerate(users)])
+    assert sum(s.startswith(COUNTERS_ONLY) for s in statements) == 1
+    assert not any(s.startswith(UPSERT) for s in statements)
+    assert await _items(pool, users) == {
+        u: ("active", 10 * (n + 1), n) for n, u in enumerate(users)
+    }
+
+
+async def test_counters_ride_on_the_upsert_beside_an_item_that_is_consumed(
+    logged: tuple[asyncpg.Pool, StatementLog],
+) -> None:
+    pool, log = logged
+    billed, consumed = await _active_users(pool, 2)
+    async with pool.acquire() as conn:  # its time is up: the usage expires it first
+        await conn.execute(
+            "UPDATE telecom.package_queue SET expire_at = now() - interval '1 minute' "
+            "WHERE user_id = $1",
+            consumed,
+        )
+    statements = await _bill(pool, log, [(billed, 7, 3), (consumed, 5, 0)])
+    # One statement writes both items: the counters' update is a CTE of the upsert.
+    assert sum(s.startswith(UPSERT) for s in statements) == 1
+    assert not any(s.startswith(COUNTERS_ONLY) for s in statements)
+    assert await _items(pool, [billed, consumed]) == {
+        billed: ("active", 7, 3),
+        consumed: ("consumed", 0, 0),  # expired by time; the usage was kept as unbilled
+    }
