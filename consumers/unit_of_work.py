@@ -79,16 +79,22 @@ class UnitOfWork:
     billed_by: dict[tuple[UUID, str], UUID] = field(default_factory=dict)
     """(user, usage_id) -> the message that billed it in this batch (a rolled-back message's
     entry is left, harmless: only record ids its user's queue still holds are written)."""
+    _handed_out: set[UUID] = field(default_factory=set, init=False, repr=False)
+    """Users whose queue `queue` handed to a handler (it may differ from the loaded one)."""
     repeats: dict[UUID, Fate] = field(default_factory=dict)
     """Message ids of messages that repeated a business key seen before (an order bought, a
     billing record billed), with the fate that says which (domain.delivery.REPEATS)."""
 
     def savepoint(self, user_id: UUID | None) -> Savepoint:
-        """The state one message may change (its user's), to go back to if it fails."""
+        """The state one message may change (its user's), to go back to if it fails. A user's
+        queue no handler has had yet is as loaded, which the loaded queue remembers
+        (`as_loaded`): nothing is copied for it (the first message of each user in a batch)."""
         loaded = self.queues.get(user_id) if user_id is not None else None
+        queue = _copy(loaded) if loaded is not None and user_id in self._handed_out else None
         return Savepoint(
             user_id=user_id,
-            queue=_copy(loaded) if loaded is not None else None,
+            queue=queue,
+            pristine=loaded is not None and queue is None,
             outbox_len=len(self.outbox_rows),
             withdrawn_len=len(self.withdrawn),
             audit_len=len(self.audit),
@@ -107,6 +113,8 @@ class UnitOfWork:
             return
         if point.queue is not None:
             self.queues[user_id] = point.queue
+        elif point.pristine:
+            self.queues[user_id] = self.queues[user_id].as_loaded()
         if point.access_change is None:
             self.access_changes.pop(user_id, None)
         else:
@@ -143,9 +151,11 @@ class UnitOfWork:
         return {(u, i): r for u, items in self.remaining.items() for i, r in items.items()}
 
     def queue(self, user_id: UUID) -> LoadedQueue:
+        """The user's queue, for a handler to change (every change goes through here)."""
         loaded = self.queues.get(user_id)
         if loaded is None:
             raise NotInBatchError(f"user {user_id} was not locked by this batch")
+        self._handed_out.add(user_id)
         return loaded
 
     def record(
@@ -191,6 +201,10 @@ class UnitOfWork:
 class Savepoint:
     user_id: UUID | None
     queue: LoadedQueue | None
+    """The user's queue to go back to (a copy), or None: see `pristine`."""
+    pristine: bool
+    """No message of the batch had run on the user's queue yet: going back is going back to
+    the queue as it was loaded."""
     outbox_len: int
     withdrawn_len: int
     audit_len: int

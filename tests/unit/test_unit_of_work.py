@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 from consumers.unit_of_work import HandlerContext, UnitOfWork, transition
-from domain.model import ItemStatus, Package
+from domain.model import BilledUsage, ItemStatus, Package, QueueItem
 from events.envelope import Envelope
 from infra.postgres import access
 from infra.postgres.queue_repo import UserRow, loaded_queue
@@ -93,3 +93,44 @@ async def test_a_grant_carries_the_items_remaining_traffic_and_expiry_as_loaded(
     change = work.access_changes[A]
     assert (change.item_id, change.remaining) == (item, 60)
     assert change.expire_at == T0 + timedelta(days=30)
+
+
+async def test_a_users_first_message_rolled_back_leaves_the_queue_as_loaded_without_a_copy() -> (
+    None
+):
+    item = QueueItem(1, A, MONTHLY.terms(), None, ItemStatus.ACTIVE, T0, T0, upload=10)
+    as_loaded = item.copy()
+    order = UUID(int=77)
+    loaded = loaded_queue(
+        UserRow(A, 5, 6, True, 3),
+        [item],
+        orders={order: (1,)},
+        usages={"u-1": BilledUsage(1, 10, 0, None)},
+    )
+    work = UnitOfWork(T0, {A: loaded}, {MONTHLY.id: MONTHLY}, list(range(2, 11)), T0)
+    point = work.savepoint(A)
+    assert point.queue is None  # nothing copied for a queue as loaded
+    assert point.pristine
+    ctx = context(work, A)
+    ids, at = ctx.new_item_ids(2)
+    await transition(ctx, A, lambda q: q.purchase(MONTHLY, UUID(int=78), 2, ids, at))
+    await transition(ctx, A, lambda q: q.record_usage(200, 0, T0, usage_id="u-2"))
+    changed = work.queues[A]
+    assert changed.seq > 3
+    assert len(changed.queue.items) == 3
+    assert "u-2" in changed.queue.usages
+    work.rollback(point)
+    back = work.queues[A]
+    queue = back.queue
+    assert item.upload == 210  # the handlers changed the loaded item itself
+    assert queue.items == [as_loaded]
+    assert queue.items[0] is not loaded.items_before[1]
+    assert (queue.unbilled_upload, queue.unbilled_download, queue.has_access) == (5, 6, True)
+    assert queue.orders == {order: (1,)}
+    assert set(queue.usages) == {"u-1"}
+    assert back.seq == 3
+    assert work.outbox_rows == []
+    # A second message of the user in the batch finds it handed out: that one is copied.
+    again = work.savepoint(A)
+    assert again.queue is not None
+    assert not again.pristine
