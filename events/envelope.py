@@ -160,6 +160,8 @@ def preview(value: Any, limit: int = 80) -> str:
 
 def clean_text(value: str) -> str:
     """Postgres text and jsonb cannot hold NUL or a lone surrogate: make them visible."""
+    if value.isascii() and "\x00" not in value:
+        return value  # most header text (ids, traceparents): nothing to clean
     return value.replace("\x00", "\\0").encode("utf-8", "replace").decode("utf-8")
 
 
