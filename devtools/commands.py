@@ -39,8 +39,23 @@ def bench_cmd(
         int, typer.Option(min=1, max=16, help="pkgq run processes (routes split to match).")
     ] = 1,
     repeat: Annotated[
-        int, typer.Option(min=1, max=10, help="Runs of each batched phase; the best counts.")
+        int,
+        typer.Option(
+            min=1,
+            max=10,
+            help="Runs of each backlog drain (pkgq's and the broker's taking turns); the best "
+            "counts.",
+        ),
     ] = 2,
+    lifecycle_repeat: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=10,
+            help="Runs of the raw broker and of each pkgq lifecycle phase (the raw broker's "
+            "interleaved with pkgq's); the best counts.",
+        ),
+    ] = 3,
     backlog_users: Annotated[
         int, typer.Option(min=1, help="Users of the backlog phase, each with an active package.")
     ] = 1000,
@@ -86,6 +101,7 @@ def bench_cmd(
         raw_messages=raw_messages,
         replicas=replicas,
         repeat=repeat,
+        lifecycle_repeat=lifecycle_repeat,
         backlog_users=backlog_users,
         backlog_records=backlog_records,
         namespace=namespace,

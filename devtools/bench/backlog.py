@@ -312,12 +312,16 @@ def _raw(user: UUID) -> RawDelivery:
     )
 
 
+def _records_per_s(result: DrainResult) -> float:
+    return result.records_per_s
+
+
 def _exited(process: subprocess.Popen[bytes]) -> str | None:
     code = process.poll()
     return None if code is None else f"pkgq run exited with status {code}"
 
 
-BACKLOG_PHASES = 5
+BACKLOG_PHASES = 4
 
 
 async def backlog_phases(bench: Bench, say: Callable[[str], None]) -> dict[str, float | int]:
@@ -337,17 +341,19 @@ async def backlog_phases(bench: Bench, say: Callable[[str], None]) -> dict[str, 
 
     say(
         f"pkgq run (batch {scenario.batch_size}, up to {scenario.batch_max} when buffered, "
-        f"prefetch {scenario.prefetch}) on the same backlog"
+        f"prefetch {scenario.prefetch}) on the same backlog, taking turns with the broker "
+        f"consuming and acking alone ({scenario.backlog_records:,} messages, prefetch "
+        f"{BROKER_PREFETCH}, no database)"
     )
-    pkgq = await backlog.best_of(backlog.drain_pkgq)
+    # Taking turns, so a slow spell of the shared machine falls on both sides of the ratio.
+    pkgqs, brokers = [], []
+    for _ in range(scenario.repeat):
+        pkgqs.append(await backlog.drain_pkgq())
+        brokers.append(await backlog.drain_broker())
+    pkgq = max(pkgqs, key=_records_per_s)
+    broker = max(brokers, key=_records_per_s)
     say(f"  {pkgq.records_per_s:,.0f} records/s ({pkgq.seconds:.1f} s), rss {pkgq.rss_mb:.0f} MB")
-
-    say(
-        f"broker consume and ack alone: {scenario.backlog_records:,} messages, "
-        f"prefetch {BROKER_PREFETCH}, no database"
-    )
-    broker = await backlog.best_of(backlog.drain_broker)
-    say(f"  {broker.records_per_s:,.0f} msg/s ({broker.seconds:.1f} s)")
+    say(f"  broker alone {broker.records_per_s:,.0f} msg/s ({broker.seconds:.1f} s)")
 
     say(f"statements of one batch of {STATEMENT_BATCH} usage records, {STATEMENT_BATCH} users")
     statements, kinds = await backlog.statements_per_batch()

@@ -169,6 +169,25 @@ class Bench:
         assert best is not None
         return best
 
+    async def raw_and_lifecycle(self, runs: int) -> tuple[RunResult, RunResult]:
+        """The raw broker round trip and pkgq's lifecycle run taking turns, `runs` of each;
+        the best of each."""
+        raws: list[RunResult] = []
+        lifecycles: list[RunResult] = []
+        for number in range(runs):
+            raws.append(await self.raw_broker())
+            if number:
+                await self.clear_scenario()
+            lifecycles.append(
+                await self.scenario_run(
+                    "pkgq",
+                    batch_size=self.scenario.batch_size,
+                    prefetch=self.scenario.prefetch,
+                    batch_max=self.scenario.batch_max,
+                )
+            )
+        return max(raws, key=_rate), max(lifecycles, key=_rate)
+
     async def add_rows(self, rows: int) -> None:
         """Other users' consumed items: the table a busy deployment has, not the scenario's."""
         assert self.db is not None
@@ -300,3 +319,7 @@ class Bench:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"stuck at {value}/{target}")
             await asyncio.sleep(0.05)
+
+
+def _rate(result: RunResult) -> float:
+    return result.events_per_s

@@ -44,7 +44,10 @@ class Scenario:
     """pkgq's own defaults, unless the bench is told otherwise (and the raw baseline's QoS)."""
     raw_messages: int = 5_000
     repeat: int = 2
-    """Runs of each batched phase; the fastest counts."""
+    """Runs of each backlog drain; the fastest counts."""
+    lifecycle_repeat: int = 3
+    """Runs of the raw broker and of each pkgq lifecycle phase (short runs, so the noisiest
+    figures: more of them); the fastest counts."""
     replicas: int = 1
     """`pkgq run` processes; above 1, every route gets as many partitions, one per replica."""
     backlog_users: int = 1_000

@@ -65,6 +65,8 @@ async def test_bench_runs_every_phase_and_ends_with_one_key_value_line_per_figur
         "200",
         "--repeat",
         "1",
+        "--lifecycle-repeat",
+        "1",
         "--namespace",
         namespace,
     )
