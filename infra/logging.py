@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 import structlog
 
+from infra.log_context import add_delivery
 from infra.settings import mask_url
 from infra.terminal import printable
 
@@ -49,6 +50,7 @@ def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | N
     threshold = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
     shared: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
+        add_delivery,  # the delivery being applied, if any (infra/log_context.py)
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.StackInfoRenderer(),

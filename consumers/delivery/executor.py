@@ -24,7 +24,7 @@ from consumers.unit_of_work import Handler, HandlerContext, UnitOfWork
 from domain.delivery import Decision, ErrorKind, Failure, Fate
 from events.decoding import Decoded, RawDelivery
 from events.routes import Route
-from infra import tracing
+from infra import log_context, tracing
 from infra.postgres.pool import Conn
 from infra.transient import is_transient
 
@@ -97,15 +97,9 @@ class Executor:
                 )
                 continue
             started = time.perf_counter()
-            envelope = delivery.decoded.envelope
             trace_id: str | None = None
-            # bind/reset rather than bound_contextvars, which copies the whole context first.
-            bound = structlog.contextvars.bind_contextvars(
-                route=self.route.name,
-                message_id=(message_text := str(envelope.message_id)),
-                user_id=str(envelope.user_id) if envelope.user_id else None,
-                trace_id=tracing.trace_id_of(envelope.traceparent),
-            )
+            # What is logged meanwhile names the delivery (worked out only for lines written).
+            entered = log_context.enter(self.route.name, delivery.decoded.envelope)
             try:
                 decision = gate.admit(facts)
                 if decision is None:
@@ -113,14 +107,14 @@ class Executor:
                     if failure is None and delivery.decoded.newer:
                         failure = self._newer(delivery)
                     elif failure is None:
-                        failure, trace_id = await self._handle(conn, work, delivery, message_text)
+                        failure, trace_id = await self._handle(conn, work, delivery)
                         if failure is not None:
                             known.failures[delivery.index] = failure
                     repeat = work.repeats.get(delivery.message_id)
                     decision = gate.decide(facts, failure, self._policy.delay_after, repeat=repeat)
                 gate.note(facts, decision)
             finally:
-                structlog.contextvars.reset_contextvars(**bound)
+                log_context.leave(entered)
             seconds = time.perf_counter() - started
             decided.append(
                 Decided(delivery.index, delivery.raw, delivery.decoded, decision, trace_id, seconds)
@@ -146,13 +140,14 @@ class Executor:
         )
 
     async def _handle(
-        self, conn: Conn, work: UnitOfWork, delivery: Delivery, message_text: str
+        self, conn: Conn, work: UnitOfWork, delivery: Delivery
     ) -> tuple[Failure | None, str | None]:
         """Run the handler in memory. Returns how it failed (None: it did not) and the trace
         it ran in. A failure is rolled back in memory; transient errors (outages and blips)
         and a TTR leave the batch."""
         envelope = delivery.decoded.envelope
         point = work.savepoint(envelope.user_id)
+        message_text = str(envelope.message_id)
         with tracing.consuming(self.route.name, message_text, envelope.traceparent) as traceparent:
             context = HandlerContext(conn, work.now, envelope, work, traceparent)
             trace_id = tracing.trace_id_of(traceparent)
