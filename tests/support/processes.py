@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -91,11 +92,25 @@ class PkgqProcess:
             return f.read().decode(errors="replace")
 
 
+STATUS_PORTS = range(20_000, 25_000)
+"""Where free_port looks: below the kernel's ephemeral range (32768-60999 by default), where
+other programs' short-lived listeners come and go. A port the kernel picked there was once
+taken by something else between the probe and the process's bind (the test read a binary
+handshake, likely from the Erlang node a chaos test's rabbitmqctl starts). Above the dev and
+HA-lab brokers' ports (5672-5690, 15672-15690), below the lab's distribution ports (25680 and
+up)."""
+
+
 def free_port() -> int:
     """A TCP port nothing listens on now (for a process's status port)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    for port in random.sample(STATUS_PORTS, 100):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port among 100 tried in {STATUS_PORTS}")
 
 
 async def http_get(port: int, path: str) -> tuple[int, str]:
