@@ -3,10 +3,14 @@ broker names and connections)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import asyncpg
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
+from infra.postgres.pool import create_pool
+from infra.postgres.statements import StatementLog
 from infra.settings import Settings
 from tests.support.in_process import InProcess, StartApp
 
@@ -36,3 +40,15 @@ async def running_app(
     await app.start_consumers()
     await app.start_relay()
     return app
+
+
+@pytest.fixture
+async def counted(settings: Settings) -> AsyncIterator[tuple[asyncpg.Pool, StatementLog]]:
+    """A pool made as the consumers' is (consumers/runtime.services: no reset on release) whose
+    statements are logged: the set-based hot path's proof."""
+    log = StatementLog()
+    pool = await create_pool(
+        settings.postgres_dsn, min_size=1, max_size=2, query_logger=log, reset_session=False
+    )
+    yield pool, log
+    await pool.close()

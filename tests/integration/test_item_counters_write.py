@@ -6,11 +6,9 @@ exactly as the domain left them."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from uuid import UUID, uuid4
 
 import asyncpg
-import pytest
 
 from consumers.delivery import DeliveryPipeline
 from consumers.registry import HANDLERS
@@ -19,9 +17,7 @@ from domain.delivery import Fate
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.postgres import bench_data
-from infra.postgres.pool import create_pool
 from infra.postgres.statements import StatementLog
-from infra.settings import Settings
 from tests.support.deliveries import add_package, raw_for
 
 LIMIT = 1000
@@ -29,16 +25,6 @@ COUNTERS_ONLY = "UPDATE telecom.package_queue AS q SET upload = c.upload"
 UPSERT = "WITH bought AS ( INSERT INTO telecom.orders"
 """How the items' upsert begins (the statement log keeps each statement's first 120 characters,
 whitespace folded)."""
-
-
-@pytest.fixture
-async def logged(settings: Settings) -> AsyncIterator[tuple[asyncpg.Pool, StatementLog]]:
-    log = StatementLog()
-    pool = await create_pool(
-        settings.postgres_dsn, min_size=1, max_size=2, query_logger=log, reset_session=False
-    )
-    yield pool, log
-    await pool.close()
 
 
 async def _active_users(pool: asyncpg.Pool, count: int) -> list[UUID]:
@@ -78,9 +64,9 @@ async def _bill(
 
 
 async def test_usage_that_changes_only_counters_is_written_by_the_counters_update_alone(
-    logged: tuple[asyncpg.Pool, StatementLog],
+    counted: tuple[asyncpg.Pool, StatementLog],
 ) -> None:
-    pool, log = logged
+    pool, log = counted
     users = await _active_users(pool, 3)
     statements = await _bill(pool, log, [(u, 10 * (n + 1), n) for n, u in enumerate(users)])
     assert sum(s.startswith(COUNTERS_ONLY) for s in statements) == 1
@@ -91,9 +77,9 @@ async def test_usage_that_changes_only_counters_is_written_by_the_counters_updat
 
 
 async def test_counters_ride_on_the_upsert_beside_an_item_that_is_consumed(
-    logged: tuple[asyncpg.Pool, StatementLog],
+    counted: tuple[asyncpg.Pool, StatementLog],
 ) -> None:
-    pool, log = logged
+    pool, log = counted
     billed, consumed = await _active_users(pool, 2)
     async with pool.acquire() as conn:  # its time is up: the usage expires it first
         await conn.execute(

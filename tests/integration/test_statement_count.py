@@ -7,12 +7,11 @@ pool (BEGIN and COMMIT included). Sizes 8, 32 and 128 must cost the same, and at
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from uuid import UUID, uuid4
 
 import asyncpg
-import pytest
 
 from consumers.cli.user import summary
 from consumers.delivery import DeliveryPipeline
@@ -39,24 +38,11 @@ from events.routes import (
     USAGE_RECORD,
     Route,
 )
-from infra.postgres.pool import create_pool
 from infra.postgres.statements import StatementLog
-from infra.settings import Settings
 from tests.support.deliveries import add_package, raw_for
 
 SIZES = (8, 32, 128)
 MAX_STATEMENTS = 14
-
-
-@pytest.fixture
-async def counted(settings: Settings) -> AsyncIterator[tuple[asyncpg.Pool, StatementLog]]:
-    log = StatementLog()
-    # As the consumers' pool is made (consumers/runtime.services): no reset on release.
-    pool = await create_pool(
-        settings.postgres_dsn, min_size=1, max_size=2, query_logger=log, reset_session=False
-    )
-    yield pool, log
-    await pool.close()
 
 
 async def _run(
