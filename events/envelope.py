@@ -148,6 +148,14 @@ def header_text(headers: Mapping[str, Any], name: str, limit: int = MAX_HEADER_T
     return bounded_text(value, limit) if isinstance(value, str) else None
 
 
+def trace_id_of(traceparent: str | None) -> str | None:
+    """The trace id in a W3C `traceparent` header (for log lines); None unless well formed."""
+    if not traceparent:
+        return None
+    parts = traceparent.split("-")
+    return parts[1] if len(parts) == 4 and len(parts[1]) == 32 else None
+
+
 def preview(value: Any, limit: int = 80) -> str:
     """A short, safe description of a header value for an error message."""
     if isinstance(value, int) and not -(2**64) < value < 2**64:

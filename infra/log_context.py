@@ -16,8 +16,7 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any
 
-from events.envelope import Envelope
-from infra.tracing import trace_id_of
+from events.envelope import Envelope, trace_id_of
 
 
 @dataclass(frozen=True, slots=True)

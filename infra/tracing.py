@@ -33,6 +33,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from opentelemetry.trace import Span, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from events.envelope import trace_id_of
+
 log = structlog.get_logger(__name__)
 _PROPAGATOR = TraceContextTextMapPropagator()
 _TRACER = "pkgq"
@@ -163,11 +165,3 @@ def traceparent_of(span: Span, fallback: str | None) -> str | None:
     carrier: dict[str, str] = {}
     _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
     return carrier.get("traceparent", fallback)
-
-
-def trace_id_of(traceparent: str | None) -> str | None:
-    """The trace id in a `traceparent` header (for log lines)."""
-    if not traceparent:
-        return None
-    parts = traceparent.split("-")
-    return parts[1] if len(parts) == 4 and len(parts[1]) == 32 else None

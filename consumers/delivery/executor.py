@@ -23,6 +23,7 @@ from consumers.retry_policy import RetryPolicy
 from consumers.unit_of_work import Handler, HandlerContext, UnitOfWork
 from domain.delivery import Decision, ErrorKind, Failure, Fate
 from events.decoding import Decoded, RawDelivery
+from events.envelope import trace_id_of
 from events.routes import Route
 from infra import log_context, tracing
 from infra.postgres.pool import Conn
@@ -150,7 +151,7 @@ class Executor:
         message_text = str(envelope.message_id)
         with tracing.consuming(self.route.name, message_text, envelope.traceparent) as traceparent:
             context = HandlerContext(conn, work.now, envelope, work, traceparent)
-            trace_id = tracing.trace_id_of(traceparent)
+            trace_id = trace_id_of(traceparent)
             try:
                 if self.ttr is None:
                     await self._handler(context, delivery.decoded.body)

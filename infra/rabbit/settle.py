@@ -12,11 +12,10 @@ from collections.abc import Sequence
 import structlog
 
 from events.decoding import RawDelivery
-from events.envelope import H_TRACEPARENT, H_USER_ID, header_text
+from events.envelope import H_TRACEPARENT, H_USER_ID, header_text, trace_id_of
 from infra.observability import MESSAGES, PROCESSING
 from infra.rabbit.deliveries import AmqpDelivery
 from infra.rabbit.outcomes import Result, Settle, settle_of
-from infra.tracing import trace_id_of
 
 log = structlog.get_logger(__name__)
 

@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from consumers import publishing
+from events.envelope import trace_id_of
 from events.models import PurchasePackage
 from events.routes import (
     ALL_EXPIRED,
@@ -33,7 +34,7 @@ from events.routes import (
 )
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
-from infra.tracing import configure_tracing, trace_id_of
+from infra.tracing import configure_tracing
 from tests.support.deliveries import add_package
 from tests.support.in_process import StartApp
 from tests.support.observing import eventually

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-from infra.tracing import child_traceparent, trace_id_of
+from events.envelope import trace_id_of
+from infra.tracing import child_traceparent
 
 TRACEPARENT = re.compile(r"^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 
