@@ -94,7 +94,6 @@ class UnitOfWork:
         return Savepoint(
             user_id=user_id,
             queue=queue,
-            pristine=loaded is not None and queue is None,
             outbox_len=len(self.outbox_rows),
             withdrawn_len=len(self.withdrawn),
             audit_len=len(self.audit),
@@ -113,7 +112,7 @@ class UnitOfWork:
             return
         if point.queue is not None:
             self.queues[user_id] = point.queue
-        elif point.pristine:
+        elif user_id in self.queues:  # no handler had it before this message: as loaded
             self.queues[user_id] = self.queues[user_id].as_loaded()
         if point.access_change is None:
             self.access_changes.pop(user_id, None)
@@ -201,10 +200,8 @@ class UnitOfWork:
 class Savepoint:
     user_id: UUID | None
     queue: LoadedQueue | None
-    """The user's queue to go back to (a copy), or None: see `pristine`."""
-    pristine: bool
-    """No message of the batch had run on the user's queue yet: going back is going back to
-    the queue as it was loaded."""
+    """A copy of the user's queue to go back to; None when no handler of the batch had had it
+    yet (going back is going back to the queue as loaded) or the user is not in the batch."""
     outbox_len: int
     withdrawn_len: int
     audit_len: int
