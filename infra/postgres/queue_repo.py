@@ -220,11 +220,19 @@ async def allocate_item_ids(conn: Conn, count: int) -> tuple[list[int], datetime
     return [r["id"] for r in rows], rows[0]["at"]
 
 
-_COUNTERS = """
-    UPDATE telecom.package_queue AS q SET upload = c.upload, download = c.download
-    FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS c(id, upload, download)
-    WHERE q.id = c.id
-"""
+def _counters_update(first: int) -> str:
+    """The update of items' traffic counters from three arrays (id, upload, download), taken
+    as parameters $first to $first+2: a statement of its own, or a CTE of the upsert."""
+    ids, uploads, downloads = (f"${first + n}::bigint[]" for n in range(3))
+    return f"""
+        UPDATE telecom.package_queue AS q SET upload = c.upload, download = c.download
+        FROM unnest({ids}, {uploads}, {downloads}) AS c(id, upload, download)
+        WHERE q.id = c.id
+    """
+
+
+_COUNTERS = _counters_update(1)
+_COUNTERS_CTE = _counters_update(18)
 
 
 def _only_counters_differ(item: QueueItem, was: QueueItem) -> bool:
@@ -281,19 +289,15 @@ async def save(conn: Conn, queues: Iterable[LoadedQueue]) -> None:
         # the users' locks an order is never bought twice, so a conflict would be a bug, and
         # the key refuses it rather than hide it.
         await conn.execute(
-            """
+            f"""
             WITH bought AS (
                 INSERT INTO telecom.orders (user_id, by_order, item_ids)
                 SELECT o.user_id, o.by_order, array_agg(o.item_id ORDER BY o.item_id)
                 FROM unnest($15::uuid[], $16::uuid[], $17::bigint[])
                      AS o(user_id, by_order, item_id)
                 GROUP BY o.user_id, o.by_order
-            ), counted AS (
-                -- items whose counters alone changed: never among the rows below
-                UPDATE telecom.package_queue AS q SET upload = c.upload, download = c.download
-                FROM unnest($18::bigint[], $19::bigint[], $20::bigint[])
-                     AS c(id, upload, download)
-                WHERE q.id = c.id
+            ), counted AS (  -- items whose counters alone changed: never among the rows below
+                {_COUNTERS_CTE}
             )
             INSERT INTO telecom.package_queue AS q
                 (id, user_id, package_id, by_order, status, created_at, activated_at,
