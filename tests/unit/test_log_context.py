@@ -31,8 +31,11 @@ def _envelope() -> Envelope:
 def _lines(write: object) -> list[dict[str, object]]:
     out = io.StringIO()
     configure_logging("json", "info", out)
-    assert callable(write)
-    write(structlog.get_logger("test"))
+    try:
+        assert callable(write)
+        write(structlog.get_logger("test"))
+    finally:
+        configure_logging("json", "info")  # as the other tests find it
     return [json.loads(line) for line in out.getvalue().splitlines()]
 
 
