@@ -1,6 +1,6 @@
-"""The whole benchmark, phase by phase: the raw broker, pkgq's naive mode, pkgq batched, paced
-for latency, the backlog phases (devtools/bench/backlog.py) and a large table; then the
-key=value lines, ratios against the baselines measured in the same run."""
+"""The whole benchmark, phase by phase: pkgq's naive mode, the raw broker taking turns with pkgq
+batched, paced for latency, the backlog phases (devtools/bench/backlog.py) and a large table;
+then the key=value lines, ratios against the baselines measured in the same run."""
 
 from __future__ import annotations
 
