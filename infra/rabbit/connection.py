@@ -16,6 +16,7 @@ from aio_pika import RobustConnection
 from aio_pika.abc import AbstractRobustConnection
 from yarl import URL
 
+from infra.rabbit import frames
 from infra.settings import Settings, mask_url, split_urls
 from infra.tls import TlsTarget, TlsVerifyError, amqp_context, explain
 
@@ -151,6 +152,7 @@ async def connect(
     CAs. A certificate that is not accepted raises TlsVerifyError, whose text says in one line
     what to check."""
     allow_deep_headers()
+    frames.install()
     nodes = split_urls(url)
     parsed = URL(nodes[0])
     if parsed.scheme.lower() == "amqps" and context is None:

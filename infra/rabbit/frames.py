@@ -1,0 +1,116 @@
+"""AMQP frames read from the socket in chunks: aiormq's reader, made cheaper for a busy consumer.
+
+aiormq (7.2) reads every frame with three `readexactly` calls under a lock into a BytesIO, and a
+delivery is three frames (method, content header, body). On a consumer draining a backlog that
+was about a quarter of `pkgq run`'s CPU (py-spy). `BufferedFrameReceiver` reads what the socket
+has (up to READ_SIZE bytes) and cuts every whole frame out of it, decoding each with pamqp as
+aiormq does; a partial frame waits in the buffer for the next read.
+
+Only the connection's frame loop (the `async for` in aiormq's reader task) goes through the
+buffer. The handshake before it (protocol header, Connection.Start .. OpenOk) calls
+`get_frame`, which stays aiormq's own exact reads, so nothing is read ahead of the loop and the
+handshake's errors (a refused protocol, a closed socket) are aiormq's as before.
+
+`install()` makes aiormq build its connections with this receiver; `open_amqp` calls it, once
+per process (infra/rabbit/connection.py). The pinned aiormq is the one it was written and
+tested against (tests/unit/test_frames.py feeds it the same bytes as aiormq's own receiver, cut
+at every offset); a different aiormq leaves aiormq's receiver in place and says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections import deque
+from importlib.metadata import version
+
+import aiormq
+import aiormq.connection
+import pamqp.frame
+import structlog
+from aiormq.exceptions import AMQPConnectionError
+from pamqp.exceptions import PAMQPException
+
+log = structlog.get_logger(__name__)
+
+READ_SIZE = 2**16
+"""Bytes asked of the socket at once (what the stream has buffered, up to this)."""
+TESTED_AIORMQ = ("7.2.4",)
+"""The aiormq versions whose FrameReceiver contract (the handshake's get_frame, the reader
+task's `async for` of (bytes, channel, frame)) this receiver was checked against."""
+_HEADER = struct.Struct(">BHI")
+_FRAME_END = 0xCE
+
+
+class BufferedFrameReceiver(aiormq.connection.FrameReceiver):
+    """aiormq's FrameReceiver whose iteration parses whole frames from chunked reads."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        super().__init__(reader)
+        self._pending: bytearray = bytearray()
+        self._frames: deque[aiormq.connection.ReceivedFrame] = deque()
+
+    async def __anext__(self) -> aiormq.connection.ReceivedFrame:
+        while not self._frames:
+            await self._fill()
+        return self._frames.popleft()
+
+    async def _fill(self) -> None:
+        """Read once and queue every whole frame now in the buffer; StopAsyncIteration at a
+        clean end of stream, AMQPConnectionError if it ends inside a frame."""
+        try:
+            chunk = await self.reader.read(READ_SIZE)
+        except (ConnectionError, OSError) as exc:
+            raise AMQPConnectionError(f"Server communication error: {exc!r}") from exc
+        if not chunk:
+            if self._pending:
+                raise AMQPConnectionError(
+                    "Server connection unexpectedly closed. "
+                    f"{len(self._pending)} bytes of a frame were read"
+                )
+            raise StopAsyncIteration
+        self.started = True
+        pending = self._pending
+        pending += chunk
+        self._frames.extend(split_frames(pending))
+
+
+def split_frames(pending: bytearray) -> list[aiormq.connection.ReceivedFrame]:
+    """Decode and remove every whole frame at the start of `pending`; a partial one stays."""
+    frames: list[aiormq.connection.ReceivedFrame] = []
+    offset = 0
+    size = len(pending)
+    while size - offset >= _HEADER.size:
+        _, _, length = _HEADER.unpack_from(pending, offset)
+        end = offset + _HEADER.size + length + 1
+        if end > size:
+            break
+        if pending[end - 1] != _FRAME_END:
+            raise aiormq.exceptions.InvalidFrameError(
+                f"frame at byte {offset} does not end with 0xCE"
+            )
+        try:
+            frames.append(pamqp.frame.unmarshal(bytes(pending[offset:end])))
+        except PAMQPException as exc:
+            raise aiormq.exceptions.InvalidFrameError(str(exc)) from exc
+        offset = end
+    del pending[:offset]
+    return frames
+
+
+def install() -> bool:
+    """Have aiormq read frames with BufferedFrameReceiver (idempotent). False, with a warning,
+    when the installed aiormq is not one this receiver was tested against."""
+    current = aiormq.connection.FrameReceiver
+    if current is BufferedFrameReceiver:
+        return True
+    installed = version("aiormq")
+    if installed not in TESTED_AIORMQ:
+        log.warning(
+            "frame_receiver_not_installed",
+            aiormq=installed,
+            tested=list(TESTED_AIORMQ),
+        )
+        return False
+    aiormq.connection.FrameReceiver = BufferedFrameReceiver  # type: ignore[misc]
+    return True

@@ -1,0 +1,42 @@
+"""pkgq's connections read frames in chunks (infra/rabbit/frames.py): against the real broker,
+empty bodies, small ones and bodies larger than a frame arrive whole and in order."""
+
+from __future__ import annotations
+
+import asyncio
+from uuid import uuid4
+
+import aio_pika
+import aiormq.abc
+import aiormq.connection
+from aio_pika.abc import AbstractRobustConnection
+
+from infra.rabbit.frames import BufferedFrameReceiver
+
+
+async def test_deliveries_of_every_size_arrive_whole_and_in_order_through_chunked_reads(
+    amqp: AbstractRobustConnection,
+) -> None:
+    assert aiormq.connection.FrameReceiver is BufferedFrameReceiver
+    bodies = [b"", b"x", bytes(range(256)) * 1000, b"{}" * 70_000, b"tail"]  # 256 KB: 2 frames
+    channel = await amqp.channel(publisher_confirms=True)
+    queue = await channel.declare_queue(f"pkgq.test.frames.{uuid4().hex}", exclusive=True)
+    for number, body in enumerate(bodies * 20):
+        await channel.default_exchange.publish(
+            aio_pika.Message(body, headers={"n": number, "nested": {"deep": [number]}}),
+            routing_key=queue.name,
+        )
+    underlay = await channel.get_underlay_channel()
+    received: asyncio.Queue[aiormq.abc.DeliveredMessage] = asyncio.Queue()
+
+    async def on_delivery(message: aiormq.abc.DeliveredMessage) -> None:
+        received.put_nowait(message)
+
+    await underlay.basic_qos(prefetch_count=50)
+    await underlay.basic_consume(queue.name, on_delivery, no_ack=True)
+    got = [await asyncio.wait_for(received.get(), 10) for _ in range(len(bodies) * 20)]
+    assert [m.body for m in got] == bodies * 20
+    assert [m.header.properties.headers for m in got] == [
+        {"n": n, "nested": {"deep": [n]}} for n in range(len(bodies) * 20)
+    ]
+    await channel.close()
