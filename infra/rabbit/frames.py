@@ -1,20 +1,31 @@
-"""AMQP frames read from the socket in chunks: aiormq's reader, made cheaper for a busy consumer.
+"""AMQP frames read and written in chunks: aiormq's reader and writer, made cheaper.
 
-aiormq (7.2) reads every frame with three `readexactly` calls under a lock into a BytesIO, and a
-delivery is three frames (method, content header, body). On a consumer draining a backlog that
-was about a quarter of `pkgq run`'s CPU (py-spy). `BufferedFrameReceiver` reads what the socket
-has (up to READ_SIZE bytes) and cuts every whole frame out of it, decoding each with pamqp as
-aiormq does; a partial frame waits in the buffer for the next read.
+Reading. aiormq (7.2) reads every frame with three `readexactly` calls under a lock into a
+BytesIO, and a delivery is three frames (method, content header, body). On a consumer draining
+a backlog that was about a quarter of `pkgq run`'s CPU (py-spy). `BufferedFrameReceiver` reads
+what the socket has (up to READ_SIZE bytes) and cuts every whole frame out of it, decoding each
+with pamqp as aiormq does; a partial frame waits in the buffer for the next read.
 
 Only the connection's frame loop (the `async for` in aiormq's reader task) goes through the
 buffer. The handshake before it (protocol header, Connection.Start .. OpenOk) calls
 `get_frame`, which stays aiormq's own exact reads, so nothing is read ahead of the loop and the
 handshake's errors (a refused protocol, a closed socket) are aiormq's as before.
 
-`install()` makes aiormq build its connections with this receiver; `open_amqp` calls it, once
-per process (infra/rabbit/connection.py). The pinned aiormq is the one it was written and
-tested against (tests/unit/test_frames.py feeds it the same bytes as aiormq's own receiver, cut
-at every offset); a different aiormq leaves aiormq's receiver in place and says so.
+Writing. aiormq's writer task writes each queued ChannelFrame (a publish: its method, header
+and body frames) with its own `write`, which on a loopback socket is a send call each, the
+broker's receiving side included: about a fifth of the relay's CPU. `CoalescingFrameGenerator`
+hands the writer everything queued at that moment as one ChannelFrame (up to WRITE_SIZE bytes),
+in queue order; a frame that closes the connection or whose sender waits for the drain ends the
+run, and the merged frame carries its flag, so the writer drains and tells it as before. The
+writer's queue holds up to WRITE_QUEUE frames instead of aiormq's ten, so that a relay round's
+publishes are queued together rather than one per wake-up of the writer. Measured on 10,000
+concurrent confirmed publishes: 104 -> 85 CPU µs per message in the publisher, and 87 -> 63 in
+RabbitMQ (fewer, larger reads).
+
+`install()` makes aiormq build its connections with both; `connect` calls it, once per process
+(infra/rabbit/connection.py). The pinned aiormq is the one they were written and tested against
+(tests/unit/test_frames.py: the same bytes as aiormq's own receiver, cut at every offset; the
+same bytes written in the same order); a different aiormq keeps its own and says so.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ import aiormq
 import aiormq.connection
 import pamqp.frame
 import structlog
+from aiormq.abc import ChannelFrame
 from aiormq.exceptions import AMQPConnectionError
 from pamqp.exceptions import PAMQPException
 
@@ -35,6 +47,12 @@ log = structlog.get_logger(__name__)
 
 READ_SIZE = 2**16
 """Bytes asked of the socket at once (what the stream has buffered, up to this)."""
+WRITE_SIZE = 2**18
+"""Bytes of queued frames merged into one write at most (a larger frame goes alone)."""
+WRITE_QUEUE = 128
+"""ChannelFrames a connection queues for its writer before a publish waits (aiormq's
+Connection.FRAME_BUFFER_SIZE, 10 by default: with ten queued, a publisher that does not wait
+for the drain waits for the writer anyway, and the writer gets one publish per wake-up)."""
 TESTED_AIORMQ = ("7.2.4",)
 """The aiormq versions whose FrameReceiver contract (the handshake's get_frame, the reader
 task's `async for` of (bytes, channel, frame)) this receiver was checked against."""
@@ -98,9 +116,42 @@ def split_frames(pending: bytearray) -> list[aiormq.connection.ReceivedFrame]:
     return frames
 
 
+class CoalescingFrameGenerator(aiormq.connection.FrameGenerator):
+    """aiormq's FrameGenerator (what its writer task iterates) handing over every frame queued
+    at the moment as one."""
+
+    async def __anext__(self) -> ChannelFrame:
+        if self.close_event.is_set():
+            raise StopAsyncIteration
+        queue = self.queue
+        last: ChannelFrame = await queue.get()
+        queue.task_done()
+        if _ends_run(last) or queue.empty():
+            return last
+        parts = [last.payload]
+        size = len(last.payload)
+        while size < WRITE_SIZE and not queue.empty():
+            last = queue.get_nowait()
+            queue.task_done()
+            parts.append(last.payload)
+            size += len(last.payload)
+            if _ends_run(last):
+                break
+        return ChannelFrame(
+            payload=b"".join(parts), should_close=last.should_close, drain_future=last.drain_future
+        )
+
+
+def _ends_run(frame: ChannelFrame) -> bool:
+    """A frame after which nothing is merged: it closes the connection, or its sender waits
+    until it is written (the writer drains and tells it)."""
+    return frame.should_close or frame.drain_future is not None
+
+
 def install() -> bool:
-    """Have aiormq read frames with BufferedFrameReceiver (idempotent). False, with a warning,
-    when the installed aiormq is not one this receiver was tested against."""
+    """Have aiormq read frames with BufferedFrameReceiver and hand its writer frames through
+    CoalescingFrameGenerator (idempotent). False, with a warning, when the installed aiormq
+    is not one they were tested against."""
     current = aiormq.connection.FrameReceiver
     if current is BufferedFrameReceiver:
         return True
@@ -113,4 +164,6 @@ def install() -> bool:
         )
         return False
     aiormq.connection.FrameReceiver = BufferedFrameReceiver  # type: ignore[misc]
+    aiormq.connection.FrameGenerator = CoalescingFrameGenerator  # type: ignore[misc]
+    aiormq.connection.Connection.FRAME_BUFFER_SIZE = WRITE_QUEUE
     return True

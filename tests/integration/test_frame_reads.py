@@ -1,5 +1,6 @@
-"""pkgq's connections read frames in chunks (infra/rabbit/frames.py): against the real broker,
-empty bodies, small ones and bodies larger than a frame arrive whole and in order."""
+"""pkgq's connections read and write frames in chunks (infra/rabbit/frames.py): against the real
+broker, empty bodies, small ones and bodies larger than a frame arrive whole and in order, and
+concurrent confirmed publishes, merged into fewer writes, arrive once each in order."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import aiormq.abc
 import aiormq.connection
 from aio_pika.abc import AbstractRobustConnection
 
-from infra.rabbit.frames import BufferedFrameReceiver
+from infra.rabbit import frames
+from infra.rabbit.frames import BufferedFrameReceiver, CoalescingFrameGenerator
+from infra.rabbit.publisher import Publisher, build_message
+from infra.settings import Settings
 
 
 async def test_deliveries_of_every_size_arrive_whole_and_in_order_through_chunked_reads(
@@ -39,4 +43,34 @@ async def test_deliveries_of_every_size_arrive_whole_and_in_order_through_chunke
     assert [m.header.properties.headers for m in got] == [
         {"n": n, "nested": {"deep": [n]}} for n in range(len(bodies) * 20)
     ]
+    await channel.close()
+
+
+async def test_concurrent_confirmed_publishes_written_together_arrive_once_each_in_order(
+    amqp: AbstractRobustConnection, settings: Settings
+) -> None:
+    assert aiormq.connection.FrameGenerator is CoalescingFrameGenerator
+    channel = await amqp.channel()
+    queue = await channel.declare_queue(f"pkgq.test.writes.{uuid4().hex}", exclusive=True)
+    await queue.bind(settings.exchange, routing_key=queue.name)
+    publisher = await Publisher.open(amqp, settings.exchange)
+    count = 3 * frames.WRITE_QUEUE
+    await asyncio.gather(
+        *(
+            publisher.publish(
+                build_message(str(n).encode(), message_id=uuid4(), message_type="t", headers={}),
+                queue.name,
+            )
+            for n in range(count)
+        )
+    )
+    received = []
+    async with queue.iterator() as messages:
+        async for message in messages:
+            received.append(int(message.body))
+            await message.ack()
+            if len(received) == count:
+                break
+    assert received == list(range(count))
+    await publisher.close()
     await channel.close()

@@ -8,12 +8,13 @@ import asyncio
 import aiormq.connection
 import pamqp.frame
 import pytest
+from aiormq.abc import ChannelFrame
 from aiormq.exceptions import AMQPConnectionError, InvalidFrameError
 from pamqp import body as content
 from pamqp import commands, header, heartbeat
 
 from infra.rabbit import frames
-from infra.rabbit.frames import BufferedFrameReceiver, split_frames
+from infra.rabbit.frames import BufferedFrameReceiver, CoalescingFrameGenerator, split_frames
 
 
 def _stream() -> bytes:
@@ -117,18 +118,27 @@ async def test_a_socket_error_while_reading_is_a_connection_error() -> None:
 def test_install_replaces_aiormqs_receiver_only_for_a_tested_aiormq(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    original = aiormq.connection.FrameReceiver
-    monkeypatch.setattr(aiormq.connection, "FrameReceiver", original)
-    if original is BufferedFrameReceiver:  # installed by an earlier test's connection
-        monkeypatch.setattr(aiormq.connection, "FrameReceiver", original.__mro__[1])
+    receiver = aiormq.connection.FrameReceiver
+    generator = aiormq.connection.FrameGenerator
+    buffer = aiormq.connection.Connection.FRAME_BUFFER_SIZE
+    # As aiormq has them before any install (an earlier test's connection may have made one).
+    monkeypatch.setattr(aiormq.connection, "FrameReceiver", BufferedFrameReceiver.__mro__[1])
+    monkeypatch.setattr(aiormq.connection, "FrameGenerator", CoalescingFrameGenerator.__mro__[1])
+    monkeypatch.setattr(aiormq.connection.Connection, "FRAME_BUFFER_SIZE", 10)
     monkeypatch.setattr(frames, "version", lambda _: "0.0.1")
     assert frames.install() is False
     assert aiormq.connection.FrameReceiver is not BufferedFrameReceiver
+    assert aiormq.connection.FrameGenerator is not CoalescingFrameGenerator
+    assert aiormq.connection.Connection.FRAME_BUFFER_SIZE == 10
     monkeypatch.undo()
-    monkeypatch.setattr(aiormq.connection, "FrameReceiver", original)
+    monkeypatch.setattr(aiormq.connection, "FrameReceiver", receiver)
+    monkeypatch.setattr(aiormq.connection, "FrameGenerator", generator)
+    monkeypatch.setattr(aiormq.connection.Connection, "FRAME_BUFFER_SIZE", buffer)
     assert frames.install() is True
     assert frames.install() is True
     assert aiormq.connection.FrameReceiver is BufferedFrameReceiver
+    assert aiormq.connection.FrameGenerator is CoalescingFrameGenerator
+    assert aiormq.connection.Connection.FRAME_BUFFER_SIZE == frames.WRITE_QUEUE
 
 
 def test_the_pinned_aiormq_is_one_the_receiver_was_tested_against() -> None:
@@ -137,3 +147,60 @@ def test_the_pinned_aiormq_is_one_the_receiver_was_tested_against() -> None:
     with open("constraints.txt") as pins:
         pinned = next(line for line in pins if line.startswith("aiormq=="))
     assert pinned.strip().split("==")[1] in frames.TESTED_AIORMQ
+
+
+def _frame(payload: bytes, *, close: bool = False, drain: bool = False) -> ChannelFrame:
+    future = asyncio.get_running_loop().create_future() if drain else None
+    return ChannelFrame(payload=payload, should_close=close, drain_future=future)
+
+
+async def _generated(frames_in: list[ChannelFrame]) -> list[ChannelFrame]:
+    queue: asyncio.Queue[ChannelFrame] = asyncio.Queue()
+    for frame in frames_in:
+        queue.put_nowait(frame)
+    generator = CoalescingFrameGenerator(queue)
+    out = []
+    while not queue.empty():
+        out.append(await generator.__anext__())
+    return out
+
+
+async def test_the_writer_gets_every_queued_frame_as_one_write_in_queue_order() -> None:
+    (merged,) = await _generated([_frame(b"a"), _frame(b"bb"), _frame(b"ccc")])
+    assert merged.payload == b"abbccc"
+    assert not merged.should_close
+    assert merged.drain_future is None
+
+
+async def test_a_frame_whose_sender_waits_for_the_drain_ends_the_write_and_keeps_its_future() -> (
+    None
+):
+    waited = _frame(b"b", drain=True)
+    first, second = await _generated([_frame(b"a"), waited, _frame(b"c")])
+    assert (first.payload, second.payload) == (b"ab", b"c")
+    assert first.drain_future is waited.drain_future
+    assert first.should_drain
+    assert second.drain_future is None
+
+
+async def test_a_closing_frame_ends_the_write_and_a_waiting_first_frame_goes_alone() -> None:
+    closing = await _generated([_frame(b"a"), _frame(b"x", close=True), _frame(b"b")])
+    assert [f.payload for f in closing] == [b"ax", b"b"]
+    assert [f.should_close for f in closing] == [True, False]
+    alone = await _generated([_frame(b"a", drain=True), _frame(b"b")])
+    assert [f.payload for f in alone] == [b"a", b"b"]
+
+
+async def test_one_write_holds_at_most_write_size_bytes_of_merged_frames() -> None:
+    half = frames.WRITE_SIZE // 2 + 1
+    out = await _generated([_frame(bytes([n]) * half) for n in range(3)])
+    assert [len(f.payload) for f in out] == [2 * half, half]
+    assert b"".join(f.payload for f in out) == b"".join(bytes([n]) * half for n in range(3))
+
+
+async def test_a_closed_generator_ends_the_writer_loop() -> None:
+    queue: asyncio.Queue[ChannelFrame] = asyncio.Queue()
+    generator = CoalescingFrameGenerator(queue)
+    generator.close_event.set()
+    with pytest.raises(StopAsyncIteration):
+        await generator.__anext__()
