@@ -1,4 +1,4 @@
-"""AMQP frames read and written in chunks: aiormq's reader and writer, made cheaper.
+"""AMQP frames read and written in chunks, deliveries handed over inline: aiormq, made cheaper.
 
 Reading. aiormq (7.2) reads every frame with three `readexactly` calls under a lock into a
 BytesIO, and a delivery is three frames (method, content header, body). On a consumer draining
@@ -22,10 +22,17 @@ publishes are queued together rather than one per wake-up of the writer. Measure
 concurrent confirmed publishes: 104 -> 85 CPU µs per message in the publisher, and 87 -> 63 in
 RabbitMQ (fewer, larger reads).
 
-`install()` makes aiormq build its connections with both; `connect` calls it, once per process
-(infra/rabbit/connection.py). The pinned aiormq is the one they were written and tested against
-(tests/unit/test_frames.py: the same bytes as aiormq's own receiver, cut at every offset; the
-same bytes written in the same order); a different aiormq keeps its own and says so.
+Delivering. aiormq's channel starts a Task for every delivery to run the consumer's callback
+(about 8% of a draining consumer's CPU). A callback wrapped in `InlineConsumer` (pkgq's
+consumers only put the delivery into their buffer) is called by `InlineDeliveryChannel` in the
+channel's reader task itself, in delivery order; any other callback gets its Task as before,
+and without the channel class installed an InlineConsumer is called from that Task.
+
+`install()` makes aiormq build its connections and channels with all of these; `connect` calls
+it, once per process (infra/rabbit/connection.py). The pinned aiormq is the one they were
+written and tested against (tests/unit/test_frames.py: the same bytes as aiormq's own receiver,
+cut at every offset; the same bytes written in the same order; tests/integration/
+test_frame_reads.py against the broker); a different aiormq keeps its own and says so.
 """
 
 from __future__ import annotations
@@ -33,14 +40,17 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections import deque
+from collections.abc import Callable
 from importlib.metadata import version
 
 import aiormq
+import aiormq.abc
 import aiormq.connection
 import pamqp.frame
 import structlog
 from aiormq.abc import ChannelFrame
 from aiormq.exceptions import AMQPConnectionError
+from pamqp import commands as spec
 from pamqp.exceptions import PAMQPException
 
 log = structlog.get_logger(__name__)
@@ -116,6 +126,37 @@ def split_frames(pending: bytearray) -> list[aiormq.connection.ReceivedFrame]:
     return frames
 
 
+class InlineConsumer:
+    """A consumer callback that only hands a delivery over (no await): called in the channel's
+    reader task, without a Task of its own (see InlineDeliveryChannel)."""
+
+    __slots__ = ("_deliver",)
+
+    def __init__(self, deliver: Callable[[aiormq.abc.DeliveredMessage], None]) -> None:
+        self._deliver = deliver
+
+    def __call__(self, message: aiormq.abc.DeliveredMessage) -> None:
+        try:
+            self._deliver(message)
+        except Exception:  # the channel's reader must go on: the delivery stays unacked
+            log.exception("inline_consumer_failed", delivery_tag=message.delivery_tag)
+
+
+class InlineDeliveryChannel(aiormq.Channel):
+    """aiormq's Channel that calls an InlineConsumer in its reader task."""
+
+    async def _on_deliver_frame(self, frame: spec.Basic.Deliver) -> None:
+        tag = frame.consumer_tag
+        consumer = self.consumers.get(tag) if tag is not None else None
+        # basic_consume keeps a synchronous callback wrapped (aiormq.tools.awaitable).
+        inline = getattr(consumer, "__wrapped__", None)
+        if not isinstance(inline, InlineConsumer):
+            await super()._on_deliver_frame(frame)
+            return
+        header = await self._Channel__get_content_header()  # type: ignore[attr-defined]
+        inline(await self._read_content(frame, header))
+
+
 class CoalescingFrameGenerator(aiormq.connection.FrameGenerator):
     """aiormq's FrameGenerator (what its writer task iterates) handing over every frame queued
     at the moment as one."""
@@ -166,4 +207,5 @@ def install() -> bool:
     aiormq.connection.FrameReceiver = BufferedFrameReceiver  # type: ignore[misc]
     aiormq.connection.FrameGenerator = CoalescingFrameGenerator  # type: ignore[misc]
     aiormq.connection.Connection.FRAME_BUFFER_SIZE = WRITE_QUEUE
+    aiormq.connection.Channel = InlineDeliveryChannel  # type: ignore[attr-defined]
     return True

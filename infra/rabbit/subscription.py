@@ -13,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, cast
 
 import aiormq.abc
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractQueue, AbstractRobustConnection
 
 from infra.rabbit.deliveries import AmqpDelivery, channel_open
+from infra.rabbit.frames import InlineConsumer
 from infra.rabbit.in_hand import InHand
 from infra.settings import Settings
 from infra.transient import StoppingError, is_transient
@@ -170,10 +171,12 @@ class Subscription:
         underlay.on_consumer_cancel_callbacks.add(self._cancelled_by_broker)
         buffer = self._buffer
 
-        async def on_delivery(message: aiormq.abc.DeliveredMessage) -> None:
+        def on_delivery(message: aiormq.abc.DeliveredMessage) -> None:
             buffer.put_nowait(AmqpDelivery(message))
 
-        ok = await underlay.basic_consume(self._queue.name, on_delivery)
+        # Called in the channel's reader task, in delivery order (infra/rabbit/frames.py).
+        inline = cast(aiormq.abc.ConsumerCallback, InlineConsumer(on_delivery))  # aiormq wraps it
+        ok = await underlay.basic_consume(self._queue.name, inline)
         self._consumer_tag = ok.consumer_tag
 
     async def _consume_again(self, *_: object) -> None:

@@ -1,10 +1,12 @@
 """pkgq's connections read and write frames in chunks (infra/rabbit/frames.py): against the real
 broker, empty bodies, small ones and bodies larger than a frame arrive whole and in order, and
-concurrent confirmed publishes, merged into fewer writes, arrive once each in order."""
+concurrent confirmed publishes, merged into fewer writes, arrive once each in order; an inline
+consumer is called in the channel's reader task, in order, and survives its own exception."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any, cast
 from uuid import uuid4
 
 import aio_pika
@@ -13,7 +15,12 @@ import aiormq.connection
 from aio_pika.abc import AbstractRobustConnection
 
 from infra.rabbit import frames
-from infra.rabbit.frames import BufferedFrameReceiver, CoalescingFrameGenerator
+from infra.rabbit.frames import (
+    BufferedFrameReceiver,
+    CoalescingFrameGenerator,
+    InlineConsumer,
+    InlineDeliveryChannel,
+)
 from infra.rabbit.publisher import Publisher, build_message
 from infra.settings import Settings
 
@@ -73,4 +80,60 @@ async def test_concurrent_confirmed_publishes_written_together_arrive_once_each_
                 break
     assert received == list(range(count))
     await publisher.close()
+    await channel.close()
+
+
+async def test_an_inline_consumer_gets_every_delivery_in_order_in_the_channels_own_task(
+    amqp: AbstractRobustConnection,
+) -> None:
+    channel = await amqp.channel(publisher_confirms=True)
+    underlay = await channel.get_underlay_channel()
+    assert isinstance(underlay, InlineDeliveryChannel)
+    queue = await channel.declare_queue(f"pkgq.test.inline.{uuid4().hex}", exclusive=True)
+    for n in range(200):
+        await channel.default_exchange.publish(aio_pika.Message(str(n).encode()), queue.name)
+    got: list[int] = []
+    tasks: set[asyncio.Task[Any] | None] = set()
+    done = asyncio.Event()
+
+    def deliver(message: aiormq.abc.DeliveredMessage) -> None:
+        tasks.add(asyncio.current_task())
+        number = int(message.body)
+        if number == 7:
+            raise RuntimeError("a consumer's bug")  # logged; the channel goes on
+        got.append(number)
+        if number == 199:
+            done.set()
+
+    await underlay.basic_qos(prefetch_count=300)
+    inline = cast(aiormq.abc.ConsumerCallback, InlineConsumer(deliver))
+    await underlay.basic_consume(queue.name, inline, no_ack=True)
+    await asyncio.wait_for(done.wait(), 10)
+    assert got == [n for n in range(200) if n != 7]
+    assert len(tasks) == 1  # one reader task, no Task per delivery
+    await channel.close()
+
+
+async def test_a_coroutine_consumer_on_the_same_channel_class_still_gets_its_own_task(
+    amqp: AbstractRobustConnection,
+) -> None:
+    channel = await amqp.channel(publisher_confirms=True)
+    underlay = await channel.get_underlay_channel()
+    queue = await channel.declare_queue(f"pkgq.test.tasks.{uuid4().hex}", exclusive=True)
+    for n in range(20):
+        await channel.default_exchange.publish(aio_pika.Message(str(n).encode()), queue.name)
+    tasks: set[asyncio.Task[Any] | None] = set()
+    bodies: list[bytes] = []
+    done = asyncio.Event()
+
+    async def on_message(message: aiormq.abc.DeliveredMessage) -> None:
+        tasks.add(asyncio.current_task())
+        bodies.append(message.body)
+        if len(bodies) == 20:
+            done.set()
+
+    await underlay.basic_consume(queue.name, on_message, no_ack=True)
+    await asyncio.wait_for(done.wait(), 10)
+    assert sorted(int(b) for b in bodies) == list(range(20))
+    assert len(tasks) == 20
     await channel.close()

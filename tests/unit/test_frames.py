@@ -14,7 +14,12 @@ from pamqp import body as content
 from pamqp import commands, header, heartbeat
 
 from infra.rabbit import frames
-from infra.rabbit.frames import BufferedFrameReceiver, CoalescingFrameGenerator, split_frames
+from infra.rabbit.frames import (
+    BufferedFrameReceiver,
+    CoalescingFrameGenerator,
+    InlineDeliveryChannel,
+    split_frames,
+)
 
 
 def _stream() -> bytes:
@@ -121,24 +126,29 @@ def test_install_replaces_aiormqs_receiver_only_for_a_tested_aiormq(
     receiver = aiormq.connection.FrameReceiver
     generator = aiormq.connection.FrameGenerator
     buffer = aiormq.connection.Connection.FRAME_BUFFER_SIZE
+    channel = aiormq.connection.Channel  # type: ignore[attr-defined]
     # As aiormq has them before any install (an earlier test's connection may have made one).
     monkeypatch.setattr(aiormq.connection, "FrameReceiver", BufferedFrameReceiver.__mro__[1])
     monkeypatch.setattr(aiormq.connection, "FrameGenerator", CoalescingFrameGenerator.__mro__[1])
     monkeypatch.setattr(aiormq.connection.Connection, "FRAME_BUFFER_SIZE", 10)
+    monkeypatch.setattr(aiormq.connection, "Channel", aiormq.Channel)
     monkeypatch.setattr(frames, "version", lambda _: "0.0.1")
     assert frames.install() is False
     assert aiormq.connection.FrameReceiver is not BufferedFrameReceiver
     assert aiormq.connection.FrameGenerator is not CoalescingFrameGenerator
     assert aiormq.connection.Connection.FRAME_BUFFER_SIZE == 10
+    assert aiormq.connection.Channel is aiormq.Channel  # type: ignore[attr-defined]
     monkeypatch.undo()
     monkeypatch.setattr(aiormq.connection, "FrameReceiver", receiver)
     monkeypatch.setattr(aiormq.connection, "FrameGenerator", generator)
     monkeypatch.setattr(aiormq.connection.Connection, "FRAME_BUFFER_SIZE", buffer)
+    monkeypatch.setattr(aiormq.connection, "Channel", channel)
     assert frames.install() is True
     assert frames.install() is True
     assert aiormq.connection.FrameReceiver is BufferedFrameReceiver
     assert aiormq.connection.FrameGenerator is CoalescingFrameGenerator
     assert aiormq.connection.Connection.FRAME_BUFFER_SIZE == frames.WRITE_QUEUE
+    assert aiormq.connection.Channel is InlineDeliveryChannel  # type: ignore[attr-defined]
 
 
 def test_the_pinned_aiormq_is_one_the_receiver_was_tested_against() -> None:
