@@ -29,10 +29,10 @@ def bench_cmd(
         int | None, typer.Option(min=1, max=1000, help="Default: PKGQ_BATCH_SIZE's (32).")
     ] = None,
     batch_max: Annotated[
-        int | None, typer.Option(min=1, max=1000, help="Default: PKGQ_BATCH_MAX's (256).")
+        int | None, typer.Option(min=1, max=1000, help="Default: PKGQ_BATCH_MAX's (512).")
     ] = None,
     prefetch: Annotated[
-        int | None, typer.Option(min=1, help="Default: PKGQ_PREFETCH's (512).")
+        int | None, typer.Option(min=1, help="Default: PKGQ_PREFETCH's (1024).")
     ] = None,
     raw_messages: Annotated[int, typer.Option(min=1, help="Messages in the raw baseline.")] = 5000,
     replicas: Annotated[

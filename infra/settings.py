@@ -71,7 +71,7 @@ class Settings(BaseSettings):
 
     concurrency: int = Field(default=1, ge=1, le=64)
     """Worker lanes per queue, for routes the route file does not configure (`--concurrency`)."""
-    prefetch: int = Field(default=512, ge=1, le=10_000)
+    prefetch: int = Field(default=1024, ge=1, le=10_000)
     """Deliveries the broker sends ahead per consumed queue (raised to batch_size if lower): a
     backlog's next batches are already here while one commits. Each is held in memory, up to
     the broker's max_message_size apiece: where memory is tight and bodies may be large, lower
@@ -79,7 +79,7 @@ class Settings(BaseSettings):
     batch_size: int = Field(default=32, ge=1, le=1000)
     """Deliveries a consumer waits (up to the linger) to apply together in one Postgres
     transaction (1: one at a time)."""
-    batch_max: int = Field(default=256, ge=1, le=1000)
+    batch_max: int = Field(default=512, ge=1, le=1000)
     """Deliveries a consumer takes into one transaction when they are already waiting in its
     prefetch buffer (a backlog): it never waits for more than batch_size, so a trickle stays
     in small batches, while a backlog drains in large ones. Raised to batch_size if lower;

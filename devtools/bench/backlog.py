@@ -36,7 +36,6 @@ from consumers.delivery import DeliveryPipeline
 from consumers.registry import HANDLERS
 from consumers.retry_policy import RetryPolicy
 from devtools.bench.baselines import (
-    BROKER_PREFETCH,
     broker_consume_ack,
     faststream_broker,
     simple_consumer,
@@ -220,11 +219,12 @@ class BacklogBench:
 
     async def drain_broker(self) -> DrainResult:
         """RabbitMQ alone (baselines.broker_consume_ack): as many messages as the backlog, of
-        the same size, in a queue of the bench's namespace; no database."""
+        the same size, in a queue of the bench's namespace, consumed with pkgq's prefetch; no
+        database."""
         bodies = usage_bodies(self.users, self.scenario.backlog_records, UPLOAD, DOWNLOAD)
         async with asyncio.timeout(self.scenario.timeout):
             seconds = await broker_consume_ack(
-                self.amqp, f"{self.bench.settings.queue_prefix}.consume", bodies
+                self.amqp, f"{self.bench.settings.queue_prefix}.consume", bodies, self.prefetch
             )
         return DrainResult("broker", len(bodies), seconds)
 
@@ -343,7 +343,7 @@ async def backlog_phases(bench: Bench, say: Callable[[str], None]) -> dict[str, 
         f"pkgq run (batch {scenario.batch_size}, up to {scenario.batch_max} when buffered, "
         f"prefetch {scenario.prefetch}) on the same backlog, taking turns with the broker "
         f"consuming and acking alone ({scenario.backlog_records:,} messages, prefetch "
-        f"{BROKER_PREFETCH}, no database)"
+        f"{backlog.prefetch}, no database)"
     )
     # Taking turns, so a slow spell of the shared machine falls on both sides of the ratio.
     pkgqs, brokers = [], []

@@ -33,12 +33,6 @@ from infra.postgres import bench_data
 from infra.rabbit.connection import tls_context
 from infra.settings import Settings, split_urls
 
-BROKER_PREFETCH = 500
-"""The broker baseline's prefetch (pkgq's is the scenario's `prefetch`: PKGQ_PREFETCH's, 512
-by default)."""
-BROKER_ACK_EVERY = BROKER_PREFETCH // 2
-"""The broker baseline acks with `multiple` every that many deliveries (and the last one)."""
-
 
 async def simple_consumer(
     amqp: AbstractRobustConnection, queue_name: str, pool: asyncpg.Pool, prefetch: int
@@ -128,16 +122,18 @@ def faststream_broker(
 
 
 async def broker_consume_ack(
-    amqp: AbstractRobustConnection, queue_name: str, bodies: list[RecordUsage]
+    amqp: AbstractRobustConnection, queue_name: str, bodies: list[RecordUsage], prefetch: int
 ) -> float:
     """RabbitMQ's own consume-and-ack rate, no database: `bodies` are published (persistent,
     with pkgq's envelope, with confirms; not timed) into a durable classic queue of the bench's
-    namespace, then consumed with aio-pika at prefetch BROKER_PREFETCH (a queue iterator) and
-    acked. Returns the seconds from the start of the consume until the last ack is sent. Acks
-    go with `multiple` every BROKER_ACK_EVERY deliveries and on the last: the faster way for
-    the broker (one ack frame per 250 deliveries instead of one each; on the 2-core dev box
-    acking one by one drained at about half the rate). The queue has none of pkgq's arguments
-    (no priorities, no dead-lettering): the broker at its plainest."""
+    namespace, then consumed with aio-pika at `prefetch` (pkgq's, so both sides have the same
+    window; a queue iterator) and acked. Returns the seconds from the start of the consume
+    until the last ack is sent. Acks go with `multiple` every half prefetch and on the last:
+    the faster way for the broker (one ack frame per hundreds of deliveries instead of one
+    each; on the 2-core dev box acking one by one drained at about half the rate). The queue
+    has none of pkgq's arguments (no priorities, no dead-lettering): the broker at its
+    plainest."""
+    ack_every = max(1, prefetch // 2)
     count = len(bodies)
     channel = await amqp.channel(publisher_confirms=True)
     consumer_channel = await amqp.channel()
@@ -155,7 +151,7 @@ async def broker_consume_ack(
                     for body in bodies[first : first + window]
                 )
             )
-        await consumer_channel.set_qos(prefetch_count=BROKER_PREFETCH)
+        await consumer_channel.set_qos(prefetch_count=prefetch)
         consumer_queue = await consumer_channel.get_queue(queue_name, ensure=False)
         received = 0
         started = time.perf_counter()
@@ -165,7 +161,7 @@ async def broker_consume_ack(
                 if received == count:
                     await delivery.ack(multiple=True)
                     break
-                if received % BROKER_ACK_EVERY == 0:
+                if received % ack_every == 0:
                     await delivery.ack(multiple=True)
         seconds = time.perf_counter() - started
         await queue.delete(if_unused=False, if_empty=False)
