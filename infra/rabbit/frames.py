@@ -128,18 +128,38 @@ def split_frames(pending: bytearray) -> list[aiormq.connection.ReceivedFrame]:
 
 class InlineConsumer:
     """A consumer callback that only hands a delivery over (no await): called in the channel's
-    reader task, without a Task of its own (see InlineDeliveryChannel)."""
+    reader task, without a Task of its own (see InlineDeliveryChannel).
 
-    __slots__ = ("_deliver",)
+    If a handover fails, nothing after it is handed over, and the channel is closed: the broker
+    then gives that delivery and every later one back, in order. (Handing over the later ones
+    would let an ack with `multiple` take the failed one along unprocessed.)"""
+
+    __slots__ = ("_deliver", "_failed")
 
     def __init__(self, deliver: Callable[[aiormq.abc.DeliveredMessage], None]) -> None:
         self._deliver = deliver
+        self._failed = False
 
     def __call__(self, message: aiormq.abc.DeliveredMessage) -> None:
+        if self._failed:
+            return  # left unacknowledged: given back when the channel closes
         try:
             self._deliver(message)
-        except Exception:  # the channel's reader must go on: the delivery stays unacked
+        except Exception as exc:
+            self._failed = True
             log.exception("inline_consumer_failed", delivery_tag=message.delivery_tag)
+            _close_soon(message.channel, exc)
+
+
+_closing: set[asyncio.Task[object]] = set()
+"""Channel closes under way (a reference, so that they are not collected half done)."""
+
+
+def _close_soon(channel: aiormq.abc.AbstractChannel, exc: Exception) -> None:
+    """Close a channel from its own reader task's callback (the close waits for that reader)."""
+    task: asyncio.Task[object] = asyncio.get_running_loop().create_task(channel.close(exc))
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
 
 
 class InlineDeliveryChannel(aiormq.Channel):

@@ -1,7 +1,8 @@
 """pkgq's connections read and write frames in chunks (infra/rabbit/frames.py): against the real
 broker, empty bodies, small ones and bodies larger than a frame arrive whole and in order, and
 concurrent confirmed publishes, merged into fewer writes, arrive once each in order; an inline
-consumer is called in the channel's reader task, in order, and survives its own exception."""
+consumer is called in the channel's reader task, in order, and a failed handover closes the
+channel so that the broker gives everything from it on back, in order."""
 
 from __future__ import annotations
 
@@ -98,19 +99,50 @@ async def test_an_inline_consumer_gets_every_delivery_in_order_in_the_channels_o
 
     def deliver(message: aiormq.abc.DeliveredMessage) -> None:
         tasks.add(asyncio.current_task())
-        number = int(message.body)
-        if number == 7:
-            raise RuntimeError("a consumer's bug")  # logged; the channel goes on
-        got.append(number)
-        if number == 199:
+        got.append(int(message.body))
+        if len(got) == 200:
             done.set()
 
     await underlay.basic_qos(prefetch_count=300)
     inline = cast(aiormq.abc.ConsumerCallback, InlineConsumer(deliver))
     await underlay.basic_consume(queue.name, inline, no_ack=True)
     await asyncio.wait_for(done.wait(), 10)
-    assert got == [n for n in range(200) if n != 7]
+    assert got == list(range(200))
     assert len(tasks) == 1  # one reader task, no Task per delivery
+    await channel.close()
+
+
+async def test_a_failed_inline_handover_hands_nothing_more_and_the_broker_gives_all_back_in_order(
+    amqp: AbstractRobustConnection,
+) -> None:
+    channel = await amqp.channel(publisher_confirms=True)
+    queue = await channel.declare_queue(f"pkgq.test.handover.{uuid4().hex}", exclusive=True)
+    for n in range(100):
+        await channel.default_exchange.publish(aio_pika.Message(str(n).encode()), queue.name)
+    robust = await amqp.channel()
+    consuming = await robust.get_underlay_channel()
+    got: list[int] = []
+
+    def deliver(message: aiormq.abc.DeliveredMessage) -> None:
+        if int(message.body) == 7:
+            raise RuntimeError("a consumer's bug")
+        got.append(int(message.body))
+
+    await consuming.basic_qos(prefetch_count=100)
+    inline = cast(aiormq.abc.ConsumerCallback, InlineConsumer(deliver))
+    await consuming.basic_consume(queue.name, inline)
+    await asyncio.wait([consuming.closing], timeout=10)
+    assert consuming.is_closed  # closed by the failed handover
+    assert got == list(range(7))  # nothing after the failure was handed over
+    again: list[int] = []
+    async with queue.iterator() as messages:
+        async for message in messages:
+            again.append(int(message.body))
+            await message.ack()
+            if len(again) == 100:
+                break
+    assert again == list(range(100))  # none was acked: all given back, in order
+    await robust.close()
     await channel.close()
 
 
