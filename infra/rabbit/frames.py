@@ -14,7 +14,7 @@ handshake's errors (a refused protocol, a closed socket) are aiormq's as before.
 Writing. aiormq's writer task writes each queued ChannelFrame (a publish: its method, header
 and body frames) with its own `write`, which on a loopback socket is a send call each, the
 broker's receiving side included: about a fifth of the relay's CPU. `CoalescingFrameGenerator`
-hands the writer everything queued at that moment as one ChannelFrame (up to WRITE_SIZE bytes),
+hands the writer everything queued at that moment as one ChannelFrame (until about WRITE_SIZE),
 in queue order; a frame that closes the connection or whose sender waits for the drain ends the
 run, and the merged frame carries its flag, so the writer drains and tells it as before. The
 writer's queue holds up to WRITE_QUEUE frames instead of aiormq's ten, so that a relay round's
@@ -49,7 +49,7 @@ import aiormq.connection
 import pamqp.frame
 import structlog
 from aiormq.abc import ChannelFrame
-from aiormq.exceptions import AMQPConnectionError
+from aiormq.exceptions import AMQPConnectionError, ChannelInvalidStateError
 from pamqp import commands as spec
 from pamqp.exceptions import PAMQPException
 
@@ -58,11 +58,13 @@ log = structlog.get_logger(__name__)
 READ_SIZE = 2**16
 """Bytes asked of the socket at once (what the stream has buffered, up to this)."""
 WRITE_SIZE = 2**18
-"""Bytes of queued frames merged into one write at most (a larger frame goes alone)."""
-WRITE_QUEUE = 128
+"""Bytes of queued frames after which a write stops merging (it may pass this by one frame)."""
+WRITE_QUEUE = 1024
 """ChannelFrames a connection queues for its writer before a publish waits (aiormq's
-Connection.FRAME_BUFFER_SIZE, 10 by default: with ten queued, a publisher that does not wait
-for the drain waits for the writer anyway, and the writer gets one publish per wake-up)."""
+Connection.FRAME_BUFFER_SIZE, 10 by default). A publish waits for room holding its channel's
+lock, so once the queue is full the channel's publishes go one per wake-up of the writer, one
+write each: the queue holds more than a relay round's publishes (PKGQ_RELAY_BATCH_SIZE, 200 by
+default), whose frames are already in memory as the round's rows."""
 TESTED_AIORMQ = ("7.2.4",)
 """The aiormq versions whose FrameReceiver contract (the handshake's get_frame, the reader
 task's `async for` of (bytes, channel, frame)) this receiver was checked against."""
@@ -84,19 +86,25 @@ class BufferedFrameReceiver(aiormq.connection.FrameReceiver):
         return self._frames.popleft()
 
     async def _fill(self) -> None:
-        """Read once and queue every whole frame now in the buffer; StopAsyncIteration at a
-        clean end of stream, AMQPConnectionError if it ends inside a frame."""
+        """Queue the whole frames in the buffer (a bad frame left there by the last call
+        raises now), else read once and queue those. The end of the stream is always
+        AMQPConnectionError, as when aiormq's own reader meets it inside `readexactly`: a
+        connection that closes cleanly ends with Close-Ok, where aiormq's reader stops by
+        itself, so an end of stream means the broker or the network went away (the futures
+        waiting on the connection fail with that error, which pkgq counts as an outage)."""
+        if self._pending:
+            self._frames.extend(split_frames(self._pending))
+            if self._frames:
+                return
         try:
             chunk = await self.reader.read(READ_SIZE)
         except (ConnectionError, OSError) as exc:
             raise AMQPConnectionError(f"Server communication error: {exc!r}") from exc
         if not chunk:
-            if self._pending:
-                raise AMQPConnectionError(
-                    "Server connection unexpectedly closed. "
-                    f"{len(self._pending)} bytes of a frame were read"
-                )
-            raise StopAsyncIteration
+            raise AMQPConnectionError(
+                "Server connection unexpectedly closed "
+                f"({len(self._pending)} bytes of a frame were read)"
+            )
         self.started = True
         pending = self._pending
         pending += chunk
@@ -104,7 +112,10 @@ class BufferedFrameReceiver(aiormq.connection.FrameReceiver):
 
 
 def split_frames(pending: bytearray) -> list[aiormq.connection.ReceivedFrame]:
-    """Decode and remove every whole frame at the start of `pending`; a partial one stays."""
+    """Decode and remove every whole frame at the start of `pending`; a partial one stays.
+    A frame that does not decode raises InvalidFrameError when it is the first; after good
+    frames, those are returned and it stays at the start, to raise on the next call (so the
+    frames before it are handled first, as aiormq's one-frame-at-a-time reader would)."""
     frames: list[aiormq.connection.ReceivedFrame] = []
     offset = 0
     size = len(pending)
@@ -113,17 +124,25 @@ def split_frames(pending: bytearray) -> list[aiormq.connection.ReceivedFrame]:
         end = offset + _HEADER.size + length + 1
         if end > size:
             break
-        if pending[end - 1] != _FRAME_END:
-            raise aiormq.exceptions.InvalidFrameError(
-                f"frame at byte {offset} does not end with 0xCE"
-            )
         try:
-            frames.append(pamqp.frame.unmarshal(bytes(pending[offset:end])))
-        except PAMQPException as exc:
-            raise aiormq.exceptions.InvalidFrameError(str(exc)) from exc
+            frames.append(_decoded(pending, offset, end))
+        except aiormq.exceptions.InvalidFrameError:
+            if frames:
+                break
+            raise
         offset = end
     del pending[:offset]
     return frames
+
+
+def _decoded(pending: bytearray, start: int, end: int) -> aiormq.connection.ReceivedFrame:
+    """The frame in pending[start:end], decoded by pamqp (InvalidFrameError if it is not one)."""
+    if pending[end - 1] != _FRAME_END:
+        raise aiormq.exceptions.InvalidFrameError("a frame does not end with 0xCE")
+    try:
+        return pamqp.frame.unmarshal(bytes(pending[start:end]))
+    except PAMQPException as exc:
+        raise aiormq.exceptions.InvalidFrameError(str(exc)) from exc
 
 
 class InlineConsumer:
@@ -151,13 +170,23 @@ class InlineConsumer:
             _close_soon(message.channel, exc)
 
 
+def _handover_failed(exc: Exception) -> ChannelInvalidStateError:
+    """What the channel is closed with (and its waiting futures fail with): a channel error,
+    not the consumer's own exception, which callers could take for their own failure."""
+    error = ChannelInvalidStateError(f"a delivery could not be handed over: {exc!r}")
+    error.__cause__ = exc
+    return error
+
+
 _closing: set[asyncio.Task[object]] = set()
 """Channel closes under way (a reference, so that they are not collected half done)."""
 
 
 def _close_soon(channel: aiormq.abc.AbstractChannel, exc: Exception) -> None:
     """Close a channel from its own reader task's callback (the close waits for that reader)."""
-    task: asyncio.Task[object] = asyncio.get_running_loop().create_task(channel.close(exc))
+    task: asyncio.Task[object] = asyncio.get_running_loop().create_task(
+        channel.close(_handover_failed(exc))
+    )
     _closing.add(task)
     task.add_done_callback(_closing.discard)
 

@@ -13,9 +13,10 @@ from uuid import uuid4
 import aio_pika
 import aiormq.abc
 import aiormq.connection
+import pytest
 from aio_pika.abc import AbstractRobustConnection
+from aiormq.abc import ChannelFrame
 
-from infra.rabbit import frames
 from infra.rabbit.frames import (
     BufferedFrameReceiver,
     CoalescingFrameGenerator,
@@ -55,14 +56,23 @@ async def test_deliveries_of_every_size_arrive_whole_and_in_order_through_chunke
 
 
 async def test_concurrent_confirmed_publishes_written_together_arrive_once_each_in_order(
-    amqp: AbstractRobustConnection, settings: Settings
+    amqp: AbstractRobustConnection, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert aiormq.connection.FrameGenerator is CoalescingFrameGenerator
     channel = await amqp.channel()
     queue = await channel.declare_queue(f"pkgq.test.writes.{uuid4().hex}", exclusive=True)
     await queue.bind(settings.exchange, routing_key=queue.name)
     publisher = await Publisher.open(amqp, settings.exchange)
-    count = 3 * frames.WRITE_QUEUE
+    count = 300  # more than a relay round (200 by default), fewer than WRITE_QUEUE
+    writes: list[int] = []
+    merge = CoalescingFrameGenerator.__anext__
+
+    async def counted(self: CoalescingFrameGenerator) -> ChannelFrame:
+        frame = await merge(self)
+        writes.append(len(frame.payload))
+        return frame
+
+    monkeypatch.setattr(CoalescingFrameGenerator, "__anext__", counted)
     await asyncio.gather(
         *(
             publisher.publish(
@@ -72,6 +82,8 @@ async def test_concurrent_confirmed_publishes_written_together_arrive_once_each_
             for n in range(count)
         )
     )
+    monkeypatch.undo()
+    assert len(writes) < count / 4  # the publishes reached the socket in a few writes
     received = []
     async with queue.iterator() as messages:
         async for message in messages:

@@ -4,6 +4,7 @@ chunks; a broken stream is a connection error, as with aiormq's own receiver."""
 from __future__ import annotations
 
 import asyncio
+from importlib.metadata import version
 
 import aiormq.connection
 import pamqp.frame
@@ -55,7 +56,10 @@ class _Chunks:
 
     async def read(self, n: int) -> bytes:
         await asyncio.sleep(0)
-        return self._chunks.pop(0)[:n] if self._chunks else b""
+        if not self._chunks:
+            return b""
+        assert len(self._chunks[0]) <= n, "a chunk larger than a read"
+        return self._chunks.pop(0)
 
 
 async def _aiormq_frames(data: bytes) -> list[tuple[int, int, bytes]]:
@@ -70,8 +74,14 @@ async def _aiormq_frames(data: bytes) -> list[tuple[int, int, bytes]]:
 
 
 async def _buffered_frames(chunks: list[bytes]) -> list[tuple[int, int, bytes]]:
+    """The frames until the stream ends (which is a connection error, as in aiormq's reader:
+    a connection that closes cleanly stops at Close-Ok, before the end of its stream)."""
     receiver = BufferedFrameReceiver(_Chunks(chunks))  # type: ignore[arg-type]
-    return [_key(frame) async for frame in receiver]
+    received = []
+    with pytest.raises(AMQPConnectionError, match="unexpectedly closed"):  # noqa: PT012
+        async for frame in receiver:
+            received.append(_key(frame))
+    return received
 
 
 async def test_the_buffered_receiver_yields_aiormqs_frames_wherever_the_reads_cut_the_stream() -> (
@@ -83,6 +93,26 @@ async def test_the_buffered_receiver_yields_aiormqs_frames_wherever_the_reads_cu
     for cut in range(len(data) + 1):
         assert await _buffered_frames([data[:cut], data[cut:]]) == expected, cut
     assert await _buffered_frames([data[i : i + 1] for i in range(len(data))]) == expected
+
+
+async def test_the_stream_ending_between_frames_is_a_connection_error_not_a_clean_end() -> None:
+    data = pamqp.frame.marshal(commands.Basic.Ack(1, False), 1)
+    receiver = BufferedFrameReceiver(_Chunks([data]))  # type: ignore[arg-type]
+    assert _key(await receiver.__anext__())[1] == 1
+    with pytest.raises(AMQPConnectionError, match=r"unexpectedly closed \(0 bytes"):
+        await receiver.__anext__()
+
+
+async def test_the_frames_before_a_bad_one_are_handed_over_first_then_it_raises() -> None:
+    good = pamqp.frame.marshal(commands.Basic.Ack(5, True), 2)
+    bad = bytearray(pamqp.frame.marshal(commands.Basic.Ack(6, True), 2))
+    bad[-1] = 0x00
+    receiver = BufferedFrameReceiver(_Chunks([good + good + bytes(bad)]))  # type: ignore[arg-type]
+    assert [_key(await receiver.__anext__()) for _ in range(2)] == [
+        _key((len(good), 2, commands.Basic.Ack(5, True)))
+    ] * 2
+    with pytest.raises(InvalidFrameError, match="0xCE"):
+        await receiver.__anext__()
 
 
 def test_split_frames_leaves_a_partial_frame_in_the_buffer() -> None:
@@ -97,7 +127,7 @@ def test_split_frames_leaves_a_partial_frame_in_the_buffer() -> None:
 async def test_a_stream_that_ends_inside_a_frame_is_a_connection_error() -> None:
     data = _stream()
     receiver = BufferedFrameReceiver(_Chunks([data[:-5]]))  # type: ignore[arg-type]
-    with pytest.raises(AMQPConnectionError, match="unexpectedly closed"):
+    with pytest.raises(AMQPConnectionError, match=r"unexpectedly closed \([1-9]"):
         async for _ in receiver:
             pass
 
@@ -138,17 +168,20 @@ def test_install_replaces_aiormqs_receiver_only_for_a_tested_aiormq(
     assert aiormq.connection.FrameGenerator is not CoalescingFrameGenerator
     assert aiormq.connection.Connection.FRAME_BUFFER_SIZE == 10
     assert aiormq.connection.Channel is aiormq.Channel  # type: ignore[attr-defined]
-    monkeypatch.undo()
-    monkeypatch.setattr(aiormq.connection, "FrameReceiver", receiver)
-    monkeypatch.setattr(aiormq.connection, "FrameGenerator", generator)
-    monkeypatch.setattr(aiormq.connection.Connection, "FRAME_BUFFER_SIZE", buffer)
-    monkeypatch.setattr(aiormq.connection, "Channel", channel)
+    monkeypatch.setattr(frames, "version", version)  # the installed aiormq: 7.2.4
     assert frames.install() is True
     assert frames.install() is True
     assert aiormq.connection.FrameReceiver is BufferedFrameReceiver
     assert aiormq.connection.FrameGenerator is CoalescingFrameGenerator
     assert aiormq.connection.Connection.FRAME_BUFFER_SIZE == frames.WRITE_QUEUE
     assert aiormq.connection.Channel is InlineDeliveryChannel  # type: ignore[attr-defined]
+    monkeypatch.undo()  # back to what the process had (installed or not)
+    assert (aiormq.connection.FrameReceiver, aiormq.connection.FrameGenerator) == (
+        receiver,
+        generator,
+    )
+    assert buffer == aiormq.connection.Connection.FRAME_BUFFER_SIZE
+    assert aiormq.connection.Channel is channel  # type: ignore[attr-defined]
 
 
 def test_the_pinned_aiormq_is_one_the_receiver_was_tested_against() -> None:
@@ -201,7 +234,7 @@ async def test_a_closing_frame_ends_the_write_and_a_waiting_first_frame_goes_alo
     assert [f.payload for f in alone] == [b"a", b"b"]
 
 
-async def test_one_write_holds_at_most_write_size_bytes_of_merged_frames() -> None:
+async def test_a_write_stops_merging_once_it_has_write_size_bytes() -> None:
     half = frames.WRITE_SIZE // 2 + 1
     out = await _generated([_frame(bytes([n]) * half) for n in range(3)])
     assert [len(f.payload) for f in out] == [2 * half, half]
