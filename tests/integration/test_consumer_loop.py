@@ -8,6 +8,7 @@ import subprocess
 from collections.abc import Awaitable, Callable, Sequence
 from uuid import UUID, uuid4
 
+import aiormq.abc
 import asyncpg
 import pytest
 from aio_pika.abc import AbstractRobustConnection
@@ -17,8 +18,10 @@ from events.decoding import RawDelivery
 from events.envelope import H_DEAD_REASON
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
+from infra.rabbit import subscription
 from infra.rabbit.connection import connect
 from infra.rabbit.consumer import Processor, QueueConsumer, Result
+from infra.rabbit.deliveries import AmqpDelivery
 from infra.rabbit.management import passive_figures
 from infra.rabbit.publisher import Publisher
 from infra.rabbit.route_consumer import route_consumer
@@ -323,5 +326,50 @@ async def test_a_consumer_that_cannot_subscribe_again_after_a_reconnection_fails
     await consumer._consume_again()  # what the robust channel's reopen calls
 
     assert consumer.failed.is_set()
+    await consumer.stop()
+    await connection.close()
+
+
+async def test_a_delivery_failing_to_reach_the_buffer_comes_back_and_all_are_processed_in_order(
+    settings: Settings, amqp: AbstractRobustConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed handover (infra/rabbit/frames.InlineConsumer) closes the channel: the failed
+    delivery and everything after it come back on the reopened channel, in order, and the
+    consumer goes on; nothing is lost."""
+    handed = 0
+
+    def fails_once(message: aiormq.abc.DeliveredMessage) -> AmqpDelivery:
+        nonlocal handed
+        handed += 1
+        if handed == 10:
+            raise RuntimeError("a handover that fails")
+        return AmqpDelivery(message)
+
+    monkeypatch.setattr(subscription, "AmqpDelivery", fails_once)
+    connection = await connect(settings.amqp_url, f"pkgq-test-handover-{uuid4().hex[:8]}")
+    seen: list[UUID] = []
+
+    async def record(raw: RawDelivery) -> Fate:
+        seen.append(UUID(str(raw.message_id)))
+        return Fate.APPLIED
+
+    dead_letters = await Publisher.open(connection, settings.dlx)
+    consumer = route_consumer(
+        USAGE_RECORD, settings, connection, one_at_a_time(record), dead_letters
+    )
+    user = uuid4()
+    sent = [
+        await send(settings, amqp, USAGE_RECORD, RecordUsage(user_id=user, upload=n, download=0))
+        for n in range(40)
+    ]
+    await consumer.start()
+
+    async def all_processed() -> bool:
+        return set(sent) <= set(seen)
+
+    await eventually(all_processed, within=30)
+    assert handed > 40  # the failed one and those after it were delivered again
+    assert list(dict.fromkeys(seen)) == sent  # first applied in the order sent, none lost
+    assert not consumer.failed.is_set()
     await consumer.stop()
     await connection.close()
