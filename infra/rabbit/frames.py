@@ -66,8 +66,10 @@ lock, so once the queue is full the channel's publishes go one per wake-up of th
 write each: the queue holds more than a relay round's publishes (PKGQ_RELAY_BATCH_SIZE, 200 by
 default), whose frames are already in memory as the round's rows."""
 TESTED_AIORMQ = ("7.2.4",)
-"""The aiormq versions whose FrameReceiver contract (the handshake's get_frame, the reader
-task's `async for` of (bytes, channel, frame)) this receiver was checked against."""
+"""The aiormq versions whose internals these replace were checked against: FrameReceiver (the
+handshake's get_frame, the reader task's `async for` of (bytes, channel, frame)),
+FrameGenerator (the writer task's ChannelFrames, their drain and close), Connection's
+FRAME_BUFFER_SIZE and Channel's `_on_deliver_frame`."""
 _HEADER = struct.Struct(">BHI")
 _FRAME_END = 0xCE
 
@@ -106,9 +108,8 @@ class BufferedFrameReceiver(aiormq.connection.FrameReceiver):
                 f"({len(self._pending)} bytes of a frame were read)"
             )
         self.started = True
-        pending = self._pending
-        pending += chunk
-        self._frames.extend(split_frames(pending))
+        self._pending += chunk
+        self._frames.extend(split_frames(self._pending))
 
 
 def split_frames(pending: bytearray) -> list[aiormq.connection.ReceivedFrame]:
@@ -239,9 +240,10 @@ def _ends_run(frame: ChannelFrame) -> bool:
 
 
 def install() -> bool:
-    """Have aiormq read frames with BufferedFrameReceiver and hand its writer frames through
-    CoalescingFrameGenerator (idempotent). False, with a warning, when the installed aiormq
-    is not one they were tested against."""
+    """Have aiormq read frames with BufferedFrameReceiver, hand its writer frames through
+    CoalescingFrameGenerator with a WRITE_QUEUE-frame queue, and make InlineDeliveryChannels
+    (idempotent: all four or none). False, with a warning, when the installed aiormq is not
+    one they were tested against."""
     current = aiormq.connection.FrameReceiver
     if current is BufferedFrameReceiver:
         return True
