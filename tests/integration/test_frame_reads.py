@@ -14,7 +14,7 @@ import aio_pika
 import aiormq.abc
 import aiormq.connection
 import pytest
-from aio_pika.abc import AbstractRobustConnection
+from aio_pika.abc import AbstractQueue, AbstractRobustChannel, AbstractRobustConnection
 from aiormq.abc import ChannelFrame
 
 from infra.rabbit.frames import (
@@ -102,9 +102,7 @@ async def test_an_inline_consumer_gets_every_delivery_in_order_in_the_channels_o
     channel = await amqp.channel(publisher_confirms=True)
     underlay = await channel.get_underlay_channel()
     assert isinstance(underlay, InlineDeliveryChannel)
-    queue = await channel.declare_queue(f"pkgq.test.inline.{uuid4().hex}", exclusive=True)
-    for n in range(200):
-        await channel.default_exchange.publish(aio_pika.Message(str(n).encode()), queue.name)
+    queue = await _numbered(channel, "inline", 200)
     got: list[int] = []
     tasks: set[asyncio.Task[Any] | None] = set()
     done = asyncio.Event()
@@ -128,9 +126,7 @@ async def test_a_failed_inline_handover_hands_nothing_more_and_the_broker_gives_
     amqp: AbstractRobustConnection,
 ) -> None:
     channel = await amqp.channel(publisher_confirms=True)
-    queue = await channel.declare_queue(f"pkgq.test.handover.{uuid4().hex}", exclusive=True)
-    for n in range(100):
-        await channel.default_exchange.publish(aio_pika.Message(str(n).encode()), queue.name)
+    queue = await _numbered(channel, "handover", 100)
     robust = await amqp.channel()
     consuming = await robust.get_underlay_channel()
     got: list[int] = []
@@ -163,9 +159,7 @@ async def test_a_coroutine_consumer_on_the_same_channel_class_still_gets_its_own
 ) -> None:
     channel = await amqp.channel(publisher_confirms=True)
     underlay = await channel.get_underlay_channel()
-    queue = await channel.declare_queue(f"pkgq.test.tasks.{uuid4().hex}", exclusive=True)
-    for n in range(20):
-        await channel.default_exchange.publish(aio_pika.Message(str(n).encode()), queue.name)
+    queue = await _numbered(channel, "tasks", 20)
     tasks: set[asyncio.Task[Any] | None] = set()
     bodies: list[bytes] = []
     done = asyncio.Event()
@@ -181,3 +175,11 @@ async def test_a_coroutine_consumer_on_the_same_channel_class_still_gets_its_own
     assert sorted(int(b) for b in bodies) == list(range(20))
     assert len(tasks) == 20
     await channel.close()
+
+
+async def _numbered(channel: AbstractRobustChannel, kind: str, count: int) -> AbstractQueue:
+    """An exclusive queue of the test's own holding the messages "0" .. str(count - 1)."""
+    queue = await channel.declare_queue(f"pkgq.test.{kind}.{uuid4().hex}", exclusive=True)
+    for n in range(count):
+        await channel.default_exchange.publish(aio_pika.Message(str(n).encode()), queue.name)
+    return queue
