@@ -22,6 +22,7 @@ against (devtools/bench/baselines.py).
 from __future__ import annotations
 
 import asyncio
+import math
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
@@ -44,6 +45,7 @@ from devtools.bench.baselines import (
 from devtools.bench.support import (
     backlog_rounds,
     child_env,
+    cpu_seconds,
     peak_rss_mb,
     spawn,
     statement_kinds,
@@ -77,10 +79,20 @@ class DrainResult:
     records: int
     seconds: float
     rss_mb: float = float("nan")
+    cpu_seconds: float = float("nan")
+    """CPU the consumer under test used while timed (pkgq run's process; the broker
+    baseline's client, the bench process)."""
 
     @property
     def records_per_s(self) -> float:
         return self.records / self.seconds if self.seconds > 0 else 0.0
+
+    def cpu(self) -> str:
+        """Its CPU per record and its share of one core, for the progress lines."""
+        if math.isnan(self.cpu_seconds) or self.seconds <= 0:
+            return "CPU unknown"
+        per_record = self.cpu_seconds / self.records * 1e6
+        return f"CPU {per_record:.0f} µs/record, {self.cpu_seconds / self.seconds:.0%} of a core"
 
 
 class BacklogBench:
@@ -223,10 +235,10 @@ class BacklogBench:
         database."""
         bodies = usage_bodies(self.users, self.scenario.backlog_records, UPLOAD, DOWNLOAD)
         async with asyncio.timeout(self.scenario.timeout):
-            seconds = await broker_consume_ack(
+            seconds, cpu = await broker_consume_ack(
                 self.amqp, f"{self.bench.settings.queue_prefix}.consume", bodies, self.prefetch
             )
-        return DrainResult("broker", len(bodies), seconds)
+        return DrainResult("broker", len(bodies), seconds, cpu_seconds=cpu)
 
     async def drain_pkgq(self) -> DrainResult:
         await self.prepare()
@@ -239,14 +251,15 @@ class BacklogBench:
         process = spawn(["run", "--no-ingest", USAGE_RECORD.name], env)
         try:
             await self.wait_subscribed(process)
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), cpu_seconds(process.pid)
             await self.wait_applied(lambda: _exited(process))
             seconds = time.perf_counter() - started
+            cpu = cpu_seconds(process.pid) - cpu_started
             rss = peak_rss_mb(process.pid)
         finally:
             stop_processes([process])
         await self.check_applied(self.users, self.scenario.backlog_records)
-        return DrainResult("pkgq", self.scenario.backlog_records, seconds, rss)
+        return DrainResult("pkgq", self.scenario.backlog_records, seconds, rss, cpu)
 
     async def wait_subscribed(self, process: subprocess.Popen[bytes]) -> None:
         """Until the process consumes from every queue of the route (checked every POLL s)."""
@@ -352,8 +365,14 @@ async def backlog_phases(bench: Bench, say: Callable[[str], None]) -> dict[str, 
         brokers.append(await backlog.drain_broker())
     pkgq = max(pkgqs, key=_records_per_s)
     broker = max(brokers, key=_records_per_s)
-    say(f"  {pkgq.records_per_s:,.0f} records/s ({pkgq.seconds:.1f} s), rss {pkgq.rss_mb:.0f} MB")
-    say(f"  broker alone {broker.records_per_s:,.0f} msg/s ({broker.seconds:.1f} s)")
+    say(
+        f"  {pkgq.records_per_s:,.0f} records/s ({pkgq.seconds:.1f} s), rss {pkgq.rss_mb:.0f} MB, "
+        f"{pkgq.cpu()}"
+    )
+    say(
+        f"  broker alone {broker.records_per_s:,.0f} msg/s ({broker.seconds:.1f} s), "
+        f"its client's {broker.cpu()}"
+    )
 
     say(f"statements of one batch of {STATEMENT_BATCH} usage records, {STATEMENT_BATCH} users")
     statements, kinds = await backlog.statements_per_batch()

@@ -123,16 +123,17 @@ def faststream_broker(
 
 async def broker_consume_ack(
     amqp: AbstractRobustConnection, queue_name: str, bodies: list[RecordUsage], prefetch: int
-) -> float:
+) -> tuple[float, float]:
     """RabbitMQ's own consume-and-ack rate, no database: `bodies` are published (persistent,
     with pkgq's envelope, with confirms; not timed) into a durable classic queue of the bench's
     namespace, then consumed with aio-pika at `prefetch` (pkgq's, so both sides have the same
     window; a queue iterator) and acked. Returns the seconds from the start of the consume
-    until the last ack is sent. Acks go with `multiple` every half prefetch and on the last:
-    the faster way for the broker (one ack frame per hundreds of deliveries instead of one
-    each; on the 2-core dev box acking one by one drained at about half the rate). The queue
-    has none of pkgq's arguments (no priorities, no dead-lettering): the broker at its
-    plainest."""
+    until the last ack is sent, and the CPU seconds this process spent meanwhile (the
+    consuming client's: near the seconds, the client and not the broker sets the pace). Acks
+    go with `multiple` every half prefetch and on the last: the faster way for the broker (one
+    ack frame per hundreds of deliveries instead of one each; on the 2-core dev box acking one
+    by one drained at about half the rate). The queue has none of pkgq's arguments (no
+    priorities, no dead-lettering): the broker at its plainest."""
     ack_every = max(1, prefetch // 2)
     count = len(bodies)
     channel = await amqp.channel(publisher_confirms=True)
@@ -154,7 +155,7 @@ async def broker_consume_ack(
         await consumer_channel.set_qos(prefetch_count=prefetch)
         consumer_queue = await consumer_channel.get_queue(queue_name, ensure=False)
         received = 0
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         async with consumer_queue.iterator() as deliveries:
             async for delivery in deliveries:
                 received += 1
@@ -164,11 +165,12 @@ async def broker_consume_ack(
                 if received % ack_every == 0:
                     await delivery.ack(multiple=True)
         seconds = time.perf_counter() - started
+        cpu_seconds = time.process_time() - cpu_started
         await queue.delete(if_unused=False, if_empty=False)
     finally:
         await consumer_channel.close()
         await channel.close()
-    return seconds
+    return seconds, cpu_seconds
 
 
 def usage_bodies(users: list[UUID], records: int, upload: int, download: int) -> list[RecordUsage]:

@@ -153,6 +153,16 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user and system) process `pid` has used so far; NaN if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def stop_processes(processes: Iterable[subprocess.Popen[bytes]]) -> None:
     """SIGTERM, then wait for each (a graceful drain); kill what has not exited within 30 s."""
     started = list(processes)

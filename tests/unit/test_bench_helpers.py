@@ -1,12 +1,17 @@
-"""The benchmark's pure helpers: how a backlog is spread over users, how statements are tallied."""
+"""The benchmark's helpers: how a backlog is spread over users, how statements are tallied, how
+a consumer's CPU is read and reported."""
 
 from __future__ import annotations
 
+import math
+import os
+import time
 from collections import Counter
 
 import pytest
 
-from devtools.bench.support import backlog_rounds, statement_kinds
+from devtools.bench.backlog import DrainResult
+from devtools.bench.support import backlog_rounds, cpu_seconds, statement_kinds
 
 
 @pytest.mark.parametrize(
@@ -39,3 +44,19 @@ def test_statements_are_tallied_by_their_first_keyword_most_frequent_first() -> 
     assert kinds == {"SELECT": 3, "BEGIN": 1, "INSERT": 1, "WITH": 1, "COMMIT": 1, "?": 1}
     assert next(iter(kinds)) == "SELECT"
     assert statement_kinds([]) == {}
+
+
+def test_a_process_cpu_is_read_from_proc_and_grows_as_it_works() -> None:
+    before = cpu_seconds(os.getpid())
+    deadline = time.process_time() + 0.05
+    while time.process_time() < deadline:
+        pass
+    after = cpu_seconds(os.getpid())
+    assert after - before >= 0.04  # clock ticks: 10 ms each
+    assert math.isnan(cpu_seconds(2**22 + 1))  # above Linux's highest pid: no such process
+
+
+def test_a_drain_reports_its_cpu_per_record_and_its_share_of_a_core_or_says_it_is_unknown() -> None:
+    drained = DrainResult("pkgq", records=20_000, seconds=2.5, cpu_seconds=2.0)
+    assert drained.cpu() == "CPU 100 µs/record, 80% of a core"
+    assert DrainResult("broker", records=10, seconds=1.0).cpu() == "CPU unknown"
