@@ -139,7 +139,8 @@ CREATE TABLE telecom.access (
     expire_at timestamp with time zone,
     seq bigint NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL
-);
+)
+WITH (fillfactor='80');
 
 CREATE TABLE telecom.addresses (
     address text NOT NULL,
@@ -386,7 +387,8 @@ CREATE TABLE telecom.package_queue (
     CONSTRAINT package_queue_some_limit CHECK (((traffic_limit IS NOT NULL) OR (duration IS NOT NULL))),
     CONSTRAINT package_queue_traffic_limit_check CHECK ((traffic_limit >= 0)),
     CONSTRAINT package_queue_upload_check CHECK ((upload >= 0))
-);
+)
+WITH (fillfactor='80');
 
 CREATE SEQUENCE telecom.package_queue_id_seq
     START WITH 1
@@ -448,7 +450,8 @@ CREATE TABLE telecom.queue_users (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT queue_users_unbilled_download_check CHECK ((unbilled_download >= 0)),
     CONSTRAINT queue_users_unbilled_upload_check CHECK ((unbilled_upload >= 0))
-);
+)
+WITH (fillfactor='80');
 
 CREATE TABLE telecom.route_minutes (
     minute timestamp with time zone NOT NULL,
