@@ -64,8 +64,8 @@ async def write(
     consumer = route.short_name
     if writes.claims:
         claimed = await inbox.claim_many(conn, consumer, writes.claims)
-        if len(claimed) != len(writes.claims):
-            raise ClaimRaceError(f"{len(writes.claims) - len(claimed)} claimed meanwhile")
+        if claimed != len(writes.claims):
+            raise ClaimRaceError(f"{len(writes.claims) - claimed} claimed meanwhile")
     await queue_repo.save(conn, work.queues.values())
     await usage_billed.write(conn, work.billings_to_write(), usage_dedup_days)
     stale = set(work.access_changes)

@@ -28,14 +28,19 @@ async def states(
     before (the inbox), and how many failed attempts each has had (absent: none)."""
     if not message_ids:
         return set(), {}
+    # Only the messages with something to say come back: in a backlog, none of a batch's.
     rows = await conn.fetch(
         """
-        SELECT m.id AS message_id,
-               EXISTS (SELECT 1 FROM telecom.inbox i
-                       WHERE i.consumer = $1 AND i.message_id = m.id) AS seen,
-               (SELECT a.attempts FROM telecom.attempts a
-                WHERE a.consumer = $1 AND a.message_id = m.id AND a.generation = 0) AS attempts
-        FROM unnest($2::uuid[]) AS m(id)
+        SELECT s.message_id, s.seen, s.attempts FROM (
+            SELECT m.id AS message_id,
+                   EXISTS (SELECT 1 FROM telecom.inbox i
+                           WHERE i.consumer = $1 AND i.message_id = m.id) AS seen,
+                   (SELECT a.attempts FROM telecom.attempts a
+                    WHERE a.consumer = $1 AND a.message_id = m.id AND a.generation = 0)
+                       AS attempts
+            FROM unnest($2::uuid[]) AS m(id)
+        ) s
+        WHERE s.seen OR s.attempts IS NOT NULL
         """,
         consumer,
         list(dict.fromkeys(message_ids)),

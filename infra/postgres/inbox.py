@@ -23,9 +23,11 @@ async def claim(conn: Conn, consumer: str, message_id: UUID) -> bool:
     return bool(inserted)
 
 
-async def claim_many(conn: Conn, consumer: str, messages: Mapping[UUID, UUID | None]) -> set[UUID]:
-    """Claim messages (message_id -> its user) in one statement. Returns those claimed now
-    (not applied before). The user is kept with the message (a user's timeline reads it).
+async def claim_many(conn: Conn, consumer: str, messages: Mapping[UUID, UUID | None]) -> int:
+    """Claim messages (message_id -> its user) in one statement. Returns how many were claimed
+    now (not applied before): the caller knows which it asked for, so only a shortfall, which
+    means another transaction claimed some meanwhile, needs telling. The user is kept with the
+    message (a user's timeline reads it).
 
     The same statement marks `superseded` every dead letter of the consumer for a message it
     claims, for the same user, whatever its status (buried; replayed or discarded, which a
@@ -33,8 +35,8 @@ async def claim_many(conn: Conn, consumer: str, messages: Mapping[UUID, UUID | N
     long after the inbox forgets the message (infra/postgres/replay.py). Another user's message
     under the same message_id supersedes nothing of this user's."""
     if not messages:
-        return set()
-    rows = await conn.fetch(
+        return 0
+    claimed = await conn.fetchval(
         """
         WITH claimed AS (
             INSERT INTO telecom.inbox (consumer, message_id, user_id)
@@ -47,13 +49,13 @@ async def claim_many(conn: Conn, consumer: str, messages: Mapping[UUID, UUID | N
               AND d.message_uuid = x.m AND d.user_id IS NOT DISTINCT FROM x.u
               AND x.m IN (SELECT message_id FROM claimed)
         )
-        SELECT message_id FROM claimed
+        SELECT count(*) FROM claimed
         """,
         consumer,
         list(messages),
         list(messages.values()),
     )
-    return {r["message_id"] for r in rows}
+    return int(claimed)
 
 
 async def seen_many(conn: Conn, consumer: str, message_ids: list[UUID]) -> set[UUID]:
