@@ -89,7 +89,7 @@ class DrainResult:
 
     def cpu(self) -> str:
         """Its CPU per record and its share of one core, for the progress lines."""
-        if math.isnan(self.cpu_seconds) or self.seconds <= 0:
+        if math.isnan(self.cpu_seconds) or self.seconds <= 0 or self.records <= 0:
             return "CPU unknown"
         per_record = self.cpu_seconds / self.records * 1e6
         return f"CPU {per_record:.0f} µs/record, {self.cpu_seconds / self.seconds:.0%} of a core"

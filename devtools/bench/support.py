@@ -158,9 +158,10 @@ def cpu_seconds(pid: int) -> float:
     try:
         with open(f"/proc/{pid}/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        ticks = int(fields[11]) + int(fields[12])  # utime, stime: after the name, 14th and 15th
+    except (OSError, IndexError, ValueError):
         return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def stop_processes(processes: Iterable[subprocess.Popen[bytes]]) -> None:

@@ -1,8 +1,10 @@
 -- pkgq 0020: room on each page of the three tables a usage batch updates row by row, so that
--- Postgres can write a row's new version beside the old one (a HOT update: no index entry is
--- written) instead of on another page (then every index of the table gets a new entry, and
--- package_queue has seven). Expand only: a storage parameter, taken under a SHARE UPDATE
--- EXCLUSIVE lock, which blocks no reads or writes; the previous release runs unchanged.
+-- Postgres can write a row's new version beside the old one when no indexed column changed (a
+-- HOT update: no index entry is written) instead of on another page (then every index of the
+-- table gets a new entry, and package_queue has seven). Expand only: a storage parameter, set
+-- under a SHARE UPDATE EXCLUSIVE lock, which blocks no reads or writes; the previous release
+-- runs unchanged. That lock does wait for a VACUUM of the table (an anti-wraparound one is not
+-- cancelled for it): `pkgq migrate` then waits too, while the application goes on.
 --
 -- Measured on the dev box (2026-11-27, docs/explanation/performance.md): with pages filled to
 -- 100%, 52% of package_queue's updates were HOT in a scratch run of the delivery pipeline, 75%
