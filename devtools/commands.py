@@ -53,7 +53,7 @@ def bench_cmd(
             min=1,
             max=10,
             help="Runs of the raw broker and of each pkgq lifecycle phase (the raw broker's "
-            "interleaved with pkgq's); the best counts.",
+            "interleaved with pkgq's); the best counts (for latency: the lowest p99).",
         ),
     ] = 3,
     backlog_users: Annotated[

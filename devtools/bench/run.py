@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from devtools.bench.backlog import BACKLOG_PHASES, backlog_phases
 from devtools.bench.scenario import Bench, Scenario
-from devtools.bench.support import bench_settings
+from devtools.bench.support import RunResult, bench_settings
 from events.routes import ROUTES
 from infra.settings import Settings
 
@@ -49,17 +49,25 @@ async def run_bench(settings: Settings, scenario: Scenario, say: Callable[[str],
         say(f"  raw broker {raw.events_per_s:,.0f} msg/s (best of {runs})")
         say(f"  pkgq {small.events_per_s:,.0f} events/s, p99 {small.percentile(0.99):.0f} ms")
 
-        await bench.reset(scenario.small_rows)
         pace = small.events_per_s / 2
-        say(f"pkgq at half that rate ({pace:,.0f} events/s) for latency")
-        paced = await bench.scenario_run(
-            "paced",
-            batch_size=scenario.batch_size,
-            prefetch=scenario.prefetch,
-            batch_max=scenario.batch_max,
-            pace_eps=pace,
-        )
-        say(f"  p50 {paced.percentile(0.5):.1f} ms, p99 {paced.percentile(0.99):.1f} ms")
+        say(f"pkgq at half that rate ({pace:,.0f} events/s) for latency, {runs} runs")
+        # Like every lifecycle phase, the best of `runs`: a slow spell of the shared machine
+        # only ever lengthens a run's tail. Each run's figures are shown.
+        paceds = []
+        for _ in range(runs):
+            await bench.reset(scenario.small_rows)
+            paceds.append(
+                await bench.scenario_run(
+                    "paced",
+                    batch_size=scenario.batch_size,
+                    prefetch=scenario.prefetch,
+                    batch_max=scenario.batch_max,
+                    pace_eps=pace,
+                )
+            )
+            run = paceds[-1]
+            say(f"  p50 {run.percentile(0.5):.1f} ms, p99 {run.percentile(0.99):.1f} ms")
+        paced = min(paceds, key=_p99)
 
         backlog = await backlog_phases(bench, say)
 
@@ -70,7 +78,7 @@ async def run_bench(settings: Settings, scenario: Scenario, say: Callable[[str],
     finally:
         await bench.close()
 
-    rss = max(v for r in (naive, small, paced, large) for v in r.rss_mb.values())
+    rss = max(v for r in (naive, small, *paceds, large) for v in r.rss_mb.values())
     results = {
         # First, so the seven figures that came before them stay the last lines.
         **backlog,
@@ -92,3 +100,7 @@ async def run_bench(settings: Settings, scenario: Scenario, say: Callable[[str],
     for key, value in results.items():
         print(f"{key}={value}")
     return 0
+
+
+def _p99(result: RunResult) -> float:
+    return result.percentile(0.99)
