@@ -25,6 +25,7 @@ from infra.rabbit.frames import (
 )
 from infra.rabbit.publisher import Publisher, build_message
 from infra.settings import Settings
+from tests.support.deliveries import consume_numbers
 
 
 async def test_deliveries_of_every_size_arrive_whole_and_in_order_through_chunked_reads(
@@ -84,14 +85,7 @@ async def test_concurrent_confirmed_publishes_written_together_arrive_once_each_
     )
     monkeypatch.undo()
     assert len(writes) < count / 4  # the publishes reached the socket in a few writes
-    received = []
-    async with queue.iterator() as messages:
-        async for message in messages:
-            received.append(int(message.body))
-            await message.ack()
-            if len(received) == count:
-                break
-    assert received == list(range(count))
+    assert await consume_numbers(amqp, queue.name, count) == list(range(count))
     await publisher.close()
     await channel.close()
 
@@ -142,14 +136,8 @@ async def test_a_failed_inline_handover_hands_nothing_more_and_the_broker_gives_
     await asyncio.wait([consuming.closing], timeout=10)
     assert consuming.is_closed  # closed by the failed handover
     assert got == list(range(7))  # nothing after the failure was handed over
-    again: list[int] = []
-    async with queue.iterator() as messages:
-        async for message in messages:
-            again.append(int(message.body))
-            await message.ack()
-            if len(again) == 100:
-                break
-    assert again == list(range(100))  # none was acked: all given back, in order
+    # None was acked: all given back, in order.
+    assert await consume_numbers(amqp, queue.name, 100) == list(range(100))
     await robust.close()
     await channel.close()
 

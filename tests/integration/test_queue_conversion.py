@@ -17,6 +17,7 @@ from events.routes import USAGE_RECORD
 from infra.rabbit.convert import HOLDING_SUFFIX, Progress, convert, queue_specs
 from infra.rabbit.topology import declare_all, route_queues
 from infra.settings import Settings
+from tests.support.deliveries import consume_numbers
 from tests.support.observing import eventually
 
 
@@ -75,15 +76,15 @@ async def test_classic_queues_become_quorum_queues_with_nothing_lost_and_order_k
         probe = await amqp.channel()
         with pytest.raises(ChannelNotFoundEntity):
             await probe.declare_queue(spec.name + HOLDING_SUFFIX, passive=True)
-    assert await _consume(amqp, queue, 5) == [5, 6, 7, 8, 9]
-    assert await _consume(amqp, settings.dead_letter_queue, 1) == [102]
+    assert await consume_numbers(amqp, queue, 5) == [5, 6, 7, 8, 9]
+    assert await consume_numbers(amqp, settings.dead_letter_queue, 1) == [102]
     # And the new queue is bound: a message published now arrives in it.
     await _publish(channel, settings.exchange, key, range(10, 11))
-    assert await _consume(amqp, queue, 1) == [10]
+    assert await consume_numbers(amqp, queue, 1) == [10]
     # Nothing else is there to deliver: no copy, nothing left behind. (RabbitMQ 3.10.8 may go
     # on counting the moved messages as ready after they were acked, so this asks a consumer.)
     with pytest.raises(TimeoutError):
-        await asyncio.wait_for(_consume(amqp, queue, 1), timeout=2)
+        await asyncio.wait_for(consume_numbers(amqp, queue, 1), timeout=2)
 
 
 async def test_a_second_conversion_finds_nothing_to_convert(
@@ -93,22 +94,6 @@ async def test_a_second_conversion_finds_nothing_to_convert(
     first = await asyncio.wait_for(convert(amqp, quorum, lambda _: None), timeout=60)
     assert set(first) == {spec.name for spec in queue_specs(quorum)}
     assert await convert(amqp, quorum, lambda _: None) == {}
-
-
-async def _consume(amqp: AbstractRobustConnection, name: str, n: int) -> list[int]:
-    """The next n messages' bodies, consumed and acked on a channel of their own (a quorum
-    queue with single active consumer refuses basic.get)."""
-    found: list[int] = []
-    channel = await amqp.channel()
-    queue = await channel.declare_queue(name, passive=True)
-    async with queue.iterator() as messages:
-        async for message in messages:
-            found.append(int(message.body))
-            await message.ack()
-            if len(found) == n:
-                break
-    await channel.close()
-    return found
 
 
 async def _all_held(reports: list[Progress], n: int) -> bool:

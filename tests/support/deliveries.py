@@ -1,5 +1,6 @@
 """Messages for tests: a delivery built without AMQP, a package in the catalog, a message
-published through the real broker (as pkgq would, or raw, as an outsider could)."""
+published through the real broker (as pkgq would, or raw, as an outsider could), numbered
+messages consumed back."""
 
 from __future__ import annotations
 
@@ -185,3 +186,19 @@ async def publish_as_outsider(
         if not channel.is_closed:
             await channel.close()
     return message_id_text
+
+
+async def consume_numbers(amqp: AbstractRobustConnection, name: str, n: int) -> list[int]:
+    """The next n messages' bodies (each an integer), consumed and acked on a channel of their
+    own (a quorum queue with single active consumer refuses basic.get)."""
+    found: list[int] = []
+    channel = await amqp.channel()
+    queue = await channel.declare_queue(name, passive=True)
+    async with queue.iterator() as messages:
+        async for message in messages:
+            found.append(int(message.body))
+            await message.ack()
+            if len(found) == n:
+                break
+    await channel.close()
+    return found
