@@ -56,17 +56,15 @@ async def run_bench(settings: Settings, scenario: Scenario, say: Callable[[str],
         paceds = []
         for _ in range(runs):
             await bench.reset(scenario.small_rows)
-            paceds.append(
-                await bench.scenario_run(
-                    "paced",
-                    batch_size=scenario.batch_size,
-                    prefetch=scenario.prefetch,
-                    batch_max=scenario.batch_max,
-                    pace_eps=pace,
-                )
+            run = await bench.scenario_run(
+                "paced",
+                batch_size=scenario.batch_size,
+                prefetch=scenario.prefetch,
+                batch_max=scenario.batch_max,
+                pace_eps=pace,
             )
-            run = paceds[-1]
             say(f"  p50 {run.percentile(0.5):.1f} ms, p99 {run.percentile(0.99):.1f} ms")
+            paceds.append(run)
         paced = min(paceds, key=_p99)
 
         backlog = await backlog_phases(bench, say)
