@@ -2,7 +2,8 @@
 
 The delivery pipeline (consumers/delivery/) locks and loads every user of a batch with one
 statement each, hands each message's handler a `HandlerContext` over that batch's `UnitOfWork`,
-and writes everything the handlers changed back with one statement per table. A handler only
+and writes everything the handlers changed back with one part per table, gathered into few
+statements. A handler only
 describes its transition: it never runs SQL of its own.
 """
 

@@ -4,7 +4,7 @@ One usage record, from the socket to the ack, reads one way through these files:
 infra/rabbit/consumer.py (takes a batch) -> pipeline.py (this loop) -> decode.py (bad input is
 refused) -> snapshot.py (locks and loads, fixed statements) -> executor.py (the gate of
 domain/delivery.py decides; handlers run in memory) -> writes.py (the decisions as rows, pure)
--> writer.py (one statement per table)
+-> writer.py (one part per table, gathered into few statements: infra/postgres/compound.py)
 -> back to the consumer, which derives ack or give-back from each `Fate` (infra/rabbit/settle.py).
 
 **The one retry loop** (`_decide_all`) takes a batch through one transaction at a time:

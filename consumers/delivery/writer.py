@@ -1,5 +1,4 @@
-"""The one writer: a batch's writes (writes.py) become statements, one per table, failures
-included.
+"""The one writer: a batch's writes (writes.py) become statements, failures included.
 
 In this order, inside the batch's transaction (whose snapshot locked the users, then their
 holds: the lock order lives in snapshot.py, and nothing here locks anything else first):
@@ -7,8 +6,14 @@ inbox claims; items and user rows; usage records billed under a record id; acces
 superseded retries withdrawn; follow-up events and retries; the operators' audit; addresses
 and groups finished; dead letters; failed attempts counted; parked messages parked or
 unparked; holds made; holds lifted; counters.
-A statement with nothing to write is not sent, so a batch costs at most a fixed number of
-statements, whatever its size and however many of its messages fail.
+Each table's write is one part, and the parts go out as few statements as keeps their order
+(infra/postgres/compound.py): consecutive parts share a statement unless they touch the same
+table (the access grants and the remaining traffic; timers withdrawn and rows added), and
+the failure path's writes (finished jobs, dead letters, parking and holds) go as statements of
+their own between them. A batch whose messages all apply writes in one statement, two when it
+both grants and bills or both withdraws and adds; a part with nothing to write is not sent, so
+a batch costs at most a fixed number of statements, whatever its size and however many of its
+messages fail.
 
 What it guarantees (checked in production by `pkgq doctor`): every hold it makes has a way out
 written in the same transaction (a retry in the outbox, or the blocker's buried dead letter);
@@ -29,6 +34,7 @@ from infra.postgres import (
     access,
     attempts,
     audit,
+    compound,
     dead_letters,
     holds,
     inbox,
@@ -62,27 +68,37 @@ async def write(
     """Send a batch's writes. Returns the users whose parked messages may go now.
     `usage_dedup_days`: how long a billing record id billed now is remembered."""
     consumer = route.short_name
-    if writes.claims:
-        claimed = await inbox.claim_many(conn, consumer, writes.claims)
-        if claimed != len(writes.claims):
-            raise ClaimRaceError(f"{len(writes.claims) - claimed} claimed meanwhile")
-    await queue_repo.save(conn, work.queues.values())
-    await usage_billed.write(conn, work.billings_to_write(), usage_dedup_days)
-    stale = set(work.access_changes)
-    stale -= await access.write(conn, work.access_changes, work.remaining_to_write())
+    batch = compound.Batch(conn)
+    claimed = await batch.add(inbox.claim_many(consumer, writes.claims))
+    for part in queue_repo.save(work.queues.values()):
+        await batch.add(part)
+    await batch.add(usage_billed.write(work.billings_to_write(), usage_dedup_days))
+    changes, remaining = access.write(work.access_changes, work.remaining_to_write())
+    applied = await batch.add(changes)
+    await batch.add(remaining)
+    await batch.add(outbox.withdraw_part([key for key, _ in work.withdrawn] + writes.withdrawn))
+    await batch.add(outbox.enqueue_part(work.rows_to_write() + writes.retries))
+    await batch.add(audit.write(work.audit))
+    # The failure path's statements go one by one, in this order, after what came before.
+    if writes.finished or writes.buried:
+        await batch.send()
+        await job_state.finish(conn, writes.finished)
+        await dead_letters.bury_many(conn, writes.buried)
+    await batch.add(attempts.add_many(consumer, writes.counted))
+    drain: list[UUID] = []
+    if writes.parked or writes.unparked or writes.made or writes.lifted:
+        await batch.send()
+        await holds.park_many(conn, consumer, writes.parked)
+        await holds.unpark(conn, consumer, writes.unparked)
+        await holds.hold_many(conn, consumer, writes.made)
+        drain = await holds.settle_lifted(conn, consumer, writes.lifted)
+    await batch.add(transitions.count_part(writes.moves))
+    await batch.send()
+    if writes.claims and claimed.get() != len(writes.claims):
+        raise ClaimRaceError(f"{len(writes.claims) - claimed.get()} claimed meanwhile")
+    stale = set(work.access_changes) - (applied.get() or set())
     for user in sorted(stale):
         log.info("access_update_stale", user_id=str(user), seq=work.access_changes[user].seq)
-    await outbox.withdraw(conn, [key for key, _ in work.withdrawn] + writes.withdrawn)
-    await outbox.enqueue(conn, work.rows_to_write() + writes.retries)
-    await audit.write(conn, work.audit)
-    await job_state.finish(conn, writes.finished)
-    await dead_letters.bury_many(conn, writes.buried)
-    await attempts.add_many(conn, consumer, writes.counted)
-    await holds.park_many(conn, consumer, writes.parked)
-    await holds.unpark(conn, consumer, writes.unparked)
-    await holds.hold_many(conn, consumer, writes.made)
-    drain = await holds.settle_lifted(conn, consumer, writes.lifted)
-    await transitions.count(conn, writes.moves)
     if writes.claims:
         faults.hit(faults.DELIVERY_BEFORE_COMMIT, route=route.name)
     return drain

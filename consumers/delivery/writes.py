@@ -1,5 +1,6 @@
 """What a batch writes, as data: its decisions turned into the rows of each table, before any
-statement is sent (writer.py sends them, one statement per table). No I/O.
+statement is sent (writer.py sends them, one part per table, gathered into few statements). No
+I/O.
 
 Retries (the last RETRY decision of a message in the batch), superseded retries to withdraw,
 inbox claims, addresses and groups finished, dead letters, failed attempts counted, parked and

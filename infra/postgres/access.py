@@ -13,6 +13,7 @@ from uuid import UUID
 
 import asyncpg
 
+from infra.postgres.compound import Part, part_of
 from infra.postgres.pool import Conn
 
 
@@ -33,18 +34,20 @@ class Change:
         return self.item_id is not None
 
 
-async def write(
-    conn: Conn,
+def write(
     changes: Mapping[UUID, Change],
     remaining: Mapping[tuple[UUID, int], int | None],
-) -> set[UUID]:
-    """A batch's access updates, one statement per kind. `changes`: per user, the grant or
-    revoke with the highest seq (applied in order, only the newest of them could stick);
-    `remaining`: new traffic left per (user, item), applied where that item is the granted one.
-    Returns the users whose change was newer than the row's (the others were stale)."""
-    applied: set[UUID] = set()
+) -> tuple[Part[set[UUID]] | None, Part[None] | None]:
+    """A batch's access updates, a part of its write statement per kind (None: nothing of
+    that kind). `changes`: per user, the grant or revoke with the highest seq (applied in
+    order, only the newest of them could stick); `remaining`: new traffic left per (user,
+    item), applied where that item is the granted one. Both write `access`, so they never
+    share a statement: the remaining update sees the grants. The first part's value: the users
+    whose change was newer than the row's (the others were stale)."""
+    granted: Part[set[UUID]] | None = None
+    left: Part[None] | None = None
     if changes:
-        rows = await conn.fetch(
+        granted = part_of(
             """
             INSERT INTO telecom.access AS a
                 (user_id, granted, item_id, package_id, remaining, expire_at, seq)
@@ -57,27 +60,36 @@ async def write(
             WHERE a.seq < EXCLUDED.seq
             RETURNING a.user_id
             """,
-            [c.user_id for c in changes.values()],
-            [c.granted for c in changes.values()],
-            [c.item_id for c in changes.values()],
-            [c.package_id for c in changes.values()],
-            [c.remaining for c in changes.values()],
-            [c.expire_at for c in changes.values()],
-            [c.seq for c in changes.values()],
+            (
+                [c.user_id for c in changes.values()],
+                [c.granted for c in changes.values()],
+                [c.item_id for c in changes.values()],
+                [c.package_id for c in changes.values()],
+                [c.remaining for c in changes.values()],
+                [c.expire_at for c in changes.values()],
+                [c.seq for c in changes.values()],
+            ),
+            ("access",),
+            name="access_changed",
+            result="ARRAY(SELECT user_id FROM access_changed)",
+            decode=set,
         )
-        applied = {r["user_id"] for r in rows}
     if remaining:
-        await conn.execute(
+        left = part_of(
             """
             UPDATE telecom.access a SET remaining = x.remaining, updated_at = now()
             FROM unnest($1::uuid[], $2::bigint[], $3::bigint[]) AS x(user_id, item_id, remaining)
             WHERE a.user_id = x.user_id AND a.item_id = x.item_id AND a.granted
             """,
-            [user for user, _ in remaining],
-            [item for _, item in remaining],
-            list(remaining.values()),
+            (
+                [user for user, _ in remaining],
+                [item for _, item in remaining],
+                list(remaining.values()),
+            ),
+            ("access",),
+            name="access_remaining",
         )
-    return applied
+    return granted, left
 
 
 async def get_access(conn: Conn, user_id: UUID) -> asyncpg.Record | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from uuid import UUID
 
+from infra.postgres.compound import Part, part_of
 from infra.postgres.pool import Conn
 from infra.postgres.pruning import Rule
 
@@ -50,20 +51,21 @@ async def states(
     return seen, {r["message_id"]: r["attempts"] for r in rows if r["attempts"] is not None}
 
 
-async def add_many(conn: Conn, consumer: str, failures: Mapping[UUID, int]) -> None:
-    """Add each message's failures of this batch to its count, in one statement."""
+def add_many(consumer: str, failures: Mapping[UUID, int]) -> Part[None] | None:
+    """Add each message's failures of this batch to its count: a part of the batch's write
+    statement (none: nothing)."""
     if not failures:
-        return
-    await conn.execute(
+        return None
+    return part_of(
         """
         INSERT INTO telecom.attempts AS a (consumer, message_id, generation, attempts, last_claim)
         SELECT $1, m, 0, n, 0 FROM unnest($2::uuid[], $3::int[]) AS f(m, n)
         ON CONFLICT (consumer, message_id, generation) DO UPDATE SET
             attempts = a.attempts + excluded.attempts, last_at = now()
         """,
-        consumer,
-        list(failures),
-        list(failures.values()),
+        (consumer, list(failures), list(failures.values())),
+        ("attempts",),
+        name="attempts_added",
     )
 
 

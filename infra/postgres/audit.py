@@ -11,6 +11,7 @@ from uuid import UUID
 
 import asyncpg
 
+from infra.postgres.compound import Part, part_of
 from infra.postgres.pool import Conn, columns
 
 Action = Literal["cancel", "adjust_quota"]
@@ -30,19 +31,23 @@ class Entry:
     """Verified: the AMQP user_id the broker validated (events.envelope.publisher_of)."""
 
 
-async def write(conn: Conn, entries: Sequence[Entry]) -> None:
-    """One statement for a whole batch's entries (none: no statement)."""
+def write(entries: Sequence[Entry]) -> Part[None] | None:
+    """A whole batch's entries: a part of its write statement (none: nothing)."""
     if not entries:
-        return
-    await conn.execute(
+        return None
+    return part_of(
         """
         INSERT INTO telecom.item_audit
             (item_id, user_id, action, delta, reason, operator, message_id, publisher)
         SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bigint[], $5::text[],
                              $6::text[], $7::uuid[], $8::text[])
         """,
-        *columns(entries, "item_id", "user_id", "action", "delta", "reason", "operator"),
-        *columns(entries, "message_id", "publisher"),
+        (
+            *columns(entries, "item_id", "user_id", "action", "delta", "reason", "operator"),
+            *columns(entries, "message_id", "publisher"),
+        ),
+        ("item_audit",),
+        name="audit_written",
     )
 
 

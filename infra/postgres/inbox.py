@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from uuid import UUID
 
+from infra.postgres.compound import Part
 from infra.postgres.pool import Conn
 from infra.postgres.pruning import Rule
 
@@ -23,39 +24,47 @@ async def claim(conn: Conn, consumer: str, message_id: UUID) -> bool:
     return bool(inserted)
 
 
-async def claim_many(conn: Conn, consumer: str, messages: Mapping[UUID, UUID | None]) -> int:
-    """Claim messages (message_id -> its user) in one statement. Returns how many were claimed
+def claim_many(consumer: str, messages: Mapping[UUID, UUID | None]) -> Part[int] | None:
+    """Claim messages (message_id -> its user): a part of the batch's write statement
+    (infra/postgres/compound.py), None when there are none. Its value is how many were claimed
     now (not applied before): the caller knows which it asked for, so only a shortfall, which
     means another transaction claimed some meanwhile, needs telling. The user is kept with the
     message (a user's timeline reads it).
 
-    The same statement marks `superseded` every dead letter of the consumer for a message it
+    The same part marks `superseded` every dead letter of the consumer for a message it
     claims, for the same user, whatever its status (buried; replayed or discarded, which a
     forced replay would otherwise send again): such a dead letter is never replayed, however
     long after the inbox forgets the message (infra/postgres/replay.py). Another user's message
     under the same message_id supersedes nothing of this user's."""
     if not messages:
-        return 0
-    claimed = await conn.fetchval(
-        """
-        WITH claimed AS (
-            INSERT INTO telecom.inbox (consumer, message_id, user_id)
-            SELECT $1, m, u FROM unnest($2::uuid[], $3::uuid[]) AS y(m, u)
-            ON CONFLICT DO NOTHING RETURNING message_id
-        ), superseded AS (
-            UPDATE telecom.dead_letters d SET status = 'superseded', superseded_at = now()
-            FROM unnest($2::uuid[], $3::uuid[]) AS x(m, u)
-            WHERE d.status <> 'superseded' AND d.consumer = $1
-              AND d.message_uuid = x.m AND d.user_id IS NOT DISTINCT FROM x.u
-              AND x.m IN (SELECT message_id FROM claimed)
-        )
-        SELECT count(*) FROM claimed
-        """,
-        consumer,
-        list(messages),
-        list(messages.values()),
+        return None
+    return Part(
+        (
+            (
+                "inbox_claimed",
+                """
+                INSERT INTO telecom.inbox (consumer, message_id, user_id)
+                SELECT $1, m, u FROM unnest($2::uuid[], $3::uuid[]) AS y(m, u)
+                ON CONFLICT DO NOTHING RETURNING message_id
+                """,
+            ),
+            (
+                "inbox_superseded",
+                """
+                UPDATE telecom.dead_letters d SET status = 'superseded', superseded_at = now()
+                FROM unnest($2::uuid[], $3::uuid[]) AS x(m, u)
+                WHERE d.status <> 'superseded' AND d.consumer = $1
+                  AND d.message_uuid = x.m AND d.user_id IS NOT DISTINCT FROM x.u
+                  AND x.m IN (SELECT message_id FROM inbox_claimed)
+                """,
+            ),
+        ),
+        (consumer, list(messages), list(messages.values())),
+        # dead_letter_counts: what the dead letters' triggers write
+        frozenset({"inbox", "dead_letters", "dead_letter_counts"}),
+        "(SELECT count(*) FROM inbox_claimed)",
+        int,
     )
-    return int(claimed)
 
 
 async def seen_many(conn: Conn, consumer: str, message_ids: list[UUID]) -> set[UUID]:

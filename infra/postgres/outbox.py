@@ -16,6 +16,7 @@ from uuid import UUID, uuid4
 from events.envelope import Envelope
 from events.outgoing import Outgoing
 from infra.postgres import queue_repo
+from infra.postgres.compound import Part, part_of, run
 from infra.postgres.pool import Conn, columns, from_row
 from infra.postgres.pruning import Rule
 
@@ -117,9 +118,14 @@ def from_outgoing(
 async def enqueue(conn: Conn, messages: Sequence[OutboxMessage]) -> int:
     """Insert the messages in order. Returns how many were inserted: a message whose
     `dedup_key` is already there is skipped."""
+    return await run(conn, enqueue_part(messages)) or 0
+
+
+def enqueue_part(messages: Sequence[OutboxMessage]) -> Part[int] | None:
+    """`enqueue` as a part of a batch's write statement (infra/postgres/compound.py)."""
     if not messages:
-        return 0
-    status = await conn.execute(
+        return None
+    return part_of(
         """
         INSERT INTO telecom.outbox
             (message_id, route, message_type, schema_version, user_id, seq, body, headers,
@@ -135,24 +141,45 @@ async def enqueue(conn: Conn, messages: Sequence[OutboxMessage]) -> int:
                                   expires_at, ord)
         ORDER BY m.ord
         ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+        RETURNING 1
         """,
-        *columns(messages, "message_id", "route", "message_type", "schema_version", "user_id"),
-        *columns(messages, "seq", "body"),
-        [json.dumps(m.headers) for m in messages],
-        *columns(messages, "available_at", "cancel_key", "dedup_key", "priority", "expires_at"),
+        (
+            *columns(messages, "message_id", "route", "message_type", "schema_version"),
+            *columns(messages, "user_id", "seq", "body"),
+            [json.dumps(m.headers) for m in messages],
+            *columns(messages, "available_at", "cancel_key", "dedup_key", "priority"),
+            *columns(messages, "expires_at"),
+        ),
+        # Its triggers count the puts (in transition_counts' 'put' rows, which no part writes)
+        # and NOTIFY the relay, both when the statement ends.
+        ("outbox",),
+        name="outbox_added",
+        result="(SELECT count(*) FROM outbox_added)",
+        decode=int,
     )
-    return int(status.split()[-1])
 
 
 async def withdraw(conn: Conn, cancel_keys: Sequence[str]) -> int:
     """Delete still-unpublished scheduled rows by cancel key. Returns how many were withdrawn."""
+    return await run(conn, withdraw_part(cancel_keys)) or 0
+
+
+def withdraw_part(cancel_keys: Sequence[str]) -> Part[int] | None:
+    """`withdraw` as a part of a batch's write statement. It never shares one with
+    `enqueue_part` (both touch `outbox`): rows added after it are not withdrawn."""
     if not cancel_keys:
-        return 0
-    status = await conn.execute(
-        "DELETE FROM telecom.outbox WHERE cancel_key = ANY($1::text[]) AND published_at IS NULL",
-        list(cancel_keys),
+        return None
+    return part_of(
+        """
+        DELETE FROM telecom.outbox WHERE cancel_key = ANY($1::text[]) AND published_at IS NULL
+        RETURNING 1
+        """,
+        (list(cancel_keys),),
+        ("outbox",),
+        name="outbox_withdrawn",
+        result="(SELECT count(*) FROM outbox_withdrawn)",
+        decode=int,
     )
-    return int(status.split()[-1])
 
 
 def retry_key(consumer: str, user_id: UUID | None, message_id: UUID) -> str:

@@ -16,6 +16,7 @@ import asyncpg
 
 from domain.model import BilledUsage, ItemStatus, QueueItem, Terms
 from domain.queue import UserQueue
+from infra.postgres.compound import Part
 from infra.postgres.pool import Conn, clock, columns, in_uuid_order
 
 _ITEM_COLUMNS = """
@@ -251,9 +252,9 @@ def _counter_columns(items: list[QueueItem]) -> list[list[int]]:
     return [[i.id for i in items], [i.upload for i in items], [i.download for i in items]]
 
 
-async def save(conn: Conn, queues: Iterable[LoadedQueue]) -> None:
-    """Write back new and changed items with the orders bought (one statement) and changed
-    user rows (one more)."""
+def save(queues: Iterable[LoadedQueue]) -> list[Part[None]]:
+    """New and changed items with the orders bought, and changed user rows: up to two parts
+    of the batch's write statement (infra/postgres/compound.py)."""
     items: list[QueueItem] = []
     counted: list[QueueItem] = []
     users: list[LoadedQueue] = []
@@ -275,50 +276,22 @@ async def save(conn: Conn, queues: Iterable[LoadedQueue]) -> None:
         user_after = (queue.unbilled_upload, queue.unbilled_download, queue.has_access)
         if user_after != loaded.user_before or loaded.seq != loaded.seq_before:
             users.append(loaded)
+    parts: list[Part[None]] = []
     if counted and not items:
         # Usage billed to items that change nothing else (most of a usage batch): three short
         # arrays instead of the upsert's fourteen, and a plain update instead of a speculative
-        # insert. With other items to write as well, it rides on their statement (below).
-        await conn.execute(_COUNTERS, *_counter_columns(counted))
+        # insert. With other items to write as well, it rides on their part (below).
+        parts.append(
+            Part((("queue_counted", _COUNTERS),), tuple(_counter_columns(counted)), _ITEM_TABLES)
+        )
     elif items:
         # Items leaving `active` are written before the ones entering it (the rows go in in
         # this order), so the partial unique index (one active item per user) never sees two.
         items.sort(key=lambda i: i.status is ItemStatus.ACTIVE)
-        # An order bought comes with its new items, so it rides on their statement (a
-        # data-modifying CTE) instead of costing one of its own. No ON CONFLICT there: under
-        # the users' locks an order is never bought twice, so a conflict would be a bug, and
-        # the key refuses it rather than hide it.
-        await conn.execute(
-            f"""
-            WITH bought AS (
-                INSERT INTO telecom.orders (user_id, by_order, item_ids)
-                SELECT o.user_id, o.by_order, array_agg(o.item_id ORDER BY o.item_id)
-                FROM unnest($15::uuid[], $16::uuid[], $17::bigint[])
-                     AS o(user_id, by_order, item_id)
-                GROUP BY o.user_id, o.by_order
-            ), counted AS (  -- items whose counters alone changed: never among the rows below
-                {_COUNTERS_CTE}
-            )
-            INSERT INTO telecom.package_queue AS q
-                (id, user_id, package_id, by_order, status, created_at, activated_at,
-                 upload, download, adjust_quota, expire_at, package_name, traffic_limit, duration)
-            SELECT x.id, x.user_id, x.package_id, x.by_order, x.status::telecom.package_status,
-                   x.created_at, x.activated_at, x.upload, x.download, x.adjust_quota, x.expire_at,
-                   x.package_name, x.traffic_limit, x.duration
-            FROM unnest($1::bigint[], $2::uuid[], $3::bigint[], $4::uuid[], $5::text[],
-                        $6::timestamptz[], $7::timestamptz[], $8::bigint[], $9::bigint[],
-                        $10::bigint[], $11::timestamptz[], $12::text[], $13::bigint[],
-                        $14::interval[])
-                 WITH ORDINALITY AS x(id, user_id, package_id, by_order, status, created_at,
-                                      activated_at, upload, download, adjust_quota, expire_at,
-                                      package_name, traffic_limit, duration, ord)
-            ORDER BY x.ord
-            -- the terms are written once, at purchase, and never updated
-            ON CONFLICT (id) DO UPDATE SET
-                status = EXCLUDED.status, activated_at = EXCLUDED.activated_at,
-                upload = EXCLUDED.upload, download = EXCLUDED.download,
-                adjust_quota = EXCLUDED.adjust_quota, expire_at = EXCLUDED.expire_at
-            """,
+        # An order bought comes with its new items, so it rides on their part. No ON CONFLICT
+        # there: under the users' locks an order is never bought twice, so a conflict would
+        # be a bug, and the key refuses it rather than hide it.
+        args = (
             *columns(items, "id", "user_id", "package_id", "by_order", "status.value"),
             *columns(items, "created_at", "activated_at", "upload", "download", "adjust_quota"),
             *columns(items, "expire_at", "terms.package_name", "terms.traffic_limit"),
@@ -328,19 +301,62 @@ async def save(conn: Conn, queues: Iterable[LoadedQueue]) -> None:
             [i for _, _, ids in orders for i in ids],
             *_counter_columns(counted),
         )
+        parts.append(Part(_UPSERT, args, _ITEM_TABLES))
     if users:
-        await conn.execute(
-            """
-            UPDATE telecom.queue_users u
-            SET unbilled_upload = x.up, unbilled_download = x.down, has_access = x.access,
-                seq = x.seq, updated_at = now()
-            FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bool[], $5::bigint[])
-                 AS x(user_id, up, down, access, seq)
-            WHERE u.user_id = x.user_id
-            """,
+        args = (
             *columns(users, "queue.user_id", "queue.unbilled_upload", "queue.unbilled_download"),
             *columns(users, "queue.has_access", "seq"),
         )
+        parts.append(Part((("queue_users_saved", _USERS),), args, frozenset({"queue_users"})))
+    return parts
+
+
+_ITEM_TABLES = frozenset({"package_queue", "orders"})
+_UPSERT = (
+    (
+        "queue_bought",
+        """
+        INSERT INTO telecom.orders (user_id, by_order, item_ids)
+        SELECT o.user_id, o.by_order, array_agg(o.item_id ORDER BY o.item_id)
+        FROM unnest($15::uuid[], $16::uuid[], $17::bigint[]) AS o(user_id, by_order, item_id)
+        GROUP BY o.user_id, o.by_order
+        """,
+    ),
+    # Items whose counters alone changed: never among the rows the upsert writes.
+    ("queue_counted", _COUNTERS_CTE),
+    (
+        "queue_saved",
+        """
+        INSERT INTO telecom.package_queue AS q
+            (id, user_id, package_id, by_order, status, created_at, activated_at,
+             upload, download, adjust_quota, expire_at, package_name, traffic_limit, duration)
+        SELECT x.id, x.user_id, x.package_id, x.by_order, x.status::telecom.package_status,
+               x.created_at, x.activated_at, x.upload, x.download, x.adjust_quota, x.expire_at,
+               x.package_name, x.traffic_limit, x.duration
+        FROM unnest($1::bigint[], $2::uuid[], $3::bigint[], $4::uuid[], $5::text[],
+                    $6::timestamptz[], $7::timestamptz[], $8::bigint[], $9::bigint[],
+                    $10::bigint[], $11::timestamptz[], $12::text[], $13::bigint[],
+                    $14::interval[])
+             WITH ORDINALITY AS x(id, user_id, package_id, by_order, status, created_at,
+                                  activated_at, upload, download, adjust_quota, expire_at,
+                                  package_name, traffic_limit, duration, ord)
+        ORDER BY x.ord
+        -- the terms are written once, at purchase, and never updated
+        ON CONFLICT (id) DO UPDATE SET
+            status = EXCLUDED.status, activated_at = EXCLUDED.activated_at,
+            upload = EXCLUDED.upload, download = EXCLUDED.download,
+            adjust_quota = EXCLUDED.adjust_quota, expire_at = EXCLUDED.expire_at
+        """,
+    ),
+)
+_USERS = """
+    UPDATE telecom.queue_users u
+    SET unbilled_upload = x.up, unbilled_download = x.down, has_access = x.access,
+        seq = x.seq, updated_at = now()
+    FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bool[], $5::bigint[])
+         AS x(user_id, up, down, access, seq)
+    WHERE u.user_id = x.user_id
+"""
 
 
 async def load_user_items(conn: Conn, user_id: UUID) -> list[QueueItem]:

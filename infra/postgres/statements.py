@@ -15,12 +15,13 @@ from asyncpg.connection import LoggedQuery
 @dataclass(eq=False)  # hashable by identity: asyncpg keeps its loggers in a set
 class StatementLog:
     """A query logger for `create_pool(query_logger=…)`: the statements seen, in order, each
-    as its first 120 characters with whitespace folded."""
+    whole with its whitespace folded (a batch's write statement names its parts' CTEs well past
+    its beginning)."""
 
     statements: list[str] = field(default_factory=list)
 
     def __call__(self, record: LoggedQuery) -> None:
-        text = " ".join(record.query.split())[:120]
+        text = " ".join(record.query.split())
         # `executemany` passes its list of argument rows; every other call a tuple.
         rows = len(record.args) if isinstance(record.args, list) else 1
         self.statements.extend([text] * rows)

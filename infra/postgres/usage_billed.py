@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from domain.model import BilledUsage
+from infra.postgres.compound import Part, part_of
 from infra.postgres.pool import Conn, columns
 from infra.postgres.pruning import Rule
 
@@ -50,13 +51,13 @@ async def load(
     return found
 
 
-async def write(conn: Conn, billed: Sequence[NewBilling], keep_days: int) -> None:
-    """Record the records billed by a batch (one statement; none when there are none). No ON
-    CONFLICT: under the users' locks a record id is never billed twice, so a conflict would be
-    a bug, and the key refuses it rather than hide it."""
+def write(billed: Sequence[NewBilling], keep_days: int) -> Part[None] | None:
+    """The records billed by a batch: a part of its write statement (none when there are
+    none). No ON CONFLICT: under the users' locks a record id is never billed twice, so a
+    conflict would be a bug, and the key refuses it rather than hide it."""
     if not billed:
-        return
-    await conn.execute(
+        return None
+    return part_of(
         """
         INSERT INTO telecom.usage_billed
             (user_id, usage_id, message_id, item_id, upload, download, recorded_at, keep_until)
@@ -66,7 +67,11 @@ async def write(conn: Conn, billed: Sequence[NewBilling], keep_days: int) -> Non
                     $6::bigint[], $7::timestamptz[])
              AS x(user_id, usage_id, message_id, item_id, upload, download, recorded_at)
         """,
-        *columns(billed, "user_id", "usage_id", "message_id", "billed.item_id"),
-        *columns(billed, "billed.upload", "billed.download", "billed.recorded_at"),
-        keep_days,
+        (
+            *columns(billed, "user_id", "usage_id", "message_id", "billed.item_id"),
+            *columns(billed, "billed.upload", "billed.download", "billed.recorded_at"),
+            keep_days,
+        ),
+        ("usage_billed",),
+        name="usage_billed_written",
     )
