@@ -55,6 +55,10 @@ _SCALARS: dict[int, tuple[struct.Struct, bool]] = {
     ord("t"): (struct.Struct(">B"), True),
 }
 """Header table types read by one struct: (its struct, whether the value is a bool)."""
+MAX_DEPTH = 32
+"""Tables nested deeper than this are left to pamqp: its decoder recurses twice per level, so
+it runs out of stack (RecursionError) at about half the depth a single recursion would, and
+a frame must fail, or not, as it does with pamqp."""
 
 
 class _UnsureError(Exception):
@@ -153,8 +157,8 @@ def _timestamp(buffer: bytearray, at: int, stop: int) -> tuple[datetime.datetime
     return datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC), at + 8
 
 
-def _table(buffer: bytearray, at: int, stop: int) -> tuple[dict[str, Any], int]:
-    if at + 4 > stop:
+def _table(buffer: bytearray, at: int, stop: int, depth: int = 0) -> tuple[dict[str, Any], int]:
+    if at + 4 > stop or depth > MAX_DEPTH:
         raise _UnsureError
     end = at + 4 + _LONG.unpack_from(buffer, at)[0]
     if end > stop:
@@ -187,7 +191,7 @@ def _table(buffer: bytearray, at: int, stop: int) -> tuple[dict[str, Any], int]:
         elif kind == 0x54:  # T: a timestamp
             value, at = _timestamp(buffer, at, end)
         elif kind == 0x46:  # F: a nested table
-            value, at = _table(buffer, at, end)
+            value, at = _table(buffer, at, end, depth + 1)
         elif kind == 0x56:  # V: void
             value = None
         else:

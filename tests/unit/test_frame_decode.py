@@ -5,6 +5,7 @@ header types, damaged bytes) it leaves to pamqp."""
 from __future__ import annotations
 
 import datetime
+import struct
 from decimal import Decimal
 from importlib.metadata import version
 from typing import Any
@@ -203,6 +204,30 @@ def test_pkgqs_own_delivery_takes_the_fast_path_for_all_three_frames() -> None:
 def test_other_frames_are_left_to_pamqp(frame: Any) -> None:
     data = pamqp.frame.marshal(frame, 1)
     assert frame_decode.decoded(bytearray(data), 0, len(data)) is None
+
+
+def _nested_header_frame(depth: int) -> bytes:
+    """A content header whose headers table is {"k": {"k": ... {"k": 1}}}, `depth` tables
+    inside the outer one, built by hand (pamqp's encoder recurses too deep to make it)."""
+    table = b"\x01kb\x01"  # "k": short-short int 1
+    table = struct.pack(">I", len(table)) + table
+    for _ in range(depth):
+        entry = b"\x01kF" + table
+        table = struct.pack(">I", len(entry)) + entry
+    payload = struct.pack(">HHQH", 60, 0, 1, 0x2000) + table
+    return struct.pack(">BHI", 2, 1, len(payload)) + payload + b"\xce"
+
+
+def test_a_header_table_nested_past_the_depth_limit_is_left_to_pamqp() -> None:
+    """pamqp runs out of stack on a table nested about 500 deep (its decoder makes two calls
+    per level); such a frame must fail as it does with pamqp, not be decoded here."""
+    shallow = _nested_header_frame(frame_decode.MAX_DEPTH)
+    assert frame_decode.decoded(bytearray(shallow), 0, len(shallow)) is not None
+    assert _same(shallow)
+    deep = _nested_header_frame(600)
+    assert frame_decode.decoded(bytearray(deep), 0, len(deep)) is None
+    with pytest.raises(RecursionError):
+        pamqp.frame.unmarshal(deep)
 
 
 def test_split_frames_hands_over_the_same_frames_with_or_without_the_fast_path(
