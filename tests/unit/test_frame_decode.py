@@ -219,15 +219,16 @@ def _nested_header_frame(depth: int) -> bytes:
 
 
 def test_a_header_table_nested_past_the_depth_limit_is_left_to_pamqp() -> None:
-    """pamqp runs out of stack on a table nested about 500 deep (its decoder makes two calls
-    per level); such a frame must fail as it does with pamqp, not be decoded here."""
+    """pamqp runs out of stack on a table nested about 500 deep under the default recursion
+    limit (its decoder makes two calls per level); such a frame must fare as it does with
+    pamqp, so it is left to pamqp, not decoded here."""
     shallow = _nested_header_frame(frame_decode.MAX_DEPTH)
     assert frame_decode.decoded(bytearray(shallow), 0, len(shallow)) is not None
     assert _same(shallow)
+    # Whether pamqp then decodes it or runs out of stack depends on the recursion limit and
+    # on how deep the caller's stack already is: its outcome, either way, is the frame's.
     deep = _nested_header_frame(600)
     assert frame_decode.decoded(bytearray(deep), 0, len(deep)) is None
-    with pytest.raises(RecursionError):
-        pamqp.frame.unmarshal(deep)
 
 
 def test_split_frames_hands_over_the_same_frames_with_or_without_the_fast_path(
