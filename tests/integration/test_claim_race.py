@@ -5,7 +5,6 @@ is rolled back and run again, and is then a duplicate: applied once, by the othe
 from __future__ import annotations
 
 import asyncio
-import json
 from uuid import UUID, uuid4
 
 import asyncpg
@@ -15,21 +14,14 @@ from consumers.handlers import usage_record
 from consumers.retry_policy import RetryPolicy
 from domain.delivery import Fate
 from events.decoding import RawDelivery
-from events.envelope import CONTENT_TYPE, H_SCHEMA_VERSION, H_USER_ID
+from events.models import RecordUsage
 from events.routes import USAGE_RECORD
+from tests.support.deliveries import raw_for
 from tests.support.observing import eventually, fetch
 
 
 def _record(user: UUID, upload: int) -> RawDelivery:
-    body = {"user_id": str(user), "upload": upload, "download": 0}
-    return RawDelivery(
-        body=json.dumps(body).encode(),
-        message_id=str(uuid4()),
-        message_type=USAGE_RECORD.message_type,
-        content_type=CONTENT_TYPE,
-        timestamp=None,
-        headers={H_SCHEMA_VERSION: USAGE_RECORD.schema_version, H_USER_ID: str(user)},
-    )
+    return raw_for(USAGE_RECORD, RecordUsage(user_id=user, upload=upload, download=0))
 
 
 async def test_a_message_claimed_by_another_transaction_meanwhile_runs_again_as_a_duplicate(
