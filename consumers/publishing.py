@@ -31,6 +31,63 @@ def parse_body(route: Route, text: str, version: int | None = None) -> WireModel
     raise ValueError(f"{route.name} takes schema version {versions_of(route)}, not {version}")
 
 
+class Sender:
+    """Publishes many messages on one connection: the topology declared once when it opens,
+    then one confirming channel for every message (`publish` opens one per message, and
+    declaring every route's queues and bindings costs dozens of round trips)."""
+
+    def __init__(self, settings: Settings, publisher: Publisher) -> None:
+        self._settings = settings
+        self._publisher = publisher
+
+    @classmethod
+    async def open(cls, settings: Settings, connection: AbstractRobustConnection) -> Sender:
+        channel = await connection.channel()
+        await declare_all(channel, settings)
+        await channel.close()
+        return cls(
+            settings,
+            await Publisher.open(connection, settings.exchange, user_id=settings.amqp_user),
+        )
+
+    async def send(
+        self,
+        route: Route,
+        body: WireModel,
+        *,
+        message_id: UUID | None = None,
+        traceparent: str | None = None,
+        priority: int | None = None,
+        schema_version: int | None = None,
+    ) -> UUID:
+        """Publish `body` on `route` with a confirm; its message_id. `traceparent`: the W3C
+        trace context it continues (see infra/tracing.py); `priority`: the AMQP priority
+        (0-2); `schema_version`: the version `body` is of (None: the route's current one)."""
+        envelope = Envelope(
+            message_id=message_id or uuid4(),
+            message_type=route.message_type,
+            schema_version=schema_version or route.schema_version,
+            user_id=body.user_id,
+            traceparent=traceparent,
+        )
+        await self._publisher.publish(
+            build_message(
+                body.model_dump_json().encode(),
+                message_id=envelope.message_id,
+                message_type=envelope.message_type,
+                headers=envelope.headers(),
+                timestamp=envelope.timestamp,
+                priority=priority,
+            ),
+            routing_key_for(self._settings, route.name, body.user_id),
+        )
+        return envelope.message_id
+
+    async def close(self) -> None:
+        if self._publisher.is_open:
+            await self._publisher.close()
+
+
 async def publish(
     settings: Settings,
     connection: AbstractRobustConnection,
@@ -42,32 +99,17 @@ async def publish(
     priority: int | None = None,
     schema_version: int | None = None,
 ) -> UUID:
-    """Publish `body` on `route` with a confirm. `traceparent`: the W3C trace context it
-    continues (see infra/tracing.py); `priority`: the AMQP priority (0-2); `schema_version`:
-    the version `body` is of (None: the route's current one)."""
-    channel = await connection.channel()
-    await declare_all(channel, settings)
-    await channel.close()
-    envelope = Envelope(
-        message_id=message_id or uuid4(),
-        message_type=route.message_type,
-        schema_version=schema_version or route.schema_version,
-        user_id=body.user_id,
-        traceparent=traceparent,
-    )
-    publisher = await Publisher.open(connection, settings.exchange, user_id=settings.amqp_user)
+    """Publish one message (see Sender.send): the topology declared first, so that it is
+    routable whatever ran before (a one-off, such as `pkgq publish`)."""
+    sender = await Sender.open(settings, connection)
     try:
-        await publisher.publish(
-            build_message(
-                body.model_dump_json().encode(),
-                message_id=envelope.message_id,
-                message_type=envelope.message_type,
-                headers=envelope.headers(),
-                timestamp=envelope.timestamp,
-                priority=priority,
-            ),
-            routing_key_for(settings, route.name, body.user_id),
+        return await sender.send(
+            route,
+            body,
+            message_id=message_id,
+            traceparent=traceparent,
+            priority=priority,
+            schema_version=schema_version,
         )
     finally:
-        await publisher.close()
-    return envelope.message_id
+        await sender.close()

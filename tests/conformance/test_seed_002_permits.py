@@ -33,7 +33,7 @@ from infra.postgres.outbox import RELAY_LOCK_CLASS
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
 from tests.support import pg_roles
-from tests.support.deliveries import send
+from tests.support.deliveries import Sending
 from tests.support.observing import eventually
 from tests.support.processes import PkgqProcess, cli
 from tests.support.workers import stale_worker
@@ -163,15 +163,10 @@ async def test_a_consumer_stopped_while_holding_deliveries_has_its_work_taken_ov
     os.kill(active.proc.pid, signal.SIGSTOP)  # frozen: no heartbeat of either kind, no acks
     users = [uuid4() for _ in range(4)]
     sent: list[UUID] = []
-    for i in range(12):
-        sent.append(
-            await send(
-                settings,
-                amqp,
-                USAGE_RECORD,
-                RecordUsage(user_id=users[i % 4], upload=10 + i, download=1),
-            )
-        )
+    async with Sending(settings, amqp) as sending:
+        for i in range(12):
+            body = RecordUsage(user_id=users[i % 4], upload=10 + i, download=1)
+            sent.append(await sending.send(USAGE_RECORD, body))
 
     async def all_applied() -> bool:
         async with pool.acquire() as conn:

@@ -22,7 +22,7 @@ from events.models import PurchasePackage
 from events.routes import PACKAGE_PURCHASE, ROUTES
 from infra.settings import Settings
 from tests.e2e.console_support import malformed_purchase
-from tests.support.deliveries import add_package, send
+from tests.support.deliveries import Sending, add_package
 from tests.support.observing import eventually, fetch
 from tests.support.processes import PkgqProcess
 from tests.web.client import VIEWER_PASSWORD
@@ -62,13 +62,10 @@ async def test_the_overview_charts_each_routes_traffic_over_the_hour_and_the_day
 ) -> None:
     package = await add_package(pool, 1000)
     async with console(settings, spawn) as web, browser() as chromium:
-        for _ in range(APPLIED):
-            await send(
-                settings,
-                amqp,
-                PACKAGE_PURCHASE,
-                PurchasePackage(user_id=uuid4(), package_id=package),
-            )
+        async with Sending(settings, amqp) as sending:
+            for _ in range(APPLIED):
+                body = PurchasePackage(user_id=uuid4(), package_id=package)
+                await sending.send(PACKAGE_PURCHASE, body)
         for _ in range(2):  # refused: `amount` is a string; buried at once
             await malformed_purchase(settings, amqp, uuid4(), package)
 

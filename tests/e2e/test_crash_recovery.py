@@ -18,7 +18,7 @@ from infra import faults
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
 from tests.e2e.workload import Workload
-from tests.support.deliveries import add_package, send
+from tests.support.deliveries import Sending, add_package, send
 from tests.support.observing import eventually
 from tests.support.processes import PkgqProcess, assert_doctor_clean
 
@@ -101,10 +101,9 @@ async def test_relay_killed_mid_batch_still_delivers_everything_and_duplicates_a
     package = await add_package(pool, 1000)
     consumers = spawn("run")
     users = [uuid4() for _ in range(30)]
-    for user in users:
-        await send(
-            settings, amqp, PACKAGE_PURCHASE, PurchasePackage(user_id=user, package_id=package)
-        )
+    async with Sending(settings, amqp) as sending:
+        for user in users:
+            await sending.send(PACKAGE_PURCHASE, PurchasePackage(user_id=user, package_id=package))
 
     async def all_purchases_in_outbox() -> bool:
         async with pool.acquire() as conn:

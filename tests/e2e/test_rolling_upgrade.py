@@ -36,7 +36,7 @@ from infra.rabbit.publisher import Publisher, build_message
 from infra.rabbit.topology import declare_all, delete_all, routing_key_for
 from infra.settings import Settings
 from tests.support import releases
-from tests.support.deliveries import add_package, send
+from tests.support.deliveries import Sending, add_package
 from tests.support.observing import eventually
 from tests.support.processes import PkgqProcess
 
@@ -155,9 +155,10 @@ async def applied(pool: asyncpg.Pool, consumer: str) -> int:
 async def start_lifecycles(
     settings: Settings, amqp: AbstractRobustConnection, package: int, users: list[UUID]
 ) -> None:
-    for user in users:
-        body = PurchasePackage(user_id=user, package_id=package, amount=PACKAGES)
-        await send(settings, amqp, PACKAGE_PURCHASE, body)
+    async with Sending(settings, amqp) as sending:
+        for user in users:
+            body = PurchasePackage(user_id=user, package_id=package, amount=PACKAGES)
+            await sending.send(PACKAGE_PURCHASE, body)
 
 
 async def wait_finished(pool: asyncpg.Pool, users: list[UUID], pods: Pods) -> None:

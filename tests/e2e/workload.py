@@ -17,7 +17,7 @@ from aio_pika.abc import AbstractRobustConnection
 from events.models import PurchasePackage, RecordUsage
 from events.routes import PACKAGE_PURCHASE, USAGE_RECORD
 from infra.settings import Settings
-from tests.support.deliveries import add_package, send
+from tests.support.deliveries import Sending, add_package
 from tests.support.observing import eventually
 
 USERS = int(os.environ.get("PKGQ_E2E_USERS", "12"))
@@ -82,10 +82,11 @@ class Workload:
         return [p.user for p in self.plans]
 
     async def send_purchases(self, settings: Settings, amqp: AbstractRobustConnection) -> None:
-        for plan in self.plans:
-            for package, amount in plan.purchases:
-                body = PurchasePackage(user_id=plan.user, package_id=package, amount=amount)
-                await send(settings, amqp, PACKAGE_PURCHASE, body)
+        async with Sending(settings, amqp) as sending:
+            for plan in self.plans:
+                for package, amount in plan.purchases:
+                    body = PurchasePackage(user_id=plan.user, package_id=package, amount=amount)
+                    await sending.send(PACKAGE_PURCHASE, body)
 
     async def send_usage(
         self,
@@ -102,15 +103,15 @@ class Workload:
         }
         cursors = {user: 0 for user in lists}
         pending = [user for user, usages in lists.items() if usages]
-        while pending:  # interleave users, keep each user's own order
-            user = rng.choice(pending)
-            up, down = lists[user][cursors[user]]
-            await send(
-                settings, amqp, USAGE_RECORD, RecordUsage(user_id=user, upload=up, download=down)
-            )
-            cursors[user] += 1
-            if cursors[user] == len(lists[user]):
-                pending.remove(user)
+        async with Sending(settings, amqp) as sending:
+            while pending:  # interleave users, keep each user's own order
+                user = rng.choice(pending)
+                up, down = lists[user][cursors[user]]
+                usage = RecordUsage(user_id=user, upload=up, download=down)
+                await sending.send(USAGE_RECORD, usage)
+                cursors[user] += 1
+                if cursors[user] == len(lists[user]):
+                    pending.remove(user)
 
     async def wait_all_queued(self, pool: asyncpg.Pool, within: float = 60) -> None:
         total = sum(len(p.limits) for p in self.plans)

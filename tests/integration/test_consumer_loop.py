@@ -27,7 +27,7 @@ from infra.rabbit.publisher import Publisher
 from infra.rabbit.route_consumer import route_consumer
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
-from tests.support.deliveries import send
+from tests.support.deliveries import Sending, send
 from tests.support.in_process import StartApp
 from tests.support.observing import eventually
 
@@ -71,9 +71,10 @@ async def test_buffered_deliveries_of_a_closed_connection_are_redelivered_and_al
     )
     await consumer.start()
     sent = []
-    for _ in range(40):
-        body = RecordUsage(user_id=uuid4(), upload=1, download=1)
-        sent.append(await send(settings, amqp, USAGE_RECORD, body))
+    async with Sending(settings, amqp) as sending:
+        for _ in range(40):
+            body = RecordUsage(user_id=uuid4(), upload=1, download=1)
+            sent.append(await sending.send(USAGE_RECORD, body))
 
     async def some_processed() -> bool:
         return len(seen) >= 5

@@ -5,6 +5,7 @@ messages consumed back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import timedelta
 from typing import Any
 from uuid import UUID, uuid4
@@ -53,6 +54,45 @@ async def add_package(
         return (await catalog.add_package(conn, name, traffic, duration)).id
 
 
+class Sending:
+    """Many messages through the real broker on one connection: the topology declared once and
+    one confirming channel (consumers/publishing.Sender), where `send` opens both for every
+    message. While the broker restarts, the channel is opened again (the topology declared
+    again) and the message re-sent with the same message_id."""
+
+    def __init__(self, settings: Settings, amqp: AbstractRobustConnection) -> None:
+        self._settings = settings
+        self._amqp = amqp
+        self._sender: publishing.Sender | None = None
+
+    async def __aenter__(self) -> Sending:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def send(self, route: Route, body: WireModel, message_id: UUID | None = None) -> UUID:
+        message_id = message_id or uuid4()
+        for attempt in range(120):
+            try:
+                if self._sender is None:
+                    self._sender = await publishing.Sender.open(self._settings, self._amqp)
+                return await self._sender.send(route, body, message_id=message_id)
+            except Exception as exc:
+                await self.close()
+                # RuntimeError: aio-pika's "Connection was not opened" while it reconnects.
+                if attempt == 119 or not (is_transient(exc) or isinstance(exc, RuntimeError)):
+                    raise
+                await asyncio.sleep(0.5)
+        raise AssertionError("unreachable")
+
+    async def close(self) -> None:
+        sender, self._sender = self._sender, None
+        if sender is not None:
+            with contextlib.suppress(Exception):  # a channel the broker already took away
+                await sender.close()
+
+
 async def send(
     settings: Settings,
     amqp: AbstractRobustConnection,
@@ -60,17 +100,10 @@ async def send(
     body: WireModel,
     message_id: UUID | None = None,
 ) -> UUID:
-    """Publish with a confirm; while the broker restarts, retry with the same message_id."""
-    message_id = message_id or uuid4()
-    for attempt in range(120):
-        try:
-            return await publishing.publish(settings, amqp, route, body, message_id=message_id)
-        except Exception as exc:
-            # RuntimeError: aio-pika's "Connection was not opened" while it reconnects.
-            if attempt == 119 or not (is_transient(exc) or isinstance(exc, RuntimeError)):
-                raise
-            await asyncio.sleep(0.5)
-    raise AssertionError("unreachable")
+    """Publish with a confirm, the topology declared first; while the broker restarts, retry
+    with the same message_id."""
+    async with Sending(settings, amqp) as sending:
+        return await sending.send(route, body, message_id)
 
 
 async def send_raw(
