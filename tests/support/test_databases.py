@@ -3,14 +3,23 @@
 A CREATE DATABASE from the template takes about 0.4 s here and its DROP 0.2 s; removing a
 test's exchange and queues, a broker round trip or two more. A test would wait for all of it.
 Instead, one thread per pytest worker (with an event loop of its own) makes the next test's
-database while the current test runs, and drops each used database and deletes its broker
-names after its test. The thread takes its work in order, so the database a test waits for
-is never queued behind another test's clean-up that was asked for later.
+database while the current test runs, and deletes each used database's broker names after its
+test. The thread takes its work in order, so the database a test waits for is never queued
+behind another test's clean-up that was asked for later.
+
+A used database is reset and renamed for a later test rather than dropped, when it can be made
+exactly as a fresh copy (tests/support/db_state.py: its schema, grants, sequences, planner
+statistics and rows all compared with this worker's first database); otherwise it is dropped.
+Making and dropping one cost PostgreSQL about 0.13 CPU s, and each DROP DATABASE forces a
+checkpoint: 63 requested checkpoints in a whole run with this, against 1,878 counted in
+less than one run without. PKGQ_TEST_DB_RECYCLE=0 drops every one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import queue
 import warnings
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -18,6 +27,8 @@ from typing import Any, TypeVar
 from uuid import uuid4
 
 import asyncpg
+
+from tests.support import db_state
 
 T = TypeVar("T")
 
@@ -40,11 +51,21 @@ class TestDatabases:
         self._next: Future[None] | None = None
         self._next_name: str | None = None
         self._removals: list[Future[None]] = []
+        self._recycle = os.environ.get("PKGQ_TEST_DB_RECYCLE", "1") != "0"
+        self._reference: db_state.Reference | None = None
+        self._free: queue.SimpleQueue[str] = queue.SimpleQueue()
+        """Used databases reset to the reference and renamed, ready for a test."""
+        self.recycled = 0
+        self.dropped = 0
 
     def take(self) -> str:
-        """A fresh database's name (made ahead, or now), and the next one started. One made
-        ahead can have failed (a restart test of this worker stopped Postgres meanwhile): then
-        it is made now."""
+        """A database as fresh as a new copy: a used one reset (see the module), else one made
+        ahead (or now), and then the next one started. One made ahead can have failed (a
+        restart test of this worker stopped Postgres meanwhile): then it is made now."""
+        try:
+            return self._free.get_nowait()
+        except queue.Empty:
+            pass
         name = self._next_name or self._start()
         try:
             assert self._next is not None
@@ -65,7 +86,8 @@ class TestDatabases:
         return name
 
     def give_back(self, name: str) -> None:
-        """Drop the database and delete the broker names after the test (not waited for)."""
+        """Delete the broker names after the test and reset the database for another test, or
+        drop it (not waited for)."""
         self._removals.append(self._thread.submit(self._run, lambda: self._remove(name)))
 
     def close(self) -> None:
@@ -74,9 +96,21 @@ class TestDatabases:
         database left behind keeps its roles, which the session warns about too)."""
         if self._next is not None and self._next_name is not None:
             self._next.exception()  # made or failed: either way it is over
-            self.give_back(self._next_name)
+            ahead = self._next_name
+            self._removals.append(self._thread.submit(self._run, lambda: self._drop(ahead)))
             self._next = None
             self._next_name = None
+        self._recycle = False
+        for removal in list(self._removals):
+            removal.exception()  # every reset done: nothing more goes to the free ones
+        while True:
+            try:
+                name = self._free.get_nowait()
+            except queue.Empty:
+                break
+            self._removals.append(
+                self._thread.submit(self._run, lambda name=name: self._drop(name))
+            )
         self._thread.shutdown(wait=True)
         for removal in self._removals:
             if removal.exception() is not None:
@@ -92,11 +126,56 @@ class TestDatabases:
             await admin.execute(self._create_sql(name))
         finally:
             await admin.close()
+        if self._recycle and self._reference is None:
+            conn = await asyncpg.connect(self._dsn_of(name))
+            try:
+                self._reference = await db_state.reference(conn)
+            finally:
+                await conn.close()
 
     async def _remove(self, name: str) -> None:
+        await self._clean_up_broker(name)
+        if self._recycle and self._reference is not None:
+            fresh = await self._reset(name, self._reference)
+            if fresh is not None:
+                self.recycled += 1
+                self._free.put(fresh)
+                return
+        await self._drop(name)
+
+    async def _drop(self, name: str) -> None:
+        self.dropped += 1
         admin = await asyncpg.connect(self._admin_dsn)
         try:
             await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         finally:
             await admin.close()
-        await self._clean_up_broker(name)
+
+    def _dsn_of(self, name: str) -> str:
+        return self._admin_dsn.rsplit("/", 1)[0] + "/" + name
+
+    async def _reset(self, name: str, reference: db_state.Reference) -> str | None:
+        """`name` reset and renamed (a fresh name: new broker names too), or None if it
+        cannot be made exactly as the reference (then it is dropped)."""
+        try:
+            conn = await asyncpg.connect(self._dsn_of(name))
+            try:
+                # What the test left running (a killed process's backend, a pool not closed)
+                # goes first; a rename needs the database to itself anyway.
+                await conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+                if not await db_state.reset(conn, reference):
+                    return None
+            finally:
+                await conn.close()
+            fresh = f"pkgq_t_{uuid4().hex[:12]}"
+            admin = await asyncpg.connect(self._admin_dsn)
+            try:
+                await admin.execute(f"ALTER DATABASE {name} RENAME TO {fresh}")
+            finally:
+                await admin.close()
+        except (OSError, asyncpg.PostgresError):
+            return None
+        return fresh
