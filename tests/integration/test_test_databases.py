@@ -3,6 +3,7 @@ leaves it exactly as a fresh copy of the template (tests/support/db_state.py).""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from uuid import uuid4
 
@@ -10,7 +11,9 @@ import asyncpg
 import pytest
 
 from infra.settings import Settings
+from tests.conftest import PG_SERVER
 from tests.support import db_state
+from tests.support.test_databases import TestDatabases
 
 
 @pytest.fixture
@@ -28,11 +31,20 @@ async def test_rows_and_used_sequences_are_reset_to_exactly_the_fresh_state(
         "INSERT INTO telecom.inbox (consumer, message_id) VALUES ('usage_record', $1)", uuid4()
     )
     await conn.execute("SELECT nextval('telecom.outbox_id_seq')")
+    # Set back, unused as far as pg_sequences shows, but not at its start.
+    await conn.execute("SELECT setval('telecom.parked_id_seq', 100, false)")
+    # Gone again, but its pages stay (dead rows): a fresh copy has none.
+    await conn.execute("INSERT INTO telecom.leases VALUES ('x', gen_random_uuid(), now())")
+    await conn.execute("DELETE FROM telecom.leases")
     assert await db_state.digest(conn, fresh) != fresh.digest
 
-    assert await db_state.reset(conn, fresh)
+    await db_state.reset(conn, fresh)
+
+    assert await db_state.matches(conn, fresh)
     assert await conn.fetchval("SELECT count(*) FROM telecom.inbox") == 0
     assert await conn.fetchval("SELECT nextval('telecom.outbox_id_seq')") == 1
+    assert await conn.fetchval("SELECT nextval('telecom.parked_id_seq')") == 1
+    assert await conn.fetchval("SELECT pg_relation_size('telecom.leases')") == 0
 
 
 @pytest.mark.parametrize(
@@ -46,6 +58,9 @@ async def test_rows_and_used_sequences_are_reset_to_exactly_the_fresh_state(
         "DROP TRIGGER outbox_count_puts ON telecom.outbox",
         "ANALYZE telecom.schema_migrations",
         "UPDATE telecom.schema_migrations SET name = 'edited' WHERE version = 1",
+        "COMMENT ON TABLE telecom.inbox IS 'left by a test'",
+        "ALTER TABLE telecom.outbox DISABLE TRIGGER ALL",
+        "ALTER TABLE telecom.inbox ALTER COLUMN consumer SET STATISTICS 10",
     ],
 )
 async def test_a_database_a_test_changed_beyond_its_rows_is_not_reset_but_dropped(
@@ -54,4 +69,62 @@ async def test_a_database_a_test_changed_beyond_its_rows_is_not_reset_but_droppe
     fresh = await db_state.reference(conn)
     await conn.execute(change)
 
-    assert not await db_state.reset(conn, fresh)
+    await db_state.reset(conn, fresh)
+
+    assert not await db_state.matches(conn, fresh)
+
+
+async def _no_broker(_: str) -> None:
+    return None
+
+
+def test_a_used_database_comes_back_renamed_and_fresh_and_all_are_dropped_at_the_end(
+    template_db: str,
+) -> None:
+    admin_dsn = f"{PG_SERVER}/postgres"
+    maker = TestDatabases(
+        admin_dsn, lambda name: f"CREATE DATABASE {name} TEMPLATE {template_db}", _no_broker
+    )
+    first = maker.take()
+
+    async def use(name: str) -> None:
+        conn = await asyncpg.connect(f"{PG_SERVER}/{name}")
+        try:
+            await conn.execute(
+                "INSERT INTO telecom.inbox (consumer, message_id) VALUES ('c', $1)", uuid4()
+            )
+        finally:
+            await conn.close()
+
+    asyncio.run(use(first))
+    maker.give_back(first)
+    maker._removals[-1].result()  # the reset done
+    second = maker.take()
+
+    async def state(name: str) -> tuple[int, list[str]]:
+        conn = await asyncpg.connect(admin_dsn)
+        try:
+            names = [
+                r[0]
+                for r in await conn.fetch(
+                    "SELECT datname FROM pg_database WHERE datname = ANY($1::text[])",
+                    [first, second],
+                )
+            ]
+        finally:
+            await conn.close()
+        if second not in names:
+            return -1, names
+        conn = await asyncpg.connect(f"{PG_SERVER}/{second}")
+        try:
+            return await conn.fetchval("SELECT count(*) FROM telecom.inbox"), names
+        finally:
+            await conn.close()
+
+    rows, names = asyncio.run(state(second))
+    assert second != first
+    assert (maker.recycled, rows, names) == (1, 0, [second])  # the first, renamed and emptied
+
+    maker.give_back(second)
+    maker.close()
+    assert asyncio.run(state(second))[1] == []

@@ -134,48 +134,71 @@ class TestDatabases:
                 await conn.close()
 
     async def _remove(self, name: str) -> None:
-        await self._clean_up_broker(name)
-        if self._recycle and self._reference is not None:
-            fresh = await self._reset(name, self._reference)
+        try:
+            await self._clean_up_broker(name)
+        finally:
+            # Reset for another test, or dropped, whatever became of the broker's names.
+            fresh = None
+            if self._recycle and self._reference is not None:
+                fresh = await self._reset(name, self._reference)
             if fresh is not None:
                 self.recycled += 1
                 self._free.put(fresh)
-                return
-        await self._drop(name)
+            else:
+                await self._drop(name)
 
     async def _drop(self, name: str) -> None:
-        self.dropped += 1
         admin = await asyncpg.connect(self._admin_dsn)
         try:
             await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         finally:
             await admin.close()
+        self.dropped += 1
 
     def _dsn_of(self, name: str) -> str:
         return self._admin_dsn.rsplit("/", 1)[0] + "/" + name
 
     async def _reset(self, name: str, reference: db_state.Reference) -> str | None:
         """`name` reset and renamed (a fresh name: new broker names too), or None if it
-        cannot be made exactly as the reference (then it is dropped)."""
+        cannot be made exactly as the reference (then it is dropped, under whichever of the
+        two names it has by then)."""
+        fresh = f"pkgq_t_{uuid4().hex[:12]}"
+        current = name
         try:
+            # No one but a superuser (the suite's fixtures, closed by now) connects meanwhile:
+            # not a process the test left behind, which the rename then locks out for good.
+            await self._admin(f"ALTER DATABASE {name} CONNECTION LIMIT 0")
             conn = await asyncpg.connect(self._dsn_of(name))
             try:
-                # What the test left running (a killed process's backend, a pool not closed)
-                # goes first; a rename needs the database to itself anyway.
+                await conn.execute("SET lock_timeout = '5s'")
+                # What the test left connected goes first, waited for (5 s at most).
                 await conn.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
                     "WHERE datname = current_database() AND pid <> pg_backend_pid()"
                 )
-                if not await db_state.reset(conn, reference):
-                    return None
+                await db_state.reset(conn, reference)
             finally:
                 await conn.close()
-            fresh = f"pkgq_t_{uuid4().hex[:12]}"
-            admin = await asyncpg.connect(self._admin_dsn)
+            await self._admin(f"ALTER DATABASE {name} RENAME TO {fresh}")
+            current = fresh
+            await self._admin(f"ALTER DATABASE {fresh} CONNECTION LIMIT -1")
+            conn = await asyncpg.connect(self._dsn_of(fresh))
             try:
-                await admin.execute(f"ALTER DATABASE {name} RENAME TO {fresh}")
+                same = await db_state.matches(conn, reference)
             finally:
-                await admin.close()
-        except (OSError, asyncpg.PostgresError):
+                await conn.close()
+        except Exception:  # noqa: BLE001  (whatever failed, the database is dropped instead)
+            same = False
+        if same:
+            return fresh
+        if current != name:  # renamed already: drop it under its new name
+            await self._drop(current)
             return None
-        return fresh
+        return None
+
+    async def _admin(self, sql: str) -> None:
+        admin = await asyncpg.connect(self._admin_dsn)
+        try:
+            await admin.execute(sql)
+        finally:
+            await admin.close()
