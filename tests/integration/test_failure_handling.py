@@ -164,7 +164,9 @@ async def test_a_users_later_messages_wait_for_a_retry_while_other_users_keep_fl
             return True
         return False
 
-    policy = RetryPolicy(max_attempts=3, backoff=lambda _: 2.0)
+    # 5 s: B's message must be applied before A's retry even when the machine is so busy
+    # that one batch takes 2 s (seen once, 2026-11-27, with a 2 s backoff).
+    policy = RetryPolicy(max_attempts=3, backoff=lambda _: 5.0)
     pipeline, applied = usage_pipeline(pool, policy, first_try_of_m1_fails)
     await app.start_consumers([USAGE_RECORD], pipelines={USAGE_RECORD.name: pipeline})
     await usage(fast, amqp, a, 1)
