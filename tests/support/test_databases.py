@@ -56,7 +56,6 @@ class TestDatabases:
         self._free: queue.SimpleQueue[str] = queue.SimpleQueue()
         """Used databases reset to the reference and renamed, ready for a test."""
         self.recycled = 0
-        self.dropped = 0
 
     def take(self) -> str:
         """A database as fresh as a new copy: a used one reset (see the module), else one made
@@ -138,12 +137,8 @@ class TestDatabases:
             await self._clean_up_broker(name)
         finally:
             # Reset for another test, or dropped, whatever became of the broker's names.
-            fresh = None
             if self._recycle and self._reference is not None:
-                fresh = await self._reset(name, self._reference)
-            if fresh is not None:
-                self.recycled += 1
-                self._free.put(fresh)
+                await self._reset_or_drop(name, self._reference)
             else:
                 await self._drop(name)
 
@@ -153,15 +148,14 @@ class TestDatabases:
             await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         finally:
             await admin.close()
-        self.dropped += 1
 
     def _dsn_of(self, name: str) -> str:
         return self._admin_dsn.rsplit("/", 1)[0] + "/" + name
 
-    async def _reset(self, name: str, reference: db_state.Reference) -> str | None:
-        """`name` reset and renamed (a fresh name: new broker names too), or None if it
-        cannot be made exactly as the reference (then it is dropped, under whichever of the
-        two names it has by then)."""
+    async def _reset_or_drop(self, name: str, reference: db_state.Reference) -> None:
+        """`name` reset and renamed (a fresh name: new broker names too) and put with the free
+        ones, or, if it cannot be made exactly as the reference, dropped under whichever of
+        the two names it has by then."""
         fresh = f"pkgq_t_{uuid4().hex[:12]}"
         current = name
         try:
@@ -190,11 +184,10 @@ class TestDatabases:
         except Exception:  # noqa: BLE001  (whatever failed, the database is dropped instead)
             same = False
         if same:
-            return fresh
-        if current != name:  # renamed already: drop it under its new name
+            self.recycled += 1
+            self._free.put(fresh)
+        else:
             await self._drop(current)
-            return None
-        return None
 
     async def _admin(self, sql: str) -> None:
         admin = await asyncpg.connect(self._admin_dsn)
