@@ -60,8 +60,30 @@ class NewDeadLetter:
         if self.source == "consumer" and self.message_id:
             untrusted = "untrusted:" if self.reason == UNTRUSTED_PUBLISHER else ""
             return f"{untrusted}{self.consumer}:{self.message_id}"
-        raw = json.dumps(self.headers, sort_keys=True).encode() + b"\0" + self.body
+        headers = _death_identity(self.headers) if self.source == "broker" else self.headers
+        raw = json.dumps(headers, sort_keys=True).encode() + b"\0" + self.body
         return f"{self.source}:{self.consumer}:{hashlib.sha256(raw).hexdigest()}"
+
+
+VOLATILE_HEADERS = frozenset({"x-delivery-count"})
+"""Headers a copy of the same broker dead letter may carry differently: a quorum dead-letter
+queue counts its own redeliveries (a killed ingester) in `x-delivery-count`."""
+
+
+def _death_identity(headers: dict[str, Any]) -> dict[str, Any]:
+    """A broker dead letter's headers without what differs between two copies of the one death:
+    `x-delivery-count`, and the `time` of each `x-death` entry. A quorum queue's at-least-once
+    dead-lettering sends a message again when the target's confirm is lost (a node killed, a
+    leader elected), and stamps the copy anew. Two deaths of one message in one queue for one
+    reason still differ: their `x-death` counts do."""
+    kept = {k: v for k, v in headers.items() if k not in VOLATILE_HEADERS}
+    deaths = kept.get("x-death")
+    if isinstance(deaths, list):
+        kept["x-death"] = [
+            {k: v for k, v in d.items() if k != "time"} if isinstance(d, dict) else d
+            for d in deaths
+        ]
+    return kept
 
 
 async def bury(conn: Conn, dead: NewDeadLetter) -> int:

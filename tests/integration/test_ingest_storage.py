@@ -3,6 +3,8 @@ Postgres can take it (a blip runs the filing again), in its safe form when it ca
 
 from __future__ import annotations
 
+import dataclasses
+from datetime import UTC, datetime
 from typing import Any
 from uuid import uuid4
 
@@ -92,3 +94,29 @@ async def test_a_filing_that_keeps_deadlocking_is_stored_in_full_without_finishi
     assert len(calls) == 5  # transient_retrying's attempts, then filed without it
     assert dead["reason"] == "expired"
     assert "kept" in dead["headers"]
+
+
+async def test_a_broker_dead_letter_sent_again_with_a_new_death_time_is_filed_once(
+    pool: asyncpg.Pool,
+) -> None:
+    # After a node is killed, a quorum queue re-sends a death whose confirm was lost, stamped
+    # anew; a killed ingester's copy comes back with the dead-letter queue's delivery count.
+    first = dead_delivery()
+    death = {"reason": "expired", "queue": "q", "count": 1}
+    copies = [
+        dataclasses.replace(first, headers={"x-death": [{**death, "time": at}], **extra})
+        for at, extra in [
+            (datetime(2026, 11, 27, 10, 0, 1, tzinfo=UTC), {}),
+            (datetime(2026, 11, 27, 10, 0, 19, tzinfo=UTC), {}),
+            (datetime(2026, 11, 27, 10, 0, 19, tzinfo=UTC), {"x-delivery-count": 1}),
+        ]
+    ]
+    ingester = ingest.make_ingester(pool)
+    for copy in copies:
+        assert await ingester([copy]) == [Result(Fate.BURIED)]
+    async with pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT repeats, reason FROM telecom.dead_letters WHERE message_id = $1",
+            first.message_id,
+        )
+    assert [(r["repeats"], r["reason"]) for r in rows] == [(2, "expired")]

@@ -80,6 +80,33 @@ def test_dedup_key_hash_differs_when_the_headers_differ() -> None:
     assert one.dedup_key() != two.dedup_key()
 
 
+def _death(count: int, time: str) -> list[dict[str, Any]]:
+    return [{"reason": "expired", "queue": "q", "count": count, "time": time}]
+
+
+def test_dedup_key_of_a_broker_dead_letter_ignores_the_death_time_and_redelivery_count() -> None:
+    # A quorum queue's at-least-once dead-lettering sends the same death again, stamped anew,
+    # when a node dies before the target confirms; the dead-letter queue counts redeliveries.
+    first = dead_letter(source="broker", headers={"x-death": _death(1, "2026-11-27T10:00:01")})
+    again = dead_letter(
+        source="broker",
+        headers={"x-death": _death(1, "2026-11-27T10:00:19"), "x-delivery-count": 1},
+    )
+    assert first.dedup_key() == again.dedup_key()
+
+
+def test_dedup_key_of_a_broker_dead_letter_tells_a_second_death_by_its_count() -> None:
+    first = dead_letter(source="broker", headers={"x-death": _death(1, "2026-11-27T10:00:01")})
+    second = dead_letter(source="broker", headers={"x-death": _death(2, "2026-11-27T10:00:01")})
+    assert first.dedup_key() != second.dedup_key()
+
+
+def test_dedup_key_of_a_consumer_failure_keeps_every_header_in_its_hash() -> None:
+    one = dead_letter(message_id=None, headers={"x-delivery-count": 1})
+    two = dead_letter(message_id=None, headers={"x-delivery-count": 2})
+    assert one.dedup_key() != two.dedup_key()
+
+
 def test_dedup_key_hash_differs_between_broker_and_consumer_sources() -> None:
     broker = dead_letter(source="broker", message_id=None)
     consumer = dead_letter(source="consumer", message_id=None)
