@@ -59,21 +59,21 @@ from aio_pika.abc import AbstractRobustConnection
 from events.envelope import H_TRACEPARENT
 from infra import faults, tracing
 from infra.observability import RELAY_LAG, RELAY_RENEWALS, RELAY_STALLED, RELAYED
+from infra.outbox import renewal
 from infra.outbox.housekeeping import housekeeping_forever
+from infra.outbox.listener import OutboxListener
 from infra.postgres import job_state, outbox
 from infra.postgres.outbox import ClaimedRow
-from infra.postgres.pool import connect as connect_postgres
 from infra.postgres.pool import forget_if_demoted
 from infra.rabbit.connection import reconnect
-from infra.rabbit.publisher import Publisher, PublishFailedError, build_message
+from infra.rabbit.publisher import Publisher, build_message
 from infra.rabbit.topology import declare_all, routing_key_for
 from infra.settings import Settings
 from infra.systemd_notify import Notifier
-from infra.transient import OutagePauses, is_outage, is_transient, needs_operator
+from infra.transient import OutagePauses, is_transient, needs_operator
 
 log = structlog.get_logger(__name__)
 
-NOTIFY_CHANNEL = "pkgq_outbox"
 ROUNDS_IN_FLIGHT = 2
 """Rounds one relay runs at once while there is a backlog. Each round holds its own leases."""
 LEASE_LIMIT = outbox.PARTITIONS // ROUNDS_IN_FLIGHT
@@ -104,7 +104,7 @@ class Relay:
         self._worker_id = worker_id
         self._wake = asyncio.Event()
         self._publisher: Publisher | None = None
-        self._listener: asyncpg.Connection | None = None
+        self._listener = OutboxListener(settings, self._wake)
         self._renew: str | None = None
         """Set when a publish failed: "channel" or "connection", what to replace before the
         next round."""
@@ -153,7 +153,7 @@ class Relay:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-            await self._drop_listener()
+            await self._listener.drop()
             if self._publisher is not None:
                 with contextlib.suppress(Exception):
                     await self._publisher.close()
@@ -169,7 +169,7 @@ class Relay:
                 if not in_flight:
                     if self._renew is not None and not await self._renewed(stop):
                         continue
-                    await self._ensure_listener()
+                    await self._listener.ensure()
                     # Cleared before a wave of rounds, not before each: a NOTIFY while any of
                     # them runs may be for rows none of them saw, and must wake the next wave.
                     self._wake.clear()
@@ -194,7 +194,7 @@ class Relay:
                     in_flight = []
                     await forget_if_demoted(self._pool, errors[0])
                     self._log_round_error(errors[0], pauses.current)
-                    await self._drop_listener()
+                    await self._listener.drop()
                     # Cut short when the process's probe finds Postgres back (a failover).
                     await pauses.wait(errors[0], stop)
                     continue
@@ -203,13 +203,13 @@ class Relay:
                     # channel (at the top of the loop) rather than fail row after row.
                     await asyncio.gather(*in_flight, return_exceptions=True)
                     in_flight = []
-                    await _wait(stop, RENEW_PAUSE)
+                    await renewal.wait(stop, renewal.RENEW_PAUSE)
                     continue
                 pauses.reset()
                 self._healthy()
                 if in_flight or more:
                     continue
-                await _wait_any(stop, self._wake, self._settings.relay_poll_interval)
+                await renewal.wait_any(stop, self._wake, self._settings.relay_poll_interval)
         finally:
             # A round holds leases and unmarked confirms: let it finish, never abandon it.
             await asyncio.gather(*in_flight, return_exceptions=True)
@@ -228,7 +228,7 @@ class Relay:
         limit = self._settings.relay_stall_after
         reconnected_at = 0.0
         while not stop.is_set():
-            await _wait(stop, min(1.0, limit / 4))
+            await renewal.wait(stop, min(1.0, limit / 4))
             now = time.monotonic()
             silent = now - self._healthy_at
             if silent < limit:
@@ -252,12 +252,14 @@ class Relay:
         try:
             await self._renew_publisher()
         except Exception as exc:
-            if not _broker_unavailable(exc, self._connection):
+            if not renewal.broker_unavailable(exc, self._connection):
                 raise
-            pause = RENEW_RETRY_PAUSES[min(self._renew_failures, len(RENEW_RETRY_PAUSES) - 1)]
+            pause = renewal.RENEW_RETRY_PAUSES[
+                min(self._renew_failures, len(renewal.RENEW_RETRY_PAUSES) - 1)
+            ]
             self._renew_failures += 1
             log.warning("relay_renewal_failed", kind=self._renew, error=repr(exc), retry_in_s=pause)
-            await _wait(stop, pause)
+            await renewal.wait(stop, pause)
             return False
         self._renew_failures = 0
         return True
@@ -275,9 +277,9 @@ class Relay:
             self._publisher = None
         try:
             if kind == "connection":
-                await asyncio.wait_for(reconnect(self._connection), timeout=CONNECT_WAIT)
+                await asyncio.wait_for(reconnect(self._connection), timeout=renewal.CONNECT_WAIT)
                 kind = "channel"  # a new connection is made: a retry only needs a channel
-            await asyncio.wait_for(self._open_publisher(), timeout=CONNECT_WAIT)
+            await asyncio.wait_for(self._open_publisher(), timeout=renewal.CONNECT_WAIT)
         except Exception:
             # Not yet: try again, keeping a connection renewal the watchdog asked for meanwhile.
             self._renew = "connection" if "connection" in (kind, self._renew) else kind
@@ -341,7 +343,7 @@ class Relay:
                 except Exception as exc:  # noqa: BLE001  (the row stays pending: retried)
                     failed.append(row.id)
                     errors.append(repr(exc))
-                    self._renew = _renewal_for(exc, self._renew)
+                    self._renew = renewal.renewal_for(exc, self._renew)
                     log.warning("publish_failed", message_id=str(row.message_id), error=repr(exc))
                     return  # the rest of the chain stays unsent, so nothing overtakes this row
                 done.append(row.id)
@@ -376,72 +378,3 @@ class Relay:
             await self._publisher.publish(
                 message, routing_key_for(self._settings, row.route, row.user_id)
             )
-
-    async def _ensure_listener(self) -> None:
-        if self._listener is not None and not self._listener.is_closed():
-            return
-        try:
-            self._listener = await connect_postgres(
-                self._settings.postgres_dsn, server_settings=self._settings.postgres_session()
-            )
-            await self._listener.add_listener(NOTIFY_CHANNEL, self._on_notify)
-        except Exception as exc:  # noqa: BLE001  (polling covers for a missing listener)
-            log.warning("listen_failed", error=repr(exc))
-            self._listener = None
-
-    async def _drop_listener(self) -> None:
-        if self._listener is not None:
-            with contextlib.suppress(Exception):
-                await self._listener.close(timeout=2)
-            self._listener = None
-
-    def _on_notify(self, *_: object) -> None:
-        self._wake.set()
-
-
-def _broker_unavailable(exc: BaseException, connection: AbstractRobustConnection) -> bool:
-    """A renewal failed because the broker cannot be reached yet (worth waiting for), rather
-    than for something a wait does not fix."""
-    if is_outage(exc) or isinstance(exc, TimeoutError):
-        return True
-    # aio-pika's "Connection was not opened" while its robust connection reconnects.
-    return isinstance(exc, RuntimeError) and (
-        connection.is_closed or not connection.connected.is_set()
-    )
-
-
-RENEW_PAUSE = 0.25
-"""The pause before a new channel is tried after a failed publish: short, since a lost node is
-usually replaced within a second (another node, or the load balancer's next); a renewal that
-fails is tried again after RENEW_RETRY_PAUSES."""
-RENEW_RETRY_PAUSES = (0.25, 0.5, 1.0, 2.0)
-"""Between attempts to renew the publisher while the broker gives no channel (its connection
-is still reconnecting after a restart or a lost node): growing, then every 2 s."""
-CONNECT_WAIT = 10.0
-"""Seconds a renewal waits for the connection to come back before the round fails."""
-
-
-def _renewal_for(exc: BaseException, already: str | None) -> str | None:
-    """What a failed publish asks to replace: the connection when a confirm never came (the
-    channel may look open on a node cut off from its cluster); the channel after a nack or on
-    a closed channel; nothing for a message returned as unroutable (a fact about its route,
-    which the next round retries: the other users' rows go on meanwhile)."""
-    if already == "connection" or isinstance(exc, TimeoutError):
-        return "connection"
-    if isinstance(exc, PublishFailedError) and exc.returned:
-        return already
-    return "channel"
-
-
-async def _wait(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
-
-
-async def _wait_any(stop: asyncio.Event, wake: asyncio.Event, seconds: float) -> None:
-    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())]
-    try:
-        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waiters:
-            w.cancel()
