@@ -20,9 +20,10 @@ from infra.postgres.migrate import migrate
 from infra.postgres.pool import create_pool
 from infra.rabbit.connection import connect
 from infra.rabbit.tap import Tap
-from infra.rabbit.topology import declare_all, delete_all
+from infra.rabbit.topology import declare_all
 from infra.settings import Settings
 from tests.support import pg_roles
+from tests.support.broker_cleanup import BrokerCleanup
 from tests.support.broker_users import delete_namespaces
 from tests.support.in_process import InProcess, StartApp
 from tests.support.test_databases import TestDatabases
@@ -106,15 +107,6 @@ def make_settings(namespace: str, **overrides: object) -> Settings:
     return Settings(**values)  # type: ignore[arg-type]  # keys are Settings fields
 
 
-async def _clean_up_broker(namespace: str) -> None:
-    conn = await connect(AMQP_URL, "pkgq-test-cleanup")
-    try:
-        channel = await conn.channel()
-        await delete_all(channel, make_settings(namespace))
-    finally:
-        await conn.close()
-
-
 @pytest.fixture(scope="session")
 def databases(template_db: str) -> Iterator[TestDatabases]:
     """This worker's maker of test databases (tests/support/test_databases.py)."""
@@ -133,7 +125,8 @@ def databases(template_db: str) -> Iterator[TestDatabases]:
             f"STRATEGY {strategy}"
         )
 
-    found = TestDatabases(f"{PG_SERVER}/postgres", create_sql, _clean_up_broker)
+    cleanup = BrokerCleanup(AMQP_URL, make_settings)
+    found = TestDatabases(f"{PG_SERVER}/postgres", create_sql, cleanup, cleanup.close)
     yield found
     found.close()
 

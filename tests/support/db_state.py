@@ -98,7 +98,8 @@ parts(x) AS (
     SELECT 'defacl ' || defaclrole || ' ' || defaclobjtype::text || ' ' || defaclacl::text
     FROM pg_default_acl
     UNION ALL
-    SELECT 'db ' || coalesce(datacl::text, '') || ' ' || datallowconn || ' ' || datconnlimit
+    -- Not the connection limit: a reset compares with it at 0, and sets it back after.
+    SELECT 'db ' || coalesce(datacl::text, '') || ' ' || datallowconn
         || ' ' || pg_get_userbyid(datdba) || ' ' || datistemplate
     FROM pg_database WHERE datname = current_database()
     UNION ALL

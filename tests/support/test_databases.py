@@ -2,10 +2,11 @@
 
 A CREATE DATABASE from the template takes about 0.4 s here and its DROP 0.2 s; removing a
 test's exchange and queues, a broker round trip or two more. A test would wait for all of it.
-Instead, one thread per pytest worker (with an event loop of its own) makes the next test's
-database while the current test runs, and deletes each used database's broker names after its
-test. The thread takes its work in order, so the database a test waits for is never queued
-behind another test's clean-up that was asked for later.
+Instead, one thread per pytest worker (with an event loop of its own, which keeps one
+connection to the server's `postgres` database and whatever the broker clean-up keeps) makes
+the next test's database while the current test runs, and deletes each used database's broker
+names after its test. The thread takes its work in order, so the database a test waits for is
+never queued behind another test's clean-up that was asked for later.
 
 A used database is reset and renamed for a later test rather than dropped, when it can be made
 exactly as a fresh copy (tests/support/db_state.py: its schema, grants, sequences, planner
@@ -18,11 +19,13 @@ less than one run without. PKGQ_TEST_DB_RECYCLE=0 drops every one.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import queue
+import threading
 import warnings
 from collections.abc import Awaitable, Callable, Coroutine
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, TypeVar
 from uuid import uuid4
 
@@ -41,13 +44,24 @@ class TestDatabases:
         admin_dsn: str,
         create_sql: Callable[[str], str],
         clean_up_broker: Callable[[str], Awaitable[None]],
+        close_broker: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """`create_sql(name)`: the statement that makes a database called `name`;
-        `clean_up_broker(name)`: deletes what a test declared under that namespace."""
+        `clean_up_broker(name)`: deletes what a test declared under that namespace;
+        `close_broker()`: lets go of what `clean_up_broker` kept open (at `close`). Both run
+        on this maker's own event loop."""
         self._admin_dsn = admin_dsn
         self._create_sql = create_sql
         self._clean_up_broker = clean_up_broker
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="pkgq-test-databases")
+        self._close_broker = close_broker
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="pkgq-test-databases", daemon=True
+        )
+        self._thread.start()
+        self._turn: asyncio.Lock | None = None
+        """Held by each piece of work in turn (FIFO): the work runs in the order asked for."""
+        self._admin_conn: asyncpg.Connection | None = None
         self._next: Future[None] | None = None
         self._next_name: str | None = None
         self._removals: list[Future[None]] = []
@@ -81,13 +95,13 @@ class TestDatabases:
         """Start making the next database (its name is known at once)."""
         self._next_name = f"pkgq_t_{uuid4().hex[:12]}"
         name = self._next_name
-        self._next = self._thread.submit(self._run, lambda: self._create(name))
+        self._next = self._submit(lambda: self._create(name))
         return name
 
     def give_back(self, name: str) -> None:
         """Delete the broker names after the test and reset the database for another test, or
         drop it (not waited for)."""
-        self._removals.append(self._thread.submit(self._run, lambda: self._remove(name)))
+        self._removals.append(self._submit(lambda: self._remove(name)))
 
     def close(self) -> None:
         """Drop the database made ahead (made or not), and wait for every clean-up asked for
@@ -96,7 +110,7 @@ class TestDatabases:
         if self._next is not None and self._next_name is not None:
             self._next.exception()  # made or failed: either way it is over
             ahead = self._next_name
-            self._removals.append(self._thread.submit(self._run, lambda: self._drop(ahead)))
+            self._removals.append(self._submit(lambda: self._drop(ahead)))
             self._next = None
             self._next_name = None
         self._recycle = False
@@ -107,24 +121,35 @@ class TestDatabases:
                 name = self._free.get_nowait()
             except queue.Empty:
                 break
-            self._removals.append(
-                self._thread.submit(self._run, lambda name=name: self._drop(name))
-            )
-        self._thread.shutdown(wait=True)
+            self._removals.append(self._submit(functools.partial(self._drop, name)))
+        self._submit(self._let_go).exception()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
         for removal in self._removals:
             if removal.exception() is not None:
                 warnings.warn(f"a test's clean-up failed: {removal.exception()!r}", stacklevel=1)
 
-    @staticmethod
-    def _run(work: Callable[[], Coroutine[Any, Any, T]]) -> T:
-        return asyncio.run(work())
+    def _submit(self, work: Callable[[], Coroutine[Any, Any, T]]) -> Future[T]:
+        """Run `work()` on this maker's loop, after the work asked for before it."""
+
+        async def in_turn() -> T:
+            if self._turn is None:
+                self._turn = asyncio.Lock()
+            async with self._turn:
+                return await work()
+
+        return asyncio.run_coroutine_threadsafe(in_turn(), self._loop)
+
+    async def _let_go(self) -> None:
+        if self._admin_conn is not None:
+            await self._admin_conn.close()
+            self._admin_conn = None
+        if self._close_broker is not None:
+            await self._close_broker()
 
     async def _create(self, name: str) -> None:
-        admin = await asyncpg.connect(self._admin_dsn)
-        try:
-            await admin.execute(self._create_sql(name))
-        finally:
-            await admin.close()
+        await self._admin(self._create_sql(name))
         if self._recycle and self._reference is None:
             conn = await asyncpg.connect(self._dsn_of(name))
             try:
@@ -143,11 +168,7 @@ class TestDatabases:
                 await self._drop(name)
 
     async def _drop(self, name: str) -> None:
-        admin = await asyncpg.connect(self._admin_dsn)
-        try:
-            await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        finally:
-            await admin.close()
+        await self._admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
     def _dsn_of(self, name: str) -> str:
         return self._admin_dsn.rsplit("/", 1)[0] + "/" + name
@@ -171,16 +192,15 @@ class TestDatabases:
                     "WHERE datname = current_database() AND pid <> pg_backend_pid()"
                 )
                 await db_state.reset(conn, reference)
-            finally:
-                await conn.close()
-            await self._admin(f"ALTER DATABASE {name} RENAME TO {fresh}")
-            current = fresh
-            await self._admin(f"ALTER DATABASE {fresh} CONNECTION LIMIT -1")
-            conn = await asyncpg.connect(self._dsn_of(fresh))
-            try:
+                # Compared on this connection, whose caches the reset warmed (a new one would
+                # read the catalogs afresh); the connection limit is set back below.
                 same = await db_state.matches(conn, reference)
             finally:
                 await conn.close()
+            if same:
+                await self._admin(f"ALTER DATABASE {name} RENAME TO {fresh}")
+                current = fresh
+                await self._admin(f"ALTER DATABASE {fresh} CONNECTION LIMIT -1")
         except Exception:  # noqa: BLE001  (whatever failed, the database is dropped instead)
             same = False
         if same:
@@ -190,8 +210,14 @@ class TestDatabases:
             await self._drop(current)
 
     async def _admin(self, sql: str) -> None:
-        admin = await asyncpg.connect(self._admin_dsn)
+        """`sql` on the kept connection to the `postgres` database, made again when it was
+        lost (a restart test stopped the server): a statement that fails mid-way is not run
+        again, its work's caller sees the error."""
+        if self._admin_conn is None or self._admin_conn.is_closed():
+            self._admin_conn = await asyncpg.connect(self._admin_dsn)
         try:
-            await admin.execute(sql)
-        finally:
-            await admin.close()
+            await self._admin_conn.execute(sql)
+        except (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError):
+            self._admin_conn.terminate()
+            self._admin_conn = None
+            raise
