@@ -88,6 +88,10 @@ def template_db() -> Iterator[str]:
     asyncio.run(_drop_template())
 
 
+def _broker_names(namespace: str) -> dict[str, object]:
+    return {"exchange": f"{namespace}.telecom", "queue_prefix": f"{namespace}.pkgq"}
+
+
 def make_settings(namespace: str, **overrides: object) -> Settings:
     """The test's settings. `postgres_dsn` is the superuser's, for fixtures that arrange and
     inspect; the `pkgq` processes a test spawns connect as the runtime role instead
@@ -97,8 +101,7 @@ def make_settings(namespace: str, **overrides: object) -> Settings:
         "migrate_dsn": pg_roles.as_role(f"{PG_SERVER}/{namespace}", pg_roles.OWNER),
         "runtime_role": pg_roles.RUNTIME,
         "amqp_url": AMQP_URL,
-        "exchange": f"{namespace}.telecom",
-        "queue_prefix": f"{namespace}.pkgq",
+        **_broker_names(namespace),
         "relay_poll_interval": 0.2,
         "drain_timeout": 10.0,
         "log_format": "json",
@@ -125,7 +128,10 @@ def databases(template_db: str) -> Iterator[TestDatabases]:
             f"STRATEGY {strategy}"
         )
 
-    cleanup = BrokerCleanup(AMQP_URL, make_settings)
+    # Made here: the clean-up's thread must not build Settings, which reads os.environ while
+    # pytest changes PYTEST_CURRENT_TEST in it (a KeyError now and then).
+    base = make_settings("pkgq_t_none")
+    cleanup = BrokerCleanup(AMQP_URL, lambda name: base.model_copy(update=_broker_names(name)))
     found = TestDatabases(f"{PG_SERVER}/postgres", create_sql, cleanup, cleanup.close)
     yield found
     found.close()

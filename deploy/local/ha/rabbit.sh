@@ -120,6 +120,16 @@ rabbit_view() {
     printf '%s\n%s\n%s\n' "$is" "$(node_numbers "$all")" "$(node_numbers "$run")"
 }
 
+# rabbit_view, asked up to 5 times a second apart while it fails.
+rabbit_view_again() {
+    local try
+    for try in 1 2 3 4 5; do
+        rabbit_view "$1" && return 0
+        [ "$try" -eq 5 ] || sleep 1
+    done
+    return 1
+}
+
 # "[pkgqha3@localhost,pkgqha1@localhost]" -> "1 3"
 node_numbers() { grep -o 'pkgqha[0-9]@localhost' <<<"$1" | cut -c7 | sort -n | paste -sd' ' -; }
 
@@ -164,7 +174,9 @@ rabbit_up() {
     # Booting in parallel: all three wait here together.
     for n in "${RABBIT_NODES[@]}"; do rabbit_await "$n" "$HA_TIMEOUT" & pids+=($!); done
     for n in "${pids[@]}"; do wait "$n" || exit 1; done
-    members=$(rabbit_view 1 | sed -n 2p)
+    # rabbitmqctl can time out on a node that has just booted while the machine is busy (the
+    # suite's parallel part starts beside this): asked again, a few times, before giving up.
+    members=$(rabbit_view_again 1 | sed -n 2p)
     local outside=()
     for n in 2 3; do
         grep -qw "$n" <<<"$members" || outside+=("$n")
