@@ -79,6 +79,7 @@ parallel_s=$((SECONDS - started))
 wait "$chaos_pid"
 chaos=$?
 chaos_pid=
+chaos_waited_s=$((SECONDS - started - parallel_s))
 if [ -n "$lab_pid" ]; then
     wait "$lab_pid"
     lab_pid=
@@ -98,10 +99,13 @@ serial_s=$((SECONDS - started))
 wait "$check_pid"
 check=$?
 check_pid=
+check_waited_s=$((SECONDS - started - serial_s))
 echo "run-suite: the static checks, run beside the serial tests:"
 cat "$check_log"
 # Where the wall time went: make test has 8 minutes on a 2-core machine.
-echo "run-suite: seconds: parallel part $parallel_s, serial part $serial_s, whole run $SECONDS"
+# The waits: for the chaos tests after the parallel part, for the checks after the serial part.
+echo "run-suite: seconds: parallel part $parallel_s (then waited $chaos_waited_s for the chaos" \
+    "tests), serial part $serial_s (then waited $check_waited_s for the checks), whole run $SECONDS"
 
 if [ "$check" -ne 0 ]; then
     echo "run-suite: the static checks failed (above)" >&2
