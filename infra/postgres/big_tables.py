@@ -22,10 +22,39 @@ async def fill(
     rows, replayed dead letters, released holds (no blocker) and parked messages. None of them
     is due, buried or holding anyone: what a figure counts is left to the caller to add.
 
-    The rows go in with triggers off, as a restore would (session_replication_role: a
-    superuser's connection), then every table is vacuumed and analyzed, as autovacuum would."""
+    The rows go in with triggers off and the indexes (and unique constraints) built afterwards,
+    as a restore would (session_replication_role: a superuser's connection), then every table
+    is vacuumed and analyzed, as autovacuum would."""
     names = list(consumers)
     rest = rows if others is None else others
+    # Every index is built after the rows are in, from its own definition (a primary key or
+    # unique constraint as that constraint; none is referenced by a foreign key): a sorted
+    # build instead of an entry at a random page for every row. The inbox's million rows took
+    # 12.5 s to insert with its three indexes, 1 s into a table without any.
+    indexes = await conn.fetch(
+        """
+        SELECT i.indrelid::regclass::text AS table_name,
+               format('%I.%I', n.nspname, c.relname) AS name,
+               k.conname, pg_get_constraintdef(k.oid) AS constraint_sql,
+               pg_get_indexdef(i.indexrelid) AS index_sql
+        FROM pg_index i
+        JOIN pg_class c ON c.oid = i.indexrelid
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        LEFT JOIN pg_constraint k ON k.conindid = i.indexrelid AND k.conrelid = i.indrelid
+        WHERE i.indrelid = ANY($1::regclass[])
+          AND NOT EXISTS (SELECT FROM pg_constraint f
+                          WHERE f.contype = 'f' AND f.conindid = i.indexrelid)
+        ORDER BY 2
+        """,
+        [f"telecom.{t}" for t in FILLED],
+    )
+    for index in indexes:
+        if index["conname"] is None:
+            await conn.execute(f"DROP INDEX {index['name']}")
+        else:
+            await conn.execute(
+                f'ALTER TABLE {index["table_name"]} DROP CONSTRAINT "{index["conname"]}"'
+            )
     await conn.execute("SET session_replication_role = replica")
     try:
         await conn.execute(
@@ -91,4 +120,12 @@ async def fill(
         )
     finally:
         await conn.execute("RESET session_replication_role")
+        for index in indexes:
+            if index["conname"] is None:
+                await conn.execute(index["index_sql"])
+            else:
+                await conn.execute(
+                    f'ALTER TABLE {index["table_name"]} ADD CONSTRAINT "{index["conname"]}" '
+                    + index["constraint_sql"]
+                )
     await conn.execute("VACUUM (ANALYZE) " + ", ".join(f"telecom.{t}" for t in FILLED))
