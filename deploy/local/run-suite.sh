@@ -12,8 +12,8 @@
 # mostly wait for services to stop and start, so the checks' CPU costs the run less there than
 # beside the parallel part (2 cores).
 #
-# The lab is removed at the end if this run made it (PKGQ_HA_KEEP=1 keeps it). PKGQ_SKIP_LAB=1
-# neither starts nor removes it: then the chaos tests start it themselves.
+# The lab is removed once the chaos tests are done, if this run made it (PKGQ_HA_KEEP=1 keeps
+# it). PKGQ_SKIP_LAB=1 neither starts nor removes it: then the chaos tests start it themselves.
 #
 # Extra pytest arguments pass through to every part (a `-m` or `-n` among them replaces the
 # part's own; select by path or -k instead). Fails when the checks or any part fail, or
@@ -65,12 +65,22 @@ else
     echo 0 >"$lab_rc"
 fi
 
-"$make" --no-print-directory migrate || exit $?
+# What `make migrate` does once the services are up (they are: just above).
+"$bin/pkgq" migrate || exit $?
 
 # A process group of its own (setsid), so that an interrupt is handed to it by finish, in order;
-# it waits for the lab's boot to end (up or not: a chaos test boots a missing lab itself).
-setsid bash -c 'while [ ! -s "$1" ]; do sleep 0.5; done; shift; exec "$@"' \
-    wait-for-lab "$lab_rc" "$bin/pytest" -m chaos "$@" >"$chaos_log" 2>&1 &
+# it waits for the lab's boot to end (up or not: a chaos test boots a missing lab itself), and
+# removes the lab when its tests are done, if this run made it, while the parallel part still
+# runs (finish removes it again, a no-op by then, in case the group was interrupted).
+remove_lab=0
+if [ "$lab_started" = 1 ] && [ "${PKGQ_HA_KEEP:-0}" != 1 ]; then remove_lab=1; fi
+setsid bash -c 'rc_file=$1 remove=$2 lab=$3 log=$4; shift 4
+    while [ ! -s "$rc_file" ]; do sleep 0.5; done
+    "$@"; rc=$?
+    if [ "$remove" = 1 ]; then "$lab" down >>"$log" 2>&1; fi
+    exit "$rc"' \
+    chaos-beside "$lab_rc" "$remove_lab" "$lab" "$lab_log" "$bin/pytest" -m chaos "$@" \
+    >"$chaos_log" 2>&1 &
 chaos_pid=$!
 started=$SECONDS
 "$bin/pytest" -n "$workers" -m "not serial and not chaos" "$@"
