@@ -1,5 +1,6 @@
 """The suite's own machinery: a used test database is handed to another test only if its reset
-leaves it exactly as a fresh copy of the template (tests/support/db_state.py)."""
+leaves it exactly as a fresh copy of the template (tests/support/db_state.py); the maker keeps
+one admin connection, and the broker clean-up deletes only what a test declared."""
 
 from __future__ import annotations
 
@@ -9,10 +10,15 @@ from uuid import uuid4
 
 import asyncpg
 import pytest
+from aio_pika.exceptions import ChannelNotFoundEntity
 
+from events.routes import PACKAGE_ACTIVATE
+from infra.rabbit.connection import connect
+from infra.rabbit.topology import declare_all
 from infra.settings import Settings
-from tests.conftest import PG_SERVER
+from tests.conftest import AMQP_URL, PG_SERVER, make_settings
 from tests.support import db_state
+from tests.support.broker_cleanup import BrokerCleanup
 from tests.support.test_databases import TestDatabases
 
 
@@ -128,3 +134,59 @@ def test_a_used_database_comes_back_renamed_and_fresh_and_all_are_dropped_at_the
     maker.give_back(second)
     maker.close()
     assert asyncio.run(state(second))[1] == []
+
+
+def test_the_maker_connects_again_when_its_kept_admin_connection_was_lost(
+    template_db: str,
+) -> None:
+    # A restart test stops PostgreSQL under the maker's kept connection to `postgres`.
+    admin_dsn = f"{PG_SERVER}/postgres"
+    maker = TestDatabases(
+        admin_dsn, lambda name: f"CREATE DATABASE {name} TEMPLATE {template_db}", _no_broker
+    )
+    try:
+        first = maker.take()
+
+        async def kill_admin() -> None:
+            assert maker._admin_conn is not None
+            pid = maker._admin_conn.get_server_pid()
+            killer = await asyncpg.connect(admin_dsn)
+            try:
+                assert await killer.fetchval("SELECT pg_terminate_backend($1, 5000)", pid)
+            finally:
+                await killer.close()
+
+        asyncio.run(kill_admin())
+        maker.give_back(first)
+        maker._removals[-1].result()
+        assert maker.recycled == 1  # reset and renamed through a new admin connection
+    finally:
+        maker.close()
+    assert all(removal.exception() is None for removal in maker._removals)
+
+
+async def test_the_broker_clean_up_deletes_a_declared_namespace_and_skips_an_untouched_one(
+    settings: Settings,
+) -> None:
+    declared = make_settings(f"pkgq_t_{uuid4().hex[:12]}")
+    untouched = make_settings(f"pkgq_t_{uuid4().hex[:12]}")
+    names = {declared.queue_prefix: declared, untouched.queue_prefix: untouched}
+    cleanup = BrokerCleanup(AMQP_URL, lambda ns: names[f"{ns}.pkgq"])
+    conn = await connect(AMQP_URL, "pkgq-test")
+    try:
+        channel = await conn.channel()
+        await declare_all(channel, declared)
+        await channel.close()
+
+        await cleanup(untouched.queue_prefix.removesuffix(".pkgq"))  # nothing to delete
+        await cleanup(declared.queue_prefix.removesuffix(".pkgq"))
+
+        channel = await conn.channel()
+        with pytest.raises(ChannelNotFoundEntity):
+            await channel.get_exchange(declared.exchange, ensure=True)
+        channel = await conn.channel()
+        with pytest.raises(ChannelNotFoundEntity):
+            await channel.declare_queue(declared.queue_name(PACKAGE_ACTIVATE.name), passive=True)
+    finally:
+        await cleanup.close()
+        await conn.close()
