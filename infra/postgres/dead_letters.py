@@ -60,8 +60,14 @@ class NewDeadLetter:
         if self.source == "consumer" and self.message_id:
             untrusted = "untrusted:" if self.reason == UNTRUSTED_PUBLISHER else ""
             return f"{untrusted}{self.consumer}:{self.message_id}"
-        headers = _death_identity(self.headers) if self.source == "broker" else self.headers
-        raw = json.dumps(headers, sort_keys=True).encode() + b"\0" + self.body
+        if self.source == "broker":
+            # Its message_id and verified publisher too: two messages with the same body and
+            # headers, dead-lettered from one queue for one reason, are two letters.
+            who = [_death_identity(self.headers), self.message_id, self.publisher]
+            identity = json.dumps(who, sort_keys=True).encode()
+        else:
+            identity = json.dumps(self.headers, sort_keys=True).encode()
+        raw = identity + b"\0" + self.body
         return f"{self.source}:{self.consumer}:{hashlib.sha256(raw).hexdigest()}"
 
 

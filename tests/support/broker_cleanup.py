@@ -1,14 +1,15 @@
 """Deleting what a test declared on the broker, after it, on one kept connection.
 
-A test's namespace is its database's name; `declare_all` declares its exchanges before any
-queue, so a namespace whose main exchange does not exist holds nothing the test's settings
-name (a test that declared only under other names, or deleted its exchange and kept queues, is
-swept at the session's end: conftest's `broker_leftovers`). About half the tests never touch
+A test's namespace is its database's name; `declare_all` declares its dead-letter exchange
+before anything else, so a namespace without one holds nothing the test's settings name (a
+test that declared only under other names, or deleted that exchange and kept the rest, is swept
+at the session's end: conftest's `broker_leftovers`). About half the tests never touch
 the broker: for them the clean-up is one passive declare instead of every route's deletes, and
 no test pays for a connection of its own (tens of milliseconds of CPU on each side)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable
 
@@ -37,17 +38,18 @@ class BrokerCleanup:
             with contextlib.suppress(Exception):
                 await self.close()
             self._connection = None
+            await asyncio.sleep(1)
             await self._clean(settings)
 
     async def _clean(self, settings: Settings) -> None:
         if self._connection is None or self._connection.is_closed:
             self._connection = await aio_pika.connect(
-                self._url, client_properties={"connection_name": "pkgq-test-cleanup"}
+                self._url, client_properties={"connection_name": "pkgq-test-cleanup"}, timeout=5
             )
         channel = await self._connection.channel(publisher_confirms=False)
         try:
             try:
-                await channel.get_exchange(settings.exchange, ensure=True)
+                await channel.get_exchange(settings.dlx, ensure=True)
             except ChannelNotFoundEntity:
                 return  # never declared (the broker closed the channel)
             await delete_all(channel, settings)

@@ -98,8 +98,9 @@ parts(x) AS (
     SELECT 'defacl ' || defaclrole || ' ' || defaclobjtype::text || ' ' || defaclacl::text
     FROM pg_default_acl
     UNION ALL
-    -- Not the connection limit: a reset compares with it at 0, and sets it back after.
-    SELECT 'db ' || coalesce(datacl::text, '') || ' ' || datallowconn
+    -- Not the connection limit or whether connections are allowed: a reset compares with
+    -- them shut, and opens them after.
+    SELECT 'db ' || coalesce(datacl::text, '')
         || ' ' || pg_get_userbyid(datdba) || ' ' || datistemplate
     FROM pg_database WHERE datname = current_database()
     UNION ALL

@@ -142,11 +142,17 @@ class TestDatabases:
         return asyncio.run_coroutine_threadsafe(in_turn(), self._loop)
 
     async def _let_go(self) -> None:
-        if self._admin_conn is not None:
-            await self._admin_conn.close()
-            self._admin_conn = None
-        if self._close_broker is not None:
-            await self._close_broker()
+        try:
+            if self._admin_conn is not None:
+                conn, self._admin_conn = self._admin_conn, None
+                try:
+                    await conn.close(timeout=5)
+                except Exception:
+                    conn.terminate()
+                    raise
+        finally:
+            if self._close_broker is not None:
+                await self._close_broker()
 
     async def _create(self, name: str) -> None:
         await self._admin(self._create_sql(name))
@@ -185,6 +191,9 @@ class TestDatabases:
             await self._admin(f"ALTER DATABASE {name} CONNECTION LIMIT 0")
             conn = await asyncpg.connect(self._dsn_of(name))
             try:
+                # From here on no one connects, a superuser (a pool the test leaked) neither
+                # (set from another database: not allowed on one's own).
+                await self._admin(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false")
                 await conn.execute("SET lock_timeout = '5s'")
                 # What the test left connected goes first, waited for (5 s at most).
                 await conn.execute(
@@ -193,14 +202,21 @@ class TestDatabases:
                 )
                 await db_state.reset(conn, reference)
                 # Compared on this connection, whose caches the reset warmed (a new one would
-                # read the catalogs afresh); the connection limit is set back below.
-                same = await db_state.matches(conn, reference)
+                # read the catalogs afresh), and only if nothing else is still connected (a
+                # backend that outlived its termination could change it after the digest).
+                # Connections are let in again below, after the rename.
+                same = await db_state.matches(conn, reference) and not await conn.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
             finally:
                 await conn.close()
             if same:
                 await self._admin(f"ALTER DATABASE {name} RENAME TO {fresh}")
                 current = fresh
-                await self._admin(f"ALTER DATABASE {fresh} CONNECTION LIMIT -1")
+                await self._admin(
+                    f"ALTER DATABASE {fresh} WITH ALLOW_CONNECTIONS true CONNECTION LIMIT -1"
+                )
         except Exception:  # noqa: BLE001  (whatever failed, the database is dropped instead)
             same = False
         if same:

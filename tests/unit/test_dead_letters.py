@@ -101,6 +101,15 @@ def test_dedup_key_of_a_broker_dead_letter_tells_a_second_death_by_its_count() -
     assert first.dedup_key() != second.dedup_key()
 
 
+def test_dedup_key_of_a_broker_dead_letter_tells_two_messages_apart_by_id_and_publisher() -> None:
+    # Two identical commands (same body and headers) expiring from one queue are two letters.
+    headers = {"x-death": _death(1, "2026-11-27T10:00:01")}
+    one = dead_letter(source="broker", headers=headers, message_id="a", publisher="pkgq")
+    other_id = dead_letter(source="broker", headers=headers, message_id="b", publisher="pkgq")
+    other_by = dead_letter(source="broker", headers=headers, message_id="a", publisher="billing")
+    assert len({one.dedup_key(), other_id.dedup_key(), other_by.dedup_key()}) == 3
+
+
 def test_dedup_key_of_a_consumer_failure_keeps_every_header_in_its_hash() -> None:
     one = dead_letter(message_id=None, headers={"x-delivery-count": 1})
     two = dead_letter(message_id=None, headers={"x-delivery-count": 2})
