@@ -6,7 +6,6 @@ against a production database."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from infra.postgres.pool import Conn
 
@@ -33,30 +32,28 @@ async def fill(
     # build instead of an entry at a random page for every row. The inbox's million rows took
     # 12.5 s to insert with its three indexes, 1 s into a table without any.
     async with conn.transaction():  # a failure leaves the tables as they were
-        indexes = await _drop_indexes(conn)
+        rebuild = await _drop_indexes(conn)
         await conn.execute("SET LOCAL session_replication_role = replica")
         await _insert_rows(conn, rows, rest, names)
         await conn.execute("SET LOCAL session_replication_role = origin")
-        for index in indexes:
-            if index["conname"] is None:
-                await conn.execute(index["index_sql"])
-            else:
-                await conn.execute(
-                    f'ALTER TABLE {index["table_name"]} ADD CONSTRAINT "{index["conname"]}" '
-                    + index["constraint_sql"]
-                )
+        for statement in rebuild:
+            await conn.execute(statement)
     await conn.execute("VACUUM (ANALYZE) " + ", ".join(f"telecom.{t}" for t in FILLED))
 
 
-async def _drop_indexes(conn: Conn) -> list[Any]:
+async def _drop_indexes(conn: Conn) -> list[str]:
     """Drop the filled tables' indexes (a primary key or unique constraint as that
-    constraint, none referenced by a foreign key); return what makes each again."""
+    constraint, none referenced by a foreign key); return the statements that make each
+    again."""
     indexes = await conn.fetch(
         """
-        SELECT i.indrelid::regclass::text AS table_name,
-               format('%I.%I', n.nspname, c.relname) AS name,
-               k.conname, pg_get_constraintdef(k.oid) AS constraint_sql,
-               pg_get_indexdef(i.indexrelid) AS index_sql
+        SELECT CASE WHEN k.conname IS NULL
+                    THEN format('DROP INDEX %I.%I', n.nspname, c.relname)
+                    ELSE format('ALTER TABLE %s DROP CONSTRAINT %I', i.indrelid::regclass,
+                                k.conname) END AS drop_sql,
+               CASE WHEN k.conname IS NULL THEN pg_get_indexdef(i.indexrelid)
+                    ELSE format('ALTER TABLE %s ADD CONSTRAINT %I %s', i.indrelid::regclass,
+                                k.conname, pg_get_constraintdef(k.oid)) END AS create_sql
         FROM pg_index i
         JOIN pg_class c ON c.oid = i.indexrelid
         JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -64,18 +61,13 @@ async def _drop_indexes(conn: Conn) -> list[Any]:
         WHERE i.indrelid = ANY($1::regclass[])
           AND NOT EXISTS (SELECT FROM pg_constraint f
                           WHERE f.contype = 'f' AND f.conindid = i.indexrelid)
-        ORDER BY 2
+        ORDER BY n.nspname, c.relname
         """,
         [f"telecom.{t}" for t in FILLED],
     )
     for index in indexes:
-        if index["conname"] is None:
-            await conn.execute(f"DROP INDEX {index['name']}")
-        else:
-            await conn.execute(
-                f'ALTER TABLE {index["table_name"]} DROP CONSTRAINT "{index["conname"]}"'
-            )
-    return list(indexes)
+        await conn.execute(index["drop_sql"])
+    return [index["create_sql"] for index in indexes]
 
 
 async def _insert_rows(conn: Conn, rows: int, rest: int, names: list[str]) -> None:

@@ -84,13 +84,18 @@ async def _no_broker(_: str) -> None:
     return None
 
 
+def _maker(admin_dsn: str, template_db: str) -> TestDatabases:
+    """A maker of its own (not the session's), copying `template_db`, with no broker."""
+    return TestDatabases(
+        admin_dsn, lambda name: f"CREATE DATABASE {name} TEMPLATE {template_db}", _no_broker
+    )
+
+
 def test_a_used_database_comes_back_renamed_and_fresh_and_all_are_dropped_at_the_end(
     template_db: str,
 ) -> None:
     admin_dsn = f"{PG_SERVER}/postgres"
-    maker = TestDatabases(
-        admin_dsn, lambda name: f"CREATE DATABASE {name} TEMPLATE {template_db}", _no_broker
-    )
+    maker = _maker(admin_dsn, template_db)
     first = maker.take()
 
     async def use(name: str) -> None:
@@ -141,9 +146,7 @@ def test_the_maker_connects_again_when_its_kept_admin_connection_was_lost(
 ) -> None:
     # A restart test stops PostgreSQL under the maker's kept connection to `postgres`.
     admin_dsn = f"{PG_SERVER}/postgres"
-    maker = TestDatabases(
-        admin_dsn, lambda name: f"CREATE DATABASE {name} TEMPLATE {template_db}", _no_broker
-    )
+    maker = _maker(admin_dsn, template_db)
     try:
         first = maker.take()
 
