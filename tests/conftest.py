@@ -15,6 +15,7 @@ from uuid import uuid4
 import asyncpg
 import pytest
 from aio_pika.abc import AbstractRobustConnection
+from hypothesis import settings as hypothesis_settings
 
 from infra.postgres.migrate import migrate
 from infra.postgres.pool import create_pool
@@ -32,6 +33,13 @@ PG_SERVER = os.environ.get("PKGQ_TEST_PG_SERVER", "postgresql://postgres@127.0.0
 AMQP_URL = os.environ.get("PKGQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 TEMPLATE = f"pkgq_test_template_{uuid4().hex[:8]}"
 """One per test session, so that two sessions on one machine never drop each other's."""
+
+# No property test has a deadline. Hypothesis's default (200 ms per example) is a timing
+# assertion, and on a loaded 2-core machine one example can stall past it: it failed a
+# test_frame_decode run once ("Unreliable test timings", 264 ms, then 0.2 ms). A test's own
+# @settings keeps its example count and inherits this.
+hypothesis_settings.register_profile("pkgq", deadline=None)
+hypothesis_settings.load_profile("pkgq")
 
 
 async def _admin() -> asyncpg.Connection:
