@@ -66,7 +66,7 @@ from infra.postgres import job_state, outbox
 from infra.postgres.outbox import ClaimedRow
 from infra.postgres.pool import forget_if_demoted
 from infra.rabbit.connection import reconnect
-from infra.rabbit.publisher import Publisher, build_message
+from infra.rabbit.publisher import Publisher, build_properties
 from infra.rabbit.topology import declare_all, routing_key_for
 from infra.settings import Settings
 from infra.systemd_notify import Notifier
@@ -367,14 +367,13 @@ class Relay:
             headers = row.headers
             if traceparent is not None and traceparent != incoming:
                 headers = {**row.headers, H_TRACEPARENT: traceparent}
-            message = build_message(
-                row.body,
+            properties = build_properties(
                 message_id=row.message_id,
                 message_type=row.message_type,
                 headers=headers,
                 priority=row.priority,
                 expiration_ms=row.ttl_ms if row.expires_at is not None else None,
             )
-            await self._publisher.publish(
-                message, routing_key_for(self._settings, row.route, row.user_id)
+            await self._publisher.publish_properties(
+                row.body, properties, routing_key_for(self._settings, row.route, row.user_id)
             )
