@@ -23,6 +23,11 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 bin=${BIN:-.venv/bin}
 make=${MAKE:-make}
+# Bytecode caches (git-ignored __pycache__, pytest's rewritten test modules among them) are
+# written even where the environment says not to: every pytest process (each worker, the chaos
+# and the serial parts) imports the whole suite, and without them each compiles it again
+# (collecting it: 9.3 CPU s against 5.2 with the caches).
+unset PYTHONDONTWRITEBYTECODE
 workers=${PKGQ_TEST_WORKERS:-4}  # 4 on 2 cores: the tests mostly wait on services and processes
 lab=deploy/local/ha/lab.sh
 
