@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from devtools.bench.backlog import DrainResult
+from devtools.bench.backlog import POLL, POLL_FAR, DrainResult, next_check_in
 from devtools.bench.support import backlog_rounds, cpu_seconds, statement_kinds
 
 
@@ -62,3 +62,16 @@ def test_a_drain_reports_its_cpu_per_record_and_its_share_of_a_core_or_says_it_i
     drained = DrainResult("pkgq", records=20_000, seconds=2.5, cpu_seconds=2.0)
     assert drained.cpu() == "CPU 100 µs/record, 80% of a core"
     assert DrainResult("broker", records=10, seconds=1.0).cpu() == "CPU unknown"
+
+
+def test_a_drain_is_checked_every_poll_once_its_queues_are_empty_and_less_often_before() -> None:
+    # 4,000 records/s seen: 20,000 waiting would take 5 s, so the cap; 400 would take 0.1 s.
+    assert next_check_in(20_000, (24_000, 9.0), 10.0) == POLL_FAR
+    assert next_check_in(400, (4_400, 9.0), 10.0) == pytest.approx(0.05)
+    assert next_check_in(40, (4_040, 9.0), 10.0) == POLL
+    # Nothing waits any more: the end can come at any moment.
+    assert next_check_in(0, (4_000, 9.0), 10.0) == POLL
+    # No rate known yet (the first check, or nothing taken since the last): POLL.
+    assert next_check_in(20_000, None, 10.0) == POLL
+    assert next_check_in(20_000, (20_000, 9.0), 10.0) == POLL
+    assert next_check_in(20_000, (19_000, 9.0), 10.0) == POLL
