@@ -27,13 +27,12 @@ want=$(sha256sum "$reqs" | cut -d' ' -f1)
 if [ "$(cat "$tools/.installed" 2>/dev/null)" != "$want" ]; then
     echo "k8s verify: installing its tools from PyPI into $tools" >&2
     rm -rf "$tools"
-    # With the project's uv (deploy/local/ensure-venv.sh) when it is there: 3 s against 17.
-    if [ -x "$repo/.venv/bin/uv" ]; then
-        install=("$repo/.venv/bin/uv" pip install -q --python "$tools/bin/python" --compile-bytecode)
-    else
-        install=("$tools/bin/python" -m pip install -q --disable-pip-version-check --no-input)
-    fi
-    if ! { "$repo/.venv/bin/python" -m venv "$tools" && "${install[@]}" -r "$reqs"; } \
+    # With the project's uv (deploy/local/ensure-venv.sh) when it is there and can (3 s against
+    # 17), else with pip.
+    uv=("$repo/.venv/bin/uv" pip install -q --python "$tools/bin/python" --compile-bytecode)
+    pip=("$tools/bin/python" -m pip install -q --disable-pip-version-check --no-input)
+    if ! { "$repo/.venv/bin/python" -m venv "$tools" \
+        && { { [ -x "${uv[0]}" ] && "${uv[@]}" -r "$reqs"; } || "${pip[@]}" -r "$reqs"; }; } \
         >"$work/install.log" 2>&1; then
         cat "$work/install.log" >&2
         echo "k8s verify: could not install the tools pinned in $reqs into $tools" \
@@ -117,10 +116,11 @@ summary=$("$tools/bin/python" "$here/tools/validate.py" --repo "$repo" \
 # Every command line in the manifests must parse: `pkgq ARGS --help` fails on an unknown
 # subcommand or option (route names are checked against definitions.json by validate.py). One
 # interpreter runs pkgq's entry point for each line in turn (a fresh one each cost about 1.2
-# CPU s, 13 lines); a line passes only if that exits 0.
+# CPU s, 13 lines), with nothing but the installed packages on its path (-P); a line passes only
+# if that exits 0.
 i=$(grep -c . "$work/commands" || true)
-(cd "$repo" && "$repo/.venv/bin/python" - "$work/commands" <<'PY') || exit 1
-import contextlib, io, sys
+"$repo/.venv/bin/python" -P - "$work/commands" <<'PY' || exit 1
+import contextlib, io, sys, traceback
 from consumers.cli import main
 failed = False
 for line in open(sys.argv[1]).read().splitlines():
@@ -137,6 +137,9 @@ for line in open(sys.argv[1]).read().splitlines():
             main()
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
+        except Exception:  # noqa: BLE001  (a crash is this line's failure; the next is checked)
+            traceback.print_exc(file=err)
+            code = 1
     if code != 0:
         print(f"pkgq does not accept: {line} (exit {code})\n{err.getvalue()}", file=sys.stderr)
         failed = True

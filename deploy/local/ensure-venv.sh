@@ -27,12 +27,13 @@ if ! "$venv/bin/python" -c 'import sys, pip; sys.exit(tuple(map(int, pip.__versi
     "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade 'pip>=23.2'
 fi
 # uv (pinned in constraints.txt, from PyPI) installs the same pins in about 10 s where pip takes
-# about 40 (both byte-compiling, as pip does by default); pip does it when uv cannot be had.
+# about 40 (both byte-compiling, as pip does by default). uv reads none of pip's configuration
+# (pip.conf, PIP_* variables): where it cannot install uv, or uv cannot install (say, only a
+# mirror that pip is configured for is reachable), pip does it all.
 pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
-if "${pip[@]}" -c constraints.txt uv 2>/dev/null; then
-    "$venv/bin/uv" pip install -q --python "$venv/bin/python" --compile-bytecode \
-        -c constraints.txt -e '.[dev]'
-else
-    echo "ensure-venv: uv could not be installed; installing with pip" >&2
+if ! { "${pip[@]}" --only-binary uv -c constraints.txt uv \
+    && "$venv/bin/uv" pip install -q --python "$venv/bin/python" --compile-bytecode \
+        -c constraints.txt -e '.[dev]'; }; then
+    echo "ensure-venv: uv could not install pkgq (above); installing with pip" >&2
     "${pip[@]}" -c constraints.txt -e '.[dev]'
 fi

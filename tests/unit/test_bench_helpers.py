@@ -65,13 +65,23 @@ def test_a_drain_reports_its_cpu_per_record_and_its_share_of_a_core_or_says_it_i
 
 
 def test_a_drain_is_checked_every_poll_once_its_queues_are_empty_and_less_often_before() -> None:
-    # 4,000 records/s seen: 20,000 waiting would take 5 s, so the cap; 400 would take 0.1 s.
-    assert next_check_in(20_000, (24_000, 9.0), 10.0) == POLL_FAR
-    assert next_check_in(400, (4_400, 9.0), 10.0) == pytest.approx(0.05)
-    assert next_check_in(40, (4_040, 9.0), 10.0) == POLL
+    # At 4,000 records/s at the fastest: 20,000 waiting would take 5 s, so the cap; 400, 0.1 s.
+    assert next_check_in(20_000, 4_000.0) == POLL_FAR
+    assert next_check_in(400, 4_000.0) == pytest.approx(0.05)
+    assert next_check_in(40, 4_000.0) == POLL
     # Nothing waits any more: the end can come at any moment.
-    assert next_check_in(0, (4_000, 9.0), 10.0) == POLL
-    # No rate known yet (the first check, or nothing taken since the last): POLL.
-    assert next_check_in(20_000, None, 10.0) == POLL
-    assert next_check_in(20_000, (20_000, 9.0), 10.0) == POLL
-    assert next_check_in(20_000, (19_000, 9.0), 10.0) == POLL
+    assert next_check_in(0, 4_000.0) == POLL
+    # No rate seen yet (the first check, or nothing taken between two): POLL.
+    assert next_check_in(20_000, 0.0) == POLL
+
+
+def test_a_drain_that_doubles_its_fastest_rate_is_still_checked_before_its_queues_empty() -> None:
+    # Checks at the pauses next_check_in gives, the queues emptying at twice the fastest rate
+    # seen: a check still comes while messages wait, so the last stretch is checked every POLL.
+    fastest, waiting, checked_while_waiting = 1_000.0, 2_000.0, 0
+    while waiting > 0:
+        pause = next_check_in(int(waiting), fastest)
+        waiting -= 2 * fastest * pause * 0.99
+        checked_while_waiting += waiting > 0
+    assert checked_while_waiting >= 3
+    assert next_check_in(int(max(waiting, 0)), fastest) == POLL
