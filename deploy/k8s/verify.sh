@@ -117,19 +117,16 @@ summary=$("$tools/bin/python" "$here/tools/validate.py" --repo "$repo" \
 # subcommand or option (route names are checked against definitions.json by validate.py). One
 # interpreter runs pkgq's entry point for each line in turn (a fresh one each cost about 1.2
 # CPU s, 13 lines), with nothing but the installed packages on its path (-P); a line passes only
-# if that exits 0.
+# if that exits 0. The same interpreter first proves the check bites: a line with an unknown
+# option must not pass.
 i=$(grep -c . "$work/commands" || true)
 "$repo/.venv/bin/python" -P - "$work/commands" <<'PY' || exit 1
 import contextlib, io, sys, traceback
 from consumers.cli import main
-failed = False
-for line in open(sys.argv[1]).read().splitlines():
-    if not line.strip():
-        continue
-    cmd = line.split()  # as the manifests list it: words split on blanks
-    if cmd[0] != "pkgq":
-        sys.exit(f"manifests run {cmd[0]!r}, not pkgq")
-    sys.argv = ["pkgq", *cmd[1:], "--help"]
+
+def status(words: list[str]) -> tuple[int, str]:
+    """pkgq's exit status for `pkgq WORDS --help`, and what it wrote to stderr."""
+    sys.argv = ["pkgq", *words, "--help"]
     out, err = io.StringIO(), io.StringIO()
     code = 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -140,8 +137,21 @@ for line in open(sys.argv[1]).read().splitlines():
         except Exception:  # noqa: BLE001  (a crash is this line's failure; the next is checked)
             traceback.print_exc(file=err)
             code = 1
+    return code, err.getvalue()
+
+lines = open(sys.argv[1]).read().splitlines()  # before status() sets sys.argv
+if status(["run", "usage_record", "--no-such-option"])[0] == 0:
+    sys.exit("k8s verify: the command-line check passed an unknown option")
+failed = False
+for line in lines:
+    if not line.strip():
+        continue
+    cmd = line.split()  # as the manifests list it: words split on blanks
+    if cmd[0] != "pkgq":
+        sys.exit(f"manifests run {cmd[0]!r}, not pkgq")
+    code, err = status(cmd[1:])
     if code != 0:
-        print(f"pkgq does not accept: {line} (exit {code})\n{err.getvalue()}", file=sys.stderr)
+        print(f"pkgq does not accept: {line} (exit {code})\n{err}", file=sys.stderr)
         failed = True
 sys.exit(1 if failed else 0)
 PY

@@ -131,7 +131,8 @@ class Publisher:
     async def publish_properties(
         self, body: bytes, properties: Basic.Properties, routing_key: str
     ) -> None:
-        """`publish`, for a body and its properties (build_properties) rather than a Message."""
+        """`publish`, for a body and its properties (build_properties) rather than a Message.
+        Sets the properties' user_id to this publisher's login, if it has one."""
         if self._channel.is_closed:
             raise ChannelInvalidStateError(f"{self._channel!r} is closed")
         # aiormq's own publish, not aio-pika's Exchange.publish, for `wait=False`: the frames are
