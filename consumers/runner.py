@@ -96,6 +96,7 @@ async def run_consumers(
                 dead_letters,
                 idle=pipeline.drain_parked,
                 partition=partition,
+                ahead=pipeline.take_ahead,
             )
             (consumers if settings.preferred(partition) else standby).append(consumer)
     if ingest:

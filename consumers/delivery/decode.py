@@ -77,31 +77,60 @@ def stamped(raw: RawDelivery, trusted: str) -> RawDelivery:
     return raw.with_headers({**raw.headers, H_PUBLISHER: first})
 
 
+Taken = tuple[RawDelivery, Decoded | BadMessageError]
+"""A delivery as taken (stamped with its first publisher when checked), and what it decoded to
+or why it is bad input."""
+
+
+def decode_one(
+    route: Route, delivered: RawDelivery, *, max_body_bytes: int, trusted_publisher: str | None
+) -> Taken:
+    """One delivery's part of `decode_all`: it depends on the delivery alone (and the route's
+    fixed configuration), so it may run before the delivery's batch is taken."""
+    raw = delivered if trusted_publisher is None else stamped(delivered, trusted_publisher)
+    try:
+        if trusted_publisher is not None:
+            check_publisher(route, raw, trusted_publisher)
+        return raw, decode(route, raw, max_body_bytes=max_body_bytes)
+    except NewerVersionError as newer:
+        # Not bad input: held in its user's order and retried for a newer pkgq to apply.
+        return raw, newer.decoded
+    except BadMessageError as problem:
+        return raw, problem
+
+
+def sort_taken(taken: Sequence[Taken]) -> tuple[list[Delivery], list[BadDelivery]]:
+    """Taken deliveries, indexed by their place in the batch: the good ones and the bad, each
+    in delivery order (the order the executor decides them in)."""
+    ready: list[Delivery] = []
+    bad: list[BadDelivery] = []
+    for index, (raw, outcome) in enumerate(taken):
+        if isinstance(outcome, BadMessageError):
+            bad.append(BadDelivery(index, raw, outcome))
+        else:
+            ready.append(Delivery(index, raw, outcome))
+    return ready, bad
+
+
 def decode_all(
     route: Route,
-    raws: Sequence[tuple[int, RawDelivery]],
+    raws: Sequence[RawDelivery],
     *,
     max_body_bytes: int,
     trusted_publisher: str | None = None,
 ) -> tuple[list[Delivery], list[BadDelivery]]:
-    """Decode (index, delivery) pairs, the good ones and the bad, each in delivery order (the
-    order the executor decides them in).
+    """Decode a batch's deliveries (indexed by their place in it), the good ones and the bad,
+    each in delivery order.
 
     `trusted_publisher`: pkgq's AMQP user, checked on deliveries from the broker, which come
     back stamped with their first publisher (see the module docstring). None for deliveries
     that passed the check already (parked ones, which Postgres keeps without their AMQP
     properties, stamped)."""
-    ready: list[Delivery] = []
-    bad: list[BadDelivery] = []
-    for index, delivered in raws:
-        raw = delivered if trusted_publisher is None else stamped(delivered, trusted_publisher)
-        try:
-            if trusted_publisher is not None:
-                check_publisher(route, raw, trusted_publisher)
-            ready.append(Delivery(index, raw, decode(route, raw, max_body_bytes=max_body_bytes)))
-        except NewerVersionError as newer:
-            # Not bad input: held in its user's order and retried for a newer pkgq to apply.
-            ready.append(Delivery(index, raw, newer.decoded))
-        except BadMessageError as problem:
-            bad.append(BadDelivery(index, raw, problem))
-    return ready, bad
+    return sort_taken(
+        [
+            decode_one(
+                route, raw, max_body_bytes=max_body_bytes, trusted_publisher=trusted_publisher
+            )
+            for raw in raws
+        ]
+    )

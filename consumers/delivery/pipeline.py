@@ -2,8 +2,9 @@
 
 One usage record, from the socket to the ack, reads one way through these files:
 infra/rabbit/consumer.py (takes a batch) -> pipeline.py (this loop) -> decode.py (bad input is
-refused) -> snapshot.py (locks and loads, fixed statements) -> executor.py (the gate of
-domain/delivery.py decides; handlers run in memory) -> writes.py (the decisions as rows, pure)
+refused; done for each delivery as it arrives, before its batch: `take_ahead`) -> snapshot.py
+(locks and loads, fixed statements) -> executor.py (the gate of domain/delivery.py decides;
+handlers run in memory) -> writes.py (the decisions as rows, pure)
 -> writer.py (one part per table, gathered into few statements: infra/postgres/compound.py)
 -> back to the consumer, which derives ack or give-back from each `Fate` (infra/rabbit/settle.py).
 
@@ -51,7 +52,14 @@ import asyncpg
 import structlog
 
 from consumers.delivery import snapshot, writer
-from consumers.delivery.decode import BadDelivery, Delivery, decode_all
+from consumers.delivery.decode import (
+    BadDelivery,
+    Delivery,
+    Taken,
+    decode_all,
+    decode_one,
+    sort_taken,
+)
 from consumers.delivery.errors import failure_of
 from consumers.delivery.executor import Decided, Executor, Known, TimedOutError, refused
 from consumers.delivery.report import report
@@ -74,6 +82,9 @@ BLIP_RETRIES = 3
 """How often a transaction that met a blip is run again before the blip counts as a failure."""
 DRAIN_PER_USER = 100
 """Parked messages of one user taken into one drain transaction."""
+AHEAD_LIMIT = 8192
+"""Deliveries taken ahead (`take_ahead`) kept at most: beyond that (deliveries a closed
+channel dropped, to come back as new ones) they are forgotten, and taken again if they come."""
 
 
 def undecided(item: Item, exc: Exception) -> Decided:
@@ -125,6 +136,9 @@ class DeliveryPipeline:
         self._executor = Executor(route, handler, policy, ttr)
         self._polled_at = -1e9
         self._usage_dedup_days = usage_dedup_days
+        self._ahead: dict[int, tuple[RawDelivery, Taken]] = {}
+        """Deliveries taken before their batch (by the RawDelivery's id: the entry keeps the
+        object alive, so the id cannot name another meanwhile)."""
 
     @property
     def ttr(self) -> float | None:
@@ -139,14 +153,40 @@ class DeliveryPipeline:
         (result,) = await self.process_batch([raw])
         return result.fate
 
-    async def process_batch(self, raws: Sequence[RawDelivery]) -> list[Result]:
-        """Decide the fate of deliveries; a result per delivery, in delivery order."""
-        ready, bad = decode_all(
+    def take_ahead(self, raw: RawDelivery) -> None:
+        """Take a delivery (its trust check, its pkgq marks, its decoding: `_take`) before its
+        batch comes. The consumer calls this as each delivery arrives, in the channel's reader
+        task, which runs while the batch before waits on Postgres: that work then fills the
+        wait instead of lengthening the next batch. `process_batch` uses it for the same
+        RawDelivery object, and takes any other delivery itself. Never raises: a delivery
+        whose taking fails on something unforeseen (a bug) is left for its batch, which takes
+        it again and meets the failure where the consumer isolates it."""
+        if len(self._ahead) >= AHEAD_LIMIT:
+            self._ahead.clear()
+        try:
+            self._ahead[id(raw)] = (raw, self._take(raw))
+        except Exception:  # noqa: BLE001  (met again, and handled, in its batch)
+            return
+
+    def _take(self, raw: RawDelivery) -> Taken:
+        """What a delivery is before its batch: stamped, checked and decoded. A function of
+        the delivery and the route's fixed configuration alone."""
+        return decode_one(
             self.route,
-            list(enumerate(self._distrusted(raws))),
+            self._distrusted(raw),
             max_body_bytes=self._max_body_bytes,
             trusted_publisher=self._trusted_publisher,
         )
+
+    def _taken(self, raw: RawDelivery) -> Taken:
+        entry = self._ahead.pop(id(raw), None)
+        if entry is not None and entry[0] is raw:
+            return entry[1]
+        return self._take(raw)
+
+    async def process_batch(self, raws: Sequence[RawDelivery]) -> list[Result]:
+        """Decide the fate of deliveries; a result per delivery, in delivery order."""
+        ready, bad = sort_taken([self._taken(raw) for raw in raws])
         decided, drain = await self._decide_all([*ready, *bad], Source.QUEUE)
         await self._drain(drain)
         return [
@@ -156,30 +196,23 @@ class DeliveryPipeline:
             for i in range(len(raws))
         ]
 
-    def _distrusted(self, raws: Sequence[RawDelivery]) -> Sequence[RawDelivery]:
-        """The deliveries with an outsider's pkgq marks (job marks, failure and replay history:
+    def _distrusted(self, raw: RawDelivery) -> RawDelivery:
+        """The delivery with an outsider's pkgq marks (job marks, failure and replay history:
         events.envelope.PKGQ_MARKS) taken away, before anything reads, parks, retries or buries
-        them. Only with a trusted publisher to compare against."""
-        if self._trusted_publisher is None:
-            return raws
-        kept: list[RawDelivery] = []
-        for raw in raws:
-            headers = (
-                None
-                if raw.publisher == self._trusted_publisher
-                else without_pkgq_marks(raw.headers)
-            )
-            if headers is not None:
-                log.info(
-                    "outsider_job_marks_ignored",
-                    route=self.route.name,
-                    message_id=bounded_text(str(raw.message_id), 64),
-                    publisher=bounded_text(str(raw.publisher), 64),
-                    headers=sorted(set(raw.headers) - set(headers)),
-                )
-                raw = dataclasses.replace(raw, headers=headers)
-            kept.append(raw)
-        return kept
+        it. Only with a trusted publisher to compare against."""
+        if self._trusted_publisher is None or raw.publisher == self._trusted_publisher:
+            return raw
+        headers = without_pkgq_marks(raw.headers)
+        if headers is None:
+            return raw
+        log.info(
+            "outsider_job_marks_ignored",
+            route=self.route.name,
+            message_id=bounded_text(str(raw.message_id), 64),
+            publisher=bounded_text(str(raw.publisher), 64),
+            headers=sorted(set(raw.headers) - set(headers)),
+        )
+        return dataclasses.replace(raw, headers=headers)
 
     async def _decide_all(
         self, items: Sequence[Item], source: Source
@@ -310,9 +343,7 @@ class DeliveryPipeline:
                     for p in parked
                 ]
                 # It decoded when parked; a newer pkgq may differ (then it is buried as bad).
-                ready, bad = decode_all(
-                    self.route, list(enumerate(raws)), max_body_bytes=self._max_body_bytes
-                )
+                ready, bad = decode_all(self.route, raws, max_body_bytes=self._max_body_bytes)
                 decided, lifted = await self._decide_all([*ready, *bad], Source.PARKING)
                 users = set(lifted) | set(again)
             except Exception as exc:  # noqa: BLE001  (logged; the release poll tries again)

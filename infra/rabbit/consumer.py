@@ -33,12 +33,12 @@ from events.partitioning import route_of_key
 from infra import faults
 from infra.observability import IN_FLIGHT, MESSAGES
 from infra.rabbit import settle
-from infra.rabbit.deliveries import AmqpDelivery, channel_open, raw_delivery
+from infra.rabbit.deliveries import AmqpDelivery, channel_open
 from infra.rabbit.in_hand import InHand
 from infra.rabbit.last_resort import copy_to_dead_letters
 from infra.rabbit.outcomes import Processor, Result, Settle, settle_of
 from infra.rabbit.publisher import Publisher
-from infra.rabbit.subscription import Declare, Subscription
+from infra.rabbit.subscription import Ahead, Declare, Subscription
 from infra.settings import Settings
 from infra.transient import StoppingError, until_done
 
@@ -67,6 +67,7 @@ class QueueConsumer(Subscription):
         prefetch: int | None = None,
         lanes: int = 1,
         pausable: bool = False,
+        ahead: Ahead | None = None,
     ) -> None:
         """`name`: the route (or queue) for logs and the DLX routing key; `declare`: makes the
         queue on a channel; `dead_letters`: where the last-resort copy goes (None: requeue after
@@ -75,7 +76,9 @@ class QueueConsumer(Subscription):
         up to `batch_max` (default: batch_size) when that many are buffered already;
         `lanes`: worker lanes (messages are spread over them by user, so each user's stay in
         order while different users are processed concurrently); `pausable`: it consumes a
-        route, which `pkgq route pause` may pause (the dead-letter ingester has none)."""
+        route, which `pkgq route pause` may pause (the dead-letter ingester has none);
+        `ahead`: told of each delivery as it arrives (the processor may take it before its
+        batch: DeliveryPipeline.take_ahead)."""
         self.name = name
         self.pausable = pausable
         self.consumer_name = route_of_key(name).rsplit(".", 1)[-1]
@@ -83,6 +86,7 @@ class QueueConsumer(Subscription):
         self._settings = settings
         self._connection = connection
         self._processor = processor
+        self._ahead = ahead
         self._dead_letters = dead_letters
         self._idle = idle
         self._idle_every = idle_every
@@ -252,7 +256,7 @@ class QueueConsumer(Subscription):
         of a failed batch's deliveries, acked by itself (an earlier one of the batch may be
         left unacked, and a `multiple` ack would take it along)."""
         started = time.perf_counter()
-        raws = [raw_delivery(m) for m in messages]
+        raws = [m.raw for m in messages]
         route = route_of_key(self.name)
         in_flight = IN_FLIGHT.labels(route=route)
         in_flight.inc(len(messages))

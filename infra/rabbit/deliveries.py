@@ -27,6 +27,7 @@ class AmqpDelivery:
         "exchange",
         "headers",
         "message_id",
+        "raw",
         "routing_key",
         "timestamp",
         "type",
@@ -46,6 +47,9 @@ class AmqpDelivery:
         self.user_id: str | None = properties.user_id
         self.exchange: str | None = message.exchange
         self.delivery_tag: int | None = message.delivery_tag
+        self.raw: RawDelivery = raw_delivery(self)
+        """The delivery as pkgq reads it, made once as it arrives (a processor may take it
+        ahead of its batch: QueueConsumer's `ahead`)."""
 
     async def ack(self, multiple: bool = False) -> None:
         if self.delivery_tag is None:

@@ -8,6 +8,7 @@ from events.routes import Route
 from infra.rabbit.consumer import Idle, QueueConsumer
 from infra.rabbit.outcomes import Processor
 from infra.rabbit.publisher import Publisher
+from infra.rabbit.subscription import Ahead
 from infra.rabbit.topology import declare_exchanges, declare_route_queue, route_queues
 from infra.settings import Settings
 
@@ -21,6 +22,7 @@ def route_consumer(
     *,
     idle: Idle | None = None,
     partition: int = 0,
+    ahead: Ahead | None = None,
 ) -> QueueConsumer:
     """The consumer of one partition of a route: `pkgq.<route>` or `pkgq.<route>.p<k>`."""
 
@@ -44,4 +46,5 @@ def route_consumer(
         prefetch=settings.prefetch_for(route.name),
         lanes=settings.concurrency_for(route.name),
         pausable=True,
+        ahead=ahead,
     )

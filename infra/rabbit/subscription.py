@@ -19,6 +19,7 @@ import aiormq.abc
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractQueue, AbstractRobustConnection
 
+from events.decoding import RawDelivery
 from infra.rabbit.deliveries import AmqpDelivery, channel_open
 from infra.rabbit.frames import InlineConsumer
 from infra.rabbit.in_hand import InHand
@@ -28,6 +29,8 @@ from infra.transient import StoppingError, is_transient
 log = structlog.get_logger(__name__)
 
 Declare = Callable[[AbstractChannel], Awaitable[AbstractQueue]]
+Ahead = Callable[[RawDelivery], None]
+"""Told of each delivery as it arrives, in the channel's reader task (QueueConsumer's `ahead`)."""
 
 
 class Subscription:
@@ -40,6 +43,7 @@ class Subscription:
     _prefetch: int
     _batch_size: int
     _buffer: asyncio.Queue[AmqpDelivery]
+    _ahead: Ahead | None
     _lane_queues: list[asyncio.Queue[AmqpDelivery]]
     _giving_back: asyncio.Lock
     _stopping: asyncio.Event
@@ -170,9 +174,13 @@ class Subscription:
         underlay: aiormq.abc.AbstractChannel = await self._channel.get_underlay_channel()
         underlay.on_consumer_cancel_callbacks.add(self._cancelled_by_broker)
         buffer = self._buffer
+        ahead = self._ahead
 
         def on_delivery(message: aiormq.abc.DeliveredMessage) -> None:
-            buffer.put_nowait(AmqpDelivery(message))
+            delivery = AmqpDelivery(message)
+            buffer.put_nowait(delivery)
+            if ahead is not None:
+                ahead(delivery.raw)
 
         # Called in the channel's reader task, in delivery order (infra/rabbit/frames.py).
         inline = cast(aiormq.abc.ConsumerCallback, InlineConsumer(on_delivery))  # aiormq wraps it

@@ -6,7 +6,8 @@ drives the real handlers through `DeliveryPipeline.process_batch` (no RabbitMQ) 
 copied from the same template. A generated scenario is a list of steps, each one route and 1-6
 messages for up to 3 users (a purchase may name a package not in the catalog, a quota change may
 overflow the item's column, and a step may end with redeliveries of its own messages). The test's
-own database takes each step as one batch; the second takes each delivery of the step as a batch of
+own database takes each step as one batch, every delivery taken ahead of it as a consumer does as
+they arrive (DeliveryPipeline.take_ahead); the second takes each delivery of the step as a batch of
 its own, in delivery order, with the same message ids. After every step both must agree, per user,
 on the items (in queue order), the user row, the access read model, dead letters, holds, parked
 messages and the outbox rows (in id order), on the inbox, and on every delivery's outcome.
@@ -116,7 +117,10 @@ async def test_a_batch_reaches_the_same_state_and_outbox_as_its_messages_applied
         kept = [i for i, _ in raws_b]
         assert kept == [i for i, _ in raws_a], f"{where}: the runs have different items"
         if raws_b:
-            results = await batched.pipeline(step.route).process_batch([r for _, r in raws_b])
+            pipeline = batched.pipeline(step.route)
+            for _, raw in raws_b:  # as a consumer does, as each delivery arrives
+                pipeline.take_ahead(raw)
+            results = await pipeline.process_batch([r for _, r in raws_b])
             outcomes_b = [r.fate for r in results]
             outcomes_a: list[Fate] = []
             for _, raw in raws_a:

@@ -57,7 +57,7 @@ def test_a_delivery_is_stamped_with_its_first_publisher_believing_pkgqs_header_o
 ) -> None:
     raw = usage(publisher, **({H_PUBLISHER: header} if header else {}))
     assert stamped(raw, PKGQ).headers[H_PUBLISHER] == first
-    (ready,), _ = decode_all(USAGE_RECORD, [(0, raw)], max_body_bytes=2**20, trusted_publisher=PKGQ)
+    (ready,), _ = decode_all(USAGE_RECORD, [raw], max_body_bytes=2**20, trusted_publisher=PKGQ)
     assert ready.raw.headers[H_PUBLISHER] == first  # what its retry, parking and burial keep
     assert ready.decoded.envelope.publisher == first  # what the audit and its events say
 
@@ -73,9 +73,7 @@ def test_pkgqs_copy_of_someone_elses_message_on_a_pkgq_only_route_is_untrusted(
         check_publisher(PACKAGE_ACTIVATE, raw, PKGQ)
     assert refused.value.reason == UNTRUSTED_PUBLISHER
     assert f"pkgq sent it again for {first!r}, who published it first" in refused.value.detail
-    ready, bad = decode_all(
-        PACKAGE_ACTIVATE, [(0, raw)], max_body_bytes=2**20, trusted_publisher=PKGQ
-    )
+    ready, bad = decode_all(PACKAGE_ACTIVATE, [raw], max_body_bytes=2**20, trusted_publisher=PKGQ)
     assert ready == []
     assert [b.problem.reason for b in bad] == [UNTRUSTED_PUBLISHER]
     assert bad[0].raw.headers[H_PUBLISHER] == first  # its dead letter says whose it is
@@ -85,7 +83,7 @@ def test_pkgqs_own_event_and_pkgqs_copy_of_it_pass_the_gate() -> None:
     for raw in (activation(PKGQ), activation(PKGQ, **{H_PUBLISHER: PKGQ})):
         check_publisher(PACKAGE_ACTIVATE, raw, PKGQ)
         (ready,), bad = decode_all(
-            PACKAGE_ACTIVATE, [(0, raw)], max_body_bytes=2**20, trusted_publisher=PKGQ
+            PACKAGE_ACTIVATE, [raw], max_body_bytes=2**20, trusted_publisher=PKGQ
         )
         assert bad == []
         assert ready.decoded.envelope.publisher == PKGQ

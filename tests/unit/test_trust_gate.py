@@ -48,7 +48,7 @@ def test_a_lifecycle_event_not_published_by_pkgq_is_untrusted(publisher: str | N
     raw = published_by(
         raw_for(ALL_EXPIRED, AllPackageExpiredEvent(user_id=uuid4(), expired_at=0)), publisher
     )
-    ready, bad = decode_all(ALL_EXPIRED, [(0, raw)], max_body_bytes=2**20, trusted_publisher="pkgq")
+    ready, bad = decode_all(ALL_EXPIRED, [raw], max_body_bytes=2**20, trusted_publisher="pkgq")
     assert ready == []
     assert [b.problem.reason for b in bad] == [UNTRUSTED_PUBLISHER]
 
@@ -57,7 +57,7 @@ def test_a_lifecycle_event_published_by_pkgq_is_decoded() -> None:
     raw = published_by(
         raw_for(ALL_EXPIRED, AllPackageExpiredEvent(user_id=uuid4(), expired_at=0)), "pkgq"
     )
-    ready, bad = decode_all(ALL_EXPIRED, [(0, raw)], max_body_bytes=2**20, trusted_publisher="pkgq")
+    ready, bad = decode_all(ALL_EXPIRED, [raw], max_body_bytes=2**20, trusted_publisher="pkgq")
     assert (len(ready), bad) == (1, [])
 
 
@@ -66,9 +66,7 @@ def test_an_inbound_command_is_taken_from_any_publisher(publisher: str | None) -
     raw = published_by(
         raw_for(USAGE_RECORD, RecordUsage(user_id=uuid4(), upload=1, download=0)), publisher
     )
-    ready, bad = decode_all(
-        USAGE_RECORD, [(0, raw)], max_body_bytes=2**20, trusted_publisher="pkgq"
-    )
+    ready, bad = decode_all(USAGE_RECORD, [raw], max_body_bytes=2**20, trusted_publisher="pkgq")
     assert (len(ready), bad) == (1, [])
 
 

@@ -1,0 +1,199 @@
+"""Deliveries are taken (trust-checked, stripped of an outsider's pkgq marks, decoded) as they
+arrive, ahead of their batch (DeliveryPipeline.take_ahead, called by the consumer in the
+channel's reader task): that work then fills the previous batch's waits on Postgres. What a
+batch decides does not change with it (tests/integration/test_batch_equivalence.py runs its
+batched side with every delivery taken ahead)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from uuid import UUID, uuid4
+
+import asyncpg
+import pytest
+from aio_pika.abc import AbstractRobustConnection
+
+from consumers.delivery import DeliveryPipeline
+from consumers.delivery.decode import Taken, decode_one
+from consumers.registry import HANDLERS
+from consumers.retry_policy import RetryPolicy
+from domain.delivery import Fate
+from events.decoding import RawDelivery
+from events.envelope import H_GROUP
+from events.models import RecordUsage
+from events.routes import USAGE_RECORD, Route
+from infra.postgres import bench_data
+from infra.rabbit.connection import connect
+from infra.rabbit.consumer import Result
+from infra.rabbit.publisher import Publisher
+from infra.rabbit.route_consumer import route_consumer
+from infra.settings import Settings
+from tests.support.deliveries import add_package, raw_for, send
+from tests.support.observing import eventually
+
+LIMIT = 10**9
+
+
+def _pipeline(pool: asyncpg.Pool, trusted: str | None = None) -> DeliveryPipeline:
+    return DeliveryPipeline(
+        pool,
+        USAGE_RECORD,
+        HANDLERS[USAGE_RECORD.name],
+        RetryPolicy(),
+        max_body_bytes=2**20,
+        trusted_publisher=trusted,
+    )
+
+
+async def _active_user(pool: asyncpg.Pool) -> UUID:
+    user = uuid4()
+    package = await add_package(pool, LIMIT, name="ahead")
+    async with pool.acquire() as conn:
+        await bench_data.seed_active_users(conn, [user], package, LIMIT)
+    return user
+
+
+async def _billed(pool: asyncpg.Pool, user: UUID) -> tuple[int, int]:
+    async with pool.acquire() as conn:
+        row = await conn.fetchrow(
+            "SELECT upload, download FROM telecom.package_queue "
+            "WHERE user_id = $1 AND status = 'active'",
+            user,
+        )
+    assert row is not None
+    return row["upload"], row["download"]
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, fail_first: bool = False) -> list[RawDelivery]:
+    """Every delivery the pipeline decodes, in order (the first one raising, if asked)."""
+    seen: list[RawDelivery] = []
+
+    def counted(
+        route: Route, raw: RawDelivery, *, max_body_bytes: int, trusted_publisher: str | None
+    ) -> Taken:
+        seen.append(raw)
+        if fail_first and len(seen) == 1:
+            raise RuntimeError("a bug in decoding")
+        return decode_one(
+            route, raw, max_body_bytes=max_body_bytes, trusted_publisher=trusted_publisher
+        )
+
+    monkeypatch.setattr("consumers.delivery.pipeline.decode_one", counted)
+    return seen
+
+
+async def test_a_delivery_taken_ahead_is_applied_by_its_batch_without_being_decoded_again(
+    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    user = await _active_user(pool)
+    pipeline = _pipeline(pool)
+    decoded = _counting(monkeypatch)
+    raw = raw_for(USAGE_RECORD, RecordUsage(user_id=user, upload=7, download=3))
+    pipeline.take_ahead(raw)
+    assert len(decoded) == 1
+    results = await pipeline.process_batch([raw])
+    assert [r.fate for r in results] == [Fate.APPLIED]
+    assert len(decoded) == 1
+    assert await _billed(pool, user) == (7, 3)
+
+
+async def test_a_delivery_not_taken_ahead_or_an_equal_copy_of_one_is_decoded_in_its_batch(
+    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    user = await _active_user(pool)
+    pipeline = _pipeline(pool)
+    decoded = _counting(monkeypatch)
+    taken = raw_for(USAGE_RECORD, RecordUsage(user_id=user, upload=1, download=0))
+    pipeline.take_ahead(taken)
+    copy = RawDelivery(**{f: getattr(taken, f) for f in taken.__dataclass_fields__})
+    other = raw_for(USAGE_RECORD, RecordUsage(user_id=user, upload=2, download=0))
+    results = await pipeline.process_batch([copy, other])
+    # Only the very object taken ahead is matched: the copy and the other are decoded again.
+    assert [r is copy or r is other for r in decoded] == [False, True, True]
+    assert [r.fate for r in results] == [Fate.APPLIED, Fate.APPLIED]
+    assert await _billed(pool, user) == (3, 0)
+
+
+async def test_taking_ahead_never_raises_and_its_batch_takes_the_delivery_again(
+    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug met while taking a delivery ahead (in the channel's reader task, where raising
+    would close the channel and bring the delivery back forever) is left for its batch."""
+    user = await _active_user(pool)
+    pipeline = _pipeline(pool)
+    decoded = _counting(monkeypatch, fail_first=True)
+    raw = raw_for(USAGE_RECORD, RecordUsage(user_id=user, upload=5, download=5))
+    pipeline.take_ahead(raw)
+    results = await pipeline.process_batch([raw])
+    assert decoded == [raw, raw]
+    assert [r.fate for r in results] == [Fate.APPLIED]
+    assert await _billed(pool, user) == (5, 5)
+
+
+async def test_bad_input_taken_ahead_is_buried_with_its_reason_and_an_outsiders_marks_dropped(
+    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    user = await _active_user(pool)
+    pipeline = _pipeline(pool, trusted="pkgq")
+    decoded = _counting(monkeypatch)
+    good = raw_for(USAGE_RECORD, RecordUsage(user_id=user, upload=4, download=0))
+    marked = RawDelivery(
+        **{
+            **{f: getattr(good, f) for f in good.__dataclass_fields__},
+            "message_id": str(uuid4()),
+            "headers": {**good.headers, H_GROUP: str(uuid4())},
+            "publisher": "shop",
+        }
+    )
+    bad = RawDelivery(**{**{f: getattr(good, f) for f in good.__dataclass_fields__}, "body": b"{"})
+    for raw in (marked, bad):
+        pipeline.take_ahead(raw)
+    # The outsider's group mark was taken off before anything read it.
+    assert [H_GROUP in raw.headers for raw in decoded] == [False, False]
+    results = await pipeline.process_batch([marked, bad])
+    assert [r.fate for r in results] == [Fate.APPLIED, Fate.BURIED]
+    async with pool.acquire() as conn:
+        reason = await conn.fetchval(
+            "SELECT reason FROM telecom.dead_letters WHERE message_uuid = $1",
+            UUID(str(bad.message_id)),
+        )
+    assert reason == "invalid_json"
+    assert len(decoded) == 2  # neither decoded again
+    assert await _billed(pool, user) == (4, 0)
+
+
+async def test_the_consumer_tells_ahead_of_each_delivery_before_handing_the_same_one_over(
+    settings: Settings, amqp: AbstractRobustConnection
+) -> None:
+    told: list[RawDelivery] = []
+    handed: list[tuple[RawDelivery, int]] = []
+
+    async def processor(raws: Sequence[RawDelivery]) -> list[Result]:
+        handed.extend((raw, len(told)) for raw in raws)
+        return [Result(Fate.APPLIED) for _ in raws]
+
+    connection = await connect(settings.amqp_url, f"pkgq-test-ahead-{uuid4().hex[:8]}")
+    dead_letters = await Publisher.open(connection, settings.dlx)
+    consumer = route_consumer(
+        USAGE_RECORD, settings, connection, processor, dead_letters, ahead=told.append
+    )
+    await consumer.start()
+    try:
+        sent = [
+            await send(
+                settings, amqp, USAGE_RECORD, RecordUsage(user_id=uuid4(), upload=1, download=0)
+            )
+            for _ in range(3)
+        ]
+
+        async def all_processed() -> bool:
+            return consumer.processed == 3
+
+        await eventually(all_processed, within=15)
+    finally:
+        await consumer.stop()
+        await connection.close()
+    assert [UUID(str(raw.message_id)) for raw, _ in handed] == sent
+    for position, (raw, told_by_then) in enumerate(handed):
+        assert told_by_then > position  # told of it before it was handed over
+        assert any(raw is t for t in told)  # the very object, so the work is not done twice
