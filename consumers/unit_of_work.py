@@ -25,6 +25,7 @@ from domain.events import (
 )
 from domain.model import ItemStatus, Package
 from domain.queue import UserQueue
+from domain.records import record
 from events.envelope import Envelope
 from events.models import AdjustQuota, CancelPackage
 from events.outgoing import expiry_key, outgoing
@@ -197,7 +198,7 @@ class UnitOfWork:
             self.access_changes[change.user_id] = change
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Savepoint:
     user_id: UUID | None
     queue: LoadedQueue | None
@@ -224,7 +225,7 @@ def _copy(loaded: LoadedQueue) -> LoadedQueue:
     )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class HandlerContext:
     conn: Conn
     """The batch's connection (read-only for handlers: the pipeline writes)."""

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from uuid import UUID
 
+from domain.records import record
+
 
 class Fate(enum.StrEnum):
     """What became of a delivery (also the `outcome` label of pkgq's metrics and log lines)."""
@@ -119,7 +121,7 @@ class Hold:
     state: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Facts:
     """What the snapshot says of one delivery."""
 
@@ -131,7 +133,7 @@ class Facts:
     """A member of a group an operator cancelled."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Decision:
     fate: Fate
     reason: str | None = None

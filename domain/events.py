@@ -7,6 +7,7 @@ from datetime import datetime
 from uuid import UUID
 
 from domain.model import ExpiryReason
+from domain.records import record
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +65,7 @@ class ExpiryUnscheduled:
     item_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class UsageRemaining:
     """Traffic was billed to the active item; node management wants the new remaining figure."""
 

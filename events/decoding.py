@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
 from pydantic import ValidationError
 
+from domain.records import record
 from events.envelope import (
     CONTENT_TYPE,
     H_ADDRESS,
@@ -66,7 +66,7 @@ class NewerVersionError(BadMessageError):
         return self.decoded.envelope.user_id
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RawDelivery:
     body: bytes
     message_id: str | None
@@ -98,7 +98,7 @@ class RawDelivery:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Decoded:
     envelope: Envelope
     body: WireModel

@@ -10,10 +10,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
+
+from domain.records import record
 
 CONTENT_TYPE = "application/json"
 H_SCHEMA_VERSION = "x-schema-version"
@@ -237,7 +239,7 @@ def republished_headers(headers: Mapping[str, Any], updates: Mapping[str, Any]) 
     return kept
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Envelope:
     message_id: UUID
     message_type: str

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from collections.abc import MutableMapping
 from contextvars import ContextVar, Token
-from dataclasses import dataclass
 from typing import Any
 
+from domain.records import record
 from events.envelope import Envelope, trace_id_of
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DeliveryContext:
     route: str
     envelope: Envelope

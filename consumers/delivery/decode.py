@@ -17,15 +17,15 @@ someone else published first is refused on a route only pkgq publishes, like the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from uuid import UUID
 
+from domain.records import record
 from events.decoding import BadMessageError, Decoded, NewerVersionError, RawDelivery, decode
 from events.envelope import H_PUBLISHER, publisher_of
 from events.routes import UNTRUSTED_PUBLISHER, Route
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Delivery:
     """A delivery that decoded, and its place in the batch as the broker delivered it."""
 
@@ -42,7 +42,7 @@ class Delivery:
         return self.decoded.envelope.user_id
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class BadDelivery:
     index: int
     raw: RawDelivery

@@ -22,6 +22,7 @@ from consumers.handler_errors import TTRExceededError
 from consumers.retry_policy import RetryPolicy
 from consumers.unit_of_work import Handler, HandlerContext, UnitOfWork
 from domain.delivery import Decision, ErrorKind, Failure, Fate
+from domain.records import record
 from events.decoding import Decoded, RawDelivery
 from events.envelope import trace_id_of
 from events.routes import Route
@@ -41,7 +42,7 @@ class TimedOutError(Exception):
         self.error = error
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Decided:
     """A delivery and its decision, with what the writer and the log line need of it."""
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 
 from domain.delivery import Fate
+from domain.records import record
 from events.decoding import RawDelivery
 
 
@@ -31,7 +31,7 @@ def settle_of(fate: Fate) -> Settle:
     return Settle.LAST_RESORT if fate is Fate.UNDECIDED else Settle.ACK
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Result:
     """One delivery's fate, as its processor decided it."""
 

@@ -1,0 +1,38 @@
+"""`domain.records.record`: immutable to the type checker, plain (and so cheap) at run time,
+compared and hashed by its fields like a frozen dataclass."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from mypy import api
+
+from domain.delivery import Decision, Fate
+from domain.records import record
+
+
+@record
+class _Point:
+    x: int
+    y: int
+
+
+def test_a_record_is_equal_and_hashed_by_its_fields_like_a_frozen_dataclass() -> None:
+    assert _Point(1, 2) == _Point(1, 2)
+    assert len({_Point(1, 2), _Point(1, 2), _Point(2, 1)}) == 2
+    assert dataclasses.replace(_Point(1, 2), y=3) == _Point(1, 3)
+    assert not hasattr(_Point(1, 2), "__dict__")  # slotted
+
+
+def test_assigning_a_records_field_is_a_type_error(tmp_path: Path) -> None:
+    snippet = tmp_path / "assigns.py"
+    snippet.write_text(
+        "from domain.delivery import Decision, Fate\n"
+        "decision = Decision(Fate.APPLIED)\n"
+        "decision.fate = Fate.BURIED\n"
+    )
+    out, _, status = api.run(["--strict", "--no-incremental", str(snippet)])
+    assert status == 1
+    assert 'Property "fate" defined in "Decision" is read-only' in out
+    assert Decision(Fate.APPLIED).fate is Fate.APPLIED
