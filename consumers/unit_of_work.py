@@ -33,6 +33,9 @@ from infra.postgres import access, audit, outbox, usage_billed
 from infra.postgres.pool import Conn
 from infra.postgres.queue_repo import LoadedQueue
 
+_LEAVES_NOTHING = (PackageExpired, PackageCancelled)
+"""Events after which an item has no traffic left (a tuple: read for every event)."""
+
 
 class NotInBatchError(LookupError):
     """A handler asked for something its batch did not load (a bug in its `Needs`)."""
@@ -183,7 +186,7 @@ class UnitOfWork:
             # Node management sees remaining traffic change in the same transaction as billing.
             if isinstance(event, UsageRemaining):
                 self.remaining.setdefault(user_id, {})[event.item_id] = event.remaining
-            elif isinstance(event, PackageExpired | PackageCancelled):
+            elif isinstance(event, _LEAVES_NOTHING):
                 # Nothing left on it from now on (applied only where it is the granted item).
                 self.remaining.setdefault(user_id, {})[event.item_id] = 0
         self.outbox_rows.extend(

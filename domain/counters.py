@@ -44,12 +44,17 @@ def of(queue: UserQueue) -> dict[str, int]:
     return found
 
 
+_LIVE = (ItemStatus.IN_QUEUE, ItemStatus.ACTIVE)
+
+
 def fits_wherever_billed(queue: UserQueue, traffic: int) -> bool:
     """True when no counter can overflow whichever live item (or the unbilled counters)
     `traffic` and the unbilled usage land on: the quick answer for every usage record that is
     nowhere near a bigint's limit."""
-    live = (i.used for i in queue.items if i.status in (ItemStatus.IN_QUEUE, ItemStatus.ACTIVE))
-    most = max(live, default=0)
+    most = 0
+    for item in queue.items:  # a loop: run for every usage record
+        if item.status in _LIVE and item.upload + item.download > most:
+            most = item.upload + item.download
     return most + queue.unbilled_upload + queue.unbilled_download + traffic <= MAX_COUNTER
 
 

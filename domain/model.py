@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from uuid import UUID
 
+from domain.records import record
+
 
 class ItemStatus(enum.StrEnum):
     IN_QUEUE = "in_queue"
@@ -20,7 +22,7 @@ class ExpiryReason(enum.StrEnum):
     USAGE = "usage"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Terms:
     """What one purchase bought, fixed when it was bought: a later catalog edit changes the
     terms of later purchases only, never of items already queued or active."""

@@ -77,7 +77,10 @@ class UserQueue:
 
     def current(self) -> QueueItem | None:
         """The item stored as active, if any (what the transitions work on)."""
-        return next((i for i in self.items if i.status is ItemStatus.ACTIVE), None)
+        for item in self.items:  # a loop: run several times for every usage record
+            if item.status is ItemStatus.ACTIVE:
+                return item
+        return None
 
     def current_at(self, now: datetime) -> QueueItem | None:
         """GetCurrentPackage: the active item whose time is not up at `now`. One past its

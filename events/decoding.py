@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from domain.records import record
 from events.envelope import (
+    BYTES,
     CONTENT_TYPE,
     H_ADDRESS,
     H_ATTEMPT,
@@ -107,13 +108,17 @@ class Decoded:
     names its user only; nothing reads it, the message is held and retried as it came."""
 
 
+INT_OR_STR = (int, str)
+"""For isinstance on the per-delivery path (a tuple: `int | str` builds a union at each call)."""
+
+
 def _int_header(headers: Mapping[str, Any], name: str, default: int | None) -> int | None:
     value = headers.get(name)
     if value is None:
         return default
-    if isinstance(value, bytes | bytearray):
+    if isinstance(value, BYTES):
         value = bytes(value[:40]).decode("ascii", "replace")
-    readable = not isinstance(value, bool) and isinstance(value, int | str)
+    readable = not isinstance(value, bool) and isinstance(value, INT_OR_STR)
     try:
         if readable and len(str(value)) <= 30:
             return int(value)

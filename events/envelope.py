@@ -78,6 +78,8 @@ BROKER_HEADERS = (
 )
 
 
+BYTES = (bytes, bytearray)
+"""For isinstance on the per-delivery path (`bytes | bytearray` builds a union at each call)."""
 MAX_HEADER_DEPTH = 16
 """Deeper header tables are kept as a marker: nothing pkgq reads is nested, and walking an
 outsider's 600-deep table (in repr, json, Postgres) is how a consumer dies."""
@@ -145,9 +147,13 @@ def header_text(headers: Mapping[str, Any], name: str, limit: int = MAX_HEADER_T
     """A header that should be text: None when absent or of another type (a table, a number),
     cut to `limit` characters. Never the repr of an outsider's value."""
     value = headers.get(name)
-    if isinstance(value, bytes | bytearray):
-        value = bytes(value[: limit * 4]).decode("utf-8", "replace")
-    return bounded_text(value, limit) if isinstance(value, str) else None
+    if value is None:
+        return None
+    if isinstance(value, str):  # the usual case first: read for every delivery
+        return bounded_text(value, limit)
+    if isinstance(value, BYTES):
+        return bounded_text(bytes(value[: limit * 4]).decode("utf-8", "replace"), limit)
+    return None
 
 
 def trace_id_of(traceparent: str | None) -> str | None:
