@@ -28,7 +28,7 @@ from domain.queue import UserQueue
 from domain.records import record
 from events.envelope import Envelope
 from events.models import AdjustQuota, CancelPackage
-from events.outgoing import expiry_key, outgoing
+from events.outgoing import Outgoing, expiry_key, outgoing
 from infra.postgres import access, audit, outbox, usage_billed
 from infra.postgres.pool import Conn
 from infra.postgres.queue_repo import LoadedQueue
@@ -171,28 +171,33 @@ class UnitOfWork:
     ) -> None:
         """The events of a transition: follow-up rows (numbered from the user's sequence),
         timers withdrawn, and node management's remaining traffic."""
+        # Loops rather than comprehensions and generators: this runs for every message.
         user_id = loaded.queue.user_id
-        withdrawn = [expiry_key(e.item_id) for e in events if isinstance(e, ExpiryUnscheduled)]
-        # A timer scheduled and withdrawn in the same batch (an item activated and consumed at
-        # once) is never written; one written by an earlier transaction is deleted.
-        self.withdrawn.extend((key, len(self.outbox_rows)) for key in withdrawn)
-        messages = [
-            out
-            for event in events
-            if (out := outgoing(event)) is not None and out.cancel_key not in withdrawn
-        ]
-        seqs = loaded.take_seqs(len(messages))
+        made = len(self.outbox_rows)
+        withdrawn: list[str] = []
         for event in events:
+            if isinstance(event, ExpiryUnscheduled):
+                # A timer scheduled and withdrawn in the same batch (an item activated and
+                # consumed at once) is never written; one written earlier is deleted.
+                key = expiry_key(event.item_id)
+                withdrawn.append(key)
+                self.withdrawn.append((key, made))
+        messages: list[Outgoing] = []
+        for event in events:
+            out = outgoing(event)
+            if out is not None and out.cancel_key not in withdrawn:
+                messages.append(out)
             # Node management sees remaining traffic change in the same transaction as billing.
             if isinstance(event, UsageRemaining):
                 self.remaining.setdefault(user_id, {})[event.item_id] = event.remaining
             elif isinstance(event, _LEAVES_NOTHING):
                 # Nothing left on it from now on (applied only where it is the granted item).
                 self.remaining.setdefault(user_id, {})[event.item_id] = 0
-        self.outbox_rows.extend(
-            outbox.from_outgoing(out, seq=seq, traceparent=traceparent or envelope.traceparent)
-            for out, seq in zip(messages, seqs, strict=True)
-        )
+        if not messages:
+            return
+        trace = traceparent or envelope.traceparent
+        for out, seq in zip(messages, loaded.take_seqs(len(messages)), strict=True):
+            self.outbox_rows.append(outbox.from_outgoing(out, seq=seq, traceparent=trace))
 
     def change_access(self, change: access.Change) -> None:
         """Of a user's grants and revokes in a batch, only the newest (highest seq) can stick."""

@@ -8,11 +8,15 @@ from datetime import datetime
 from domain.events import (
     AllPackagesExpired,
     DomainEvent,
+    DuplicateOrder,
+    DuplicateUsage,
     ExpiryScheduled,
+    ExpiryUnscheduled,
     PackageActivated,
     PackageCancelled,
     PackageExpired,
     PackagesQueued,
+    UsageRemaining,
 )
 from events.models import (
     AllPackageExpiredEvent,
@@ -63,8 +67,14 @@ def _about_item(model: type[WireModel], event: ItemEvent, **fields: object) -> W
     )
 
 
+_LOCAL_ONLY = (UsageRemaining, ExpiryUnscheduled, DuplicateOrder, DuplicateUsage)
+"""Events that cause no message (`outgoing`'s last case, tried first)."""
+
+
 def outgoing(event: DomainEvent) -> Outgoing | None:
     """The message a domain event causes, or None if it only changes local state."""
+    if isinstance(event, _LOCAL_ONLY):  # most events of a usage batch: no match to walk
+        return None
     match event:
         case PackagesQueued():
             return Outgoing(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from events.models import (
     AdjustQuota,
@@ -34,10 +34,11 @@ class Route:
     own lifecycle and internal routes: their consumers accept only messages that pkgq itself
     published (the broker-validated AMQP user_id; see consumers/delivery/decode.py)."""
 
-    @property
-    def message_type(self) -> str:
-        """The AMQP `type` property: the body model's name."""
-        return self.model.__name__
+    message_type: str = field(init=False)
+    """The AMQP `type` property: the body model's name (a field: read for every delivery)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "message_type", self.model.__name__)
 
     @property
     def accepted_versions(self) -> tuple[int, ...]:

@@ -22,8 +22,9 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
+from uuid import UUID
 
 import structlog
 from opentelemetry import trace
@@ -97,15 +98,30 @@ def shutdown_tracing() -> None:
         _provider.shutdown()
 
 
-@contextmanager
-def consuming(route: str, message_id: str, traceparent: str | None) -> Iterator[str | None]:
+def consuming(
+    route: str, message_id: UUID | str, traceparent: str | None
+) -> AbstractContextManager[str | None]:
     """Apply one message in a CONSUMER span, the child of its `traceparent`. Yields the
-    `traceparent` its follow-up messages carry."""
+    `traceparent` its follow-up messages carry. Entered for every delivery: with no span to
+    record, a plain context object (no generator) and the message id left as it is."""
     if not _recording:
-        yield traceparent if _provider is None else child_traceparent(traceparent)
-        return
-    with _span(route, "process", SpanKind.CONSUMER, message_id, traceparent, None) as carried:
-        yield carried
+        return _Unrecorded(traceparent if _provider is None else child_traceparent(traceparent))
+    return _span(route, "process", SpanKind.CONSUMER, str(message_id), traceparent, None)
+
+
+class _Unrecorded(AbstractContextManager["str | None"]):
+    """`consuming` when no span is recorded: yields the traceparent to carry on."""
+
+    __slots__ = ("_carried",)
+
+    def __init__(self, carried: str | None) -> None:
+        self._carried = carried
+
+    def __enter__(self) -> str | None:
+        return self._carried
+
+    def __exit__(self, *_: object) -> None:
+        return None
 
 
 @contextmanager

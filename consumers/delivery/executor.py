@@ -149,8 +149,9 @@ class Executor:
         and a TTR leave the batch."""
         envelope = delivery.decoded.envelope
         point = work.savepoint(envelope.user_id)
-        message_text = str(envelope.message_id)
-        with tracing.consuming(self.route.name, message_text, envelope.traceparent) as traceparent:
+        with tracing.consuming(
+            self.route.name, envelope.message_id, envelope.traceparent
+        ) as traceparent:
             context = HandlerContext(conn, work.now, envelope, work, traceparent)
             trace_id = trace_id_of(traceparent)
             try:

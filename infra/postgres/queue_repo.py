@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 import asyncpg
 
 from domain.model import BilledUsage, ItemStatus, QueueItem, Terms
 from domain.queue import UserQueue
+from domain.records import record
 from infra.postgres.compound import Part
 from infra.postgres.pool import Conn, clock, columns, in_uuid_order
 
@@ -94,7 +96,7 @@ def _item(row: asyncpg.Record) -> QueueItem:
     )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class UserRow:
     """A locked `queue_users` row as it was read."""
 
@@ -189,25 +191,32 @@ def loaded_queue(
     orders: dict[UUID, tuple[int, ...]] | None = None,
     usages: dict[str, BilledUsage] | None = None,
 ) -> LoadedQueue:
-    """A locked user's queue, with the state it was loaded in."""
+    """A locked user's queue, with the state it was loaded in (made for every user of every
+    batch: loops and shared empty sets rather than comprehensions and copies of nothing)."""
+    before: dict[int, QueueItem] = {}
+    for item in items:
+        before[item.id] = item.copy()
     queue = UserQueue(
-        user_id=user.user_id,
-        items=items,
-        unbilled_upload=user.unbilled_upload,
-        unbilled_download=user.unbilled_download,
-        has_access=user.has_access,
-        orders=dict(orders or {}),
-        usages=dict(usages or {}),
+        user.user_id,
+        items,
+        user.unbilled_upload,
+        user.unbilled_download,
+        user.has_access,
+        dict(orders) if orders else {},
+        dict(usages) if usages else {},
     )
     return LoadedQueue(
-        queue=queue,
-        items_before={i.id: i.copy() for i in items},
-        user_before=(user.unbilled_upload, user.unbilled_download, user.has_access),
-        seq=user.seq,
-        seq_before=user.seq,
-        orders_before=frozenset(queue.orders),
-        usages_before=frozenset(queue.usages),
+        queue,
+        before,
+        (user.unbilled_upload, user.unbilled_download, user.has_access),
+        user.seq,
+        user.seq,
+        frozenset(orders) if orders else _NONE,
+        frozenset(usages) if usages else _NONE,
     )
+
+
+_NONE: frozenset[Any] = frozenset()
 
 
 async def allocate_item_ids(conn: Conn, count: int) -> tuple[list[int], datetime]:
