@@ -124,18 +124,16 @@ class _Unrecorded(AbstractContextManager["str | None"]):
         return None
 
 
-@contextmanager
 def publishing(
-    route: str, message_id: str, traceparent: str | None, since: datetime | None
-) -> Iterator[str | None]:
+    route: str, message_id: UUID | str, traceparent: str | None, since: datetime | None
+) -> AbstractContextManager[str | None]:
     """The relay's PRODUCER span for publishing an outbox row, from the moment the row fell due
     (`since`) to the broker's confirm: the time a message spent in the outbox shows in its trace.
-    Yields the `traceparent` to publish with (unchanged when no span is recorded)."""
+    Yields the `traceparent` to publish with (unchanged when no span is recorded: a plain
+    context object, as for `consuming`)."""
     if not _recording:
-        yield traceparent
-        return
-    with _span(route, "publish", SpanKind.PRODUCER, message_id, traceparent, since) as carried:
-        yield carried
+        return _Unrecorded(traceparent)
+    return _span(route, "publish", SpanKind.PRODUCER, str(message_id), traceparent, since)
 
 
 @contextmanager
