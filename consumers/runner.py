@@ -54,6 +54,11 @@ def pipeline_for(
         ttr=settings.ttr_for(route.name),
         trusted_publisher=settings.amqp_user,
         usage_dedup_days=settings.usage_dedup_days,
+        # Twice what the route's consumers can hold unacknowledged at once: a delivery still
+        # buffered is never forgotten before its batch (infra/rabbit/consumer.py).
+        ahead_limit=2
+        * settings.partitions_for(route.name)
+        * max(settings.prefetch_for(route.name), settings.batch_max_for(route.name)),
     )
 
 

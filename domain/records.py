@@ -4,7 +4,8 @@
 a call of its own per field: about four times the cost of a plain dataclass's `__init__`
 (2.3 against 0.5 µs for twelve fields on the dev box). A consumer makes a dozen such records
 for every delivery (its raw form, envelope, facts, decision, savepoint, result, ...): frozen,
-they cost 11-17% of the delivery pipeline's CPU (docs/explanation/performance.md).
+they cost about a ninth of the delivery pipeline's CPU (0.89 of it without them, at the median
+of 10 pairs: docs/explanation/performance.md).
 
 A `record` is a plain slotted dataclass at run time, hashed and compared by its fields as a
 frozen one is. To mypy (`make check`, `mypy --strict`) it is frozen: assigning a field is a type

@@ -82,9 +82,12 @@ BLIP_RETRIES = 3
 """How often a transaction that met a blip is run again before the blip counts as a failure."""
 DRAIN_PER_USER = 100
 """Parked messages of one user taken into one drain transaction."""
-AHEAD_LIMIT = 8192
-"""Deliveries taken ahead (`take_ahead`) kept at most: beyond that (deliveries a closed
-channel dropped, to come back as new ones) they are forgotten, and taken again if they come."""
+AHEAD_LIMIT = 4096
+"""Deliveries taken ahead (`take_ahead`) and not yet batched that a pipeline keeps by default:
+beyond that the oldest is forgotten (taken again if its batch comes). A delivery the consumer
+drops unbatched (its channel closed, a pause or a give-back: it comes back as a new one) stays
+until that many newer ones have been taken. `pipeline_for` sizes it from the route's prefetch
+and partitions."""
 
 
 def undecided(item: Item, exc: Exception) -> Decided:
@@ -122,10 +125,12 @@ class DeliveryPipeline:
         needs: NeedsOf | None = None,
         trusted_publisher: str | None = None,
         usage_dedup_days: int = writer.USAGE_DEDUP_DAYS,
+        ahead_limit: int = AHEAD_LIMIT,
     ) -> None:
         """`trusted_publisher`: pkgq's AMQP user (Settings.amqp_user). Given, the consumer of a
         route that is not inbound buries what anyone else published (untrusted_publisher);
-        None turns the check off (tests that feed deliveries without the broker)."""
+        None turns the check off (tests that feed deliveries without the broker).
+        `ahead_limit`: deliveries taken ahead kept at most (AHEAD_LIMIT)."""
         self._pool = pool
         self._trusted_publisher = trusted_publisher
         self.route = route
@@ -136,6 +141,7 @@ class DeliveryPipeline:
         self._executor = Executor(route, handler, policy, ttr)
         self._polled_at = -1e9
         self._usage_dedup_days = usage_dedup_days
+        self._ahead_limit = max(1, ahead_limit)
         self._ahead: dict[int, tuple[RawDelivery, Taken]] = {}
         """Deliveries taken before their batch (by the RawDelivery's id: the entry keeps the
         object alive, so the id cannot name another meanwhile)."""
@@ -161,8 +167,10 @@ class DeliveryPipeline:
         RawDelivery object, and takes any other delivery itself. Never raises: a delivery
         whose taking fails on something unforeseen (a bug) is left for its batch, which takes
         it again and meets the failure where the consumer isolates it."""
-        if len(self._ahead) >= AHEAD_LIMIT:
-            self._ahead.clear()
+        if len(self._ahead) >= self._ahead_limit:
+            # The oldest first (a dict keeps insertion order): a delivery dropped unbatched,
+            # never one still buffered, when the limit exceeds what can be buffered at once.
+            del self._ahead[next(iter(self._ahead))]
         try:
             self._ahead[id(raw)] = (raw, self._take(raw))
         except Exception:  # noqa: BLE001  (met again, and handled, in its batch)

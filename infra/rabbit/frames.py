@@ -26,7 +26,8 @@ RabbitMQ (fewer, larger reads).
 
 Delivering. aiormq's channel starts a Task for every delivery to run the consumer's callback
 (about 8% of a draining consumer's CPU). A callback wrapped in `InlineConsumer` (pkgq's
-consumers only put the delivery into their buffer) is called by `InlineDeliveryChannel` in the
+consumers put the delivery into their buffer and have it taken ahead of its batch: decoded,
+without any I/O) is called by `InlineDeliveryChannel` in the
 channel's reader task itself, in delivery order; any other callback gets its Task as before,
 and without the channel class installed an InlineConsumer is called from that Task.
 
@@ -160,7 +161,8 @@ def _decoded(pending: bytearray, start: int, end: int) -> aiormq.connection.Rece
 
 
 class InlineConsumer:
-    """A consumer callback that only hands a delivery over (no await): called in the channel's
+    """A consumer callback that hands a delivery over without awaiting (it may work on it, as
+    pkgq's consumers decode it ahead of its batch, but does no I/O): called in the channel's
     reader task, without a Task of its own (see InlineDeliveryChannel).
 
     If a handover fails, nothing after it is handed over, and the channel is closed: the broker

@@ -34,7 +34,9 @@ from tests.support.observing import eventually
 LIMIT = 10**9
 
 
-def _pipeline(pool: asyncpg.Pool, trusted: str | None = None) -> DeliveryPipeline:
+def _pipeline(
+    pool: asyncpg.Pool, trusted: str | None = None, ahead_limit: int = 4096
+) -> DeliveryPipeline:
     return DeliveryPipeline(
         pool,
         USAGE_RECORD,
@@ -42,6 +44,7 @@ def _pipeline(pool: asyncpg.Pool, trusted: str | None = None) -> DeliveryPipelin
         RetryPolicy(),
         max_body_bytes=2**20,
         trusted_publisher=trusted,
+        ahead_limit=ahead_limit,
     )
 
 
@@ -112,6 +115,30 @@ async def test_a_delivery_not_taken_ahead_or_an_equal_copy_of_one_is_decoded_in_
     assert [r is copy or r is other for r in decoded] == [False, True, True]
     assert [r.fate for r in results] == [Fate.APPLIED, Fate.APPLIED]
     assert await _billed(pool, user) == (3, 0)
+
+
+async def test_deliveries_dropped_unbatched_are_forgotten_oldest_first_and_the_rest_kept(
+    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deliveries a consumer drops before their batch (a closed channel, a pause) are never
+    looked up again: past the limit the oldest are forgotten, not the ones still to come."""
+    user = await _active_user(pool)
+    pipeline = _pipeline(pool, ahead_limit=3)
+    decoded = _counting(monkeypatch)
+    dropped = [
+        raw_for(USAGE_RECORD, RecordUsage(user_id=user, upload=100, download=0)) for _ in range(3)
+    ]
+    kept = [
+        raw_for(USAGE_RECORD, RecordUsage(user_id=user, upload=1, download=0)) for _ in range(3)
+    ]
+    for raw in [*dropped, *kept]:
+        pipeline.take_ahead(raw)
+    results = await pipeline.process_batch(kept)
+    assert len(decoded) == 6  # the kept ones were not decoded again: the dropped ones went
+    assert [r.fate for r in results] == [Fate.APPLIED] * 3
+    await pipeline.process_batch(dropped[:1])  # had it come back as the same object after all
+    assert decoded[6:] == dropped[:1]  # it was forgotten: taken again, and applied correctly
+    assert await _billed(pool, user) == (103, 0)
 
 
 async def test_taking_ahead_never_raises_and_its_batch_takes_the_delivery_again(
