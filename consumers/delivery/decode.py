@@ -12,6 +12,11 @@ not say who published a message first: every delivery taken from the broker is s
 first publisher (`H_PUBLISHER`: kept as pkgq wrote it on pkgq's own copies, else the delivery's
 user_id), which its retries, parked copy and dead letter keep. A copy pkgq sent of a message
 someone else published first is refused on a route only pkgq publishes, like the original.
+Before that, an outsider's pkgq marks (job marks, failure and replay history: PKGQ_MARKS) are
+taken off (`distrusted`), so nothing reads, parks, retries or buries them.
+
+All of it depends on the delivery alone and the route's fixed configuration (`decode_one`), so
+a consumer does it as each delivery arrives, ahead of its batch (DeliveryPipeline.take_ahead).
 """
 
 from __future__ import annotations
@@ -19,10 +24,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from uuid import UUID
 
+import structlog
+
 from domain.records import record
 from events.decoding import BadMessageError, Decoded, NewerVersionError, RawDelivery, decode
-from events.envelope import H_PUBLISHER, publisher_of
+from events.envelope import H_PUBLISHER, bounded_text, publisher_of, without_pkgq_marks
 from events.routes import UNTRUSTED_PUBLISHER, Route
+
+log = structlog.get_logger(__name__)
 
 
 @record
@@ -68,6 +77,24 @@ def check_publisher(route: Route, raw: RawDelivery, trusted: str) -> None:
     )
 
 
+def distrusted(route: Route, raw: RawDelivery, trusted: str) -> RawDelivery:
+    """`raw` without an outsider's pkgq marks (events.envelope.PKGQ_MARKS): kept only on what
+    `trusted` (pkgq's AMQP user) published."""
+    if raw.publisher == trusted:
+        return raw
+    headers = without_pkgq_marks(raw.headers)
+    if headers is None:
+        return raw
+    log.info(
+        "outsider_job_marks_ignored",
+        route=route.name,
+        message_id=bounded_text(str(raw.message_id), 64),
+        publisher=bounded_text(str(raw.publisher), 64),
+        headers=sorted(set(raw.headers) - set(headers)),
+    )
+    return raw.with_headers(headers)
+
+
 def stamped(raw: RawDelivery, trusted: str) -> RawDelivery:
     """`raw` with H_PUBLISHER naming who published it first: as pkgq wrote it on its own copy,
     else the delivery's user_id (`unverified` without one), whatever an outsider wrote there."""
@@ -87,7 +114,9 @@ def decode_one(
 ) -> Taken:
     """One delivery's part of `decode_all`: it depends on the delivery alone (and the route's
     fixed configuration), so it may run before the delivery's batch is taken."""
-    raw = delivered if trusted_publisher is None else stamped(delivered, trusted_publisher)
+    raw = delivered
+    if trusted_publisher is not None:
+        raw = stamped(distrusted(route, delivered, trusted_publisher), trusted_publisher)
     try:
         if trusted_publisher is not None:
             check_publisher(route, raw, trusted_publisher)

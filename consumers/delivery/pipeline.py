@@ -69,7 +69,7 @@ from consumers.retry_policy import RetryPolicy
 from consumers.unit_of_work import Handler, NeedsOf
 from domain.delivery import Decision, Fate, Source
 from events.decoding import RawDelivery
-from events.envelope import CONTENT_TYPE, bounded_text, without_pkgq_marks
+from events.envelope import CONTENT_TYPE
 from events.routes import Route
 from infra.postgres import holds, queue_repo, strikes, transitions
 from infra.postgres.pool import Conn, forget_if_demoted
@@ -177,20 +177,19 @@ class DeliveryPipeline:
             return
 
     def _take(self, raw: RawDelivery) -> Taken:
-        """What a delivery is before its batch: stamped, checked and decoded. A function of
-        the delivery and the route's fixed configuration alone."""
+        """What a delivery is before its batch (decode.py: the trust gate, then decoding)."""
         return decode_one(
             self.route,
-            self._distrusted(raw),
+            raw,
             max_body_bytes=self._max_body_bytes,
             trusted_publisher=self._trusted_publisher,
         )
 
     def _taken(self, raw: RawDelivery) -> Taken:
+        """As taken ahead, else now. An entry keeps its RawDelivery alive, so no other object
+        can have the id it is filed under."""
         entry = self._ahead.pop(id(raw), None)
-        if entry is not None and entry[0] is raw:
-            return entry[1]
-        return self._take(raw)
+        return entry[1] if entry is not None else self._take(raw)
 
     async def process_batch(self, raws: Sequence[RawDelivery]) -> list[Result]:
         """Decide the fate of deliveries; a result per delivery, in delivery order."""
@@ -203,24 +202,6 @@ class DeliveryPipeline:
             else Result(Fate.GIVEN_BACK)
             for i in range(len(raws))
         ]
-
-    def _distrusted(self, raw: RawDelivery) -> RawDelivery:
-        """The delivery with an outsider's pkgq marks (job marks, failure and replay history:
-        events.envelope.PKGQ_MARKS) taken away, before anything reads, parks, retries or buries
-        it. Only with a trusted publisher to compare against."""
-        if self._trusted_publisher is None or raw.publisher == self._trusted_publisher:
-            return raw
-        headers = without_pkgq_marks(raw.headers)
-        if headers is None:
-            return raw
-        log.info(
-            "outsider_job_marks_ignored",
-            route=self.route.name,
-            message_id=bounded_text(str(raw.message_id), 64),
-            publisher=bounded_text(str(raw.publisher), 64),
-            headers=sorted(set(raw.headers) - set(headers)),
-        )
-        return dataclasses.replace(raw, headers=headers)
 
     async def _decide_all(
         self, items: Sequence[Item], source: Source

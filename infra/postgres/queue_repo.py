@@ -185,6 +185,10 @@ async def load_orders(
     return found
 
 
+_NONE: frozenset[Any] = frozenset()
+"""The orders or billed usages loaded for a user who has none (shared: never changed)."""
+
+
 def loaded_queue(
     user: UserRow,
     items: list[QueueItem],
@@ -214,9 +218,6 @@ def loaded_queue(
         frozenset(orders) if orders else _NONE,
         frozenset(usages) if usages else _NONE,
     )
-
-
-_NONE: frozenset[Any] = frozenset()
 
 
 async def allocate_item_ids(conn: Conn, count: int) -> tuple[list[int], datetime]:

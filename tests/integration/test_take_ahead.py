@@ -18,7 +18,7 @@ from consumers.delivery.decode import Taken, decode_one
 from consumers.registry import HANDLERS
 from consumers.retry_policy import RetryPolicy
 from domain.delivery import Fate
-from events.decoding import RawDelivery
+from events.decoding import Decoded, RawDelivery
 from events.envelope import H_GROUP
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD, Route
@@ -67,8 +67,11 @@ async def _billed(pool: asyncpg.Pool, user: UUID) -> tuple[int, int]:
     return row["upload"], row["download"]
 
 
-def _counting(monkeypatch: pytest.MonkeyPatch, fail_first: bool = False) -> list[RawDelivery]:
-    """Every delivery the pipeline decodes, in order (the first one raising, if asked)."""
+def _counting(
+    monkeypatch: pytest.MonkeyPatch, fail_first: bool = False, taken: list[Taken] | None = None
+) -> list[RawDelivery]:
+    """Every delivery the pipeline decodes, in order (the first one raising, if asked); what
+    each was taken as goes to `taken`, if given."""
     seen: list[RawDelivery] = []
 
     def counted(
@@ -77,9 +80,12 @@ def _counting(monkeypatch: pytest.MonkeyPatch, fail_first: bool = False) -> list
         seen.append(raw)
         if fail_first and len(seen) == 1:
             raise RuntimeError("a bug in decoding")
-        return decode_one(
+        result = decode_one(
             route, raw, max_body_bytes=max_body_bytes, trusted_publisher=trusted_publisher
         )
+        if taken is not None:
+            taken.append(result)
+        return result
 
     monkeypatch.setattr("consumers.delivery.pipeline.decode_one", counted)
     return seen
@@ -162,7 +168,8 @@ async def test_bad_input_taken_ahead_is_buried_with_its_reason_and_an_outsiders_
 ) -> None:
     user = await _active_user(pool)
     pipeline = _pipeline(pool, trusted="pkgq")
-    decoded = _counting(monkeypatch)
+    taken: list[Taken] = []
+    decoded = _counting(monkeypatch, taken=taken)
     good = raw_for(USAGE_RECORD, RecordUsage(user_id=user, upload=4, download=0))
     marked = RawDelivery(
         **{
@@ -176,7 +183,9 @@ async def test_bad_input_taken_ahead_is_buried_with_its_reason_and_an_outsiders_
     for raw in (marked, bad):
         pipeline.take_ahead(raw)
     # The outsider's group mark was taken off before anything read it.
-    assert [H_GROUP in raw.headers for raw in decoded] == [False, False]
+    assert [H_GROUP in raw.headers for raw, _ in taken] == [False, False]
+    assert isinstance(taken[0][1], Decoded)
+    assert taken[0][1].envelope.group_id is None
     results = await pipeline.process_batch([marked, bad])
     assert [r.fate for r in results] == [Fate.APPLIED, Fate.BURIED]
     async with pool.acquire() as conn:
