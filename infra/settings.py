@@ -23,6 +23,10 @@ LOCAL_OWNER_DSN = "postgresql://pkgq_owner@127.0.0.1:5432/pkgq"
 """The schema owner on a dev box (deploy/local/ensure-services.sh creates it)."""
 
 
+NO_ROUTE_SETTINGS = RouteSettings()
+"""What `Settings.route` gives for a route without settings of its own."""
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PKGQ_", extra="ignore")
 
@@ -314,7 +318,9 @@ class Settings(BaseSettings):
         return self
 
     def route(self, route_name: str) -> RouteSettings:
-        return self.route_settings.get(route_name) or RouteSettings()
+        """The route's own settings; one shared empty RouteSettings (frozen) for a route that
+        has none, as the relay asks for every row it publishes."""
+        return self.route_settings.get(route_name) or NO_ROUTE_SETTINGS
 
     def partitions_for(self, route_name: str) -> int:
         return self.route(route_name).partitions or self.partitions.get(route_name, 1)

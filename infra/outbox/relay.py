@@ -57,7 +57,6 @@ import structlog
 from aio_pika.abc import AbstractRobustConnection
 
 from events.envelope import H_TRACEPARENT
-from events.partitioning import routing_key
 from infra import faults, tracing
 from infra.observability import RELAY_LAG, RELAY_RENEWALS, RELAY_STALLED, RELAYED
 from infra.outbox import renewal
@@ -68,7 +67,7 @@ from infra.postgres.outbox import ClaimedRow
 from infra.postgres.pool import forget_if_demoted
 from infra.rabbit.connection import reconnect
 from infra.rabbit.publisher import Publisher, build_properties
-from infra.rabbit.topology import declare_all
+from infra.rabbit.topology import declare_all, routing_key_for
 from infra.settings import Settings
 from infra.systemd_notify import Notifier
 from infra.transient import OutagePauses, is_transient, needs_operator
@@ -113,8 +112,6 @@ class Relay:
         self._healthy_at = time.monotonic()
         self.stalled = False
         self.published = 0
-        self._partitions: dict[str, int] = {}
-        """Each route's partition count, as the settings give it (read once: `_routing_key`)."""
 
     async def open(self) -> None:
         """Declare the topology (so every route is routable) and open the confirming channel."""
@@ -378,13 +375,5 @@ class Relay:
                 expiration_ms=row.ttl_ms if row.expires_at is not None else None,
             )
             await self._publisher.publish_properties(
-                row.body, properties, self._routing_key(row.route, row.user_id)
+                row.body, properties, routing_key_for(self._settings, row.route, row.user_id)
             )
-
-    def _routing_key(self, route: str, user_id: UUID | None) -> str:
-        """routing_key_for, with each route's partition count read from the settings once
-        (per row it built a RouteSettings for every route without settings of its own)."""
-        count = self._partitions.get(route)
-        if count is None:
-            count = self._partitions[route] = self._settings.partitions_for(route)
-        return routing_key(route, user_id, count)
