@@ -6,7 +6,7 @@ exactly as the domain left them."""
 
 from __future__ import annotations
 
-from uuid import UUID, uuid4
+from uuid import UUID
 
 import asyncpg
 
@@ -16,9 +16,9 @@ from consumers.retry_policy import RetryPolicy
 from domain.delivery import Fate
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
-from infra.postgres import bench_data
 from infra.postgres.statements import StatementLog
-from tests.support.deliveries import add_package, raw_for
+from tests.support.deliveries import raw_for
+from tests.support.queue_items import active_users, item_counters
 
 LIMIT = 1000
 COUNTERS = "queue_counted AS ( UPDATE telecom.package_queue AS q SET upload = c.upload"
@@ -29,24 +29,6 @@ counters' update and the items' upsert (the statement log folds whitespace)."""
 
 def _counters_alone(statement: str) -> bool:
     return COUNTERS in statement and UPSERT not in statement
-
-
-async def _active_users(pool: asyncpg.Pool, count: int) -> list[UUID]:
-    users = [uuid4() for _ in range(count)]
-    package = await add_package(pool, LIMIT, name="counters")
-    async with pool.acquire() as conn:
-        await bench_data.seed_active_users(conn, users, package, LIMIT)
-    return users
-
-
-async def _items(pool: asyncpg.Pool, users: list[UUID]) -> dict[UUID, tuple[str, int, int]]:
-    async with pool.acquire() as conn:
-        rows = await conn.fetch(
-            "SELECT user_id, status::text AS status, upload, download FROM telecom.package_queue "
-            "WHERE user_id = ANY($1::uuid[])",
-            users,
-        )
-    return {r["user_id"]: (r["status"], r["upload"], r["download"]) for r in rows}
 
 
 async def _bill(
@@ -71,11 +53,11 @@ async def test_usage_that_changes_only_counters_is_written_by_the_counters_updat
     counted: tuple[asyncpg.Pool, StatementLog],
 ) -> None:
     pool, log = counted
-    users = await _active_users(pool, 3)
+    users = await active_users(pool, 3, limit=LIMIT, name="counters")
     statements = await _bill(pool, log, [(u, 10 * (n + 1), n) for n, u in enumerate(users)])
     assert sum(_counters_alone(s) for s in statements) == 1
     assert not any(UPSERT in s for s in statements)
-    assert await _items(pool, users) == {
+    assert await item_counters(pool, users) == {
         u: ("active", 10 * (n + 1), n) for n, u in enumerate(users)
     }
 
@@ -84,7 +66,7 @@ async def test_counters_ride_on_the_upsert_beside_an_item_that_is_consumed(
     counted: tuple[asyncpg.Pool, StatementLog],
 ) -> None:
     pool, log = counted
-    billed, consumed = await _active_users(pool, 2)
+    billed, consumed = await active_users(pool, 2, limit=LIMIT, name="counters")
     async with pool.acquire() as conn:  # its time is up: the usage expires it first
         await conn.execute(
             "UPDATE telecom.package_queue SET expire_at = now() - interval '1 minute' "
@@ -95,7 +77,7 @@ async def test_counters_ride_on_the_upsert_beside_an_item_that_is_consumed(
     # One statement writes both items: the counters' update is a CTE of the upsert.
     assert sum(UPSERT in s and COUNTERS in s for s in statements) == 1
     assert not any(_counters_alone(s) for s in statements)
-    assert await _items(pool, [billed, consumed]) == {
+    assert await item_counters(pool, [billed, consumed]) == {
         billed: ("active", 7, 3),
         consumed: ("consumed", 0, 0),  # expired by time; the usage was kept as unbilled
     }

@@ -6,6 +6,7 @@ batched side with every delivery taken ahead)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from uuid import UUID, uuid4
 
@@ -22,14 +23,14 @@ from events.decoding import Decoded, RawDelivery
 from events.envelope import H_GROUP
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD, Route
-from infra.postgres import bench_data
 from infra.rabbit.connection import connect
 from infra.rabbit.consumer import Result
 from infra.rabbit.publisher import Publisher
 from infra.rabbit.route_consumer import route_consumer
 from infra.settings import Settings
-from tests.support.deliveries import add_package, raw_for, send
+from tests.support.deliveries import raw_for, send
 from tests.support.observing import eventually
+from tests.support.queue_items import active_users, item_counters
 
 LIMIT = 10**9
 
@@ -48,23 +49,8 @@ def _pipeline(
     )
 
 
-async def _active_user(pool: asyncpg.Pool) -> UUID:
-    user = uuid4()
-    package = await add_package(pool, LIMIT, name="ahead")
-    async with pool.acquire() as conn:
-        await bench_data.seed_active_users(conn, [user], package, LIMIT)
-    return user
-
-
-async def _billed(pool: asyncpg.Pool, user: UUID) -> tuple[int, int]:
-    async with pool.acquire() as conn:
-        row = await conn.fetchrow(
-            "SELECT upload, download FROM telecom.package_queue "
-            "WHERE user_id = $1 AND status = 'active'",
-            user,
-        )
-    assert row is not None
-    return row["upload"], row["download"]
+def _usage(user: UUID, upload: int, download: int = 0) -> RawDelivery:
+    return raw_for(USAGE_RECORD, RecordUsage(user_id=user, upload=upload, download=download))
 
 
 def _counting(
@@ -94,33 +80,33 @@ def _counting(
 async def test_a_delivery_taken_ahead_is_applied_by_its_batch_without_being_decoded_again(
     pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    user = await _active_user(pool)
+    (user,) = await active_users(pool, 1, limit=LIMIT, name="ahead")
     pipeline = _pipeline(pool)
     decoded = _counting(monkeypatch)
-    raw = raw_for(USAGE_RECORD, RecordUsage(user_id=user, upload=7, download=3))
+    raw = _usage(user, 7, 3)
     pipeline.take_ahead(raw)
     assert len(decoded) == 1
     results = await pipeline.process_batch([raw])
     assert [r.fate for r in results] == [Fate.APPLIED]
     assert len(decoded) == 1
-    assert await _billed(pool, user) == (7, 3)
+    assert await item_counters(pool, [user]) == {user: ("active", 7, 3)}
 
 
 async def test_a_delivery_not_taken_ahead_or_an_equal_copy_of_one_is_decoded_in_its_batch(
     pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    user = await _active_user(pool)
+    (user,) = await active_users(pool, 1, limit=LIMIT, name="ahead")
     pipeline = _pipeline(pool)
     decoded = _counting(monkeypatch)
-    taken = raw_for(USAGE_RECORD, RecordUsage(user_id=user, upload=1, download=0))
+    taken = _usage(user, 1)
     pipeline.take_ahead(taken)
-    copy = RawDelivery(**{f: getattr(taken, f) for f in taken.__dataclass_fields__})
-    other = raw_for(USAGE_RECORD, RecordUsage(user_id=user, upload=2, download=0))
+    copy = dataclasses.replace(taken)  # equal, but another object
+    other = _usage(user, 2)
     results = await pipeline.process_batch([copy, other])
     # Only the very object taken ahead is matched: the copy and the other are decoded again.
     assert [r is copy or r is other for r in decoded] == [False, True, True]
     assert [r.fate for r in results] == [Fate.APPLIED, Fate.APPLIED]
-    assert await _billed(pool, user) == (3, 0)
+    assert await item_counters(pool, [user]) == {user: ("active", 3, 0)}
 
 
 async def test_deliveries_dropped_unbatched_are_forgotten_oldest_first_and_the_rest_kept(
@@ -128,15 +114,11 @@ async def test_deliveries_dropped_unbatched_are_forgotten_oldest_first_and_the_r
 ) -> None:
     """Deliveries a consumer drops before their batch (a closed channel, a pause) are never
     looked up again: past the limit the oldest are forgotten, not the ones still to come."""
-    user = await _active_user(pool)
+    (user,) = await active_users(pool, 1, limit=LIMIT, name="ahead")
     pipeline = _pipeline(pool, ahead_limit=3)
     decoded = _counting(monkeypatch)
-    dropped = [
-        raw_for(USAGE_RECORD, RecordUsage(user_id=user, upload=100, download=0)) for _ in range(3)
-    ]
-    kept = [
-        raw_for(USAGE_RECORD, RecordUsage(user_id=user, upload=1, download=0)) for _ in range(3)
-    ]
+    dropped = [_usage(user, 100) for _ in range(3)]
+    kept = [_usage(user, 1) for _ in range(3)]
     for raw in [*dropped, *kept]:
         pipeline.take_ahead(raw)
     results = await pipeline.process_batch(kept)
@@ -144,7 +126,7 @@ async def test_deliveries_dropped_unbatched_are_forgotten_oldest_first_and_the_r
     assert [r.fate for r in results] == [Fate.APPLIED] * 3
     await pipeline.process_batch(dropped[:1])  # had it come back as the same object after all
     assert decoded[6:] == dropped[:1]  # it was forgotten: taken again, and applied correctly
-    assert await _billed(pool, user) == (103, 0)
+    assert await item_counters(pool, [user]) == {user: ("active", 103, 0)}
 
 
 async def test_taking_ahead_never_raises_and_its_batch_takes_the_delivery_again(
@@ -152,34 +134,32 @@ async def test_taking_ahead_never_raises_and_its_batch_takes_the_delivery_again(
 ) -> None:
     """A bug met while taking a delivery ahead (in the channel's reader task, where raising
     would close the channel and bring the delivery back forever) is left for its batch."""
-    user = await _active_user(pool)
+    (user,) = await active_users(pool, 1, limit=LIMIT, name="ahead")
     pipeline = _pipeline(pool)
     decoded = _counting(monkeypatch, fail_first=True)
-    raw = raw_for(USAGE_RECORD, RecordUsage(user_id=user, upload=5, download=5))
+    raw = _usage(user, 5, 5)
     pipeline.take_ahead(raw)
     results = await pipeline.process_batch([raw])
     assert decoded == [raw, raw]
     assert [r.fate for r in results] == [Fate.APPLIED]
-    assert await _billed(pool, user) == (5, 5)
+    assert await item_counters(pool, [user]) == {user: ("active", 5, 5)}
 
 
 async def test_bad_input_taken_ahead_is_buried_with_its_reason_and_an_outsiders_marks_dropped(
     pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    user = await _active_user(pool)
+    (user,) = await active_users(pool, 1, limit=LIMIT, name="ahead")
     pipeline = _pipeline(pool, trusted="pkgq")
     taken: list[Taken] = []
     decoded = _counting(monkeypatch, taken=taken)
-    good = raw_for(USAGE_RECORD, RecordUsage(user_id=user, upload=4, download=0))
-    marked = RawDelivery(
-        **{
-            **{f: getattr(good, f) for f in good.__dataclass_fields__},
-            "message_id": str(uuid4()),
-            "headers": {**good.headers, H_GROUP: str(uuid4())},
-            "publisher": "shop",
-        }
+    good = _usage(user, 4)
+    marked = dataclasses.replace(
+        good,
+        message_id=str(uuid4()),
+        headers={**good.headers, H_GROUP: str(uuid4())},
+        publisher="shop",
     )
-    bad = RawDelivery(**{**{f: getattr(good, f) for f in good.__dataclass_fields__}, "body": b"{"})
+    bad = dataclasses.replace(good, body=b"{")
     for raw in (marked, bad):
         pipeline.take_ahead(raw)
     # The outsider's group mark was taken off before anything read it.
@@ -195,7 +175,27 @@ async def test_bad_input_taken_ahead_is_buried_with_its_reason_and_an_outsiders_
         )
     assert reason == "invalid_json"
     assert len(decoded) == 2  # neither decoded again
-    assert await _billed(pool, user) == (4, 0)
+    assert await item_counters(pool, [user]) == {user: ("active", 4, 0)}
+
+
+async def test_a_redelivered_copy_of_a_delivery_taken_ahead_is_a_duplicate_and_bills_once(
+    pool: asyncpg.Pool,
+) -> None:
+    """A consumer that dies after its batch committed, before the ack: the broker redelivers
+    the message, as a new delivery that is taken ahead afresh (with the same message id), and
+    the inbox makes it a duplicate, in the same batch as the original or a later one."""
+    (user,) = await active_users(pool, 1, limit=LIMIT, name="ahead")
+    pipeline = _pipeline(pool, trusted="pkgq")
+    first = _usage(user, 6)
+    again = dataclasses.replace(first)
+    pipeline.take_ahead(first)
+    assert [r.fate for r in await pipeline.process_batch([first])] == [Fate.APPLIED]
+    pipeline.take_ahead(again)
+    twice = dataclasses.replace(first)
+    pipeline.take_ahead(twice)
+    results = await pipeline.process_batch([again, twice])
+    assert [r.fate for r in results] == [Fate.DUPLICATE, Fate.DUPLICATE]
+    assert await item_counters(pool, [user]) == {user: ("active", 6, 0)}
 
 
 async def test_the_consumer_tells_ahead_of_each_delivery_before_handing_the_same_one_over(

@@ -1,13 +1,15 @@
-"""A user's queue made by hand, for the read side's tests: many items in a known queue order
-that differs from their id order, with ties on created_at (as one purchase's items have)."""
+"""Users' queues made by hand: for the read side's tests, many items in a known queue order
+that differs from their id order, with ties on created_at (as one purchase's items have); for
+the write side's, users with one active item (`active_users`) and their items' counters."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import asyncpg
 
+from infra.postgres import bench_data
 from tests.support.deliveries import add_package
 
 BOUGHT_AT = datetime(2024, 1, 1, 12, 0, tzinfo=UTC)
@@ -54,3 +56,24 @@ async def queue_of(
                 )
                 keyed.append((created_at, item_id))
     return [item_id for _, item_id in sorted(keyed)]
+
+
+async def active_users(pool: asyncpg.Pool, count: int, *, limit: int, name: str) -> list[UUID]:
+    """`count` new users, each with one active item of a package `name` of `limit` bytes (and
+    its access row), as after its activation."""
+    users = [uuid4() for _ in range(count)]
+    package = await add_package(pool, limit, name=name)
+    async with pool.acquire() as conn:
+        await bench_data.seed_active_users(conn, users, package, limit)
+    return users
+
+
+async def item_counters(pool: asyncpg.Pool, users: list[UUID]) -> dict[UUID, tuple[str, int, int]]:
+    """Each user's item (the one of `active_users`): its status, upload and download."""
+    async with pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT user_id, status::text AS status, upload, download FROM telecom.package_queue "
+            "WHERE user_id = ANY($1::uuid[])",
+            users,
+        )
+    return {r["user_id"]: (r["status"], r["upload"], r["download"]) for r in rows}
