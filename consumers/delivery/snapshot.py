@@ -1,13 +1,15 @@
 """The snapshot a batch is decided on, loaded in a fixed number of statements.
 
 In this order, one statement each, whatever the batch's size:
-1. lock the users' rows (created if missing), in user_id order, then their holds on the
-   consumer (the lock order every writer of holds keeps: user, then hold), and, for messages
-   taken from the parking lot, their parked rows;
-2. read which messages the consumer applied before and how often each has failed;
-3. load the users' live items with their terms, and what the route's messages need besides
-   (targeted items, catalog entries, new item ids, the orders purchases name, the billing
-   record ids usage records name), and lock the group members among the messages.
+1. lock the users' rows (created if missing), in user_id order;
+2. under those locks, lock their holds on the consumer (the lock order every writer of holds
+   keeps: user, then hold), and read which messages the consumer applied before, how often
+   each has failed, and the users' live items with their terms and the items the messages
+   target (infra/postgres/batch_read.py);
+3. for messages taken from the parking lot, lock their parked rows;
+4. what the route's messages need besides (catalog entries, new item ids, the orders
+   purchases name, the billing record ids usage records name), and lock the group members
+   among the messages; a route whose messages need none of these sends none of them.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from uuid import UUID
 from consumers.delivery.decode import Delivery
 from consumers.unit_of_work import Needs, NeedsOf, UnitOfWork
 from domain.delivery import Facts, Gate, Hold, Source
-from infra.postgres import attempts, catalog, groups, holds, queue_repo, usage_billed
-from infra.postgres.pool import Conn, in_uuid_order
+from infra.postgres import batch_read, catalog, groups, holds, queue_repo, usage_billed
+from infra.postgres.pool import Conn
 
 
 @dataclass
@@ -49,28 +51,34 @@ async def load(
     """Inside the batch's transaction. `settled`: deliveries whose failure is known already
     (their run only records it): their users' rows are not locked, so a row that someone else
     keeps locked past the statement timeout does not fail the recording too."""
-    users = in_uuid_order(d.user_id for d in ready if d.user_id is not None)
     rows, now = await queue_repo.lock_users(
         conn, {d.user_id for d in ready if d.user_id is not None and d.index not in settled}
     )
-    held = await holds.lock_many(conn, consumer, users)
-    ids = [d.message_id for d in ready]
+    # What each message needs is asked of all of them, applied before or not (the items a
+    # duplicate targets are loaded too, and left unchanged), so that the one read under the
+    # locks need not wait for the inbox's answer.
+    asked = {d.index: needs_of(d.decoded.body) for d in ready if not d.decoded.newer}
+    read = await batch_read.read_locked(
+        conn,
+        consumer,
+        hold_users=[d.user_id for d in ready if d.user_id is not None],
+        message_ids=[d.message_id for d in ready],
+        item_users=list(rows),
+        extra_item_ids=[i for n in asked.values() for i in n.item_ids],
+    )
+    held, seen, counted, items = read.held, read.seen, read.counted, read.items
     if source is Source.PARKING:
         # Another drain may have taken some meanwhile: those are gone from the batch.
-        still = await holds.lock_parked(conn, consumer, ids)
+        still = await holds.lock_parked(conn, consumer, [d.message_id for d in ready])
         ready = [d for d in ready if d.message_id in still]
-    seen, counted = await attempts.states(conn, consumer, ids)
-    needs = [
-        needs_of(d.decoded.body) for d in ready if d.message_id not in seen and not d.decoded.newer
-    ]
+    needs = [asked[d.index] for d in ready if d.index in asked and d.message_id not in seen]
     wanted = Needs(
-        item_ids=tuple(i for n in needs for i in n.item_ids),
+        item_ids=(),  # loaded above
         package_ids=tuple(p for n in needs for p in n.package_ids),
         new_items=sum(n.new_items for n in needs),
         orders=tuple(o for n in needs for o in n.orders),
         usages=tuple(u for n in needs for u in n.usages),
     )
-    items = await queue_repo.load_items(conn, rows, wanted.item_ids) if rows else {}
     # Orders are looked up by (user, by_order), not found among the loaded items: an old
     # order's items may all be consumed and so not loaded.
     orders = await queue_repo.load_orders(conn, wanted.orders)

@@ -1,11 +1,11 @@
 """Attempts per message, counted in Postgres only: the retry policy's count.
 
 No header plays a part: whoever publishes can write `x-attempt`, and a forged value would skip,
-repeat or lose retries. The batch reads its messages' counts with its snapshot (`states`)
-and the writer adds the failures it decided (`add_many`), in the batch's transaction, so a
-rollback takes the count back with the decision. A replay starts the count over (`forget`).
-Rows of generation 0 are the count; the column stays from migration 0006, when a replay
-generation read from a header started a new count.
+repeat or lose retries. The batch reads its messages' counts with its snapshot
+(infra/postgres/batch_read.py) and the writer adds the failures it decided (`add_many`), in the
+batch's transaction, so a rollback takes the count back with the decision. A replay starts the
+count over (`forget`). Rows of generation 0 are the count; the column stays from migration
+0006, when a replay generation read from a header started a new count.
 """
 
 from __future__ import annotations
@@ -20,35 +20,6 @@ from infra.postgres.pruning import Rule
 # A message's failed attempts, last counted before the retention: its retries are long over
 # (the longest backoff is days shorter), and a replay starts the count over anyway.
 RETENTION = Rule("attempts", "telecom.attempts", "ctid", "last_at < {cutoff}")
-
-
-async def states(
-    conn: Conn, consumer: str, message_ids: Sequence[UUID]
-) -> tuple[set[UUID], dict[UUID, int]]:
-    """For a batch's snapshot, in one statement: which of the messages `consumer` applied
-    before (the inbox), and how many failed attempts each has had (absent: none)."""
-    if not message_ids:
-        return set(), {}
-    # Only the messages with something to say come back: in a backlog, none of a batch's.
-    # MATERIALIZED: each message's two lookups run once, not again for the rows kept.
-    rows = await conn.fetch(
-        """
-        WITH s AS MATERIALIZED (
-            SELECT m.id AS message_id,
-                   EXISTS (SELECT 1 FROM telecom.inbox i
-                           WHERE i.consumer = $1 AND i.message_id = m.id) AS seen,
-                   (SELECT a.attempts FROM telecom.attempts a
-                    WHERE a.consumer = $1 AND a.message_id = m.id AND a.generation = 0)
-                       AS attempts
-            FROM unnest($2::uuid[]) AS m(id)
-        )
-        SELECT message_id, seen, attempts FROM s WHERE seen OR attempts IS NOT NULL
-        """,
-        consumer,
-        list(dict.fromkeys(message_ids)),
-    )
-    seen = {r["message_id"] for r in rows if r["seen"]}
-    return seen, {r["message_id"]: r["attempts"] for r in rows if r["attempts"] is not None}
 
 
 def add_many(consumer: str, failures: Mapping[UUID, int]) -> Part[None] | None:

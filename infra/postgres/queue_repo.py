@@ -21,7 +21,7 @@ from domain.records import record
 from infra.postgres.compound import Part
 from infra.postgres.pool import Conn, clock, columns, in_uuid_order
 
-_ITEM_COLUMNS = """
+ITEM_COLUMNS = """
     q.id, q.user_id, q.package_id, q.by_order, q.status::text AS status, q.created_at,
     q.activated_at, q.upload, q.download, q.adjust_quota, q.expire_at,
     q.package_name, q.traffic_limit, q.duration
@@ -78,8 +78,8 @@ class LoadedQueue:
 _STATUS = {status.value: status for status in ItemStatus}
 
 
-def _item(row: asyncpg.Record) -> QueueItem:
-    """An item from its _ITEM_COLUMNS, by name (every loaded item of every batch comes this
+def item_of(row: asyncpg.Record) -> QueueItem:
+    """An item from its ITEM_COLUMNS, by name (every loaded item of every batch comes this
     way: spelled out rather than from_row's lookup of the fields)."""
     return QueueItem(
         id=row["id"],
@@ -140,26 +140,6 @@ async def lock_user(conn: Conn, user_id: UUID) -> UserRow:
     """Create the user's row if needed and lock it until the transaction ends."""
     users, _ = await lock_users(conn, [user_id])
     return users[user_id]
-
-
-async def load_items(
-    conn: Conn, user_ids: Iterable[UUID], extra_item_ids: Iterable[int] = ()
-) -> dict[UUID, list[QueueItem]]:
-    """The users' live items plus `extra_item_ids` of theirs (targets of commands and events),
-    with their terms, in one statement."""
-    rows = await conn.fetch(
-        f"""
-        SELECT {_ITEM_COLUMNS} FROM telecom.package_queue q
-        WHERE q.user_id = ANY($1::uuid[])
-          AND (q.status IN ('in_queue', 'active') OR q.id = ANY($2::bigint[]))
-        """,
-        in_uuid_order(user_ids),
-        sorted(set(extra_item_ids)),
-    )
-    items: dict[UUID, list[QueueItem]] = {}
-    for row in rows:
-        items.setdefault(row["user_id"], []).append(_item(row))
-    return items
 
 
 async def load_orders(
@@ -373,12 +353,12 @@ async def load_user_items(conn: Conn, user_id: UUID) -> list[QueueItem]:
     """GetAllMyPackages, read-only: every item of the user in queue order."""
     rows = await conn.fetch(
         f"""
-        SELECT {_ITEM_COLUMNS} FROM telecom.package_queue q
+        SELECT {ITEM_COLUMNS} FROM telecom.package_queue q
         WHERE q.user_id = $1 ORDER BY q.created_at, q.id
         """,
         user_id,
     )
-    return [_item(r) for r in rows]
+    return [item_of(r) for r in rows]
 
 
 async def item_owner(conn: Conn, item_id: int) -> UUID | None:

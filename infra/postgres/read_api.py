@@ -13,7 +13,7 @@ from uuid import UUID
 
 from domain.model import QueueItem
 from infra.postgres.pool import Conn
-from infra.postgres.queue_repo import _ITEM_COLUMNS, _item
+from infra.postgres.queue_repo import ITEM_COLUMNS, item_of
 
 _ACCESS_COLUMNS = """
     a.granted AS a_granted, a.item_id AS a_item_id, a.package_id AS a_package_id,
@@ -69,7 +69,7 @@ async def current(conn: Conn, user_id: UUID) -> Current:
         SELECT now() AS now, {_KNOWN},
                (SELECT count(*) FROM telecom.package_queue w
                 WHERE w.user_id = $1 AND w.status = 'in_queue') AS queued,
-               {_ACCESS_COLUMNS}, {_ITEM_COLUMNS}
+               {_ACCESS_COLUMNS}, {ITEM_COLUMNS}
         FROM (SELECT 1) AS one
         LEFT JOIN telecom.access a ON a.user_id = $1
         LEFT JOIN telecom.package_queue q ON q.user_id = $1 AND q.status = 'active'
@@ -80,7 +80,7 @@ async def current(conn: Conn, user_id: UUID) -> Current:
     return Current(
         now=row["now"],
         known=row["known"],
-        active=_item(row) if row["id"] is not None else None,
+        active=item_of(row) if row["id"] is not None else None,
         queued=int(row["queued"]),
         access=_access(row),
     )
@@ -107,7 +107,7 @@ async def user_state(conn: Conn, user_id: UUID) -> UserState:
         f"""
         SELECT now() AS now, u.user_id IS NOT NULL AS known,
                u.unbilled_upload AS u_unbilled_upload, u.unbilled_download AS u_unbilled_download,
-               {_ACCESS_COLUMNS}, {_ITEM_COLUMNS}
+               {_ACCESS_COLUMNS}, {ITEM_COLUMNS}
         FROM (SELECT 1) AS one
         LEFT JOIN telecom.queue_users u ON u.user_id = $1
         LEFT JOIN telecom.access a ON a.user_id = $1
@@ -120,7 +120,7 @@ async def user_state(conn: Conn, user_id: UUID) -> UserState:
     return UserState(
         now=first["now"],
         known=first["known"],
-        items=[_item(r) for r in rows if r["id"] is not None],
+        items=[item_of(r) for r in rows if r["id"] is not None],
         access=_access(first),
         unbilled=(
             (first["u_unbilled_upload"], first["u_unbilled_download"]) if first["known"] else None
@@ -175,7 +175,7 @@ async def packages_page(
                (SELECT a.id FROM telecom.package_queue a
                 WHERE a.user_id = $1 AND a.status = 'active'
                   AND (a.expire_at IS NULL OR a.expire_at > now())) AS current_id,
-               {_ITEM_COLUMNS}
+               {ITEM_COLUMNS}
         FROM (SELECT count(*) AS total,
                      count(*) FILTER (WHERE (p.created_at, p.id) <= ({_AFTER})) AS before
               FROM telecom.package_queue p WHERE p.user_id = $1) AS c
@@ -193,7 +193,7 @@ async def packages_page(
         limit + 1,
     )
     first = rows[0]  # the counts are one row; LEFT JOIN LATERAL keeps it without items
-    items = [_item(r) for r in rows if r["id"] is not None]
+    items = [item_of(r) for r in rows if r["id"] is not None]
     return PackagesPage(
         now=first["now"],
         known=first["known"],
@@ -209,14 +209,14 @@ async def item_by_id(conn: Conn, item_id: int) -> tuple[datetime, QueueItem | No
     """One item with its terms, whoever's it is, and the clock, in one statement."""
     row = await conn.fetchrow(
         f"""
-        SELECT now() AS now, {_ITEM_COLUMNS}
+        SELECT now() AS now, {ITEM_COLUMNS}
         FROM (SELECT 1) AS one
         LEFT JOIN telecom.package_queue q ON q.id = $1
         """,
         item_id,
     )
     assert row is not None  # FROM (SELECT 1): always one row
-    return row["now"], _item(row) if row["id"] is not None else None
+    return row["now"], item_of(row) if row["id"] is not None else None
 
 
 async def access(conn: Conn, user_id: UUID) -> tuple[datetime, bool, Access | None]:

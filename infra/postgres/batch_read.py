@@ -1,0 +1,102 @@
+"""A batch's one read under its users' locks: their holds on the consumer (locked), which of
+its messages the consumer applied before or saw fail, and the users' items, in one statement.
+
+It runs after the users' rows are locked (queue_repo.lock_users), so it keeps the lock order
+of every writer of holds (user, then hold), and no other transaction can change the users'
+items or apply one of their messages meanwhile: what the statement's snapshot reads of them is
+what is there. A hold row changed after that snapshot was taken is locked in its newest
+version (FOR UPDATE in READ COMMITTED), as it was when the lock was a statement of its own.
+
+The three reads come back as the rows of one result (UNION ALL): each kind of row fills its own
+columns and leaves the others NULL. Every row of the holds' CTE is read, so every one is locked.
+A message that has nothing to say (not applied, no failure) sends no row: in a backlog, none
+of a batch's messages do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from uuid import UUID
+
+from domain.delivery import Hold
+from domain.model import QueueItem
+from infra.postgres.pool import Conn, in_uuid_order
+from infra.postgres.queue_repo import ITEM_COLUMNS, item_of
+
+_ITEM_NULLS = ", ".join(["NULL"] * len(ITEM_COLUMNS.split(",")))
+"""An item's columns left empty (typed by the first branch of the UNION)."""
+
+_READ = f"""
+WITH held AS (
+    SELECT user_id, blocker, state FROM telecom.holds
+    WHERE consumer = $1 AND user_id = ANY($2::uuid[]) ORDER BY user_id FOR UPDATE
+),
+states AS MATERIALIZED (
+    SELECT m.id AS message_id,
+           EXISTS (SELECT 1 FROM telecom.inbox i
+                   WHERE i.consumer = $1 AND i.message_id = m.id) AS seen,
+           (SELECT a.attempts FROM telecom.attempts a
+            WHERE a.consumer = $1 AND a.message_id = m.id AND a.generation = 0) AS attempts
+    FROM unnest($3::uuid[]) AS m(id)
+)
+SELECT {ITEM_COLUMNS},
+       NULL::uuid AS said_message_id, NULL::boolean AS said_seen, NULL::integer AS said_attempts,
+       NULL::uuid AS held_user_id, NULL::uuid AS held_blocker, NULL::text AS held_state
+FROM telecom.package_queue q
+WHERE q.user_id = ANY($4::uuid[])
+  AND (q.status IN ('in_queue', 'active') OR q.id = ANY($5::bigint[]))
+UNION ALL
+SELECT {_ITEM_NULLS}, message_id, seen, attempts, NULL, NULL, NULL
+FROM states WHERE seen OR attempts IS NOT NULL
+UNION ALL
+SELECT {_ITEM_NULLS}, NULL, NULL, NULL, user_id, blocker, state FROM held
+"""
+
+
+@dataclass(slots=True)
+class LockedRead:
+    held: dict[UUID, Hold]
+    """The users' holds on the consumer, locked until the transaction ends."""
+    seen: set[UUID]
+    """Messages the consumer applied before (the inbox)."""
+    counted: dict[UUID, int]
+    """Failed attempts of messages that failed before (absent: none)."""
+    items: dict[UUID, list[QueueItem]]
+    """The item owners' live items plus the extra items asked for, by user."""
+
+
+async def read_locked(
+    conn: Conn,
+    consumer: str,
+    *,
+    hold_users: Sequence[UUID],
+    message_ids: Sequence[UUID],
+    item_users: Sequence[UUID],
+    extra_item_ids: Sequence[int] = (),
+) -> LockedRead:
+    """Inside the batch's transaction, after its users' rows are locked: the holds of
+    `hold_users` (locked, in user_id order), the states of `message_ids`, and the live items
+    of `item_users` with `extra_item_ids` of theirs (targets of commands and events)."""
+    read = LockedRead({}, set(), {}, {})
+    if not (hold_users or message_ids or item_users):
+        return read
+    rows = await conn.fetch(
+        _READ,
+        consumer,
+        in_uuid_order(hold_users),
+        list(dict.fromkeys(message_ids)),
+        in_uuid_order(item_users),
+        sorted(set(extra_item_ids)),
+    )
+    for row in rows:
+        if row["id"] is not None:
+            read.items.setdefault(row["user_id"], []).append(item_of(row))
+        elif row["said_message_id"] is not None:
+            if row["said_seen"]:
+                read.seen.add(row["said_message_id"])
+            if row["said_attempts"] is not None:
+                read.counted[row["said_message_id"]] = row["said_attempts"]
+        else:
+            read.held[row["held_user_id"]] = Hold(row["held_blocker"], row["held_state"])
+    return read
