@@ -9,7 +9,8 @@ Measured, all in one run:
 - raw broker round trip: publish with confirms, consume, ack, messages of the same size, no
   database (the ceiling for anything that goes through RabbitMQ);
 - pkgq naive: batch 1, prefetch 1;
-- pkgq: the configured batching, with 10,000 and with 1,000,000 rows already in package_queue;
+- pkgq: the configured batching, with 10,000 and with 1,000,000 rows already in package_queue
+  (two databases, taking turns: devtools/bench/run.table_sizes);
 - latency (outbox insert -> the consuming transaction) with usage paced at half of the
   measured maximum rate, and peak RSS of each process.
 - a backlog of usage records drained by a consumer written the obvious way (a transaction per
@@ -36,6 +37,7 @@ from devtools.bench.support import (
     RunResult,
     Scenario,
     child_env,
+    fastest,
     message,
     peak_rss_mb,
     spawn,
@@ -152,22 +154,14 @@ class Bench:
         await declare_all(channel, self.settings)
         await channel.close()
 
-    async def best_of(self, label: str, runs: int) -> RunResult:
-        """The fastest of `runs` runs (a shared machine only ever slows a run down)."""
-        best: RunResult | None = None
-        for number in range(runs):
-            if number:
-                await self.clear_scenario()
-            result = await self.scenario_run(
-                label,
-                batch_size=self.scenario.batch_size,
-                prefetch=self.scenario.prefetch,
-                batch_max=self.scenario.batch_max,
-            )
-            if best is None or result.events_per_s > best.events_per_s:
-                best = result
-        assert best is not None
-        return best
+    async def lifecycle(self, label: str) -> RunResult:
+        """One run of the scenario with the configured batching."""
+        return await self.scenario_run(
+            label,
+            batch_size=self.scenario.batch_size,
+            prefetch=self.scenario.prefetch,
+            batch_max=self.scenario.batch_max,
+        )
 
     async def raw_and_lifecycle(self, runs: int) -> tuple[RunResult, RunResult]:
         """The raw broker round trip and pkgq's lifecycle run taking turns, `runs` of each;
@@ -178,15 +172,8 @@ class Bench:
             raws.append(await self.raw_broker())
             if number:
                 await self.clear_scenario()
-            lifecycles.append(
-                await self.scenario_run(
-                    "pkgq",
-                    batch_size=self.scenario.batch_size,
-                    prefetch=self.scenario.prefetch,
-                    batch_max=self.scenario.batch_max,
-                )
-            )
-        return max(raws, key=_rate), max(lifecycles, key=_rate)
+            lifecycles.append(await self.lifecycle("pkgq"))
+        return fastest(raws), fastest(lifecycles)
 
     async def add_rows(self, rows: int) -> None:
         """Other users' consumed items: the table a busy deployment has, not the scenario's."""
@@ -319,7 +306,3 @@ class Bench:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"stuck at {value}/{target}")
             await asyncio.sleep(0.05)
-
-
-def _rate(result: RunResult) -> float:
-    return result.events_per_s

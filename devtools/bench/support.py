@@ -122,6 +122,11 @@ def child_env(
     }
 
 
+def fastest(results: Iterable[RunResult]) -> RunResult:
+    """The run with the most events per second (a shared machine only ever slows a run down)."""
+    return max(results, key=lambda r: r.events_per_s)
+
+
 STATUS_PORT_BASE = "PKGQ_BENCH_STATUS_PORT"
 """When set (a port number B), the bench's relay serves /metrics on B and its `pkgq run`
 replica i on B + 1 + i, on 127.0.0.1: deploy/observability/render.py scrapes them."""

@@ -70,7 +70,8 @@ async def test_bench_runs_every_phase_and_ends_with_one_key_value_line_per_figur
         "--namespace",
         namespace,
     )
-    await _drop_database(settings, f"pkgq_{namespace}")
+    for database in (f"pkgq_{namespace}", f"pkgq_{namespace}_large"):
+        await _drop_database(settings, database)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.strip().splitlines()[-len(KEYS) :]
     figures = dict(line.split("=", 1) for line in lines)
