@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import subprocess
 from collections.abc import Awaitable, Callable, Sequence
 from uuid import UUID, uuid4
 
@@ -27,29 +26,10 @@ from infra.rabbit.publisher import Publisher
 from infra.rabbit.route_consumer import route_consumer
 from infra.rabbit.tap import Tap
 from infra.settings import Settings
+from tests.support.broker_connections import close_connection
 from tests.support.deliveries import Sending, send
 from tests.support.in_process import StartApp
 from tests.support.observing import eventually
-
-
-def close_connection_named(name: str) -> None:
-    """Have the broker close the client connection called `name` (as an operator or a
-    network partition would)."""
-    listing = subprocess.run(
-        ["rabbitmqctl", "-q", "list_connections", "pid", "client_properties"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=30,
-    ).stdout
-    pids = [line.split()[0] for line in listing.splitlines() if f'"{name}"' in line]
-    assert len(pids) == 1, listing
-    subprocess.run(
-        ["rabbitmqctl", "-q", "close_connection", pids[0], "closed by test"],
-        check=True,
-        capture_output=True,
-        timeout=30,
-    )
 
 
 async def test_buffered_deliveries_of_a_closed_connection_are_redelivered_and_all_processed(
@@ -80,7 +60,7 @@ async def test_buffered_deliveries_of_a_closed_connection_are_redelivered_and_al
         return len(seen) >= 5
 
     await eventually(some_processed)
-    await asyncio.to_thread(close_connection_named, name)
+    await close_connection(settings, name)
 
     async def all_processed() -> bool:
         return set(sent) <= set(seen)

@@ -3,14 +3,8 @@ workers (deploy/observability/)."""
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import json
 import os
 import socket
-import urllib.parse
-import urllib.request
-from typing import Any
 from uuid import UUID, uuid4
 
 import asyncpg
@@ -20,8 +14,8 @@ from prometheus_client import REGISTRY
 from consumers.runtime import Services, WorkerHeartbeat, services, start_status_server
 from events.routes import USAGE_RECORD
 from infra.postgres import holds
-from infra.rabbit.management import management_base
 from infra.settings import Settings
+from tests.support.broker_connections import close_connection
 from tests.support.in_process import InProcess
 from tests.support.observing import eventually
 from tests.support.processes import free_port, http_get
@@ -135,27 +129,6 @@ async def test_a_heartbeat_that_reaps_a_stale_peer_counts_it_in_the_reaped_worke
     assert REGISTRY.get_sample_value("pkgq_workers_reaped_total") == before + 1
 
 
-def _close_connection_named(settings: Settings, name: str) -> int:
-    """Close, from the broker's side (the management API), the connections with this client
-    name. Returns how many were closed."""
-    base, user, password = management_base(settings)
-    token = base64.b64encode(f"{user}:{password}".encode()).decode()
-
-    def call(method: str, path: str) -> Any:
-        request = urllib.request.Request(f"{base}{path}", method=method)  # noqa: S310
-        request.add_header("Authorization", f"Basic {token}")
-        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
-            body = response.read()
-        return json.loads(body) if body else None
-
-    closed = 0
-    for connection in call("GET", "/api/connections?columns=name,client_properties"):
-        if connection.get("client_properties", {}).get("connection_name") == name:
-            call("DELETE", f"/api/connections/{urllib.parse.quote(connection['name'], safe='')}")
-            closed += 1
-    return closed
-
-
 async def test_a_connection_the_broker_closes_is_re_established_and_counted_as_a_reconnect(
     settings: Settings,
 ) -> None:
@@ -163,11 +136,7 @@ async def test_a_connection_the_broker_closes_is_re_established_and_counted_as_a
     name = f"pkgq-{role}@{socket.gethostname()}:{os.getpid()}"
     before = REGISTRY.get_sample_value("pkgq_reconnects_total") or 0.0
     async with services(settings, role) as svc:
-
-        async def listed() -> bool:
-            return await asyncio.to_thread(_close_connection_named, settings, name) == 1
-
-        await eventually(listed)  # the management API lists a connection a moment later
+        await close_connection(settings, name)
 
         async def reconnected() -> bool:
             return (REGISTRY.get_sample_value("pkgq_reconnects_total") or 0.0) > before

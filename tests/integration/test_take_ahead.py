@@ -6,6 +6,7 @@ batched side with every delivery taken ahead)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Sequence
 from uuid import UUID, uuid4
@@ -28,6 +29,7 @@ from infra.rabbit.consumer import Result
 from infra.rabbit.publisher import Publisher
 from infra.rabbit.route_consumer import route_consumer
 from infra.settings import Settings
+from tests.support.broker_connections import close_connection, listed
 from tests.support.deliveries import raw_for, send
 from tests.support.observing import eventually
 from tests.support.queue_items import active_users, item_counters
@@ -233,3 +235,52 @@ async def test_the_consumer_tells_ahead_of_each_delivery_before_handing_the_same
     for position, (raw, told_by_then) in enumerate(handed):
         assert told_by_then > position  # told of it before it was handed over
         assert any(raw is t for t in told)  # the very object, so the work is not done twice
+
+
+async def test_deliveries_taken_ahead_and_buffered_when_the_broker_closes_the_connection_bill_once(
+    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> None:
+    # Deliveries wait in the consumer's buffer, taken ahead, behind slow batches of two; the
+    # broker closes the connection; they come back on the new one, are taken again (new
+    # objects), and each user's usage is billed once.
+    users = await active_users(pool, 30, limit=LIMIT, name="ahead")
+    pipeline = _pipeline(pool)
+    taken: list[RawDelivery] = []
+
+    def ahead(raw: RawDelivery) -> None:
+        taken.append(raw)
+        pipeline.take_ahead(raw)
+
+    async def slow(raws: Sequence[RawDelivery]) -> list[Result]:
+        await asyncio.sleep(0.05)
+        return await pipeline.process_batch(raws)
+
+    tuned = settings.model_copy(update={"prefetch": 30, "batch_size": 2, "batch_max": 2})
+    name = f"pkgq-test-ahead-{uuid4().hex[:8]}"
+    connection = await connect(settings.amqp_url, name)
+    dead_letters = await Publisher.open(connection, settings.dlx)
+    consumer = route_consumer(USAGE_RECORD, tuned, connection, slow, dead_letters, ahead=ahead)
+    for user in users:  # all queued first, so that most wait in the consumer's buffer
+        await send(settings, amqp, USAGE_RECORD, RecordUsage(user_id=user, upload=5, download=1))
+    await listed(settings, name)  # so that it is closed as soon as a few are processed
+    await consumer.start()
+    try:
+
+        async def some_processed() -> bool:
+            return consumer.processed >= 4
+
+        await eventually(some_processed, within=15)
+        await close_connection(settings, name)
+
+        async def all_billed() -> bool:
+            counters = await item_counters(pool, users)
+            return all(c == ("active", 5, 1) for c in counters.values())
+
+        await eventually(all_billed, within=30)
+        assert not consumer.failed.is_set()
+    finally:
+        await consumer.stop()
+        await connection.close()
+    ids = [raw.message_id for raw in taken]
+    assert len(ids) > len(set(ids)) == len(users)  # some were taken twice: before and after
+    assert await item_counters(pool, users) == {u: ("active", 5, 1) for u in users}
