@@ -168,7 +168,29 @@ async def wait_finished(pool: asyncpg.Pool, users: list[UUID], pods: Pods) -> No
     try:
         await eventually(done, within=90)
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{pods.logs()}") from None
+        raise AssertionError(f"{exc}\n{await _where_it_stands(pool)}\n{pods.logs()}") from None
+
+
+async def _where_it_stands(pool: asyncpg.Pool) -> str:
+    """For a stalled run (seen once, cause unknown): the database's busy sessions and what they
+    wait on, the outbox rows not yet published, what each consumer applied, and the holds."""
+    async with pool.acquire() as conn:
+        sessions = await conn.fetch(
+            "SELECT pid, application_name, state, wait_event_type, wait_event, "
+            "now() - xact_start AS in_transaction, left(query, 160) AS query "
+            "FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND state <> 'idle'"
+        )
+        pending = await conn.fetch(
+            "SELECT route, count(*) AS n, min(available_at) AS due FROM telecom.outbox "
+            "WHERE published_at IS NULL GROUP BY route"
+        )
+        applied = await conn.fetch(
+            "SELECT consumer, count(*) AS n FROM telecom.inbox GROUP BY consumer ORDER BY 1"
+        )
+        held = await conn.fetch("SELECT consumer, user_id, blocker, state FROM telecom.holds")
+    parts = {"busy sessions": sessions, "unpublished": pending, "applied": applied, "holds": held}
+    return "\n".join(f"--- {name}: {[dict(r) for r in rows]}" for name, rows in parts.items())
 
 
 async def test_the_previous_release_runs_beside_this_one_on_the_newest_schema_and_buries_nothing(
