@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from consumers.delivery.decode import Delivery
-from consumers.unit_of_work import Needs, NeedsOf, UnitOfWork
+from consumers.unit_of_work import NeedsOf, UnitOfWork
 from domain.delivery import Facts, Gate, Hold, Source
 from infra.postgres import batch_read, catalog, groups, holds, queue_repo, usage_billed
 from infra.postgres.pool import Conn
@@ -72,17 +72,10 @@ async def load(
         still = await holds.lock_parked(conn, consumer, [d.message_id for d in ready])
         ready = [d for d in ready if d.message_id in still]
     needs = [asked[d.index] for d in ready if d.index in asked and d.message_id not in seen]
-    wanted = Needs(
-        item_ids=(),  # loaded above
-        package_ids=tuple(p for n in needs for p in n.package_ids),
-        new_items=sum(n.new_items for n in needs),
-        orders=tuple(o for n in needs for o in n.orders),
-        usages=tuple(u for n in needs for u in n.usages),
-    )
     # Orders are looked up by (user, by_order), not found among the loaded items: an old
     # order's items may all be consumed and so not loaded.
-    orders = await queue_repo.load_orders(conn, wanted.orders)
-    billed = await usage_billed.load(conn, wanted.usages)
+    orders = await queue_repo.load_orders(conn, [o for n in needs for o in n.orders])
+    billed = await usage_billed.load(conn, [u for n in needs for u in n.usages])
     work = UnitOfWork(
         now,
         {
@@ -90,10 +83,12 @@ async def load(
             for u, row in rows.items()
         },
     )
-    if wanted.package_ids:
-        work.packages = await catalog.get_packages(conn, wanted.package_ids)
-    if wanted.new_items:
-        work.new_ids, work.created_at = await queue_repo.allocate_item_ids(conn, wanted.new_items)
+    package_ids = [p for n in needs for p in n.package_ids]
+    if package_ids:
+        work.packages = await catalog.get_packages(conn, package_ids)
+    new_items = sum(n.new_items for n in needs)
+    if new_items:
+        work.new_ids, work.created_at = await queue_repo.allocate_item_ids(conn, new_items)
     # A group member's row is locked until commit: a cancel waits for this batch, or this
     # batch sees the cancel.
     members = await groups.lock_members(

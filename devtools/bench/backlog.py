@@ -46,6 +46,7 @@ from devtools.bench.support import (
     backlog_rounds,
     child_env,
     cpu_seconds,
+    in_turns,
     peak_rss_mb,
     spawn,
     statement_kinds,
@@ -382,14 +383,7 @@ async def backlog_phases(bench: Bench, say: Callable[[str], None]) -> dict[str, 
         f"consuming and acking alone ({scenario.backlog_records:,} messages, prefetch "
         f"{backlog.prefetch}, no database)"
     )
-    # Taking turns, so a slow spell of the shared machine falls on both sides of the ratio,
-    # each side first in every other pair (the first of a pair can be the faster).
-    pkgqs: list[DrainResult] = []
-    brokers: list[DrainResult] = []
-    for number in range(scenario.repeat):
-        sides = [(pkgqs, backlog.drain_pkgq), (brokers, backlog.drain_broker)]
-        for results, drain in sides[:: -1 if number % 2 else 1]:
-            results.append(await drain())
+    pkgqs, brokers = await in_turns(scenario.repeat, backlog.drain_pkgq, backlog.drain_broker)
     pkgq = max(pkgqs, key=_records_per_s)
     broker = max(brokers, key=_records_per_s)
     say(

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from devtools.bench.backlog import BACKLOG_PHASES, backlog_phases
 from devtools.bench.scenario import Bench, Scenario
-from devtools.bench.support import RunResult, bench_settings, fastest
+from devtools.bench.support import RunResult, bench_settings, fastest, in_turns
 from events.routes import ROUTES
 from infra.settings import Settings
 
@@ -103,10 +103,10 @@ async def table_sizes(
 ) -> tuple[RunResult, RunResult]:
     """The lifecycle with `small_rows` and with `large_rows` already in package_queue, in two
     databases side by side (the large one is pkgq_<namespace>_large, with broker names of its
-    own), taking turns: a slow spell of the shared machine falls on both sides, as with the raw
-    broker. The best of each. As many pairs as `lifecycle_repeat`, rounded up to an even number,
-    so that each side goes first as often: in four runs of the bench the first run of a pair
-    was the faster in 10 of 12 pairs (why is not known)."""
+    own), taking turns (support.in_turns). The best of each. As many pairs as
+    `lifecycle_repeat`, rounded up to an even number, so that each side goes first as often: in
+    four runs of the bench the first run of a pair was the faster in 10 of 12 pairs (why is not
+    known)."""
     namespace = f"{scenario.namespace}_large"
     large_bench = Bench(bench_settings(configured, namespace), scenario)
     await large_bench.open()
@@ -119,15 +119,17 @@ async def table_sizes(
             f"{await large_bench.row_count():,} rows queued (another database), taking turns, "
             f"{pairs} runs each"
         )
-        smalls: list[RunResult] = []
-        larges: list[RunResult] = []
-        for number in range(pairs):
-            if number:
-                await bench.clear_scenario()
-                await large_bench.clear_scenario()
-            sides = [(bench, smalls, "pkgq-small"), (large_bench, larges, "pkgq-large")]
-            for side, results, label in sides[:: -1 if number % 2 else 1]:
-                results.append(await side.lifecycle(label))
+
+        async def clear_both() -> None:
+            await bench.clear_scenario()
+            await large_bench.clear_scenario()
+
+        smalls, larges = await in_turns(
+            pairs,
+            lambda: bench.lifecycle("pkgq-small"),
+            lambda: large_bench.lifecycle("pkgq-large"),
+            between=clear_both,
+        )
         small, large = fastest(smalls), fastest(larges)
         say(
             f"  {small.events_per_s:,.0f} events/s against {large.events_per_s:,.0f} "

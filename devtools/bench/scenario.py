@@ -38,6 +38,7 @@ from devtools.bench.support import (
     Scenario,
     child_env,
     fastest,
+    in_turns,
     message,
     peak_rss_mb,
     spawn,
@@ -164,20 +165,11 @@ class Bench:
         )
 
     async def raw_and_lifecycle(self, runs: int) -> tuple[RunResult, RunResult]:
-        """The raw broker round trip and pkgq's lifecycle run taking turns, `runs` of each,
-        each first in every other pair (the first of a pair can be the faster); the best of
-        each."""
-        raws: list[RunResult] = []
-        lifecycles: list[RunResult] = []
-        for number in range(runs):
-            if number:
-                await self.clear_scenario()
-            if number % 2:
-                lifecycles.append(await self.lifecycle("pkgq"))
-                raws.append(await self.raw_broker())
-            else:
-                raws.append(await self.raw_broker())
-                lifecycles.append(await self.lifecycle("pkgq"))
+        """The raw broker round trip and pkgq's lifecycle run taking turns (support.in_turns),
+        `runs` of each; the best of each."""
+        raws, lifecycles = await in_turns(
+            runs, self.raw_broker, lambda: self.lifecycle("pkgq"), between=self.clear_scenario
+        )
         return fastest(raws), fastest(lifecycles)
 
     async def add_rows(self, rows: int) -> None:

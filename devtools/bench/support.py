@@ -7,8 +7,9 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 from uuid import UUID, uuid4
 
 import aio_pika
@@ -120,6 +121,33 @@ def child_env(
         "PKGQ_LOG_LEVEL": "warning",
         "PKGQ_LOG_FORMAT": "json",
     }
+
+
+R = TypeVar("R")
+
+
+async def in_turns(
+    pairs: int,
+    first: Callable[[], Awaitable[R]],
+    second: Callable[[], Awaitable[R]],
+    *,
+    between: Callable[[], Awaitable[object]] | None = None,
+) -> tuple[list[R], list[R]]:
+    """`pairs` runs of each side taking turns, so a slow spell of the shared machine falls on
+    both; each side first in every other pair (the first of a pair is often the faster).
+    `between` runs before every pair but the first."""
+    firsts: list[R] = []
+    seconds: list[R] = []
+    for number in range(pairs):
+        if number and between is not None:
+            await between()
+        if number % 2:
+            seconds.append(await second())
+            firsts.append(await first())
+        else:
+            firsts.append(await first())
+            seconds.append(await second())
+    return firsts, seconds
 
 
 def fastest(results: Iterable[RunResult]) -> RunResult:
