@@ -71,6 +71,7 @@ from domain.delivery import Decision, Fate, Source
 from events.decoding import RawDelivery
 from events.envelope import CONTENT_TYPE
 from events.routes import Route
+from infra.outbox.handoff import Handoff
 from infra.postgres import holds, queue_repo, strikes, transitions
 from infra.postgres.pool import Conn, forget_if_demoted
 from infra.rabbit.outcomes import Result
@@ -126,11 +127,15 @@ class DeliveryPipeline:
         trusted_publisher: str | None = None,
         usage_dedup_days: int = writer.USAGE_DEDUP_DAYS,
         ahead_limit: int = AHEAD_LIMIT,
+        handoff: Handoff | None = None,
     ) -> None:
         """`trusted_publisher`: pkgq's AMQP user (Settings.amqp_user). Given, the consumer of a
         route that is not inbound buries what anyone else published (untrusted_publisher);
         None turns the check off (tests that feed deliveries without the broker).
-        `ahead_limit`: deliveries taken ahead kept at most (AHEAD_LIMIT)."""
+        `ahead_limit`: deliveries taken ahead kept at most (AHEAD_LIMIT). `handoff`: this
+        process publishes the follow-ups a batch hands off once it commits (None: the relay
+        publishes them all)."""
+        self._handoff = handoff
         self._pool = pool
         self._trusted_publisher = trusted_publisher
         self.route = route
@@ -259,9 +264,17 @@ class DeliveryPipeline:
         """Decide and write one scope of the batch in one transaction."""
         ready = [i for i in scope if isinstance(i, Delivery)]
         bad = [i for i in scope if isinstance(i, BadDelivery)]
+        handoff = self._handoff
+        began = time.monotonic()  # before the transaction's clock (handoff.deadline)
         async with self._connection() as conn, conn.transaction():
             loaded = await snapshot.load(
-                conn, self.consumer, self._needs, ready, source, settled=frozenset(known.failures)
+                conn,
+                self.consumer,
+                self._needs,
+                ready,
+                source,
+                settled=frozenset(known.failures),
+                handing_off=handoff is not None,
             )
             done = refused(bad) + await self._executor.run(conn, loaded, ready, known)
             rows = writes_of(
@@ -273,10 +286,17 @@ class DeliveryPipeline:
                 holds_after=loaded.gate.holds,
                 failed_before=loaded.failed_before,
             )
-            lifted = await writer.write(
-                conn, self.route, loaded.work, rows, usage_dedup_days=self._usage_dedup_days
+            written = await writer.write(
+                conn,
+                self.route,
+                loaded.work,
+                rows,
+                usage_dedup_days=self._usage_dedup_days,
+                handoff_s=handoff.window if handoff is not None else 0.0,
             )
-        return done, lifted
+        if handoff is not None and written.handed:  # committed: published from here
+            handoff.hand(written.handed, handoff.deadline(began))
+        return done, written.drain
 
     async def _timed_out(
         self, items: Sequence[Item], timed_out: TimedOutError, known: Known, end: int
