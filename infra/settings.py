@@ -115,6 +115,10 @@ class Settings(BaseSettings):
     publishes every row). A hop then skips the relay's wake, lease and claim
     (infra/outbox/handoff.py); the relay leaves a handed-off row, and the later rows of its
     user, alone meanwhile, and takes them if the process dies."""
+    handoff_max_rows: int = Field(default=64, ge=0, le=100_000)
+    """Rows one process may have handed off and not yet published: a batch whose follow-ups
+    would go past it leaves them all to the relay (a burst is then published by the relay's
+    process, beside this one, rather than by the process that also consumes)."""
     sweep_grace: float = Field(default=60.0, ge=0)
     """A time expiry this many seconds overdue, with no pending or recent trigger, is re-sent."""
 

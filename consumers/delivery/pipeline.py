@@ -71,7 +71,7 @@ from domain.delivery import Decision, Fate, Source
 from events.decoding import RawDelivery
 from events.envelope import CONTENT_TYPE
 from events.routes import Route
-from infra.outbox.handoff import Handoff
+from infra.outbox.handoff import Handoff, Reservation
 from infra.postgres import holds, queue_repo, strikes, transitions
 from infra.postgres.pool import Conn, forget_if_demoted
 from infra.rabbit.outcomes import Result
@@ -266,36 +266,47 @@ class DeliveryPipeline:
         bad = [i for i in scope if isinstance(i, BadDelivery)]
         handoff = self._handoff
         began = time.monotonic()  # before the transaction's clock (handoff.deadline)
-        async with self._connection() as conn, conn.transaction():
-            loaded = await snapshot.load(
-                conn,
-                self.consumer,
-                self._needs,
-                ready,
-                source,
-                settled=frozenset(known.failures),
-                handing_off=handoff is not None,
-            )
-            done = refused(bad) + await self._executor.run(conn, loaded, ready, known)
-            rows = writes_of(
-                self.route,
-                done,
-                loaded.work.now,
-                source=source,
-                holds_before=loaded.holds_before,
-                holds_after=loaded.gate.holds,
-                failed_before=loaded.failed_before,
-            )
-            written = await writer.write(
-                conn,
-                self.route,
-                loaded.work,
-                rows,
-                usage_dedup_days=self._usage_dedup_days,
-                handoff_s=handoff.window if handoff is not None else 0.0,
-            )
-        if handoff is not None and written.handed:  # committed: published from here
-            handoff.hand(written.handed, handoff.deadline(began))
+        reserved: Reservation | None = None
+        try:
+            async with self._connection() as conn, conn.transaction():
+                loaded = await snapshot.load(
+                    conn,
+                    self.consumer,
+                    self._needs,
+                    ready,
+                    source,
+                    settled=frozenset(known.failures),
+                    handing_off=handoff is not None,
+                )
+                done = refused(bad) + await self._executor.run(conn, loaded, ready, known)
+                rows = writes_of(
+                    self.route,
+                    done,
+                    loaded.work.now,
+                    source=source,
+                    holds_before=loaded.holds_before,
+                    holds_after=loaded.gate.holds,
+                    failed_before=loaded.failed_before,
+                )
+                written = await writer.write(
+                    conn,
+                    self.route,
+                    loaded.work,
+                    rows,
+                    usage_dedup_days=self._usage_dedup_days,
+                    handoff_s=handoff.window if handoff is not None else 0.0,
+                    handoff_room=handoff.room() if handoff is not None else 0,
+                    handoff_by=handoff.identity if handoff is not None else None,
+                )
+                if handoff is not None and written.handed:
+                    # Under the users' locks: their places in the order of the commits.
+                    reserved = handoff.reserve(written.handed)
+        except BaseException:
+            if handoff is not None and reserved is not None:
+                handoff.drop(reserved)
+            raise
+        if handoff is not None and reserved is not None:  # committed: published from here
+            handoff.hand(reserved, handoff.deadline(began))
         return done, written.drain
 
     async def _timed_out(

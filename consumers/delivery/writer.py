@@ -75,9 +75,12 @@ async def write(
     *,
     usage_dedup_days: int = USAGE_DEDUP_DAYS,
     handoff_s: float = 0.0,
+    handoff_room: int = 0,
+    handoff_by: UUID | None = None,
 ) -> Written:
     """Send a batch's writes. `usage_dedup_days`: how long a billing record id billed now is
-    remembered. `handoff_s` > 0: follow-ups that may be are handed off for that many seconds
+    remembered. `handoff_s` > 0: follow-ups that may be are handed off for that many seconds,
+    if there are at most `handoff_room` of them, to process `handoff_by`
     (outbox.enqueue_part)."""
     consumer = route.short_name
     batch = compound.Batch(conn)
@@ -90,7 +93,15 @@ async def write(
     await batch.add(remaining)
     await batch.add(outbox.withdraw_part([key for key, _ in work.withdrawn] + writes.withdrawn))
     rows = work.rows_to_write() + writes.retries
-    added = await batch.add(outbox.enqueue_part(rows, handoff_s=handoff_s, now=work.now))
+    added = await batch.add(
+        outbox.enqueue_part(
+            rows,
+            handoff_s=handoff_s,
+            now=work.now,
+            handoff_room=handoff_room,
+            handoff_by=handoff_by,
+        )
+    )
     await batch.add(audit.write(work.audit))
     # The failure path's statements go one by one, in this order, after what came before.
     if writes.finished or writes.buried:

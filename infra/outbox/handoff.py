@@ -31,7 +31,9 @@ import contextlib
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from uuid import UUID
+from dataclasses import dataclass
+from functools import partial
+from uuid import UUID, uuid4
 
 import asyncpg
 import structlog
@@ -68,34 +70,115 @@ class Handoff:
         reading a publishing connection during a resource alarm, and their acks, which let it
         drain the queues, would stop with it."""
         self.window = settings.handoff_s
+        self.limit = settings.handoff_max_rows
+        self.in_flight = 0
+        """Rows handed off to this process and not yet settled."""
         self._settings = settings
         self._pool = pool
         self._connection = connection
         self._owned: AbstractRobustConnection | None = None
         self._publisher: Publisher | None = None
+        self._opening = asyncio.Lock()
         self._tasks: set[asyncio.Task[list[int]]] = set()
+        self.identity = uuid4()
+        """This process's, in the rows handed off to it (outbox `handed_by`)."""
+        self._tails: dict[UUID, asyncio.Future[bool]] = {}
+        """Per user with rows under way here: whether the latest of them were all published
+        (set once their confirms are in). A later hand-off of the user's rows waits for it."""
 
     def deadline(self, began: float) -> float:
         """The last moment (time.monotonic) to send rows handed off by a transaction that began
         after `began`."""
         return began + self.window - min(MARGIN_S, self.window / 2)
 
-    def hand(self, rows: Sequence[HandedRow], deadline: float) -> None:
-        """Publish committed rows in the background; settle them when done."""
-        if not rows:
-            return
-        task = asyncio.get_running_loop().create_task(self.publish(list(rows), deadline))
+    def room(self) -> int:
+        """How many more rows a batch may hand off now (PKGQ_HANDOFF_MAX_ROWS less those under
+        way). A burst beyond it goes through the relay, whose process publishes on another
+        core while this one consumes: handing off every row of a burst made this process
+        the bottleneck (docs/explanation/performance.md)."""
+        return max(0, self.limit - self.in_flight)
+
+    def reserve(self, rows: Sequence[HandedRow]) -> Reservation:
+        """Take the rows' places behind the rows of the same users handed off here before.
+        Called inside the batch's transaction, under its users' locks, so the places are in the
+        order the users' transactions commit; then `hand` after the commit, or `drop` if it
+        failed."""
+        loop = asyncio.get_running_loop()
+        before: dict[UUID, asyncio.Future[bool]] = {}
+        after: dict[UUID, asyncio.Future[bool]] = {}
+        for user in {r.message.user_id for r in rows if r.message.user_id is not None}:
+            if (tail := self._tails.get(user)) is not None:
+                before[user] = tail
+            after[user] = self._tails[user] = loop.create_future()
+        return Reservation(list(rows), before, after)
+
+    def hand(self, reservation: Reservation, deadline: float) -> None:
+        """Publish the reserved rows, now committed, in the background; settle them when done.
+        A user's rows go after the user's rows handed off here before (the insert let them be
+        handed off behind those: `outbox.enqueue_part`), and only if those were published."""
+        rows = reservation.rows
+        self.in_flight += len(rows)
+        task = asyncio.get_running_loop().create_task(
+            self._publish_counted(rows, deadline, reservation.before, reservation.after)
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def publish(self, rows: list[HandedRow], deadline: float) -> list[int]:
-        """Publish the rows, each user's in order, then mark the published ones and give the
-        rest back to the relay. Returns the ids published. Never raises."""
+    def drop(self, reservation: Reservation) -> None:
+        """The batch did not commit: its places pass on what came before them."""
+        for user, place in reservation.after.items():
+            earlier = reservation.before.get(user)
+            if earlier is None:
+                self._settle_place(user, place, True)
+            else:
+                earlier.add_done_callback(partial(self._pass_on, user, place))
+
+    def _pass_on(
+        self, user: UUID, place: asyncio.Future[bool], earlier: asyncio.Future[bool]
+    ) -> None:
+        self._settle_place(user, place, not earlier.cancelled() and earlier.result())
+
+    def _settle_place(self, user: UUID, place: asyncio.Future[bool], published: bool) -> None:
+        if not place.done():
+            place.set_result(published)
+        self._forget(user, place)
+
+    def _forget(self, user: UUID, place: asyncio.Future[bool]) -> None:
+        if self._tails.get(user) is place and place.done():
+            del self._tails[user]
+
+    async def _publish_counted(
+        self,
+        rows: list[HandedRow],
+        deadline: float,
+        before: dict[UUID, asyncio.Future[bool]],
+        after: dict[UUID, asyncio.Future[bool]],
+    ) -> list[int]:
+        try:
+            return await self.publish(rows, deadline, before, after)
+        finally:
+            self.in_flight -= len(rows)
+            for user, place in after.items():
+                self._settle_place(user, place, False)  # if its chain did not say already
+
+    async def publish(
+        self,
+        rows: list[HandedRow],
+        deadline: float,
+        before: dict[UUID, asyncio.Future[bool]] | None = None,
+        after: dict[UUID, asyncio.Future[bool]] | None = None,
+    ) -> list[int]:
+        """Publish the rows, each user's in order (after `before[user]` says the user's rows
+        handed off earlier were published; `after[user]` then says whether these were), then
+        mark the published ones and give the rest back to the relay. Returns the ids
+        published. Never raises."""
         published: list[int] = []
         error: str | None = None
         try:
             publisher = await self._open()
-            published, error = await self._send(publisher, rows, deadline)
+            published, error = await self._send(
+                publisher, rows, deadline, before or {}, after or {}
+            )
         except Exception as exc:  # noqa: BLE001  (the rows go back to the relay)
             error = repr(exc)
         done = set(published)
@@ -114,6 +197,10 @@ class Handoff:
         return published
 
     async def _open(self) -> Publisher:
+        async with self._opening:  # one channel, however many hand-offs ask at once
+            return await self._open_once()
+
+    async def _open_once(self) -> Publisher:
         if self._publisher is None or not self._publisher.is_open:
             wait = self._settings.relay_confirm_timeout
             connection = self._connection or self._owned
@@ -133,7 +220,12 @@ class Handoff:
         return self._publisher
 
     async def _send(
-        self, publisher: Publisher, rows: list[HandedRow], deadline: float
+        self,
+        publisher: Publisher,
+        rows: list[HandedRow],
+        deadline: float,
+        before: dict[UUID, asyncio.Future[bool]],
+        after: dict[UUID, asyncio.Future[bool]],
     ) -> tuple[list[int], str | None]:
         chains: dict[UUID | None, list[HandedRow]] = defaultdict(list)
         for row in rows:
@@ -141,20 +233,28 @@ class Handoff:
         published: list[int] = []
         errors: list[str] = []
 
-        async def send_chain(chain: list[HandedRow]) -> None:
-            for row in chain:
+        async def send_chain(user: UUID | None, chain: list[HandedRow]) -> None:
+            sent = 0
+            if user is None or await _published_before(before.get(user), deadline):
+                sent = await send_rows(chain)
+            if user is not None and (done := after.get(user)) and not done.done():
+                done.set_result(sent == len(chain))
+
+        async def send_rows(chain: list[HandedRow]) -> int:
+            for sent, row in enumerate(chain):
                 if time.monotonic() > deadline or self._publisher is not publisher:
-                    return  # late, or the channel failed: the rest goes back to the relay
+                    return sent  # late, or the channel failed: the rest goes back to the relay
                 try:
                     await send_row(publisher, self._settings, _claimed(row))
                 except Exception as exc:  # noqa: BLE001  (this row and the rest go back)
                     errors.append(repr(exc))
                     if not (isinstance(exc, PublishFailedError) and exc.returned):
                         await self._drop(publisher)  # never publish on it again
-                    return
+                    return sent
                 published.append(row.id)
+            return len(chain)
 
-        await asyncio.gather(*(send_chain(c) for c in chains.values()))
+        await asyncio.gather(*(send_chain(u, c) for u, c in chains.items()))
         return published, "; ".join(errors[:3]) or None
 
     async def _drop(self, publisher: Publisher) -> None:
@@ -175,6 +275,29 @@ class Handoff:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._owned.close(), timeout=2)
             self._owned = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A batch's handed-off rows and their users' places (Handoff.reserve)."""
+
+    rows: list[HandedRow]
+    before: dict[UUID, asyncio.Future[bool]]
+    """Per user: whether the user's rows handed off here before were all published."""
+    after: dict[UUID, asyncio.Future[bool]]
+    """Per user: whether these were (for the user's next rows)."""
+
+
+async def _published_before(earlier: asyncio.Future[bool] | None, deadline: float) -> bool:
+    """Whether the user's rows handed off here before were all published (True if there are
+    none), waiting for them until `deadline` at most."""
+    if earlier is None:
+        return True
+    try:
+        async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+            return await asyncio.shield(earlier)
+    except TimeoutError:
+        return False
 
 
 def _claimed(row: HandedRow) -> ClaimedRow:

@@ -161,41 +161,54 @@ def handoff_wanted(messages: Sequence[OutboxMessage], now: datetime) -> list[boo
 
 
 def enqueue_part(
-    messages: Sequence[OutboxMessage], *, handoff_s: float = 0.0, now: datetime | None = None
+    messages: Sequence[OutboxMessage],
+    *,
+    handoff_s: float = 0.0,
+    now: datetime | None = None,
+    handoff_room: int = 0,
+    handoff_by: UUID | None = None,
 ) -> Part[Added] | None:
     """`enqueue` as a part of a batch's write statement (infra/postgres/compound.py).
     `handoff_s` > 0: the rows `handoff_wanted` asks for (as of the transaction's clock `now`)
-    are handed off for that many seconds, if none of their user's earlier rows waits (read
-    under the user's lock, which every writer of a user's follow-ups holds) and their route is
-    not paused."""
+    are handed off for that many seconds to process `handoff_by`, if there are at most
+    `handoff_room` of them, their route is not paused, and none of their user's earlier rows
+    waits (read under the user's lock, which every writer of a user's follow-ups holds) but
+    rows under way in that same process, which publishes the new ones after them."""
     if not messages:
         return None
-    wanted = (
-        handoff_wanted(messages, now)
-        if handoff_s > 0 and now is not None
-        else [False] * len(messages)
-    )
+    wanted = [False] * len(messages)
+    if handoff_s > 0 and now is not None and handoff_by is not None:
+        asked = handoff_wanted(messages, now)
+        if sum(asked) <= handoff_room:
+            wanted = asked
     return part_of(
         """
         INSERT INTO telecom.outbox
             (message_id, route, message_type, schema_version, user_id, seq, body, headers,
-             available_at, cancel_key, dedup_key, priority, expires_at, handed_until)
+             available_at, cancel_key, dedup_key, priority, expires_at, handed_until,
+             handed_by)
         SELECT m.message_id, m.route, m.message_type, m.schema_version, m.user_id, m.seq, m.body,
                m.headers::jsonb, coalesce(m.available_at, now()), m.cancel_key, m.dedup_key,
                m.priority, m.expires_at,
-               CASE WHEN m.wanted
-                     AND m.route NOT IN (SELECT route FROM telecom.route_pauses)
-                     AND NOT EXISTS (
-                         SELECT 1 FROM telecom.outbox e
-                         WHERE e.user_id = m.user_id AND e.published_at IS NULL
-                           AND e.available_at <= now())
-                    THEN now() + make_interval(secs => $15) END
+               CASE WHEN h.handed THEN now() + make_interval(secs => $15) END,
+               CASE WHEN h.handed THEN $16::uuid END
         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[], $5::uuid[], $6::bigint[],
                     $7::bytea[], $8::text[], $9::timestamptz[], $10::text[], $11::text[],
                     $12::smallint[], $13::timestamptz[], $14::bool[])
              WITH ORDINALITY AS m(message_id, route, message_type, schema_version, user_id, seq,
                                   body, headers, available_at, cancel_key, dedup_key, priority,
                                   expires_at, wanted, ord)
+             CROSS JOIN LATERAL (
+                 SELECT m.wanted
+                    AND m.route NOT IN (SELECT route FROM telecom.route_pauses)
+                    AND NOT EXISTS (
+                        SELECT 1 FROM telecom.outbox e
+                        WHERE e.user_id = m.user_id AND e.published_at IS NULL
+                          AND e.available_at <= now()
+                          AND (e.handed_by IS DISTINCT FROM $16::uuid
+                               OR e.handed_until IS NULL OR e.handed_until <= now()))
+                    AS handed
+             ) AS h
         ORDER BY m.ord
         ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
         RETURNING id, message_id, handed_until IS NOT NULL AS handed
@@ -208,6 +221,7 @@ def enqueue_part(
             *columns(messages, "expires_at"),
             wanted,
             handoff_s,
+            handoff_by,
         ),
         # Its triggers count the puts (in transition_counts' 'put' rows, which no part writes)
         # and NOTIFY the relay, both when the statement ends (a relay woken for handed-off rows

@@ -356,6 +356,7 @@ CREATE TABLE telecom.outbox (
     dedup_key text,
     expires_at timestamp with time zone,
     handed_until timestamp with time zone,
+    handed_by uuid,
     CONSTRAINT outbox_priority_range CHECK (((priority >= 0) AND (priority <= 2)))
 );
 

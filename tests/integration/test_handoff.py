@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import cast
 from uuid import UUID, uuid4
 
 import asyncpg
@@ -37,16 +38,31 @@ def _event(user: UUID, item: int, route: Route = PACKAGE_EXPIRING) -> Outgoing:
     return Outgoing(route, body)
 
 
+PROCESS = uuid4()
+"""The process the tests' batches hand rows off to, unless they say otherwise."""
+
+
 async def _write(
-    pool: asyncpg.Pool, user: UUID, events: list[Outgoing], handoff_s: float
+    pool: asyncpg.Pool,
+    user: UUID,
+    events: list[Outgoing],
+    handoff_s: float,
+    room: int = 100,
+    by: UUID = PROCESS,
 ) -> list[HandedRow]:
     """What a batch does: lock the user (holding the hand-off barrier), insert the rows asking
-    for a hand-off of `handoff_s` seconds (0: none). Returns the rows handed off."""
+    for a hand-off of `handoff_s` seconds (0: none) to process `by`, with room for `room`
+    rows. Returns the rows handed off."""
     async with pool.acquire() as conn, conn.transaction():
         await queue_repo.lock_users(conn, [user], handing_off=True)
         now = await clock(conn)
         messages = [outbox.from_outgoing(e, seq=None) for e in events]
-        added = await run(conn, outbox.enqueue_part(messages, handoff_s=handoff_s, now=now))
+        added = await run(
+            conn,
+            outbox.enqueue_part(
+                messages, handoff_s=handoff_s, now=now, handoff_room=room, handoff_by=by
+            ),
+        )
     assert added is not None
     by_message = {m.message_id: m for m in messages}
     return [HandedRow(i, by_message[m]) for i, m in added.handed]
@@ -100,6 +116,90 @@ async def test_a_users_rows_are_not_handed_off_while_an_earlier_row_of_theirs_wa
     assert [r["handed_until"] for r in await _rows(pool, user)] == [None, None, None]
 
 
+async def test_a_users_next_rows_are_handed_off_behind_its_rows_under_way_in_the_same_process(
+    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection, tap: Tap
+) -> None:
+    handoff = Handoff(settings, pool, amqp)
+    user = uuid4()
+    first = await _write(pool, user, [_event(user, 0), _event(user, 1)], 30, by=handoff.identity)
+    second = await _write(pool, user, [_event(user, 2)], 30, by=handoff.identity)
+    assert len(first) == 2
+    assert len(second) == 1  # behind rows under way in the process it is handed off to
+    assert await _write(pool, user, [_event(user, 3)], 30, by=uuid4()) == []  # not another's
+    try:
+        places = handoff.reserve(first), handoff.reserve(second)  # in their commits' order
+        handoff.hand(places[1], time.monotonic() + 10)  # even handed over first, it goes after
+        await asyncio.sleep(0.2)
+        assert _items(tap, user) == []  # it waits for the rows before it
+        handoff.hand(places[0], time.monotonic() + 10)
+        await tap.wait_for(lambda _: len(_items(tap, user)) == 3, within=10)
+    finally:
+        await handoff.close()
+    assert _items(tap, user) == [0, 1, 2]
+    published = [r["published_at"] is not None for r in await _rows(pool, user)]
+    assert published == [True, True, True, False]  # row 3 is the relay's
+
+
+async def test_rows_handed_off_behind_rows_that_were_not_published_are_given_back_unsent(
+    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> None:
+    # No tap here: it would route the first row (its queue takes every key).
+    handoff = Handoff(settings, pool, amqp)
+    user = uuid4()
+    first = await _write(pool, user, [_event(user, 0, NOWHERE)], 30, by=handoff.identity)
+    second = await _write(pool, user, [_event(user, 1)], 30, by=handoff.identity)
+    try:
+        places = handoff.reserve(first), handoff.reserve(second)
+        handoff.hand(places[0], time.monotonic() + 10)
+        handoff.hand(places[1], time.monotonic() + 10)
+    finally:
+        await handoff.close()
+    rows = await _rows(pool, user)
+    assert [r["handed_until"] for r in rows] == [None, None]  # both the relay's again
+    assert [r["publish_attempts"] for r in rows] == [1, 0]  # the second was never sent
+    assert [r["published_at"] for r in rows] == [None, None]
+    assert handoff.in_flight == 0
+
+
+async def test_a_place_whose_batch_did_not_commit_passes_on_what_came_before_it(
+    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> None:
+    handoff = Handoff(settings, pool, amqp)
+    user = uuid4()
+    rows = await _write(pool, user, [_event(user, 0)], 30, by=handoff.identity)
+    first = handoff.reserve(rows)
+    rolled_back = handoff.reserve(rows)  # a batch of the same user whose commit failed
+    last = handoff.reserve(rows)
+    handoff.drop(rolled_back)
+    assert last.before[user] is rolled_back.after[user]
+    first.after[user].set_result(False)  # the first was not published
+    await asyncio.sleep(0)
+    assert rolled_back.after[user].result() is False  # so the last waits on nothing it may pass
+    handoff.drop(first)  # (settled already: nothing changes)
+    handoff.drop(last)
+    await asyncio.sleep(0)
+    assert last.after[user].result() is False
+    assert handoff._tails == {}  # nothing left behind
+
+
+async def test_a_batch_with_more_follow_ups_than_the_process_has_room_for_hands_none_off(
+    pool: asyncpg.Pool,
+) -> None:
+    user, other = uuid4(), uuid4()
+    assert await _write(pool, user, [_event(user, i) for i in range(3)], 30, room=2) == []
+    assert len(await _write(pool, other, [_event(other, i) for i in range(2)], 30, room=2)) == 2
+
+
+async def test_a_process_with_rows_under_way_has_that_much_less_room() -> None:
+    settings = Settings(handoff_max_rows=5)
+    handoff = Handoff(settings, cast(asyncpg.Pool, None))
+    assert handoff.room() == 5
+    handoff.in_flight = 4
+    assert handoff.room() == 1
+    handoff.in_flight = 9
+    assert handoff.room() == 0
+
+
 async def test_a_user_with_a_row_that_may_not_be_handed_off_has_none_of_its_rows_handed_off(
     pool: asyncpg.Pool,
 ) -> None:
@@ -113,7 +213,8 @@ async def test_the_relay_leaves_a_handed_off_row_and_its_users_later_rows_until_
 ) -> None:
     user, other = uuid4(), uuid4()
     handed = await _write(pool, user, [_event(user, 0)], handoff_s=60)
-    await _write(pool, user, [_event(user, 1)], handoff_s=60)  # not handed off: behind row 0
+    # Written by another process: not handed off, behind row 0 (which is this one's).
+    assert await _write(pool, user, [_event(user, 1)], handoff_s=60, by=uuid4()) == []
     await _write(pool, other, [_event(other, 7)], handoff_s=0)
     relay = await _relay(settings, pool, amqp)
     assert await relay.relay_once() == 1  # the other user's row only

@@ -314,7 +314,7 @@ async def test_a_batch_that_hands_its_follow_ups_off_costs_one_statement_more_at
     one statement that marks what its process published (infra/outbox/handoff.py)."""
     pool, log = counted
     package = await add_package(pool, 15, timedelta(days=30))
-    handoff = Handoff(settings, pool, amqp)
+    handoff = Handoff(settings.model_copy(update={"handoff_max_rows": 1000}), pool, amqp)
 
     async def purchases(size: int, with_handoff: bool) -> int:
         pipeline = DeliveryPipeline(
@@ -353,3 +353,4 @@ async def test_a_batch_that_hands_its_follow_ups_off_costs_one_statement_more_at
         await handoff.close()
     assert len(set(without.values())) == 1, without
     assert handing == {size: without[size] + 1 for size in SIZES}
+    assert handoff.in_flight == 0  # every hand-off settled, and counted out

@@ -9,6 +9,10 @@
 -- relay leaves the row, and every later row of its user, alone until it is published or this
 -- time has passed. NULL: the relay's from the start.
 ALTER TABLE telecom.outbox ADD COLUMN IF NOT EXISTS handed_until timestamptz;
+-- Which process it was handed off to (an id each process draws at start): a later row of the
+-- same user may be handed off to that same process while the row is under way there, which
+-- publishes the two in order.
+ALTER TABLE telecom.outbox ADD COLUMN IF NOT EXISTS handed_by uuid;
 
 -- A user's unpublished rows, in order: whether a batch may hand a user's rows off (none of
 -- the user's earlier rows waits), and which rows the relay must leave behind a hand-off.
