@@ -22,7 +22,6 @@ from consumers.route_pauses import PauseWatch
 from consumers.runtime import Services, start_status_server
 from consumers.unit_of_work import Handler
 from events.routes import PACKAGE_PURCHASE, Route
-from infra.outbox.handoff import Handoff
 from infra.rabbit.consumer import Processor, QueueConsumer
 from infra.rabbit.publisher import Publisher
 from infra.rabbit.route_consumer import route_consumer
@@ -44,14 +43,8 @@ def handler_for(settings: Settings, route: Route) -> Handler:
 
 
 def pipeline_for(
-    settings: Settings,
-    svc: Services,
-    route: Route,
-    policy: RetryPolicy | None = None,
-    handoff: Handoff | None = None,
+    settings: Settings, svc: Services, route: Route, policy: RetryPolicy | None = None
 ) -> DeliveryPipeline:
-    """`handoff`: the process's hand-off of follow-ups (infra/outbox/handoff.py); None, the
-    relay publishes them all."""
     return DeliveryPipeline(
         svc.pool,
         route,
@@ -66,7 +59,6 @@ def pipeline_for(
         ahead_limit=2
         * settings.partitions_for(route.name)
         * max(settings.prefetch_for(route.name), settings.batch_max_for(route.name)),
-        handoff=handoff,
     )
 
 
@@ -87,17 +79,12 @@ async def run_consumers(
     await declare_exchanges(channel, settings)
     await channel.close()
     dead_letters = await Publisher.open(svc.amqp, settings.dlx, user_id=settings.amqp_user)
-    # The follow-ups of a batch are published by this process once it has committed them.
-    # On a connection of its own (infra/outbox/handoff.py), opened with its first hand-off.
-    handoff = Handoff(settings, svc.pool) if settings.handoff_s > 0 else None
     consumers: list[QueueConsumer] = []
     standby: list[QueueConsumer] = []
     resume_after: dict[str, float] = {}
     """Routes whose breaker resumes them by itself: after how many seconds."""
     for route in routes:
-        pipeline = (pipelines or {}).get(route.name) or pipeline_for(
-            settings, svc, route, handoff=handoff
-        )
+        pipeline = (pipelines or {}).get(route.name) or pipeline_for(settings, svc, route)
         processor: Processor = pipeline.process_batch
         breaker = settings.breaker_for(route.name)
         if breaker is not None:
@@ -167,8 +154,6 @@ async def run_consumers(
         if status is not None:
             status.draining = True
         await asyncio.gather(*(c.stop() for c in consumers), return_exceptions=True)
-        if handoff is not None:
-            await handoff.close()  # bounded: what is not sent goes to the relay in time
         with contextlib.suppress(Exception):  # bounded: the broker may be down
             await asyncio.wait_for(dead_letters.close(), timeout=2)
         log.info("stopped", processed={c.name: c.processed for c in consumers})

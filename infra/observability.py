@@ -37,13 +37,6 @@ PROCESSING = Histogram(
 )
 IN_FLIGHT = Gauge("pkgq_in_flight", "Deliveries being processed now, by route.", ["route"])
 RELAYED = Counter("pkgq_relay_published_total", "Outbox rows published and confirmed.")
-HANDED_OFF = Counter(
-    "pkgq_handoff_rows_total",
-    "Outbox rows a consumer's process was handed to publish after its commit, by outcome: "
-    "published (and confirmed), or given back to the relay (a failed publish, or not sent in "
-    "time).",
-    ["outcome"],
-)
 RELAY_LAG = Histogram(
     "pkgq_relay_publish_lag_seconds",
     "From a row being due (available_at) to its publish being confirmed.",

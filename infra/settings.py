@@ -109,16 +109,6 @@ class Settings(BaseSettings):
     due) after which the relay counts as stalled: `relay_stalled` is logged as an error,
     `pkgq_relay_stalled` is 1, /readyz fails, and the relay reconnects to the broker."""
     relay_poll_interval: float = Field(default=1.0, gt=0)
-    handoff_s: float = Field(default=5.0, ge=0, le=300)
-    """Seconds a consumer's process has to publish the follow-up events of a batch it
-    committed itself, right after the commit, before they go back to the relay (0: the relay
-    publishes every row). A hop then skips the relay's wake, lease and claim
-    (infra/outbox/handoff.py); the relay leaves a handed-off row, and the later rows of its
-    user, alone meanwhile, and takes them if the process dies."""
-    handoff_max_rows: int = Field(default=64, ge=0, le=100_000)
-    """Rows one process may have handed off and not yet published: a batch whose follow-ups
-    would go past it leaves them all to the relay (a burst is then published by the relay's
-    process, beside this one, rather than by the process that also consumes)."""
     sweep_grace: float = Field(default=60.0, ge=0)
     """A time expiry this many seconds overdue, with no pending or recent trigger, is re-sent."""
 

@@ -71,7 +71,6 @@ from domain.delivery import Decision, Fate, Source
 from events.decoding import RawDelivery
 from events.envelope import CONTENT_TYPE
 from events.routes import Route
-from infra.outbox.handoff import Handoff, Reservation
 from infra.postgres import holds, queue_repo, strikes, transitions
 from infra.postgres.pool import Conn, forget_if_demoted
 from infra.rabbit.outcomes import Result
@@ -127,15 +126,11 @@ class DeliveryPipeline:
         trusted_publisher: str | None = None,
         usage_dedup_days: int = writer.USAGE_DEDUP_DAYS,
         ahead_limit: int = AHEAD_LIMIT,
-        handoff: Handoff | None = None,
     ) -> None:
         """`trusted_publisher`: pkgq's AMQP user (Settings.amqp_user). Given, the consumer of a
         route that is not inbound buries what anyone else published (untrusted_publisher);
         None turns the check off (tests that feed deliveries without the broker).
-        `ahead_limit`: deliveries taken ahead kept at most (AHEAD_LIMIT). `handoff`: this
-        process publishes the follow-ups a batch hands off once it commits (None: the relay
-        publishes them all)."""
-        self._handoff = handoff
+        `ahead_limit`: deliveries taken ahead kept at most (AHEAD_LIMIT)."""
         self._pool = pool
         self._trusted_publisher = trusted_publisher
         self.route = route
@@ -264,50 +259,24 @@ class DeliveryPipeline:
         """Decide and write one scope of the batch in one transaction."""
         ready = [i for i in scope if isinstance(i, Delivery)]
         bad = [i for i in scope if isinstance(i, BadDelivery)]
-        handoff = self._handoff
-        began = time.monotonic()  # before the transaction's clock (handoff.deadline)
-        reserved: Reservation | None = None
-        try:
-            async with self._connection() as conn, conn.transaction():
-                loaded = await snapshot.load(
-                    conn,
-                    self.consumer,
-                    self._needs,
-                    ready,
-                    source,
-                    settled=frozenset(known.failures),
-                    handing_off=handoff is not None,
-                )
-                done = refused(bad) + await self._executor.run(conn, loaded, ready, known)
-                rows = writes_of(
-                    self.route,
-                    done,
-                    loaded.work.now,
-                    source=source,
-                    holds_before=loaded.holds_before,
-                    holds_after=loaded.gate.holds,
-                    failed_before=loaded.failed_before,
-                )
-                written = await writer.write(
-                    conn,
-                    self.route,
-                    loaded.work,
-                    rows,
-                    usage_dedup_days=self._usage_dedup_days,
-                    handoff_s=handoff.window if handoff is not None else 0.0,
-                    handoff_room=handoff.room() if handoff is not None else 0,
-                    handoff_by=handoff.identity if handoff is not None else None,
-                )
-                if handoff is not None and written.handed:
-                    # Under the users' locks: their places in the order of the commits.
-                    reserved = handoff.reserve(written.handed)
-        except BaseException:
-            if handoff is not None and reserved is not None:
-                handoff.drop(reserved)
-            raise
-        if handoff is not None and reserved is not None:  # committed: published from here
-            handoff.hand(reserved, handoff.deadline(began))
-        return done, written.drain
+        async with self._connection() as conn, conn.transaction():
+            loaded = await snapshot.load(
+                conn, self.consumer, self._needs, ready, source, settled=frozenset(known.failures)
+            )
+            done = refused(bad) + await self._executor.run(conn, loaded, ready, known)
+            rows = writes_of(
+                self.route,
+                done,
+                loaded.work.now,
+                source=source,
+                holds_before=loaded.holds_before,
+                holds_after=loaded.gate.holds,
+                failed_before=loaded.failed_before,
+            )
+            lifted = await writer.write(
+                conn, self.route, loaded.work, rows, usage_dedup_days=self._usage_dedup_days
+            )
+        return done, lifted
 
     async def _timed_out(
         self, items: Sequence[Item], timed_out: TimedOutError, known: Known, end: int

@@ -47,16 +47,12 @@ async def load(
     source: Source,
     *,
     settled: frozenset[int] = frozenset(),
-    handing_off: bool = False,
 ) -> Snapshot:
     """Inside the batch's transaction. `settled`: deliveries whose failure is known already
     (their run only records it): their users' rows are not locked, so a row that someone else
-    keeps locked past the statement timeout does not fail the recording too. `handing_off`:
-    the batch may hand follow-ups off (queue_repo.lock_users)."""
+    keeps locked past the statement timeout does not fail the recording too."""
     rows, now = await queue_repo.lock_users(
-        conn,
-        {d.user_id for d in ready if d.user_id is not None and d.index not in settled},
-        handing_off=handing_off,
+        conn, {d.user_id for d in ready if d.user_id is not None and d.index not in settled}
     )
     # What each message needs is asked of all of them, applied before or not (the items a
     # duplicate targets are loaded too, and left unchanged), so that the one read under the

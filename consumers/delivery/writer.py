@@ -22,7 +22,6 @@ every message it parks has a hold; every failure it counts is retried or buried.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from uuid import UUID
 
 import structlog
@@ -58,15 +57,6 @@ class ClaimRaceError(Exception):
     batch is rolled back and run again (it is then a duplicate)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Written:
-    drain: list[UUID]
-    """The users whose parked messages may go now."""
-    handed: list[outbox.HandedRow]
-    """The follow-ups handed off to this process: it publishes them once the batch commits
-    (infra/outbox/handoff.py)."""
-
-
 async def write(
     conn: Conn,
     route: Route,
@@ -74,14 +64,9 @@ async def write(
     writes: Writes,
     *,
     usage_dedup_days: int = USAGE_DEDUP_DAYS,
-    handoff_s: float = 0.0,
-    handoff_room: int = 0,
-    handoff_by: UUID | None = None,
-) -> Written:
-    """Send a batch's writes. `usage_dedup_days`: how long a billing record id billed now is
-    remembered. `handoff_s` > 0: follow-ups that may be are handed off for that many seconds,
-    if there are at most `handoff_room` of them, to process `handoff_by`
-    (outbox.enqueue_part)."""
+) -> list[UUID]:
+    """Send a batch's writes. Returns the users whose parked messages may go now.
+    `usage_dedup_days`: how long a billing record id billed now is remembered."""
     consumer = route.short_name
     batch = compound.Batch(conn)
     claimed = await batch.add(inbox.claim_many(consumer, writes.claims))
@@ -92,16 +77,7 @@ async def write(
     applied = await batch.add(changes)
     await batch.add(remaining)
     await batch.add(outbox.withdraw_part([key for key, _ in work.withdrawn] + writes.withdrawn))
-    rows = work.rows_to_write() + writes.retries
-    added = await batch.add(
-        outbox.enqueue_part(
-            rows,
-            handoff_s=handoff_s,
-            now=work.now,
-            handoff_room=handoff_room,
-            handoff_by=handoff_by,
-        )
-    )
+    await batch.add(outbox.enqueue_part(work.rows_to_write() + writes.retries))
     await batch.add(audit.write(work.audit))
     # The failure path's statements go one by one, in this order, after what came before.
     if writes.finished or writes.buried:
@@ -125,8 +101,4 @@ async def write(
         log.info("access_update_stale", user_id=str(user), seq=work.access_changes[user].seq)
     if writes.claims:
         faults.hit(faults.DELIVERY_BEFORE_COMMIT, route=route.name)
-    handed: list[outbox.HandedRow] = []
-    if rows and (result := added.get()) is not None and result.handed:
-        by_message = {row.message_id: row for row in rows}
-        handed = [outbox.HandedRow(i, by_message[m]) for i, m in result.handed]
-    return Written(drain, handed)
+    return drain

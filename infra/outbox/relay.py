@@ -57,18 +57,18 @@ import asyncpg
 import structlog
 from aio_pika.abc import AbstractRobustConnection
 
-from infra import faults
+from events.envelope import H_TRACEPARENT
+from infra import faults, tracing
 from infra.observability import RELAY_LAG, RELAY_RENEWALS, RELAY_STALLED, RELAYED
 from infra.outbox import renewal
 from infra.outbox.housekeeping import housekeeping_forever
 from infra.outbox.listener import OutboxListener
-from infra.outbox.sending import send_row
 from infra.postgres import job_state, outbox
 from infra.postgres.outbox import ClaimedRow
 from infra.postgres.pool import forget_if_demoted
 from infra.rabbit.connection import reconnect
-from infra.rabbit.publisher import Publisher
-from infra.rabbit.topology import declare_all
+from infra.rabbit.publisher import Publisher, build_properties
+from infra.rabbit.topology import declare_all, routing_key_for
 from infra.settings import Settings
 from infra.systemd_notify import Notifier
 from infra.transient import OutagePauses, is_transient, needs_operator
@@ -358,4 +358,23 @@ class Relay:
     async def _send(self, row: ClaimedRow) -> None:
         """Publish one row and return once it is confirmed (raise if it is not)."""
         assert self._publisher is not None
-        await send_row(self._publisher, self._settings, row)
+        incoming = row.headers.get(H_TRACEPARENT)
+        with tracing.publishing(
+            row.route,
+            row.message_id,
+            incoming if isinstance(incoming, str) else None,
+            row.available_at,
+        ) as traceparent:
+            headers = row.headers
+            if traceparent is not None and traceparent != incoming:
+                headers = {**row.headers, H_TRACEPARENT: traceparent}
+            properties = build_properties(
+                message_id=row.message_id,
+                message_type=row.message_type,
+                headers=headers,
+                priority=row.priority,
+                expiration_ms=row.ttl_ms if row.expires_at is not None else None,
+            )
+            await self._publisher.publish_properties(
+                row.body, properties, routing_key_for(self._settings, row.route, row.user_id)
+            )

@@ -119,38 +119,14 @@ _LOCK_USERS = """
 """
 
 
-HANDOFF_LOCK_CLASS = 0x706B6768
-"""Advisory-lock class (object 0) a batch that may hand rows off holds shared, and a route's
-pause takes exclusively (outbox.pause_route)."""
-
-_LOCK_USERS_HANDING = """
-    INSERT INTO telecom.queue_users AS u (user_id)
-    SELECT x FROM unnest($1::uuid[]) AS x
-    WHERE (SELECT count(*) FROM (SELECT pg_advisory_xact_lock_shared($2, 0)) AS barrier) = 1
-    ORDER BY x
-    ON CONFLICT (user_id) DO UPDATE SET user_id = u.user_id
-    RETURNING u.user_id, u.unbilled_upload, u.unbilled_download, u.has_access, u.seq,
-              now() AS now
-"""
-"""`_LOCK_USERS` that first takes the hand-off barrier shared (outbox.pause_route), in the
-same statement: the subquery runs once, before any row."""
-
-
-async def lock_users(
-    conn: Conn, user_ids: Iterable[UUID], *, handing_off: bool = False
-) -> tuple[dict[UUID, UserRow], datetime]:
+async def lock_users(conn: Conn, user_ids: Iterable[UUID]) -> tuple[dict[UUID, UserRow], datetime]:
     """Create missing user rows and lock all of them until the transaction ends, in one
-    statement. Returns the rows and the transaction's clock. `handing_off`: the transaction
-    may hand rows off (infra/outbox/handoff.py), so it holds the barrier a route's pause
-    waits on (outbox.pause_route)."""
+    statement. Returns the rows and the transaction's clock."""
     wanted = in_uuid_order(user_ids)
     if not wanted:
         now = await clock(conn)
         return {}, now
-    if handing_off:
-        rows = await conn.fetch(_LOCK_USERS_HANDING, wanted, HANDOFF_LOCK_CLASS)
-    else:
-        rows = await conn.fetch(_LOCK_USERS, wanted)
+    rows = await conn.fetch(_LOCK_USERS, wanted)
     users = {
         r["user_id"]: UserRow(
             r["user_id"], r["unbilled_upload"], r["unbilled_download"], r["has_access"], r["seq"]

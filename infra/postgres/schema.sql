@@ -355,8 +355,6 @@ CREATE TABLE telecom.outbox (
     cancel_key text,
     dedup_key text,
     expires_at timestamp with time zone,
-    handed_until timestamp with time zone,
-    handed_by uuid,
     CONSTRAINT outbox_priority_range CHECK (((priority >= 0) AND (priority <= 2)))
 );
 
@@ -722,8 +720,6 @@ CREATE INDEX outbox_pending ON telecom.outbox USING btree (partition, available_
 CREATE INDEX outbox_unpublished_route ON telecom.outbox USING btree (route, available_at) WHERE (published_at IS NULL);
 
 CREATE INDEX outbox_user ON telecom.outbox USING btree (user_id, created_at, id) WHERE (user_id IS NOT NULL);
-
-CREATE INDEX outbox_user_unpublished ON telecom.outbox USING btree (user_id, id) WHERE (published_at IS NULL);
 
 CREATE INDEX package_queue_active_expiry ON telecom.package_queue USING btree (expire_at) WHERE ((status = 'active'::telecom.package_status) AND (expire_at IS NOT NULL));
 

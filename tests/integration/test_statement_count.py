@@ -13,7 +13,6 @@ from datetime import timedelta
 from uuid import UUID, uuid4
 
 import asyncpg
-from aio_pika.abc import AbstractRobustConnection
 
 from consumers.cli.user import summary
 from consumers.delivery import DeliveryPipeline
@@ -40,9 +39,7 @@ from events.routes import (
     USAGE_RECORD,
     Route,
 )
-from infra.outbox.handoff import Handoff
 from infra.postgres.statements import StatementLog
-from infra.settings import Settings
 from tests.support.deliveries import add_package, raw_for
 
 SIZES = (8, 32, 128)
@@ -303,54 +300,3 @@ async def test_a_batch_where_a_third_fails_costs_the_same_statements_at_every_si
     failing, recovering = by_size[SIZES[0]]
     assert failing <= MAX_STATEMENTS + 3, f"{failing} statements"
     assert recovering <= MAX_STATEMENTS + 11, f"{recovering} statements (two transactions)"
-
-
-async def test_a_batch_that_hands_its_follow_ups_off_costs_one_statement_more_at_every_size(
-    counted: tuple[asyncpg.Pool, StatementLog],
-    settings: Settings,
-    amqp: AbstractRobustConnection,
-) -> None:
-    """Its transaction as without a hand-off (the barrier is taken by its lock statement), then
-    one statement that marks what its process published (infra/outbox/handoff.py)."""
-    pool, log = counted
-    package = await add_package(pool, 15, timedelta(days=30))
-    handoff = Handoff(settings.model_copy(update={"handoff_max_rows": 1000}), pool, amqp)
-
-    async def purchases(size: int, with_handoff: bool) -> int:
-        pipeline = DeliveryPipeline(
-            pool,
-            PACKAGE_PURCHASE,
-            HANDLERS[PACKAGE_PURCHASE.name],
-            RetryPolicy(),
-            max_body_bytes=2**20,
-            handoff=handoff if with_handoff else None,
-        )
-        users = [uuid4() for _ in range(size)]
-        raws = [
-            raw_for(PACKAGE_PURCHASE, PurchasePackage(user_id=u, package_id=package)) for u in users
-        ]
-        await log.settled()
-        log.clear()
-        results = await pipeline.process_batch(raws)
-        await handoff.close()  # waits for the hand-off under way, and its settle
-        count = await log.settled()
-        assert [r.fate for r in results] == [Fate.APPLIED] * size
-        async with pool.acquire() as conn:
-            handed = await conn.fetchval(
-                "SELECT count(*) FROM telecom.outbox WHERE user_id = ANY($1::uuid[]) "
-                "AND published_at IS NOT NULL AND handed_until IS NOT NULL",
-                users,
-            )
-        assert handed == (size if with_handoff else 0)  # one follow-up each, published by it
-        return count
-
-    try:
-        await purchases(2, True)  # warm up: prepared statements, codecs
-        await purchases(2, False)
-        without = {size: await purchases(size, False) for size in SIZES}
-        handing = {size: await purchases(size, True) for size in SIZES}
-    finally:
-        await handoff.close()
-    assert len(set(without.values())) == 1, without
-    assert handing == {size: without[size] + 1 for size in SIZES}
-    assert handoff.in_flight == 0  # every hand-off settled, and counted out
