@@ -5,6 +5,7 @@ one admin connection, and the broker clean-up deletes only what a test declared.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from collections.abc import AsyncIterator
 from uuid import uuid4
 
@@ -17,7 +18,7 @@ from infra.rabbit.connection import connect
 from infra.rabbit.topology import declare_all
 from infra.settings import Settings
 from tests.conftest import AMQP_URL, PG_SERVER, make_settings
-from tests.support import db_state
+from tests.support import db_state, test_databases
 from tests.support.broker_cleanup import BrokerCleanup
 from tests.support.test_databases import TestDatabases
 
@@ -139,6 +140,56 @@ def test_a_used_database_comes_back_renamed_and_fresh_and_all_are_dropped_at_the
     maker.give_back(second)
     maker.close()
     assert asyncio.run(state(second))[1] == []
+
+
+def test_a_database_with_a_connection_that_outlives_its_termination_is_dropped_not_handed_on(
+    template_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A backend that survives pg_terminate_backend (here: the termination does nothing) could
+    # change the database after its reset was checked: it must not reach another test.
+    monkeypatch.setattr(test_databases, "TERMINATE_LEFTOVERS", "SELECT 1")
+    admin_dsn = f"{PG_SERVER}/postgres"
+    maker = _maker(admin_dsn, template_db)
+    name = maker.take()
+    survivor = subprocess.Popen(  # psql: a connection the test leaves behind
+        ["psql", "-X", "-q", "-d", f"{PG_SERVER}/{name}", "-c", "SELECT pg_sleep(60)"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    async def connected() -> int:
+        conn = await asyncpg.connect(admin_dsn)
+        try:
+            for _ in range(100):
+                found = await conn.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = $1", name
+                )
+                if found:
+                    return int(found)
+                await asyncio.sleep(0.05)
+            return 0
+        finally:
+            await conn.close()
+
+    async def exists() -> bool:
+        conn = await asyncpg.connect(admin_dsn)
+        try:
+            return bool(
+                await conn.fetchval("SELECT count(*) FROM pg_database WHERE datname = $1", name)
+            )
+        finally:
+            await conn.close()
+
+    try:
+        assert asyncio.run(connected()) == 1
+        maker.give_back(name)
+        maker._removals[-1].result()
+        assert maker.recycled == 0  # not reset for another test
+        assert not asyncio.run(exists())  # dropped, its connection ended with it
+        assert survivor.wait(timeout=10) != 0
+    finally:
+        survivor.kill()
+        maker.close()
 
 
 def test_the_maker_connects_again_when_its_kept_admin_connection_was_lost(

@@ -36,6 +36,14 @@ from tests.support import db_state
 T = TypeVar("T")
 
 
+TERMINATE_LEFTOVERS = (
+    "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
+    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+)
+"""Ends what a test left connected to its database before the reset, waiting 5 s at most for
+each (a backend that outlives it makes the database dropped instead of reset)."""
+
+
 class TestDatabases:
     __test__ = False  # not a test class, whatever its name says
 
@@ -196,10 +204,7 @@ class TestDatabases:
                 await self._admin(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false")
                 await conn.execute("SET lock_timeout = '5s'")
                 # What the test left connected goes first, waited for (5 s at most).
-                await conn.execute(
-                    "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                )
+                await conn.execute(TERMINATE_LEFTOVERS)
                 await db_state.reset(conn, reference)
                 # Compared on this connection, whose caches the reset warmed (a new one would
                 # read the catalogs afresh), and only if nothing else is still connected (a
