@@ -185,7 +185,9 @@ def test_a_purchase_either_queues_within_the_cap_or_is_refused_and_changes_nothi
 ) -> None:
     limit = MAX_QUEUED_ITEMS if cap is None else cap
     package = replace(BASIC, retired_at=T0) if retired else BASIC
-    before = copy.deepcopy(queue)
+    # The queue's own copy (its items and orders copied; what they hold is immutable to the
+    # type checker): a deep copy of up to 1,300 items made this test take 43 s of the suite.
+    before = queue.copy()
     live = _live(queue)
     ids = _ids(10_000, amount)
     kwargs = {} if cap is None else {"max_queued_items": cap}
