@@ -30,7 +30,8 @@ row (the inbox drops it) cannot undo. Waiting for the confirm means a row is on 
 durably, before anything after it is sent. The throughput cost is one confirm round trip per
 row of a user (about 1 ms locally); different users' chains, and overlapping rounds, keep the
 channel busy meanwhile. The publishes begun together (each chain's first row, and rows whose
-confirms came together) go to the broker in one write (infra/rabbit/coalesce.py).
+confirms came together) are handed to the connection's writer as one frame
+(infra/rabbit/coalesce.py).
 
 A channel that failed a publish is never used again (a partitioned node can leave a channel
 open that confirms nothing, for ever): a confirm that does not come within

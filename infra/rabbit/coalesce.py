@@ -1,25 +1,27 @@
-"""Publishes begun in one turn of the event loop, sent to the broker in one write.
+"""Publishes begun in one turn of the event loop, handed to aiormq's writer as one frame.
 
 The relay publishes every user's chain at once, so a round begins a dozen or more publishes
-together. aiormq sends each on its own: the channel's lock, a put on the connection's write
-queue, a turn of its writer task and a send(2) per message, about a fifth of the relay's CPU
-in a profile of the bench's paced scenario. `Coalescer` gathers the publishes begun before its
-flush runs (the next turn of the loop), and under the channel's lock gives them their delivery
-tags in the order they were begun, marshals them into one buffer and queues that as one frame
-for aiormq's writer. Nothing else changes on the wire: the same frames, in the same order, with
-the same tags; each publish still waits for its own confirm, and a return or a nack fails only
-its own message (aiormq's reader settles each tag as before).
+together. aiormq's `basic_publish` takes each on its own: the channel's lock (the publishes
+queue for it, one task turn each), the frames marshalled, a put on the connection's write
+queue. The writer then merges what is queued when it runs (infra/rabbit/frames.py,
+CoalescingFrameGenerator), but publishes that trickle in through the lock often reach it one
+by one. `Coalescer` gathers the publishes begun before its flush runs (the next turn of the
+loop), and under one hold of the channel's lock gives them their delivery tags in the order
+they were begun, marshals them into one buffer and queues that as one frame. Nothing else
+changes on the wire: the same frames, in the same order, with the same tags; each publish
+still waits for its own confirm, and a return or a nack fails only its own message (aiormq's
+reader settles each tag as before).
 
-It uses what aiormq's own `Channel.basic_publish` uses of the channel (its lock, delivery tag,
-confirmation and message-id maps, write queue, frame size), checked against the versions in
-TESTED_AIORMQ; with another, `usable` is false and publishes go through `basic_publish` one by
-one (infra/rabbit/publisher.py).
+It uses what aiormq's own `basic_publish` uses of the channel (its lock, delivery tag,
+confirmation and message-id maps, write queue, frame size): only with the aiormq versions
+infra/rabbit/frames.py was checked against (`usable`); with another, publishes go through
+`basic_publish` one by one (infra/rabbit/publisher.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 from dataclasses import dataclass
 from functools import partial
 from importlib.metadata import version
@@ -34,12 +36,13 @@ from pamqp.body import ContentBody
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
-TESTED_AIORMQ = ("7.2.4",)
-"""aiormq versions whose channel internals this was checked against."""
+from infra.rabbit.frames import TESTED_AIORMQ
 
 
+@functools.cache
 def usable() -> bool:
-    """Whether the installed aiormq is one this was checked against."""
+    """Whether the installed aiormq is one whose channel internals were checked (read once,
+    at the first publish, not at import)."""
     return version("aiormq") in TESTED_AIORMQ
 
 
@@ -136,12 +139,6 @@ class Coalescer:
                 channel.delivery_tag = first - 1
                 for tag in range(first, first + len(live)):
                     channel.confirmations.pop(tag, None)
-
-    async def close(self) -> None:
-        """Let a flush under way finish (its publishes are then settled by the channel)."""
-        if self._flush is not None:
-            with contextlib.suppress(Exception):
-                await self._flush
 
 
 def publish_frames(

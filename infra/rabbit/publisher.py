@@ -15,9 +15,7 @@ from aiormq.exceptions import ChannelInvalidStateError, DeliveryError, PublishEr
 from pamqp.commands import Basic
 
 from events.envelope import CONTENT_TYPE
-from infra.rabbit.coalesce import Coalescer, usable
-
-_COALESCING = usable()
+from infra.rabbit import coalesce
 
 
 class PublishFailedError(Exception):
@@ -107,7 +105,7 @@ class Publisher:
         self._exchange = exchange
         self._user_id = user_id
         self._confirm_timeout = confirm_timeout
-        self._coalescer: Coalescer | None = None
+        self._coalescer: coalesce.Coalescer | None = None
 
     @property
     def user_id(self) -> str | None:
@@ -144,11 +142,11 @@ class Publisher:
         if self._user_id is not None:
             properties.user_id = self._user_id
         try:
-            if _COALESCING:
-                # Publishes begun together go out in one write (infra/rabbit/coalesce.py).
+            if coalesce.usable():
+                # Publishes begun together go to the writer as one frame (coalesce.py).
                 coalescer = self._coalescer
                 if coalescer is None or coalescer.channel is not channel:
-                    coalescer = self._coalescer = Coalescer(channel)
+                    coalescer = self._coalescer = coalesce.Coalescer(channel)
                 async with asyncio.timeout(self._confirm_timeout):
                     confirmation = await coalescer.publish(
                         body, self._exchange.name, routing_key, properties
