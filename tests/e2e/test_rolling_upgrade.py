@@ -32,8 +32,9 @@ from events.envelope import H_SCHEMA_VERSION, H_USER_ID
 from events.models import PurchasePackage
 from events.routes import PACKAGE_PURCHASE, ROUTES, USAGE_RECORD
 from infra.rabbit.connection import connect
+from infra.rabbit.management import queue_figures
 from infra.rabbit.publisher import Publisher, build_message
-from infra.rabbit.topology import declare_all, delete_all, routing_key_for
+from infra.rabbit.topology import declare_all, delete_all, route_queues, routing_key_for
 from infra.settings import Settings
 from tests.support import releases
 from tests.support.deliveries import Sending, add_package
@@ -106,6 +107,15 @@ class Pods:
     def logs(self) -> str:
         return "\n".join(f"--- {p.args}:\n{p.logs()[-3000:]}" for p in self.started)
 
+    def lines_about(self, needles: list[str]) -> str:
+        """Every line of every process's log that names one of `needles`."""
+        return "\n".join(
+            f"{p.args}: {line}"
+            for p in self.started
+            for line in p.logs().splitlines()
+            if any(needle in line for needle in needles)
+        )
+
     def stop_all(self) -> None:
         for process in self.started:
             try:
@@ -153,12 +163,34 @@ async def applied(pool: asyncpg.Pool, consumer: str) -> int:
 
 
 async def start_lifecycles(
-    settings: Settings, amqp: AbstractRobustConnection, package: int, users: list[UUID]
+    settings: Settings,
+    amqp: AbstractRobustConnection,
+    pool: asyncpg.Pool,
+    package: int,
+    users: list[UUID],
 ) -> None:
+    """Each user buys PACKAGES items, and the purchases are applied before this returns.
+
+    Usage records are sent only then: the broker keeps no order between routes, and traffic
+    applied before a user's purchase is kept as unbilled, then billed whole to the first item
+    activated (domain/queue.py), which it would use up with room to spare, so a record of that
+    traffic would no longer use up one item each (the cause of this test's stalls, seen twice).
+    """
     async with Sending(settings, amqp) as sending:
         for user in users:
             body = PurchasePackage(user_id=user, package_id=package, amount=PACKAGES)
             await sending.send(PACKAGE_PURCHASE, body)
+
+    async def purchased() -> bool:
+        async with pool.acquire() as conn:
+            count: int = await conn.fetchval(
+                "SELECT count(DISTINCT user_id) FROM telecom.package_queue "
+                "WHERE user_id = ANY($1::uuid[])",
+                users,
+            )
+        return count == len(users)
+
+    await eventually(purchased, within=60)
 
 
 async def wait_finished(pool: asyncpg.Pool, users: list[UUID], pods: Pods) -> None:
@@ -168,13 +200,36 @@ async def wait_finished(pool: asyncpg.Pool, users: list[UUID], pods: Pods) -> No
     try:
         await eventually(done, within=90)
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{await _where_it_stands(pool)}\n{pods.logs()}") from None
+        stands, stuck = await _where_it_stands(pool, pods.settings, users)
+        said = pods.lines_about([str(user) for user in stuck])
+        raise AssertionError(f"{exc}\n{stands}\n{pods.logs()}\n{said}") from None
 
 
-async def _where_it_stands(pool: asyncpg.Pool) -> str:
-    """For a stalled run (seen once, cause unknown): the database's busy sessions and what they
-    wait on, the outbox rows not yet published, what each consumer applied, and the holds."""
+async def _where_it_stands(
+    pool: asyncpg.Pool, settings: Settings, users: list[UUID]
+) -> tuple[str, list[UUID]]:
+    """For a stalled run: the database's busy sessions and what they wait on, the outbox rows
+    not yet published, what each consumer applied, the holds, what the queues hold, and every
+    row of the users not finished and every log line that names them."""
     async with pool.acquire() as conn:
+        stuck = await conn.fetchval(
+            "SELECT array_agg(user_id) FROM telecom.queue_users WHERE user_id = ANY($1::uuid[]) "
+            "AND (has_access OR user_id IN (SELECT user_id FROM telecom.package_queue "
+            "WHERE status <> 'consumed'))",
+            users,
+        )
+        rows = await conn.fetch(
+            "SELECT 'package' AS kind, user_id, format('%s %s up=%s', id, status, upload) AS what "
+            "FROM telecom.package_queue WHERE user_id = ANY($1::uuid[]) "
+            "UNION ALL SELECT 'user', user_id, format('seq=%s unbilled=%s access=%s', seq, "
+            "unbilled_upload, has_access) FROM telecom.queue_users WHERE user_id = ANY($1::uuid[]) "
+            "UNION ALL SELECT 'outbox', o.user_id, format('%s seq=%s %s published=%s applied=%s', "
+            "o.route, o.seq, o.message_id, o.published_at, "
+            "(SELECT string_agg(i.consumer, ',') FROM telecom.inbox i "
+            " WHERE i.message_id = o.message_id)) "
+            "FROM telecom.outbox o WHERE o.user_id = ANY($1::uuid[]) ORDER BY 2, 1, 3",
+            stuck or [],
+        )
         sessions = await conn.fetch(
             "SELECT pid, application_name, state, wait_event_type, wait_event, "
             "now() - xact_start AS in_transaction, left(query, 160) AS query "
@@ -190,7 +245,13 @@ async def _where_it_stands(pool: asyncpg.Pool) -> str:
         )
         held = await conn.fetch("SELECT consumer, user_id, blocker, state FROM telecom.holds")
     parts = {"busy sessions": sessions, "unpublished": pending, "applied": applied, "holds": held}
-    return "\n".join(f"--- {name}: {[dict(r) for r in rows]}" for name, rows in parts.items())
+    found = [f"--- {name}: {[dict(r) for r in rows]}" for name, rows in parts.items()]
+    found.append("--- rows of the users not finished:")
+    found.extend(f"{r['user_id']} {r['kind']}: {r['what']}" for r in rows)
+    names = [name for route in ROUTES for name, _ in route_queues(settings, route)]
+    figures = await queue_figures(settings, names)
+    found.append(f"--- queues (ready, unacked, consumers): {figures}")
+    return "\n".join(found), list(stuck or [])
 
 
 async def test_the_previous_release_runs_beside_this_one_on_the_newest_schema_and_buries_nothing(
@@ -208,7 +269,7 @@ async def test_the_previous_release_runs_beside_this_one_on_the_newest_schema_an
         # Before the rollout: the previous release alone, on the schema this release migrated.
         old = [pods.start("relay", old=True), pods.start("run", old=True)]
         alone = [uuid4() for _ in range(6)]
-        await start_lifecycles(parted, amqp, package, alone)
+        await start_lifecycles(parted, amqp, pool, package, alone)
         for _ in range(PACKAGES):
             await usage_v1(parted, amqp, alone)
         await wait_finished(pool, alone, pods)
@@ -220,7 +281,7 @@ async def test_the_previous_release_runs_beside_this_one_on_the_newest_schema_an
         old[1] = pods.start("run", "--replica", "0/2", old=True)
         new = [pods.start("relay", old=False), pods.start("run", "--replica", "1/2", old=False)]
         during = [uuid4() for _ in range(16)]
-        await start_lifecycles(parted, amqp, package, during)
+        await start_lifecycles(parted, amqp, pool, package, during)
         await usage_v1(parted, amqp, during)
 
         async def half_applied() -> bool:
@@ -237,7 +298,7 @@ async def test_the_previous_release_runs_beside_this_one_on_the_newest_schema_an
 
         # After it: this release alone.
         after = [uuid4() for _ in range(4)]
-        await start_lifecycles(parted, amqp, package, after)
+        await start_lifecycles(parted, amqp, pool, package, after)
         for _ in range(PACKAGES):
             await usage_v1(parted, amqp, after)
         await wait_finished(pool, after, pods)
