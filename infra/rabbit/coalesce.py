@@ -21,9 +21,8 @@ infra/rabbit/frames.py was checked against (`usable`); with another, publishes g
 from __future__ import annotations
 
 import asyncio
-import functools
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from importlib.metadata import version
 from typing import Any
 from uuid import uuid4
@@ -39,7 +38,7 @@ from pamqp.header import ContentHeader
 from infra.rabbit.frames import TESTED_AIORMQ
 
 
-@functools.cache
+@cache
 def usable() -> bool:
     """Whether the installed aiormq is one whose channel internals were checked (read once,
     at the first publish, not at import)."""

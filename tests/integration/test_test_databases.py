@@ -20,6 +20,7 @@ from infra.settings import Settings
 from tests.conftest import AMQP_URL, PG_SERVER, make_settings
 from tests.support import db_state, test_databases
 from tests.support.broker_cleanup import BrokerCleanup
+from tests.support.observing import eventually
 from tests.support.test_databases import TestDatabases
 
 
@@ -85,6 +86,18 @@ async def _no_broker(_: str) -> None:
     return None
 
 
+async def _existing(admin_dsn: str, names: list[str]) -> list[str]:
+    """Which of `names` are databases on the server."""
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        rows = await conn.fetch(
+            "SELECT datname FROM pg_database WHERE datname = ANY($1::text[])", names
+        )
+    finally:
+        await conn.close()
+    return [r[0] for r in rows]
+
+
 def _maker(admin_dsn: str, template_db: str) -> TestDatabases:
     """A maker of its own (not the session's), copying `template_db`, with no broker."""
     return TestDatabases(
@@ -114,17 +127,7 @@ def test_a_used_database_comes_back_renamed_and_fresh_and_all_are_dropped_at_the
     second = maker.take()
 
     async def state(name: str) -> tuple[int, list[str]]:
-        conn = await asyncpg.connect(admin_dsn)
-        try:
-            names = [
-                r[0]
-                for r in await conn.fetch(
-                    "SELECT datname FROM pg_database WHERE datname = ANY($1::text[])",
-                    [first, second],
-                )
-            ]
-        finally:
-            await conn.close()
+        names = await _existing(admin_dsn, [first, second])
         if second not in names:
             return -1, names
         conn = await asyncpg.connect(f"{PG_SERVER}/{second}")
@@ -160,32 +163,23 @@ def test_a_database_with_a_connection_that_outlives_its_termination_is_dropped_n
     async def connected() -> int:
         conn = await asyncpg.connect(admin_dsn)
         try:
-            for _ in range(100):
-                found = await conn.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = $1", name
-                )
-                if found:
-                    return int(found)
-                await asyncio.sleep(0.05)
-            return 0
-        finally:
-            await conn.close()
-
-    async def exists() -> bool:
-        conn = await asyncpg.connect(admin_dsn)
-        try:
-            return bool(
-                await conn.fetchval("SELECT count(*) FROM pg_database WHERE datname = $1", name)
+            found: int = await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = $1", name
             )
         finally:
             await conn.close()
+        return found
+
+    async def survivor_connected() -> bool:
+        return await connected() > 0
 
     try:
+        asyncio.run(eventually(survivor_connected, within=5))
         assert asyncio.run(connected()) == 1
         maker.give_back(name)
         maker._removals[-1].result()
         assert maker.recycled == 0  # not reset for another test
-        assert not asyncio.run(exists())  # dropped, its connection ended with it
+        assert asyncio.run(_existing(admin_dsn, [name])) == []  # dropped, its connection too
         assert survivor.wait(timeout=10) != 0
     finally:
         survivor.kill()
