@@ -137,7 +137,9 @@ async def test_a_stale_relays_partition_lease_is_taken_over_and_its_rows_are_pub
                 await hung.fetchval("SELECT 1")  # its transaction was ended with its backend
         finally:
             assert relay.terminate() == 0, relay.logs()
-        assert (await workers_listed(settings))[relay.proc.pid]["stop_reason"] == "exited"
+        # Its logs say why, should its stop not have been recorded (worker_stop_not_recorded).
+        stopped = (await workers_listed(settings))[relay.proc.pid]
+        assert stopped["stop_reason"] == "exited", (stopped, relay.logs())
     finally:
         if not hung.is_closed():
             hung.terminate()
