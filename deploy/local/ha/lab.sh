@@ -49,6 +49,8 @@ check_installed() {
         || die "PostgreSQL $PG_VERSION is not installed: run 'apt-get install postgresql-$PG_VERSION'."
     { id rabbitmq >/dev/null 2>&1 && id postgres >/dev/null 2>&1; } \
         || die "the rabbitmq or postgres user is missing: reinstall rabbitmq-server / postgresql."
+    { command -v curl >/dev/null 2>&1 && command -v jq >/dev/null 2>&1; } \
+        || die "curl or jq is missing (the lab asks its nodes over their management API): run 'apt-get install curl jq' (deploy/local/ensure-tools.sh does)."
     [ -r "$RABBIT_USER_HOME/.erlang.cookie" ] \
         || die "no Erlang cookie in $RABBIT_USER_HOME/.erlang.cookie: start the dev RabbitMQ once (deploy/local/ensure-services.sh) to create it."
 }

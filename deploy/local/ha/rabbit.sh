@@ -93,32 +93,38 @@ rabbit_launch() {
         || die "could not start $name: see $dir/log/launch.log and $dir/log/$name.log."
 }
 
-# Wait until node N has booted (rabbit app running), at most $2 seconds.
+# Wait until node N has booted (rabbit_running), at most $2 seconds; fail at once if it exits.
 rabbit_await() {
     local n=$1 limit=$2 name dir start
     name=$(node_name "$n")
     dir=$(node_dir "$n")
     start=$SECONDS
-    # Registered first (a quick epmd check), then booted: its management API answers.
+    # Registered first (a quick epmd check), then booted: its management API answers and its
+    # AMQP port listens.
     wait_for "$limit" rabbit_registered "$n" \
         || die "$name did not register with epmd within $limit s: see $dir/log/$name.log and $dir/log/launch.log."
     local left=$((limit - (SECONDS - start)))
     [ "$left" -gt 5 ] || left=5
-    wait_for "$left" rabbit_running "$n" \
+    wait_for "$left" rabbit_booted_or_gone "$n" \
         || die "$name did not finish booting within $limit s (a node that was not the last one stopped waits for its peers): see $dir/log/$name.log."
+    rabbit_registered "$n" || die "$name exited while booting: see $dir/log/$name.log."
 }
 
-# Node N's own view, three lines: whether its rabbit app runs (true), the cluster members, the
-# running members (as node numbers). Nothing, and status 1, when the node does not answer: down,
-# booting, or its rabbit app stopped or paused (the management listener runs only while the
-# rabbit app does, and starts at the end of its boot). Asked over the node's management API:
+# Whether node N runs (rabbit_running), or has left epmd (its VM exited: no use waiting).
+rabbit_booted_or_gone() { rabbit_running "$1" || ! rabbit_registered "$1"; }
+
+# Node N's own view, three lines: "true", the cluster members, the running members (as node
+# numbers). Nothing, and status 1, when the node's management API does not answer within
+# CTL_TIMEOUT s (15): the node is down, still booting, or its rabbit app is stopped or paused
+# (the management listener runs only while the rabbit app does). `running` there is
+# rabbit_nodes:all_running()'s; disable_stats keeps the call on node N alone (no peer's stats).
 # curl and jq cost a few milliseconds, where each rabbitmqctl call is an Erlang VM of its own
-# and about a CPU second (33 calls, 26 CPU s, in one run of the chaos tests before).
+# and about a CPU second (13 calls, 11.3 CPU s, in one run of the chaos tests before).
 rabbit_view() {
     local out all run
     rabbit_registered "$1" || return 1
     out=$(curl -fsS --max-time "${CTL_TIMEOUT:-15}" -u guest:guest \
-        "http://127.0.0.1:$(mgmt_port "$1")/api/nodes?columns=name,running" 2>/dev/null) || return 1
+        "http://127.0.0.1:$(mgmt_port "$1")/api/nodes?columns=name,running&disable_stats=true" 2>/dev/null) || return 1
     all=$(jq -r '.[].name' <<<"$out" 2>/dev/null) || return 1
     run=$(jq -r '.[] | select(.running) | .name' <<<"$out" 2>/dev/null) || return 1
     printf 'true\n%s\n%s\n' "$(node_numbers "$all")" "$(node_numbers "$run")"
@@ -137,8 +143,10 @@ rabbit_view_again() {
 # "[pkgqha3@localhost,pkgqha1@localhost]" -> "1 3"
 node_numbers() { grep -o 'pkgqha[0-9]@localhost' <<<"$1" | cut -c7 | sort -n | paste -sd' ' -; }
 
-# Whether node N's rabbit app runs (false while booting, stopped or paused).
-rabbit_running() { [ "$(rabbit_view "$1" | sed -n 1p)" = true ]; }
+# Whether node N's rabbit app runs and takes AMQP connections (false while booting, stopped or
+# paused). RabbitMQ 3.10 starts its plugins, the management API among them, before its AMQP
+# listener, hence the port.
+rabbit_running() { [ "$(rabbit_view "$1" | sed -n 1p)" = true ] && port_in_use "$(amqp_port "$1")"; }
 
 # Join nodes $2... to node $1's cluster. Each must run and be alone in its own cluster.
 # stop_app takes ~5 s (the management agent's stop), so the nodes stop and start in parallel;
@@ -147,7 +155,8 @@ rabbit_join() {
     local seed=$1 n name own jobs=()
     shift
     for n in "$@"; do
-        own=$(rabbit_view "$n" | sed -n 2p)
+        own=$(rabbit_view_again "$n" | sed -n 2p) \
+            || die "could not ask $(node_name "$n") which cluster it is in: see $(node_dir "$n")/log/$(node_name "$n").log."
         [ "$own" = "$n" ] \
             || die "$(node_name "$n") is clustered with nodes '$own', not with $(node_name "$seed"): run '$0 down' and '$0 up' to rebuild the lab."
         say "joining $(node_name "$n") to the cluster of $(node_name "$seed")"
@@ -178,8 +187,8 @@ rabbit_up() {
     # Booting in parallel: all three wait here together.
     for n in "${RABBIT_NODES[@]}"; do rabbit_await "$n" "$HA_TIMEOUT" & pids+=($!); done
     for n in "${pids[@]}"; do wait "$n" || exit 1; done
-    # rabbitmqctl can time out on a node that has just booted while the machine is busy (the
-    # suite's parallel part starts beside this): asked again, a few times, before giving up.
+    # A node that has just booted can be slow to answer while the machine is busy (the suite's
+    # parallel part starts beside this): asked again, a few times, before giving up.
     members=$(rabbit_view_again 1 | sed -n 2p)
     local outside=()
     for n in 2 3; do
@@ -302,8 +311,8 @@ cmd_rabbit_leader() {
     esac
 }
 
-# Stop every lab node: SIGTERM (the Erlang VM stops the node as rabbitmqctl stop would, without
-# a CLI VM of its own), then SIGKILL whatever is left after 20 s. The pids are taken before the
+# Stop every lab node: SIGTERM (the Erlang VM's init:stop, a graceful stop of the node's
+# applications, without a CLI VM of its own), then SIGKILL whatever is left after 20 s. The pids are taken before the
 # signal: an exiting VM's environment can no longer be read, so rabbit_pids stops naming it
 # while it still holds its ports.
 rabbit_down() {
@@ -319,24 +328,30 @@ rabbit_down() {
         fi
     done
     [ ${#all[@]} -eq 0 ] && return 0
-    if ! wait_for 20 none_alive "${all[@]}"; then
-        say "SIGKILL to what is left of the lab's nodes (pids $(alive "${all[@]}"), 20 s after SIGTERM)"
+    if ! wait_for 20 rabbit_none_alive "${all[@]}"; then
+        say "SIGKILL to what is left of the lab's nodes (pids $(rabbit_alive_pids "${all[@]}"), 20 s after SIGTERM)"
         # shellcheck disable=SC2046 # pids are words
-        kill -KILL $(alive "${all[@]}") 2>/dev/null || true
-        wait_for 5 none_alive "${all[@]}" || say "warning: pids $(alive "${all[@]}") outlived SIGKILL"
+        kill -KILL $(rabbit_alive_pids "${all[@]}") 2>/dev/null || true
+        wait_for 5 rabbit_none_alive "${all[@]}" || say "warning: pids $(rabbit_alive_pids "${all[@]}") outlived SIGKILL"
     fi
     for n in "${RABBIT_NODES[@]}"; do
         wait_for 10 not rabbit_registered "$n" || say "warning: $(node_name "$n") is still registered with epmd"
     done
 }
 
-# The pids of $@ that still run; none_alive: whether none does.
-alive() {
+# The pids of $@ that still run as the rabbitmq user (a zombie, or a pid the kernel gave to
+# another user's process since, does not count); rabbit_none_alive: whether none does. Named
+# apart from haproxy.sh's alive, which lab.sh sources after this file.
+rabbit_alive_pids() {
     local p out=()
-    for p in "$@"; do kill -0 "$p" 2>/dev/null && out+=("$p"); done
+    for p in "$@"; do
+        [ "$(stat -c %U "/proc/$p" 2>/dev/null)" = rabbitmq ] || continue
+        [ "$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null)" = Z ] && continue
+        out+=("$p")
+    done
     echo "${out[*]}"
 }
-none_alive() { [ -z "$(alive "$@")" ]; }
+rabbit_none_alive() { [ -z "$(rabbit_alive_pids "$@")" ]; }
 
 rabbit_status() {
     local n ok=0 view is members running label
@@ -350,7 +365,7 @@ rabbit_status() {
             echo "$label: running; cluster members: $members; running members: $running"
             [ "$running" = "1 2 3" ] || ok=1
         elif rabbit_registered "$n"; then
-            echo "$label: not running (the VM is up, the rabbit app is booting, stopped or paused)"
+            echo "$label: not running (the VM is up; the rabbit app is booting, stopped or paused, or its management API did not answer)"
             ok=1
         else
             echo "$label: down"
