@@ -113,8 +113,8 @@ rabbit_await() {
 # Whether node N runs (rabbit_running), or has left epmd (its VM exited: no use waiting).
 rabbit_booted_or_gone() { rabbit_running "$1" || ! rabbit_registered "$1"; }
 
-# Node N's own view, three lines: "true", the cluster members, the running members (as node
-# numbers). Nothing, and status 1, when the node's management API does not answer within
+# Node N's own view, two lines: the cluster members, the running members (as node numbers).
+# Nothing, and status 1, when the node's management API does not answer within
 # CTL_TIMEOUT s (15): the node is down, still booting, or its rabbit app is stopped or paused
 # (the management listener runs only while the rabbit app does). `running` there is
 # rabbit_nodes:all_running()'s; disable_stats keeps the call on node N alone (no peer's stats).
@@ -124,10 +124,11 @@ rabbit_view() {
     local out all run
     rabbit_registered "$1" || return 1
     out=$(curl -fsS --max-time "${CTL_TIMEOUT:-15}" -u guest:guest \
-        "http://127.0.0.1:$(mgmt_port "$1")/api/nodes?columns=name,running&disable_stats=true" 2>/dev/null) || return 1
-    all=$(jq -r '.[].name' <<<"$out" 2>/dev/null) || return 1
-    run=$(jq -r '.[] | select(.running) | .name' <<<"$out" 2>/dev/null) || return 1
-    printf 'true\n%s\n%s\n' "$(node_numbers "$all")" "$(node_numbers "$run")"
+        "http://127.0.0.1:$(mgmt_port "$1")/api/nodes?columns=name,running&disable_stats=true" 2>/dev/null \
+        | jq -r '(map(.name) | join(" ")), (map(select(.running) | .name) | join(" "))' 2>/dev/null) \
+        || return 1
+    { read -r all; read -r run; } <<<"$out"
+    printf '%s\n%s\n' "$(node_numbers "$all")" "$(node_numbers "$run")"
 }
 
 # rabbit_view, asked up to 5 times a second apart while it fails.
@@ -140,13 +141,13 @@ rabbit_view_again() {
     return 1
 }
 
-# "[pkgqha3@localhost,pkgqha1@localhost]" -> "1 3"
+# "pkgqha3@localhost pkgqha1@localhost" -> "1 3"
 node_numbers() { grep -o 'pkgqha[0-9]@localhost' <<<"$1" | cut -c7 | sort -n | paste -sd' ' -; }
 
 # Whether node N's rabbit app runs and takes AMQP connections (false while booting, stopped or
 # paused). RabbitMQ 3.10 starts its plugins, the management API among them, before its AMQP
 # listener, hence the port.
-rabbit_running() { [ "$(rabbit_view "$1" | sed -n 1p)" = true ] && port_in_use "$(amqp_port "$1")"; }
+rabbit_running() { rabbit_view "$1" >/dev/null && port_in_use "$(amqp_port "$1")"; }
 
 # Join nodes $2... to node $1's cluster. Each must run and be alone in its own cluster.
 # stop_app takes ~5 s (the management agent's stop), so the nodes stop and start in parallel;
@@ -155,7 +156,7 @@ rabbit_join() {
     local seed=$1 n name own jobs=()
     shift
     for n in "$@"; do
-        own=$(rabbit_view_again "$n" | sed -n 2p) \
+        own=$(rabbit_view_again "$n" | sed -n 1p) \
             || die "could not ask $(node_name "$n") which cluster it is in: see $(node_dir "$n")/log/$(node_name "$n").log."
         [ "$own" = "$n" ] \
             || die "$(node_name "$n") is clustered with nodes '$own', not with $(node_name "$seed"): run '$0 down' and '$0 up' to rebuild the lab."
@@ -182,14 +183,14 @@ rabbit_join() {
 # Bring the three nodes up and clustered; quick when they already are.
 rabbit_up() {
     local n pids=() members
-    if [ "$(rabbit_view 1 | tr '\n' /)" = "true/1 2 3/1 2 3/" ]; then return 0; fi
+    if [ "$(rabbit_view 1 | tr '\n' /)" = "1 2 3/1 2 3/" ]; then return 0; fi
     for n in "${RABBIT_NODES[@]}"; do rabbit_launch "$n"; done
     # Booting in parallel: all three wait here together.
     for n in "${RABBIT_NODES[@]}"; do rabbit_await "$n" "$HA_TIMEOUT" & pids+=($!); done
     for n in "${pids[@]}"; do wait "$n" || exit 1; done
     # A node that has just booted can be slow to answer while the machine is busy (the suite's
     # parallel part starts beside this): asked again, a few times, before giving up.
-    members=$(rabbit_view_again 1 | sed -n 2p)
+    members=$(rabbit_view_again 1 | sed -n 1p)
     local outside=()
     for n in 2 3; do
         grep -qw "$n" <<<"$members" || outside+=("$n")
@@ -199,7 +200,7 @@ rabbit_up() {
         || die "the cluster did not show all three nodes running within 60 s ($(rabbit_view 1 | tr '\n' '/')): see $HA_DIR/rabbit*/log/."
 }
 
-rabbit_all_running() { [ "$(rabbit_view 1 | sed -n 3p)" = "1 2 3" ]; }
+rabbit_all_running() { [ "$(rabbit_view 1 | sed -n 2p)" = "1 2 3" ]; }
 
 rabbit_check_n() {
     case "${1:-}" in 1 | 2 | 3) ;; *) die "usage: $0 ${2:-rabbit-...} N [N...] where N is 1, 2 or 3 (got '${1:-}')." ;; esac
@@ -253,7 +254,7 @@ cmd_rabbit_start() {
 
 rabbit_rejoined() {
     local n=$1 m running
-    running=$(rabbit_view "$n" | sed -n 3p)
+    running=$(rabbit_view "$n" | sed -n 2p)
     grep -qw "$n" <<<"$running" || return 1
     for m in "${RABBIT_NODES[@]}"; do
         [ "$m" = "$n" ] && continue
@@ -312,9 +313,9 @@ cmd_rabbit_leader() {
 }
 
 # Stop every lab node: SIGTERM (the Erlang VM's init:stop, a graceful stop of the node's
-# applications, without a CLI VM of its own), then SIGKILL whatever is left after 20 s. The pids are taken before the
-# signal: an exiting VM's environment can no longer be read, so rabbit_pids stops naming it
-# while it still holds its ports.
+# applications, without a CLI VM of its own), then SIGKILL whatever is left after 20 s. The
+# pids are taken before the signal: an exiting VM's environment can no longer be read, so
+# rabbit_pids stops naming it while it still holds its ports.
 rabbit_down() {
     local n pids all=()
     for n in "${RABBIT_NODES[@]}"; do
@@ -354,14 +355,12 @@ rabbit_alive_pids() {
 rabbit_none_alive() { [ -z "$(rabbit_alive_pids "$@")" ]; }
 
 rabbit_status() {
-    local n ok=0 view is members running label
+    local n ok=0 view members running label
     for n in "${RABBIT_NODES[@]}"; do
         label="rabbit $(node_name "$n") amqp=$(amqp_port "$n") management=$(mgmt_port "$n")"
-        view=$(rabbit_view "$n") || view=
-        is=$(sed -n 1p <<<"$view")
-        members=$(sed -n 2p <<<"$view")
-        running=$(sed -n 3p <<<"$view")
-        if [ "$is" = true ]; then
+        if view=$(rabbit_view "$n"); then
+            members=$(sed -n 1p <<<"$view")
+            running=$(sed -n 2p <<<"$view")
             echo "$label: running; cluster members: $members; running members: $running"
             [ "$running" = "1 2 3" ] || ok=1
         elif rabbit_registered "$n"; then
