@@ -313,11 +313,12 @@ cmd_rabbit_leader() {
 }
 
 # Stop every lab node: SIGTERM (the Erlang VM's init:stop, a graceful stop of the node's
-# applications, without a CLI VM of its own), then SIGKILL whatever is left after 20 s. The
-# pids are taken before the signal: an exiting VM's environment can no longer be read, so
-# rabbit_pids stops naming it while it still holds its ports.
+# applications, without a CLI VM of its own), then SIGKILL whatever is left after
+# PKGQ_HA_STOP_GRACE seconds (20). The pids are taken before the signal: an exiting VM's
+# environment can no longer be read, so rabbit_pids stops naming it while it still holds its
+# ports.
 rabbit_down() {
-    local n pids all=()
+    local n pids all=() grace=${PKGQ_HA_STOP_GRACE:-20}
     for n in "${RABBIT_NODES[@]}"; do
         pids=$(rabbit_pids "$n")
         if [ -n "$pids" ]; then
@@ -329,8 +330,8 @@ rabbit_down() {
         fi
     done
     [ ${#all[@]} -eq 0 ] && return 0
-    if ! wait_for 20 rabbit_none_alive "${all[@]}"; then
-        say "SIGKILL to what is left of the lab's nodes (pids $(rabbit_alive_pids "${all[@]}"), 20 s after SIGTERM)"
+    if ! wait_for "$grace" rabbit_none_alive "${all[@]}"; then
+        say "SIGKILL to what is left of the lab's nodes (pids $(rabbit_alive_pids "${all[@]}"), $grace s after SIGTERM)"
         # shellcheck disable=SC2046 # pids are words
         kill -KILL $(rabbit_alive_pids "${all[@]}") 2>/dev/null || true
         wait_for 5 rabbit_none_alive "${all[@]}" || say "warning: pids $(rabbit_alive_pids "${all[@]}") outlived SIGKILL"
