@@ -234,6 +234,13 @@ class WorkerHeartbeat:
                 if now - self._healthy_since < stale_after:
                     return []
                 reaped = await workers.reap_stale(conn, stale_after, self.name)
+        except asyncio.CancelledError:
+            # Cancelled mid-round (the process stops): the connection is left in a state not
+            # known. asyncpg (0.32) keeps a transaction whose BEGIN was interrupted as the
+            # connection's open one, so every later transaction on it is a savepoint that never
+            # commits: stop() would record nothing, without an error. It gets a fresh one.
+            self._abandon_connection()
+            raise
         except Exception as exc:  # noqa: BLE001  (never fatal: the next round tries again)
             self._healthy_since = None
             log.warning("worker_heartbeat_failed", worker=self.name, error=repr(exc))
@@ -264,6 +271,13 @@ class WorkerHeartbeat:
                 },
             )
         return self._conn
+
+    def _abandon_connection(self) -> None:
+        """Close the connection at once, without a round trip (the server rolls back whatever
+        it had open)."""
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            conn.terminate()
 
     async def _drop_connection(self) -> None:
         if self._conn is not None:

@@ -121,7 +121,17 @@ async def test_a_stale_relays_partition_lease_is_taken_over_and_its_rows_are_pub
             await eventually(published, within=60)
             published_at = await published_at_recorded()
             assert published_at is not None
-            listed = await workers_listed(settings)
+
+            # The reaper ends the hung backend (which frees the lease at once) inside the
+            # transaction that marks the worker stopped, and commits just after: the row can
+            # be published before that commit is seen.
+            listed: dict[int, dict[str, Any]] = {}
+
+            async def reap_recorded() -> bool:
+                listed.update(await workers_listed(settings))
+                return bool(listed[1]["state"] == "stopped")
+
+            await eventually(reap_recorded, within=30)
             the_hung = listed[1]
             the_relay = listed[relay.proc.pid]
             assert the_hung["id"] == str(hung_id)
