@@ -131,7 +131,7 @@ async def test_a_stale_relays_partition_lease_is_taken_over_and_its_rows_are_pub
                 listed.update(await workers_listed(settings))
                 return bool(listed[1]["state"] == "stopped")
 
-            await eventually(reap_recorded, within=30)
+            await eventually(reap_recorded, within=30, every=0.5)  # a `pkgq workers` each
             the_hung = listed[1]
             the_relay = listed[relay.proc.pid]
             assert the_hung["id"] == str(hung_id)

@@ -12,6 +12,10 @@ case "$HA_DIR" in
 esac
 HA_MARKER="$HA_DIR/.pkgq-ha-lab"   # down removes HA_DIR only when this file is in it
 HA_TIMEOUT=${PKGQ_HA_TIMEOUT:-180} # seconds a node or a cluster may take to come up
+HA_STOP_GRACE=${PKGQ_HA_STOP_GRACE:-20} # seconds a node has to stop after SIGTERM, then SIGKILL
+case "$HA_STOP_GRACE" in
+    '' | *[!0-9]*) die "PKGQ_HA_STOP_GRACE must be a whole number of seconds: '$HA_STOP_GRACE'." ;;
+esac
 
 RABBIT_NODES=(1 2 3)
 RABBIT_USER_HOME=/var/lib/rabbitmq # holds the Erlang cookie the lab nodes share with the CLI

@@ -313,12 +313,12 @@ cmd_rabbit_leader() {
 }
 
 # Stop every lab node: SIGTERM (the Erlang VM's init:stop, a graceful stop of the node's
-# applications, without a CLI VM of its own), then SIGKILL whatever is left after
-# PKGQ_HA_STOP_GRACE seconds (20). The pids are taken before the signal: an exiting VM's
-# environment can no longer be read, so rabbit_pids stops naming it while it still holds its
-# ports.
+# applications, without a CLI VM of its own), then SIGKILL whatever is left after HA_STOP_GRACE
+# seconds (lib.sh: PKGQ_HA_STOP_GRACE, 20; counted in whole seconds, as wait_for counts). The
+# pids are taken before the signal: an exiting VM's environment can no longer be read, so
+# rabbit_pids stops naming it while it still holds its ports.
 rabbit_down() {
-    local n pids all=() grace=${PKGQ_HA_STOP_GRACE:-20}
+    local n pids all=() grace=$HA_STOP_GRACE
     for n in "${RABBIT_NODES[@]}"; do
         pids=$(rabbit_pids "$n")
         if [ -n "$pids" ]; then
