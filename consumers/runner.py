@@ -19,8 +19,9 @@ from consumers.ingest import ingester
 from consumers.registry import HANDLERS
 from consumers.retry_policy import RetryPolicy, policy_for
 from consumers.route_pauses import PauseWatch
-from consumers.runtime import Services, start_status_server
+from consumers.runtime import start_status_server
 from consumers.unit_of_work import Handler
+from consumers.worker import Services
 from events.routes import PACKAGE_PURCHASE, Route
 from infra.rabbit.consumer import Processor, QueueConsumer
 from infra.rabbit.publisher import Publisher

@@ -18,7 +18,8 @@ from asyncpg.connection import LoggedQuery
 
 from consumers import runtime
 from consumers.job_stats import route_stats
-from consumers.runtime import Services, start_status_server
+from consumers.runtime import start_status_server
+from consumers.worker import Services
 from events.routes import ROUTES
 from infra.postgres import big_tables, stats, transitions
 from infra.postgres.pool import create_pool

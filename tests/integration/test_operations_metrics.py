@@ -11,7 +11,8 @@ import asyncpg
 from aio_pika.abc import AbstractRobustConnection
 from prometheus_client import REGISTRY
 
-from consumers.runtime import Services, WorkerHeartbeat, services, start_status_server
+from consumers.runtime import services, start_status_server
+from consumers.worker import Services, WorkerHeartbeat
 from events.routes import USAGE_RECORD
 from infra.postgres import holds
 from infra.settings import Settings

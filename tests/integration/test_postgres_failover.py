@@ -28,7 +28,8 @@ from consumers import runtime
 from consumers.delivery import DeliveryPipeline
 from consumers.handlers import usage_record
 from consumers.retry_policy import RetryPolicy
-from consumers.runtime import Services, services
+from consumers.runtime import services
+from consumers.worker import Services
 from domain.delivery import Fate
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD

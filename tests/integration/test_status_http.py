@@ -8,7 +8,8 @@ from uuid import uuid4
 import asyncpg
 from aio_pika.abc import AbstractRobustConnection
 
-from consumers.runtime import Services, start_status_server
+from consumers.runtime import start_status_server
+from consumers.worker import Services
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.observability import StatusServer

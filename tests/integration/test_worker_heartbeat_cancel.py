@@ -16,8 +16,8 @@ import asyncpg
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
-from consumers import runtime
-from consumers.runtime import Services, WorkerHeartbeat
+from consumers import worker
+from consumers.worker import Services, WorkerHeartbeat
 from infra.postgres import pool as postgres_pool
 from infra.settings import Settings
 
@@ -54,7 +54,7 @@ async def test_a_heartbeat_cancelled_inside_its_transactions_begin_still_lets_th
         opened.append(conn)
         return conn
 
-    monkeypatch.setattr(runtime, "connect_postgres", connect_interrupted)
+    monkeypatch.setattr(worker, "connect_postgres", connect_interrupted)
     # Reaping (the round's transaction) starts once the heartbeat has been healthy 0.2 s.
     quick = settings.model_copy(update={"worker_stale_after": 0.2, "heartbeat_interval": 0.05})
     svc = Services(pool, amqp)

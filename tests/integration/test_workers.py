@@ -10,7 +10,8 @@ import asyncpg
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
-from consumers.runtime import Services, WorkerHeartbeat, services
+from consumers.runtime import services
+from consumers.worker import Services, WorkerHeartbeat
 from infra.outbox.housekeeping import EXPIRY_SWEEP, RETENTION, housekeeping_forever
 from infra.postgres import leases, workers
 from infra.postgres.outbox import RELAY_LOCK_CLASS

@@ -10,7 +10,7 @@ from aio_pika.abc import AbstractRobustConnection
 
 from consumers.delivery import DeliveryPipeline
 from consumers.runner import run_consumers
-from consumers.runtime import Services
+from consumers.worker import Services
 from events.routes import ROUTES, Route
 from infra.outbox.relay import Relay
 from infra.settings import Settings
