@@ -8,18 +8,21 @@ an Erlang VM registered with epmd under the node's name is what rabbit_await wai
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
 import tempfile
-import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-HA = Path(__file__).resolve().parents[2] / "deploy" / "local" / "ha"
+from tests.support.observing import eventually
 
+HA = Path(__file__).resolve().parents[2] / "deploy" / "local" / "ha"
 
 LAB_SOURCES = ("../common.sh", "lib.sh", "rabbit.sh", "haproxy.sh", "pg.sh")
 """What lab.sh sources, in its order: a later file that replaced a function of rabbit.sh's (as
@@ -33,32 +36,39 @@ def lab_script(call: str) -> str:
     return f"set -eEuo pipefail; SCRIPT=ha-lab; {sources}; {call}"
 
 
-def lab_function(call: str, *, timeout: float = 90, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run `call` (see lab_script) to its end."""
-    return subprocess.run(
-        ["bash", "-c", lab_script(call)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
+@dataclass(frozen=True)
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+async def lab_function(call: str, **env: str) -> Ran:
+    """Run `call` (see lab_script) to its end (killed if the caller stops waiting)."""
+    proc = await asyncio.create_subprocess_exec(
+        "bash",
+        "-c",
+        lab_script(call),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         env={**os.environ, **env},
     )
+    try:
+        out, err = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return Ran(proc.returncode, out.decode(), err.decode())
 
 
-def beam_pids(node_name: str) -> list[int]:
-    """Pids of the rabbitmq user's beam.smp processes whose environment names the node."""
-    found = subprocess.run(
-        ["pgrep", "-u", "rabbitmq", "-x", "beam.smp"], capture_output=True, text=True
-    )
-    pids = []
-    for word in found.stdout.split():
-        try:
-            environ = Path(f"/proc/{word}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"RABBITMQ_NODENAME={node_name}".encode() in environ:
-            pids.append(int(word))
-    return pids
+async def node_pids(n: int) -> list[int]:
+    """The pids that the script's own rabbit_pids takes for node N's VM."""
+    async with asyncio.timeout(30):
+        done = await lab_function(f"rabbit_pids {n}")
+    assert done.returncode == 0, done.stderr
+    return [int(word) for word in done.stdout.split()]
 
 
 @pytest.fixture
@@ -75,32 +85,45 @@ def fake_beam() -> Iterator[Path]:
         shutil.rmtree(where, ignore_errors=True)
 
 
-def start_node_process(beam: Path, node_name: str, *, ignore_term: bool) -> subprocess.Popen[str]:
-    """A process that rabbit_pids takes for the node's VM; with `ignore_term`, SIGTERM is
-    ignored (the disposition survives exec), as by a VM stuck in its shutdown."""
+@asynccontextmanager
+async def fake_node(
+    beam: Path, n: int, *, ignore_term: bool
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, int]]:
+    """A process that rabbit_pids takes for node N's VM, run by the rabbitmq user, and its
+    pid once rabbit_pids finds it; with `ignore_term`, SIGTERM is ignored (the disposition
+    survives exec), as by a VM stuck in its shutdown. Whatever is left of it is killed on the
+    way out: the beam.smp copy (runuser does not pass SIGKILL on) and runuser itself."""
     trap = "trap '' TERM; " if ignore_term else ""
-    proc = subprocess.Popen(
-        [
-            "runuser", "-u", "rabbitmq", "--", "env", "-i", f"RABBITMQ_NODENAME={node_name}",
-            "bash", "-c", f"{trap}exec {beam} 600",
-        ],
-        text=True,
+    name = f"pkgqha{n}@localhost"
+    runuser = await asyncio.create_subprocess_exec(
+        "runuser", "-u", "rabbitmq", "--", "env", "-i", f"RABBITMQ_NODENAME={name}",
+        "bash", "-c", f"{trap}exec {beam} 600",
     )  # fmt: skip
-    for _ in range(100):
-        if beam_pids(node_name):
-            return proc
-        time.sleep(0.05)
-    stop_node_process(proc, beam)
-    raise AssertionError(f"the fake {node_name} did not start")
+    try:
+
+        async def found() -> bool:
+            return bool(await node_pids(n))
+
+        found.__qualname__ = f"the fake {name} started"
+        await eventually(found, within=10)
+        (pid,) = await node_pids(n)
+        yield runuser, pid
+    finally:
+        killing = await asyncio.create_subprocess_exec("pkill", "-KILL", "-f", f"^{beam} ")
+        await killing.wait()
+        if runuser.returncode is None:
+            runuser.kill()
+        await asyncio.wait_for(runuser.wait(), 10)
 
 
-def stop_node_process(proc: subprocess.Popen[str], beam: Path) -> None:
-    """Kill whatever the test left of its fake node: the beam.smp copy (runuser does not pass
-    SIGKILL on) and runuser itself."""
-    subprocess.run(["pkill", "-KILL", "-f", f"^{beam} "], check=False)
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait(timeout=10)
+async def rabbit_down(n: int, grace: int) -> Ran:
+    """rabbit_down of node N alone, with a grace of `grace` seconds before SIGKILL; it must
+    end well and say that it stops the node."""
+    async with asyncio.timeout(90):
+        done = await lab_function(f"RABBIT_NODES=({n}); rabbit_down", PKGQ_HA_STOP_GRACE=str(grace))
+    assert done.returncode == 0, done.stderr
+    assert f"stopping pkgqha{n}@localhost" in done.stderr
+    return done
 
 
 def gone(pid: int) -> bool:
@@ -112,86 +135,69 @@ def gone(pid: int) -> bool:
     return state == "Z"
 
 
-def test_rabbit_down_sigkills_a_node_that_is_still_running_after_the_grace(
+async def test_rabbit_down_sigkills_a_node_that_is_still_running_after_the_grace(
     fake_beam: Path,
 ) -> None:
-    proc = start_node_process(fake_beam, "pkgqha7@localhost", ignore_term=True)
-    try:
-        (pid,) = beam_pids("pkgqha7@localhost")
-        done = lab_function("RABBIT_NODES=(7); rabbit_down", PKGQ_HA_STOP_GRACE="1")
-        assert done.returncode == 0, done.stderr
-        assert "stopping pkgqha7@localhost" in done.stderr
+    async with fake_node(fake_beam, 7, ignore_term=True) as (runuser, pid):
+        done = await rabbit_down(7, grace=1)
         assert f"SIGKILL to what is left of the lab's nodes (pids {pid}, 1 s after SIGTERM)" in (
             done.stderr
         )
         assert "outlived SIGKILL" not in done.stderr
         assert gone(pid)
-        assert proc.wait(timeout=10) != 0  # runuser reports its child's death by SIGKILL
-    finally:
-        stop_node_process(proc, fake_beam)
+        # runuser reports its child's death by SIGKILL
+        assert await asyncio.wait_for(runuser.wait(), 10) != 0
 
 
-def test_rabbit_down_stops_a_node_that_obeys_sigterm_without_sigkill(fake_beam: Path) -> None:
-    proc = start_node_process(fake_beam, "pkgqha6@localhost", ignore_term=False)
-    try:
-        (pid,) = beam_pids("pkgqha6@localhost")
-        done = lab_function("RABBIT_NODES=(6); rabbit_down", PKGQ_HA_STOP_GRACE="30")
-        assert done.returncode == 0, done.stderr
-        assert "stopping pkgqha6@localhost" in done.stderr
+async def test_rabbit_down_stops_a_node_that_obeys_sigterm_without_sigkill(
+    fake_beam: Path,
+) -> None:
+    async with fake_node(fake_beam, 6, ignore_term=False) as (_, pid):
+        done = await rabbit_down(6, grace=30)
         assert "SIGKILL" not in done.stderr
         assert gone(pid)
-    finally:
-        stop_node_process(proc, fake_beam)
 
 
-def test_rabbit_await_gives_up_when_the_node_exits_while_booting_not_at_its_time_limit(
+async def test_rabbit_await_gives_up_when_the_node_exits_while_booting_not_at_its_time_limit(
     tmp_path: Path,
 ) -> None:
     # An Erlang VM registered with epmd as pkgqha8, whose management API never answers: a node
     # still booting. It exits once rabbit_await has begun to wait for its boot (the test closes
     # its stdin when the wrapped check first runs), as a node whose boot fails. The wait must
     # end there, with that reason, not at its limit with the limit's message.
-    vm = subprocess.Popen(
-        [
-            "erl", "-noshell", "-sname", "pkgqha8@localhost", "-setcookie", "pkgq-lab-test",
-            "-kernel", "inet_dist_use_interface", "{127,0,0,1}",
-            "-eval", 'io:get_line(""), halt().',
-        ],
+    vm = await asyncio.create_subprocess_exec(
+        "erl", "-noshell", "-sname", "pkgqha8@localhost", "-setcookie", "pkgq-lab-test",
+        "-kernel", "inet_dist_use_interface", "{127,0,0,1}",
+        "-eval", 'io:get_line(""), halt().',
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**os.environ, "ERL_EPMD_ADDRESS": "127.0.0.1"},  # as the lab's nodes
     )  # fmt: skip
     waiting = tmp_path / "waiting-for-boot"
-    awaiting = subprocess.Popen(
-        [
-            "bash",
-            "-c",
-            lab_script(
-                'eval "original_$(declare -f rabbit_booted_or_gone)"; rabbit_booted_or_gone() '
-                f'{{ : >"{waiting}"; original_rabbit_booted_or_gone "$@"; }}; '
-                "rabbit_await 8 60"
-            ),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
+    awaiting = asyncio.ensure_future(
+        lab_function(
+            'eval "original_$(declare -f rabbit_booted_or_gone)"; rabbit_booted_or_gone() '
+            f'{{ : >"{waiting}"; original_rabbit_booted_or_gone "$@"; }}; '
+            "rabbit_await 8 60",
+        )
+    )
     try:
-        for _ in range(600):
-            if waiting.exists() or awaiting.poll() is not None:
-                break
-            time.sleep(0.1)
+
+        async def began_or_ended() -> bool:
+            return waiting.exists() or awaiting.done()
+
+        await eventually(began_or_ended, within=60)
         assert waiting.exists(), "rabbit_await never began to wait for the boot"
         assert vm.stdin is not None
         vm.stdin.close()  # the node exits
-        assert vm.wait(timeout=30) == 0
-        _, stderr = awaiting.communicate(timeout=120)
-        assert awaiting.returncode == 1, stderr
-        assert "pkgqha8@localhost exited while booting" in stderr
-        assert "did not finish booting" not in stderr
+        assert await asyncio.wait_for(vm.wait(), 30) == 0
+        done = await asyncio.wait_for(awaiting, 120)
+        assert done.returncode == 1, done.stderr
+        assert "pkgqha8@localhost exited while booting" in done.stderr
+        assert "did not finish booting" not in done.stderr
     finally:
-        for proc in (vm, awaiting):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        awaiting.cancel()
+        if vm.returncode is None:
+            vm.kill()
+            await vm.wait()
