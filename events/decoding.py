@@ -12,6 +12,7 @@ from uuid import UUID
 from pydantic import ValidationError
 
 from domain.records import record
+from events.bounded_json import TooDeepError, check_depth, loads
 from events.envelope import (
     BYTES,
     CONTENT_TYPE,
@@ -196,6 +197,10 @@ def decode(route: Route, raw: RawDelivery, *, max_body_bytes: int) -> Decoded:
     except UnicodeDecodeError as exc:
         raise BadMessageError("invalid_utf8", f"body is not UTF-8 ({exc.reason})") from None
     try:
+        check_depth(raw.body)  # before any parser recurses into it
+    except TooDeepError as exc:
+        raise BadMessageError("invalid_json", str(exc)) from None
+    try:
         if version == route.schema_version:
             body = route.model.model_validate_json(text)
         else:
@@ -244,8 +249,8 @@ def _newer_user(raw: RawDelivery) -> UUID | None:
     user's order: the body's `user_id` if it has a readable one. The user header must agree,
     as on any message (else it is schema_invalid: a header is never trusted over the body)."""
     try:
-        parsed = json.loads(raw.body)
-    except (ValueError, RecursionError):
+        parsed = loads(raw.body)  # bounded: the body is not checked yet
+    except ValueError:
         parsed = None
     named = parsed.get("user_id") if isinstance(parsed, dict) else None
     user = message_uuid(named) if isinstance(named, str) else None

@@ -18,6 +18,7 @@ from consumers.cli.dlq_changes import ErrorOpt, GroupOpt, RouteOpt, SinceOpt
 from consumers.cli.options import JsonOpt
 from consumers.cli.output import Column, console, field, moment, short, show, show_table, text
 from consumers.cli.running import load_settings, on_database, run
+from events import bounded_json
 from infra.gc_tuning import tune_for_throughput
 from infra.postgres import dead_letters, holds
 from infra.postgres.pool import Conn
@@ -87,10 +88,7 @@ def show_cmd(dead_letter_id: int, as_json: JsonOpt = False) -> None:
         exit_codes.fail(exit_codes.NOT_FOUND, f"no dead letter {dead_letter_id}")
     body = bytes(row.pop("body"))
     row["headers"] = dead_letters.as_dict(row["headers"])
-    try:
-        row["body"] = json.loads(body)
-    except ValueError:
-        row["body"] = body.decode("utf-8", "replace")
+    row["body"] = bounded_json.parsed_or_text(body)  # as text when not JSON or too deep
     show(row, as_json, _print_dead_letter)
 
 

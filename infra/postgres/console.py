@@ -8,6 +8,7 @@ import json
 from typing import Any
 from uuid import UUID
 
+from events import bounded_json
 from infra.postgres import stats
 from infra.postgres.pool import Conn
 
@@ -56,21 +57,19 @@ async def held_users(conn: Conn) -> dict[str, int]:
 
 
 def body_text(body: bytes | memoryview) -> str:
-    """A stored body as text to show or edit: pretty JSON when it is JSON, else as decoded."""
-    raw = bytes(body)
-    try:
-        return json.dumps(json.loads(raw), indent=2, ensure_ascii=False)
-    except ValueError:
-        return raw.decode("utf-8", "replace")
+    """A stored body as text to show or edit: pretty JSON when it is JSON (and nests no deeper
+    than events.bounded_json.MAX_JSON_DEPTH), else as decoded."""
+    return bounded_json.pretty(bytes(body))
 
 
 def body_summary(body: bytes | memoryview) -> str:
-    """A stored body on one line, without its user_id (the row shows the user already)."""
+    """A stored body on one line, without its user_id (the row shows the user already); as
+    decoded when it is not JSON or nests too deep to parse."""
     raw = bytes(body)
     try:
-        value = json.loads(raw)
+        value = bounded_json.loads(raw)
     except ValueError:
-        return raw.decode("utf-8", "replace")
+        return bounded_json.as_text(raw)
     if isinstance(value, dict):
         value.pop("user_id", None)
     return json.dumps(value, ensure_ascii=False)

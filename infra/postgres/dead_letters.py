@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from events import bounded_json
 from events.decoding import message_uuid
 from events.envelope import clean_text
 from events.routes import UNTRUSTED_PUBLISHER
@@ -281,8 +282,7 @@ async def groups(conn: Conn, status: str | None = "buried") -> list[dict[str, An
 
 def as_dict(value: Any) -> dict[str, Any]:
     """A jsonb value, whether or not the connection has the JSON codec (pool.py) installed."""
-    loaded = json.loads(value) if isinstance(value, str) else value
-    return dict(loaded or {})
+    return dict(bounded_json.detail_of(value)) if value else {}
 
 
 async def lock_holds(conn: Conn, ids: Sequence[int]) -> None:

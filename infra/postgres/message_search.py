@@ -4,12 +4,12 @@ consumer by consumer; the others through their message_id indexes, migration 001
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from events import bounded_json
 from events.routes import ROUTES
 from infra.postgres.pool import Conn
 
@@ -109,7 +109,7 @@ async def find(conn: Conn, message_id: UUID) -> list[Place]:
             state=r["state"],
             dead_letter_id=r["dead_letter_id"],
             item_id=r["item_id"],
-            detail=json.loads(r["detail"]) if isinstance(r["detail"], str) else r["detail"],
+            detail=bounded_json.detail_of(r["detail"]),
         )
         for r in rows
     ]

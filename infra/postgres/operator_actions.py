@@ -11,6 +11,7 @@ from uuid import UUID
 
 import structlog
 
+from events import bounded_json
 from infra.postgres.pool import Conn
 
 log = structlog.get_logger(__name__)
@@ -93,4 +94,4 @@ async def recent(
         dead_letter_id,
         limit,
     )
-    return [{**dict(r), "detail": json.loads(r["detail"])} for r in rows]
+    return [{**dict(r), "detail": bounded_json.detail_of(r["detail"])} for r in rows]

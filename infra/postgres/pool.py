@@ -25,6 +25,7 @@ import structlog
 from asyncpg.connection import LoggedQuery
 from asyncpg.pool import PoolConnectionProxy
 
+from events import bounded_json
 from infra.tls import (
     TlsConfigError,
     TlsVerifyError,
@@ -73,7 +74,11 @@ def _init_fields(cls: type[DataclassInstance]) -> tuple[str, ...]:
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
-    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+    # jsonb as Postgres stores it may nest thousands deep, which json.loads cannot read (a
+    # RecursionError fails the whole query): such a value is read as its text.
+    await conn.set_type_codec(
+        "jsonb", encoder=json.dumps, decoder=bounded_json.parsed_or_text, schema="pg_catalog"
+    )
 
 
 async def create_pool(

@@ -15,12 +15,12 @@ and billed usage are pruned by retention (infra/postgres/retention.py)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
+from events import bounded_json
 from infra.postgres.pool import Conn
 
 BODY_KEPT = 4096
@@ -253,7 +253,7 @@ async def page(conn: Conn, user_id: UUID, after: Position | None, size: int) -> 
             item_id=r["item_id"],
             dead_letter_id=r["dead_letter_id"],
             body=bytes(r["body"]) if r["body"] is not None else None,
-            detail=json.loads(r["detail"]) if isinstance(r["detail"], str) else r["detail"],
+            detail=bounded_json.detail_of(r["detail"]),
         )
         for r in rows[:size]
     ]

@@ -8,7 +8,6 @@ pkgq's own queues.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
+from events import bounded_json
 from events.envelope import H_SEQ
 
 
@@ -36,7 +36,8 @@ class Tapped:
     """The AMQP user_id property (validated by the broker): who published it."""
 
     def json(self) -> Any:
-        return json.loads(self.body)
+        """The body's JSON value; ValueError when it is not JSON or nests too deep."""
+        return bounded_json.loads(self.body)
 
     @property
     def seq(self) -> int | None:
