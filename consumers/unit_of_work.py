@@ -66,7 +66,9 @@ class UnitOfWork:
     """A batch's locked users in memory, and the changes its messages made to them."""
 
     now: datetime
-    """The transaction's clock (Postgres `now()`), the same clock the relay schedules by."""
+    """The batch's clock: the database's, read once every user of the batch was locked
+    (queue_repo.lock_users), so a transition is dated when it happens, not when the
+    transaction began to wait for its user. The relay schedules by the same database clock."""
     queues: dict[UUID, LoadedQueue]
     packages: dict[int, Package] = field(default_factory=dict)
     new_ids: list[int] = field(default_factory=list)
@@ -238,7 +240,7 @@ class HandlerContext:
     conn: Conn
     """The batch's connection (read-only for handlers: the pipeline writes)."""
     now: datetime
-    """The transaction's clock (Postgres `now()`), the same clock the relay schedules by."""
+    """The batch's clock (UnitOfWork.now): read under the users' locks."""
     envelope: Envelope
     work: UnitOfWork
     traceparent: str | None = None

@@ -123,6 +123,14 @@ class QueueItem:
     def time_exhausted(self, now: datetime) -> bool:
         return self.expire_at is not None and self.expire_at <= now
 
+    def exhaustion(self, now: datetime) -> ExpiryReason | None:
+        """Why the item is used up at `now` (traffic first), if it is."""
+        if self.traffic_exhausted():
+            return ExpiryReason.USAGE
+        if self.time_exhausted(now):
+            return ExpiryReason.TIME
+        return None
+
     def status_at(self, now: datetime) -> ItemStatus:
         """The status as the clock sees it: an active item past its expire_at is consumed even
         while its time-expiry timer is still on its way (the stored status lags until then)."""
@@ -133,6 +141,19 @@ class QueueItem:
     def queue_order(self) -> tuple[datetime, int]:
         """FIFO order: oldest `created_at` first, then the lower id."""
         return (self.created_at, self.id)
+
+
+def latest_moment(items: list[QueueItem]) -> datetime | None:
+    """The latest moment the items record as past: a creation or an activation (None: no
+    items). A user's next transition is never dated before it (UserQueue's clock)."""
+    latest: datetime | None = None
+    for item in items:  # a loop: once for every user of every batch
+        at = item.created_at
+        if item.activated_at is not None and item.activated_at > at:
+            at = item.activated_at
+        if latest is None or at > latest:
+            latest = at
+    return latest
 
 
 @dataclass(frozen=True, slots=True)

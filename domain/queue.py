@@ -9,6 +9,7 @@ it caused. The caller persists the new state and the events in one transaction.
 Counters (traffic, unbilled usage, quota adjustments) are stored as Postgres bigint. A usage
 record or quota change that would take one beyond a bigint, on its own or summed with what is
 stored, raises CounterOverflowError before anything changes (see `counters`).
+Every command dates what it does by `_moment(now)`, which never goes back (see there).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from domain.events import (
     PackagesQueued,
     UsageRemaining,
 )
-from domain.model import BilledUsage, ExpiryReason, ItemStatus, Package, QueueItem
+from domain.model import BilledUsage, ExpiryReason, ItemStatus, Package, QueueItem, latest_moment
 
 
 @dataclass(slots=True)
@@ -60,6 +61,9 @@ class UserQueue:
     usages: dict[str, BilledUsage] = field(default_factory=dict)
     """Usage records billed, by their billing record id (`usage_id`): those the caller loaded
     (the ones its records name) plus those billed since."""
+    clock: datetime | None = field(default=None, compare=False)
+    """The latest moment a command was dated since the queue was made (None: none yet). Time
+    passing is not a change: two queues that hold the same are equal whatever their clocks."""
 
     def copy(self) -> UserQueue:
         """A copy to change apart from this one: its items copied, its orders too."""
@@ -71,6 +75,7 @@ class UserQueue:
             self.has_access,
             dict(self.orders),
             dict(self.usages),
+            self.clock,
         )
 
     # -- queries (GetCurrentPackage, GetAllMyPackages) -------------------------------------
@@ -126,6 +131,7 @@ class UserQueue:
         A user holds at most `max_queued_items` live items (in_queue and active): a purchase
         that would take them beyond it is refused (QueueFullError) before anything changes.
         """
+        self._moment(now)  # what follows is dated after it; the items keep `now` (FIFO)
         if amount < 1 or amount > MAX_AMOUNT:
             raise InvalidAmountError(amount)
         if len(item_ids) != amount:
@@ -162,10 +168,11 @@ class UserQueue:
         """
         if self.current() is not None:
             return []
+        now = self._moment(now)
         events: list[DomainEvent] = []
         for item in self.queued():
             events.append(self._activate(item, now))
-            reason = self._exhaustion(item, now)
+            reason = item.exhaustion(now)
             if reason is None:
                 if item.expire_at is not None:
                     events.append(
@@ -206,6 +213,7 @@ class UserQueue:
             return [DuplicateUsage(self.user_id, usage_id, seen.item_id)]
         if upload < 0 or download < 0:
             raise NegativeUsageError(upload, download)
+        now = self._moment(now)
         if not counters.fits_wherever_billed(self, upload + download):
             # Near a counter's limit: bill a copy first, and refuse if a counter overflows.
             counters.refuse_overflow(
@@ -254,6 +262,7 @@ class UserQueue:
         timer for an item that usage consumed or a cancel removed first emits nothing.
         """
         item = self.item(item_id)
+        now = self._moment(now)
         if item.status is not ItemStatus.ACTIVE or not item.time_exhausted(now):
             return []
         return self._consume(item, ExpiryReason.TIME, now, withdraw_timer=False)
@@ -266,6 +275,7 @@ class UserQueue:
         Repeated events change nothing: the advance is idempotent.
         """
         item = self.item(item_id)
+        now = self._moment(now)
         if item.status is ItemStatus.ACTIVE:
             if reason is ExpiryReason.TIME:
                 due = item.time_exhausted(now)
@@ -288,6 +298,7 @@ class UserQueue:
         once (PackageCancelled, with the command's reason, the operator it claims and its
         publisher as the broker verified it); a repeat changes nothing."""
         item = self.item(item_id)
+        now = self._moment(now)
         if item.status is ItemStatus.CANCELLED:
             return []
         if item.status is ItemStatus.CONSUMED:
@@ -314,6 +325,7 @@ class UserQueue:
         A delta that would take adjust_quota or the quota beyond a bigint is refused
         (CounterOverflowError) before anything changes."""
         item = self.item(item_id)
+        now = self._moment(now)
         if item.status not in (ItemStatus.IN_QUEUE, ItemStatus.ACTIVE):
             raise ItemNotAdjustableError(item_id, item.status.value)
         limit = item.terms.traffic_limit
@@ -342,6 +354,17 @@ class UserQueue:
 
     # -- helpers --------------------------------------------------------------------------
 
+    def _moment(self, now: datetime) -> datetime:
+        """When a transition the clock dates `now` happens: never before the queue's clock, or
+        the latest creation or activation its items hold (a clock read before the user's lock
+        was taken, or one that stepped back, is moved up to it). So no item is activated before
+        it was created or the previous one ended, activations are dated in the order they
+        happen, and a time package's expire_at counts from its activation."""
+        floor = self.clock if self.clock is not None else latest_moment(self.items)
+        at = now if floor is None or now >= floor else floor
+        self.clock = at
+        return at
+
     def _activate(self, item: QueueItem, now: datetime) -> PackageActivated:
         item.status = ItemStatus.ACTIVE
         item.activated_at = now
@@ -361,14 +384,6 @@ class UserQueue:
             item.remaining,
             item.expire_at,
         )
-
-    @staticmethod
-    def _exhaustion(item: QueueItem, now: datetime) -> ExpiryReason | None:
-        if item.traffic_exhausted():
-            return ExpiryReason.USAGE
-        if item.time_exhausted(now):
-            return ExpiryReason.TIME
-        return None
 
     def _after_quota_change(self, item: QueueItem, now: datetime) -> list[DomainEvent]:
         if not item.traffic_exhausted():

@@ -19,7 +19,7 @@ from domain.model import BilledUsage, ItemStatus, QueueItem, Terms
 from domain.queue import UserQueue
 from domain.records import record
 from infra.postgres.compound import Part
-from infra.postgres.pool import Conn, clock, columns, in_uuid_order
+from infra.postgres.pool import Conn, columns, in_uuid_order
 
 ITEM_COLUMNS = """
     q.id, q.user_id, q.package_id, q.by_order, q.status::text AS status, q.created_at,
@@ -110,30 +110,35 @@ class UserRow:
 # ON CONFLICT DO UPDATE (a no-op update) locks existing rows like FOR UPDATE, waits for rows
 # another transaction is inserting, and returns inserted and existing rows alike; the rows are
 # taken in user_id order, so two batches never lock the same users in opposite orders.
+# RETURNING is computed for each row once it is locked: the latest clock_timestamp() of them
+# is read with every user locked (now() is the transaction's start, before any wait for them).
 _LOCK_USERS = """
     INSERT INTO telecom.queue_users AS u (user_id)
     SELECT x FROM unnest($1::uuid[]) AS x ORDER BY x
     ON CONFLICT (user_id) DO UPDATE SET user_id = u.user_id
     RETURNING u.user_id, u.unbilled_upload, u.unbilled_download, u.has_access, u.seq,
-              now() AS now
+              clock_timestamp() AS locked_at
 """
 
 
 async def lock_users(conn: Conn, user_ids: Iterable[UUID]) -> tuple[dict[UUID, UserRow], datetime]:
     """Create missing user rows and lock all of them until the transaction ends, in one
-    statement. Returns the rows and the transaction's clock."""
+    statement. Returns the rows and the batch's clock: the moment every one of them was locked,
+    by which the batch dates its transitions (an activation, and a time package's expire_at
+    from it, is the moment it happened, not when the transaction began to wait for the user)."""
     wanted = in_uuid_order(user_ids)
     if not wanted:
-        now = await clock(conn)
+        now: datetime = await conn.fetchval("SELECT clock_timestamp()")
         return {}, now
     rows = await conn.fetch(_LOCK_USERS, wanted)
-    users = {
-        r["user_id"]: UserRow(
+    users = {}
+    locked_at = rows[0]["locked_at"]
+    for r in rows:
+        users[r["user_id"]] = UserRow(
             r["user_id"], r["unbilled_upload"], r["unbilled_download"], r["has_access"], r["seq"]
         )
-        for r in rows
-    }
-    return users, rows[0]["now"]
+        locked_at = max(locked_at, r["locked_at"])
+    return users, locked_at
 
 
 async def lock_user(conn: Conn, user_id: UUID) -> UserRow:

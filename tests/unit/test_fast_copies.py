@@ -50,7 +50,9 @@ def test_an_items_copy_equals_the_item_in_every_field_and_changes_apart_from_it(
 
 def test_a_queues_copy_equals_the_queue_and_shares_no_item_order_or_usage_map() -> None:
     billed = {"cdr-1": BilledUsage(1, 2, 3, NOW)}
-    queue = UserQueue(uuid4(), [full_item(1), full_item(2)], 5, 6, True, {uuid4(): (1, 2)}, billed)
+    queue = UserQueue(
+        uuid4(), [full_item(1), full_item(2)], 5, 6, True, {uuid4(): (1, 2)}, billed, NOW
+    )
     defaults = UserQueue(queue.user_id)
     assert [
         f.name
@@ -61,6 +63,7 @@ def test_a_queues_copy_equals_the_queue_and_shares_no_item_order_or_usage_map() 
     copy = queue.copy()
 
     assert copy == queue
+    assert copy.clock == queue.clock  # not compared by ==: time passing is not a change
     assert all(a is not b for a, b in zip(copy.items, queue.items, strict=True))
     assert copy.orders is not queue.orders
     assert copy.usages is not queue.usages
