@@ -26,6 +26,7 @@ from consumers.web import (
     hold_pages,
     pages,
     route_pages,
+    sessions,
     timeline_pages,
     trends,
 )
@@ -66,11 +67,13 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if pool is not None:
             app.state.pool = pool
+            await sessions.end_unconfigured(pool, web)
             yield
             return
         own = await open_pool(settings, web)
         app.state.pool = own
         try:
+            await sessions.end_unconfigured(own, web)
             yield
         finally:
             await own.close()
@@ -134,6 +137,10 @@ def create_app(
     async def http_error(request: Request, exc: HTTPException) -> Response:
         if request.url.path.startswith(("/api/", "/healthz", "/readyz")):
             return await http_exception_handler(request, exc)
+        if exc.status_code < 500:
+            # Signed in, the error page has the console's header (a 404 for an unknown path
+            # had no page dependency look the session up yet).
+            await sessions.principal(request)
         return render(
             request,
             "error.html",

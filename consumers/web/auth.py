@@ -1,5 +1,5 @@
-"""Who is asking, and may they: password hashes, signed sessions, bearer tokens, two roles
-(viewer reads, operator acts) and CSRF tokens on every form.
+"""Who is asking, and may they: password hashes, bearer tokens, two roles (viewer reads,
+operator acts) and CSRF tokens on every form. Console sessions are in sessions.py.
 
 Password hashes are hashlib.scrypt in one self-describing string:
 `scrypt$<log2 N>$<r>$<p>$<salt, urlsafe base64>$<key, urlsafe base64>` (N=2^15, r=8, p=1, a
@@ -15,13 +15,11 @@ import functools
 import hashlib
 import hmac
 import secrets
-import time
 from dataclasses import dataclass
-from typing import Any
 
 from fastapi import HTTPException, Request
 
-from consumers.web.config import Role, WebSettings
+from consumers.web.config import Role, WebSettings, WebUser
 
 _LOG_N, _R, _P, _KEY = 15, 8, 1, 32
 _RANK = {"viewer": 0, "operator": 1}
@@ -83,40 +81,19 @@ class LoginRequiredError(Exception):
     """No valid session on a console page: the app redirects to the login form."""
 
 
-async def login(request: Request, web: WebSettings, name: str, password: str) -> bool:
-    """Check the credentials; on success start a new session (new CSRF token, new clock). The
-    hash runs in a thread: tens of milliseconds of CPU that must not stall the event loop."""
+async def check_password(web: WebSettings, name: str, password: str) -> WebUser | None:
+    """The configured user, if `password` is theirs. The hash runs in a thread: tens of
+    milliseconds of CPU that must not stall the event loop."""
     user = web.users.get(name)
     # Unknown names cost a hash too, so that a timing does not tell which names exist.
     stored = user.password if user is not None else _dummy_hash()
     matches = await asyncio.to_thread(verify_password, password, stored)
-    if not matches or user is None:
-        return False
-    request.session.clear()
-    request.session.update(
-        {"user": name, "login_at": int(time.time()), "csrf": secrets.token_urlsafe(32)}
-    )
-    return True
+    return user if matches else None
 
 
 @functools.cache
 def _dummy_hash() -> str:
     return hash_password(secrets.token_urlsafe(16))
-
-
-def session_principal(request: Request, web: WebSettings) -> Principal | None:
-    """The signed-in user, if the session is valid: not older than PKGQ_WEB_SESSION_TTL, and
-    the user still configured (removing a user ends their sessions; a role change applies at
-    once)."""
-    session: dict[str, Any] = request.session
-    name, login_at = session.get("user"), session.get("login_at")
-    if not isinstance(name, str) or not isinstance(login_at, int):
-        return None
-    if time.time() - login_at > web.session_ttl:
-        session.clear()
-        return None
-    user = web.users.get(name)
-    return Principal(name, user.role, "session") if user is not None else None
 
 
 def token_principal(request: Request, web: WebSettings) -> Principal | None:

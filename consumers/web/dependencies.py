@@ -11,7 +11,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.responses import HTMLResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from consumers.web import auth
+from consumers.web import auth, sessions
 from consumers.web.config import WebSettings
 from infra.postgres.pool import QueryLogger, create_pool
 from infra.settings import Settings
@@ -42,9 +42,9 @@ def pool_of(request: Request) -> asyncpg.Pool:
 def render(
     request: Request, name: str, context: dict[str, Any], status_code: int = 200
 ) -> HTMLResponse:
-    """A console page, with what every page shows: who is signed in and the CSRF token."""
-    web: WebSettings = request.app.state.web
-    who = auth.session_principal(request, web)
+    """A console page, with what every page shows: who is signed in (as the page's dependency
+    found: sessions.principal) and the CSRF token."""
+    who = getattr(request.state, "who", None)
     page: HTMLResponse = request.app.state.templates.TemplateResponse(
         request,
         name,
@@ -54,17 +54,17 @@ def render(
     return page
 
 
-def page_viewer(request: Request) -> auth.Principal:
+async def page_viewer(request: Request) -> auth.Principal:
     """A console page: any signed-in user, else off to the login form."""
-    who = auth.session_principal(request, request.app.state.web)
+    who = await sessions.principal(request)
     if who is None:
         raise auth.LoginRequiredError
     return who
 
 
-def page_operator(request: Request) -> auth.Principal:
+async def page_operator(request: Request) -> auth.Principal:
     """A console action: an operator (a viewer gets 403)."""
-    who = page_viewer(request)
+    who = await page_viewer(request)
     if not who.may("operator"):
         raise HTTPException(403, f"{who.name} is a viewer: only operators may do this")
     return who
@@ -76,14 +76,14 @@ _BEARER = HTTPBearer(
 )
 
 
-def api_viewer(
+async def api_viewer(
     request: Request,
     _documented: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)],
 ) -> auth.Principal:
     """An API call: a bearer token, or a console session. (`_documented` puts the bearer scheme
     in the OpenAPI document; the token is checked by auth.token_principal.)"""
     web: WebSettings = request.app.state.web
-    who = auth.token_principal(request, web) or auth.session_principal(request, web)
+    who = auth.token_principal(request, web) or await sessions.principal(request)
     if who is None:
         raise HTTPException(
             401,

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from consumers import operations
 from consumers.job_stats import route_stats
 from consumers.queue_view import PAGE_MAX, current_package, cursor_of, item_row, position_of
-from consumers.web import auth
+from consumers.web import auth, sessions
 from consumers.web.dependencies import Operator, Viewer, page_size, pool_of, render
 from consumers.web.throttle import LoginThrottle
 from infra.postgres import (
@@ -54,7 +54,8 @@ def _safe_next(target: str | None) -> str:
 
 @router.get("/login", response_class=HTMLResponse)
 async def login_form(request: Request, next: str | None = None) -> Response:
-    return render(request, "login.html", {"next": _safe_next(next), "error": None})
+    context = {"next": _safe_next(next), "error": None, "flash": request.query_params.get("done")}
+    return render(request, "login.html", context)
 
 
 @router.post("/login", response_class=HTMLResponse)
@@ -79,7 +80,7 @@ async def login(request: Request) -> Response:
         refused.headers["Retry-After"] = str(wait)
         return refused
     throttle.attempt(name, address)
-    if await auth.login(request, web, name, form.get("password", "")):
+    if await sessions.sign_in(request, web, name, form.get("password", "")):
         throttle.succeeded(name, address)
         return RedirectResponse(target, status_code=303)
     log.warning("web_login_failed", **seen)
@@ -93,9 +94,19 @@ async def login(request: Request) -> Response:
 
 @router.post("/logout")
 async def logout(request: Request, who: Viewer) -> Response:
+    """Sign out: the session ends on the server, so a copy of its cookie opens nothing."""
     await auth.checked_form(request)
-    request.session.clear()
+    await sessions.sign_out(request)
     return RedirectResponse("/login", status_code=303)
+
+
+@router.post("/logout/everywhere")
+async def logout_everywhere(request: Request, who: Viewer) -> Response:
+    """End every session of the signed-in user: other browsers, other devices, this one."""
+    await auth.checked_form(request)
+    ended = await sessions.sign_out_everywhere(request, who)
+    done = f"{who.name} signed out everywhere ({ended} session(s) ended)"
+    return RedirectResponse(f"/login?done={quote(done)}", status_code=303)
 
 
 async def _overview(request: Request) -> dict[str, Any]:

@@ -7,8 +7,8 @@ What goes, once it is older than the retention period:
 - TTR strikes last struck before it;
 - workers stopped before it;
 - trend snapshots taken before it, the last 25 hours always kept (the day's chart needs them).
-Unique keys and billed usage record ids go as soon as their window has passed, whatever the
-retention. Dead letters are never
+Unique keys, billed usage record ids and console sessions go as soon as their window has
+passed (a session: its expiry), whatever the retention. Dead letters are never
 pruned here: `pkgq dlq purge` decides about them.
 
 Each rule is declared by the module that owns its table (its `RETENTION`); this module runs
@@ -35,6 +35,7 @@ from infra.postgres import (
     trends,
     unique_keys,
     usage_billed,
+    web_sessions,
     workers,
 )
 from infra.postgres.pool import Conn
@@ -51,6 +52,7 @@ TARGETS: tuple[Rule, ...] = (
     workers.RETENTION,
     usage_billed.RETENTION,
     trends.RETENTION,
+    web_sessions.RETENTION,
 )
 """Each table's rule, declared by the module that owns the table, in the order they are pruned."""
 BATCHES = "batches"

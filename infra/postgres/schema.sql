@@ -108,6 +108,10 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION telecom.message_key(message_id uuid, publisher text, user_id uuid) RETURNS uuid
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN (md5((((((message_id)::text || '|'::text) || COALESCE(publisher, 'unverified'::text)) || '|'::text) || COALESCE((user_id)::text, ''::text))))::uuid;
+
 CREATE FUNCTION telecom.outbox_notify() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -159,7 +163,8 @@ CREATE TABLE telecom.attempts (
     generation integer DEFAULT 0 NOT NULL,
     attempts integer NOT NULL,
     last_claim integer NOT NULL,
-    last_at timestamp with time zone DEFAULT now() NOT NULL
+    last_at timestamp with time zone DEFAULT now() NOT NULL,
+    message_key uuid NOT NULL
 );
 
 CREATE TABLE telecom.consumer_pauses (
@@ -211,6 +216,7 @@ CREATE TABLE telecom.dead_letters (
     message_uuid uuid,
     publisher text,
     superseded_at timestamp with time zone,
+    message_key uuid,
     CONSTRAINT dead_letters_source_check CHECK ((source = ANY (ARRAY['consumer'::text, 'broker'::text, 'relay'::text])))
 );
 
@@ -241,6 +247,7 @@ CREATE TABLE telecom.holds (
     last_error text,
     since timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    blocker_key uuid,
     CONSTRAINT holds_state_check CHECK ((state = ANY (ARRAY['retrying'::text, 'buried'::text, 'releasing'::text])))
 );
 
@@ -248,7 +255,8 @@ CREATE TABLE telecom.inbox (
     consumer text NOT NULL,
     message_id uuid NOT NULL,
     processed_at timestamp with time zone DEFAULT now() NOT NULL,
-    user_id uuid
+    user_id uuid,
+    message_key uuid NOT NULL
 );
 
 CREATE TABLE telecom.invariant_checks (
@@ -429,7 +437,8 @@ CREATE TABLE telecom.parked (
     message_type text NOT NULL,
     body bytea NOT NULL,
     headers jsonb DEFAULT '{}'::jsonb NOT NULL,
-    parked_at timestamp with time zone DEFAULT now() NOT NULL
+    parked_at timestamp with time zone DEFAULT now() NOT NULL,
+    message_key uuid NOT NULL
 );
 
 CREATE SEQUENCE telecom.parked_id_seq
@@ -511,7 +520,8 @@ CREATE TABLE telecom.ttr_strikes (
     consumer text NOT NULL,
     message_id uuid NOT NULL,
     strikes integer DEFAULT 1 NOT NULL,
-    last_at timestamp with time zone DEFAULT now() NOT NULL
+    last_at timestamp with time zone DEFAULT now() NOT NULL,
+    message_key uuid NOT NULL
 );
 
 CREATE TABLE telecom.unique_keys (
@@ -538,6 +548,15 @@ CREATE TABLE telecom.usage_billed (
 COMMENT ON COLUMN telecom.usage_billed.item_id IS 'The item the traffic was billed to; NULL: kept as the user''s unbilled usage';
 
 COMMENT ON COLUMN telecom.usage_billed.recorded_at IS 'When the traffic happened, as the billing system says (RecordUsage.recorded_at)';
+
+CREATE TABLE telecom.web_sessions (
+    id_hash bytea NOT NULL,
+    user_name text NOT NULL,
+    role text NOT NULL,
+    credential bytea NOT NULL,
+    signed_in_at timestamp with time zone DEFAULT now() NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
 
 CREATE TABLE telecom.workers (
     id uuid NOT NULL,
@@ -573,16 +592,13 @@ ALTER TABLE ONLY telecom.addresses
     ADD CONSTRAINT addresses_pkey PRIMARY KEY (address);
 
 ALTER TABLE ONLY telecom.attempts
-    ADD CONSTRAINT attempts_pkey PRIMARY KEY (consumer, message_id, generation);
+    ADD CONSTRAINT attempts_pkey PRIMARY KEY (consumer, message_key, generation);
 
 ALTER TABLE ONLY telecom.consumer_pauses
     ADD CONSTRAINT consumer_pauses_pkey PRIMARY KEY (route);
 
 ALTER TABLE ONLY telecom.dead_letter_counts
     ADD CONSTRAINT dead_letter_counts_pkey PRIMARY KEY (route, kind, slot);
-
-ALTER TABLE ONLY telecom.dead_letters
-    ADD CONSTRAINT dead_letters_dedup_key_key UNIQUE (dedup_key);
 
 ALTER TABLE ONLY telecom.dead_letters
     ADD CONSTRAINT dead_letters_pkey PRIMARY KEY (id);
@@ -594,7 +610,7 @@ ALTER TABLE ONLY telecom.holds
     ADD CONSTRAINT holds_pkey PRIMARY KEY (consumer, user_id);
 
 ALTER TABLE ONLY telecom.inbox
-    ADD CONSTRAINT inbox_pkey PRIMARY KEY (consumer, message_id);
+    ADD CONSTRAINT inbox_pkey PRIMARY KEY (consumer, message_key);
 
 ALTER TABLE ONLY telecom.invariant_checks
     ADD CONSTRAINT invariant_checks_pkey PRIMARY KEY (check_name);
@@ -624,7 +640,7 @@ ALTER TABLE ONLY telecom.packages
     ADD CONSTRAINT packages_pkey PRIMARY KEY (id);
 
 ALTER TABLE ONLY telecom.parked
-    ADD CONSTRAINT parked_consumer_message_id_key UNIQUE (consumer, message_id);
+    ADD CONSTRAINT parked_consumer_message_key UNIQUE (consumer, message_key);
 
 ALTER TABLE ONLY telecom.parked
     ADD CONSTRAINT parked_pkey PRIMARY KEY (id);
@@ -648,13 +664,16 @@ ALTER TABLE ONLY telecom.transition_seconds
     ADD CONSTRAINT transition_seconds_pkey PRIMARY KEY (transition, route, second, slot);
 
 ALTER TABLE ONLY telecom.ttr_strikes
-    ADD CONSTRAINT ttr_strikes_pkey PRIMARY KEY (consumer, message_id);
+    ADD CONSTRAINT ttr_strikes_pkey PRIMARY KEY (consumer, message_key);
 
 ALTER TABLE ONLY telecom.unique_keys
     ADD CONSTRAINT unique_keys_pkey PRIMARY KEY (unique_key);
 
 ALTER TABLE ONLY telecom.usage_billed
     ADD CONSTRAINT usage_billed_pkey PRIMARY KEY (user_id, usage_id);
+
+ALTER TABLE ONLY telecom.web_sessions
+    ADD CONSTRAINT web_sessions_pkey PRIMARY KEY (id_hash);
 
 ALTER TABLE ONLY telecom.workers
     ADD CONSTRAINT workers_pkey PRIMARY KEY (id);
@@ -663,11 +682,17 @@ CREATE INDEX addresses_finished ON telecom.addresses USING btree (finished_at) W
 
 CREATE INDEX addresses_message ON telecom.addresses USING btree (message_id);
 
+CREATE INDEX attempts_message ON telecom.attempts USING btree (consumer, message_id);
+
+CREATE UNIQUE INDEX dead_letters_dedup_key ON telecom.dead_letters USING btree (dedup_key) WHERE ((status = 'buried'::telecom.dead_letter_status) OR (source <> 'consumer'::text));
+
 CREATE INDEX dead_letters_group ON telecom.dead_letters USING btree (group_key);
 
 CREATE INDEX dead_letters_last_failed ON telecom.dead_letters USING btree (last_failed_at);
 
 CREATE INDEX dead_letters_message ON telecom.dead_letters USING btree (message_uuid);
+
+CREATE INDEX dead_letters_message_key ON telecom.dead_letters USING btree (consumer, message_key);
 
 CREATE INDEX dead_letters_route ON telecom.dead_letters USING btree (route, first_failed_at);
 
@@ -677,13 +702,15 @@ CREATE INDEX dead_letters_user ON telecom.dead_letters USING btree (user_id, fir
 
 CREATE INDEX group_members_group ON telecom.group_members USING btree (group_id, state);
 
-CREATE INDEX holds_blocker ON telecom.holds USING btree (consumer, blocker);
+CREATE INDEX holds_blocker ON telecom.holds USING btree (consumer, blocker_key);
 
 CREATE INDEX holds_held ON telecom.holds USING btree (consumer, state, since) WHERE (blocker IS NOT NULL);
 
 CREATE INDEX holds_releasing ON telecom.holds USING btree (consumer) WHERE (blocker IS NULL);
 
 CREATE INDEX holds_user ON telecom.holds USING btree (user_id, since);
+
+CREATE INDEX inbox_message ON telecom.inbox USING btree (consumer, message_id);
 
 CREATE INDEX inbox_processed_at ON telecom.inbox USING btree (processed_at);
 
@@ -733,6 +760,8 @@ CREATE INDEX package_queue_user_status ON telecom.package_queue USING btree (use
 
 CREATE INDEX package_queue_user_status_created ON telecom.package_queue USING btree (user_id, status, created_at);
 
+CREATE INDEX parked_message ON telecom.parked USING btree (consumer, message_id);
+
 CREATE INDEX parked_user ON telecom.parked USING btree (consumer, user_id, id);
 
 CREATE INDEX parked_user_time ON telecom.parked USING btree (user_id, parked_at);
@@ -744,6 +773,10 @@ CREATE INDEX usage_billed_keep_until ON telecom.usage_billed USING btree (keep_u
 CREATE INDEX usage_billed_message ON telecom.usage_billed USING btree (message_id);
 
 CREATE INDEX usage_billed_user ON telecom.usage_billed USING btree (user_id, billed_at);
+
+CREATE INDEX web_sessions_expires_at ON telecom.web_sessions USING btree (expires_at);
+
+CREATE INDEX web_sessions_user_name ON telecom.web_sessions USING btree (user_name);
 
 CREATE INDEX workers_alive ON telecom.workers USING btree (heartbeat_at) WHERE (stopped_at IS NULL);
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,6 +21,14 @@ OPERATOR_PASSWORD = "operator-password"
 VIEWER_PASSWORD = "viewer-password"
 
 
+@functools.cache
+def hashed(password: str) -> str:
+    """A cheap hash of `password`, the same in every app of a run: each app a test makes is
+    another replica of one console, configured alike (a session remembers the hash it was
+    signed in with, and a changed one ends it)."""
+    return hash_password(password, log_n=10)
+
+
 def web_settings(**overrides: object) -> WebSettings:
     """Two users (olga the operator, vic the viewer) and a viewer token, with cheap hashes."""
     import hashlib
@@ -27,8 +36,8 @@ def web_settings(**overrides: object) -> WebSettings:
     values: dict[str, object] = {
         "secret": "s" * 40,
         "users": {
-            "olga": WebUser(role="operator", password=hash_password(OPERATOR_PASSWORD, log_n=10)),
-            "vic": WebUser(role="viewer", password=hash_password(VIEWER_PASSWORD, log_n=10)),
+            "olga": WebUser(role="operator", password=hashed(OPERATOR_PASSWORD)),
+            "vic": WebUser(role="viewer", password=hashed(VIEWER_PASSWORD)),
         },
         "tokens": {
             "node-mgmt": WebToken(
