@@ -45,7 +45,9 @@ async def test_an_operator_signs_in_watches_the_overview_refresh_and_sees_the_de
     user = uuid4()
     async with console(settings, spawn) as web, browser() as chromium:
         page = await sign_in(chromium, web.base, "olga", OPERATOR_PASSWORD)
-        assert await page.inner_text("header .who") == "olga operator\nSign out"
+        assert (
+            await page.inner_text("header .who") == "olga operator\nSign out\nSign out everywhere"
+        )
         purchases = "#live tr[data-route='package_purchase']"
         assert await page.locator(f"{purchases} a.bad").count() == 0
         message_id = await malformed_purchase(settings, amqp, user, package)
