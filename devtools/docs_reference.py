@@ -51,7 +51,11 @@ REASONS: dict[str, tuple[str, str]] = {
     ),
     "invalid_header": ("decoding", "A header pkgq reads is not of its type (e.g. not an integer)."),
     "invalid_utf8": ("decoding", "The body is not UTF-8."),
-    "invalid_json": ("decoding", "The body is not JSON."),
+    "invalid_json": (
+        "decoding",
+        "The body is not JSON, or nests arrays and objects deeper than 64 (the depth is in the "
+        "error).",
+    ),
     "schema_invalid": (
         "decoding",
         "The JSON does not fit the route's model: an unknown field, a wrong type, a string for "
