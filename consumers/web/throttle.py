@@ -2,9 +2,8 @@
 window, for one user name or from one client address, the console refuses to check a password
 for a while (429 with Retry-After) before it spends a password hash on it.
 
-Per process: each console replica counts its own (sessions are signed cookies and need no shared
-store; a shared counter would be a Postgres write per failure, for a limit an attacker spread
-over N replicas meets N times later). The address limit is the looser one: behind a proxy not
+Per process: each console replica counts its own (a shared counter would be a Postgres write per
+failure, for a limit an attacker spread over N replicas meets N times later). The address limit is the looser one: behind a proxy not
 named in PKGQ_WEB_TRUSTED_PROXIES every user shares its address (PKGQ_WEB_LOGIN_* settings,
 consumers/web/config.py).
 """
