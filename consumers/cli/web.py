@@ -1,5 +1,5 @@
-"""`pkgq web`: serve the console and the read API; create users and tokens; print the OpenAPI
-document."""
+"""`pkgq web`: serve the console and the read API; create users and tokens; end a user's
+sessions; print the OpenAPI document."""
 
 from __future__ import annotations
 
@@ -145,6 +145,20 @@ def new_token_cmd(
     token, digest = new_token()
     print(f"token: {token}")
     print("PKGQ_WEB_TOKENS entry: " + json.dumps({name: {"role": role, "sha256": digest}}))
+
+
+@web_app.command("sign-out")
+def sign_out_cmd(
+    name: Annotated[str, typer.Argument(help="The console user, as named in PKGQ_WEB_USERS.")],
+) -> None:
+    """End every console session of a user at once, on every replica (their "Sign out
+    everywhere"): for a lost laptop or a cookie that may have leaked. They may sign in again;
+    to stop that, remove them from PKGQ_WEB_USERS or change their password hash."""
+    from consumers.cli.running import load_settings, on_database
+    from infra.postgres import web_sessions
+
+    ended = on_database(load_settings(), lambda conn: web_sessions.end_all(conn, name))
+    print(f"{name}: {ended} session(s) ended")
 
 
 def openapi_document() -> dict[str, Any]:

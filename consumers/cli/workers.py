@@ -71,7 +71,8 @@ def prune_cmd(dry_run: DryRunOpt = False, as_json: JsonOpt = False) -> None:
     """Delete now what is past retention (PKGQ_RETENTION s), as the relay does every
     PKGQ_HOUSEKEEPING_INTERVAL s, in batches of PKGQ_PRUNE_BATCH_SIZE: processed-message
     records, published outbox rows, finished addresses and groups, expired unique keys, old
-    TTR strikes, long-stopped workers. Dead letters are kept (see `pkgq dlq purge`)."""
+    TTR strikes, long-stopped workers, expired console sessions. Dead letters are kept (see
+    `pkgq dlq purge`)."""
     settings = load_settings()
     counts = on_database(
         settings,

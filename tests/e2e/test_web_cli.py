@@ -9,12 +9,14 @@ from collections.abc import Callable
 from pathlib import Path
 from uuid import uuid4
 
+import asyncpg
 import pytest
 
 from consumers.web.auth import verify_password
 from infra.settings import Settings
 from tests.support.observing import eventually
 from tests.support.processes import PkgqProcess, cli, free_port, http_get, pkgq
+from tests.web.client import OPERATOR_PASSWORD, VIEWER_PASSWORD, client, sign_in
 from tests.web.stack import web_env
 
 pytestmark = pytest.mark.e2e
@@ -82,3 +84,18 @@ async def test_the_console_process_answers_its_probes_refuses_anonymous_calls_an
     status, _ = await http_get(port, "/dead-letters")
     assert status == 303  # to the sign-in form
     assert web.terminate() == 0, web.logs()
+
+
+async def test_web_sign_out_ends_every_console_session_of_that_user_only(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    async with client(settings, pool) as laptop, client(settings, pool) as colleague:
+        await sign_in(laptop, "olga", OPERATOR_PASSWORD)
+        await sign_in(colleague, "vic", VIEWER_PASSWORD)
+        done = await cli(settings, "web", "sign-out", "olga")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "olga: 1 session(s) ended"
+        assert (await laptop.get("/holds")).status_code == 303  # off to sign in
+        assert (await colleague.get("/holds")).status_code == 200
+        again = await cli(settings, "web", "sign-out", "olga")
+        assert again.stdout.strip() == "olga: 0 session(s) ended"
