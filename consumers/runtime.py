@@ -24,6 +24,7 @@ from aio_pika.abc import AbstractRobustConnection
 from consumers.worker import Services, WorkerHeartbeat
 from events.routes import ROUTES
 from infra import tracing
+from infra.dependencies import POSTGRES, RABBITMQ, dependencies
 from infra.observability import (
     DEAD_LETTERS,
     HELD_USERS,
@@ -92,8 +93,11 @@ async def services(
     host, pid = socket.gethostname(), os.getpid()
     name = f"pkgq-{role}@{host}:{pid}"
     tracing.configure_tracing(role)
+    dependencies().service = role
     # What this process probes while it waits for Postgres, now and in every outage later.
-    watch_for_recovery(settings.postgres_dsn, workers.application_name(worker_id))
+    watch_for_recovery(
+        settings.postgres_dsn, workers.application_name(worker_id), settings.dead_peer_timeout
+    )
     pool = await _when_up(
         lambda: create_pool(
             settings.postgres_dsn,
@@ -105,6 +109,7 @@ async def services(
             # a release skips asyncpg's reset: a round trip less per batch. An open
             # transaction is still rolled back.
             reset_session=False,
+            dead_peer_timeout=settings.dead_peer_timeout,
         ),
         wait_seconds,
     )
@@ -119,8 +124,10 @@ async def services(
                     raise
 
         await _when_up(register, wait_seconds)
+        dependencies().up(POSTGRES)
         amqp = await _when_up(lambda: open_amqp(settings, name), wait_seconds, postgres=False)
         amqp.reconnect_callbacks.add(lambda *_: RECONNECTS.inc())
+        dependencies().up(RABBITMQ)
         svc = Services(pool, amqp, worker_id)
         heartbeat = WorkerHeartbeat(settings, svc, name, role, host, pid)
         beating = asyncio.create_task(heartbeat.run(), name="worker-heartbeat")
@@ -200,10 +207,11 @@ async def start_status_server(
         max_size=2,
         application_name=workers.application_name(svc.worker_id),
         command_timeout=10,  # the refresh is cut off after 10 s anyway
+        dead_peer_timeout=settings.dead_peer_timeout,
     )
 
     async def readiness() -> bool:
-        if not ready():
+        if not ready() or not dependencies().all_up():
             return False
         async with pool.acquire(timeout=2) as conn:
             return await answers(conn)

@@ -14,6 +14,7 @@ import asyncpg
 import structlog
 from aio_pika.abc import AbstractRobustConnection
 
+from infra.dependencies import POSTGRES, dependencies
 from infra.observability import WORKERS_REAPED
 from infra.postgres import workers
 from infra.postgres.pool import connect as connect_postgres
@@ -98,6 +99,7 @@ class WorkerHeartbeat:
                 elif not svc.routes_saved:
                     await workers.set_routes(conn, svc.worker_id, svc.routes)
                     svc.routes_saved = True
+                dependencies().up(POSTGRES, "")
                 now = loop.time()
                 if self._healthy_since is None:
                     self._healthy_since = now
@@ -114,6 +116,12 @@ class WorkerHeartbeat:
         except Exception as exc:  # noqa: BLE001  (never fatal: the next round tries again)
             self._healthy_since = None
             log.warning("worker_heartbeat_failed", worker=self.name, error=repr(exc))
+            dependencies().down(
+                POSTGRES,
+                exc,
+                f"heartbeat tried again in {self._settings.heartbeat_interval:g} s on a new "
+                "connection",
+            )
             await self._drop_connection()
             return []
         if reaped:
@@ -139,6 +147,7 @@ class WorkerHeartbeat:
                     **self._settings.postgres_session(),
                     "application_name": workers.application_name(self._svc.worker_id),
                 },
+                dead_peer_timeout=self._settings.dead_peer_timeout,
             )
         return self._conn
 

@@ -11,6 +11,7 @@ reaches the log, and must not drive the operator's terminal.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from collections.abc import MutableMapping
 from typing import Any, TextIO
@@ -37,6 +38,38 @@ def escape_controls(_logger: object, _method: str, event: MutableMapping[str, An
         if isinstance(value, str):
             event[key] = printable(value)
     return event
+
+
+LIBRARIES = ("aiormq", "aio_pika", "asyncpg")
+"""The connection libraries whose records `LibraryRecords` reworks."""
+_ADDRESS = re.compile(r" (?:object )?at 0x[0-9a-fA-F]+")
+_CONNECTION_WORDS = re.compile(
+    r"connect|transport|closed|heartbeat|stuck|reset|timed? ?out|unreachable|refused", re.I
+)
+
+
+class LibraryRecords(logging.Filter):
+    """aiormq's, aio-pika's and asyncpg's records at the level the event deserves: a lost or
+    failed connection, which pkgq reconnects by itself (docs/how-to/network-faults.md), is a
+    WARNING, not an ERROR; its traceback is cut to one line (`error`); and no object address
+    (`<Connection ... at 0x7f...>`) reaches the log, so lines of one event read the same every
+    time. Other records pass unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(LIBRARIES):
+            return True
+        message = _ADDRESS.sub("", record.getMessage())
+        record.msg, record.args = message, None
+        exc = record.exc_info[1] if record.exc_info else None
+        connection = _CONNECTION_WORDS.search(message) is not None or isinstance(
+            exc, OSError | ConnectionError | TimeoutError
+        )
+        if connection and exc is not None:
+            record.exc_info, record.exc_text = None, None
+            record.msg = f"{message} ({_ADDRESS.sub('', repr(exc))})"
+        if connection and record.levelno > logging.WARNING:
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
 
 
 def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | None = None) -> None:
@@ -66,6 +99,7 @@ def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | N
         cache_logger_on_first_use=False,
     )
     handler = logging.StreamHandler(out)
+    handler.addFilter(LibraryRecords())
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],

@@ -49,6 +49,13 @@ class Settings(BaseSettings):
     idle + interval * count seconds instead of the OS's two hours."""
     tcp_keepalives_interval: int = Field(default=10, ge=0)
     tcp_keepalives_count: int = Field(default=3, ge=0)
+    dead_peer_timeout: float = Field(default=5.0, ge=1, le=600)
+    """Seconds after which this process takes a PostgreSQL or RabbitMQ connection whose peer
+    stopped answering for dead: closes it and connects again, on a short capped backoff, so
+    work resumes within about two seconds of the network's return (TCP_USER_TIMEOUT and
+    keepalive on every socket, the AMQP heartbeat, connect timeouts:
+    docs/how-to/network-faults.md). Lower finds a silent fault sooner; on a link whose round
+    trips or losses can exceed it, raise it."""
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
     """The broker, or the nodes of a cluster as a comma-separated list of URLs
     (`amqp://u:p@rabbit-1:5672/,amqp://u:p@rabbit-2:5672/`): pkgq connects to the first that

@@ -41,6 +41,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from infra.dependencies import POSTGRES, RABBITMQ, dependencies
 from infra.tls import TlsVerifyError
 
 OUTAGE_SQLSTATE_CLASSES = frozenset(
@@ -270,22 +271,45 @@ class Recovery:
         return back is not None and back.is_set() and not stopped
 
     async def _probe_until_back(self, back: asyncio.Event) -> None:
-        while True:
-            await asyncio.sleep(PROBE_INTERVAL_S)
-            probe = self._probe
-            if probe is None:  # pragma: no cover  (a probe is never unset)
-                continue
-            self.probes += 1
-            try:
-                async with asyncio.timeout(PROBE_TIMEOUT_S):
-                    await probe()
-            except Exception as exc:  # noqa: BLE001  (still down: probe again)
-                log.debug("recovery_probe_failed", error=repr(exc))
-                continue
-            break
+        """A probe every PROBE_INTERVAL_S, each started without waiting for the one before to
+        give up: behind a network that drops packets a probe hangs until its timeout, and the
+        network's return must be seen by the next probe, not after that timeout."""
+        loop = asyncio.get_running_loop()
+        probing: set[asyncio.Task[bool]] = set()
+        next_at = loop.time() + PROBE_INTERVAL_S
+        try:
+            while True:
+                left = max(0.0, next_at - loop.time())
+                if probing:
+                    done, probing = await asyncio.wait(
+                        probing, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    if any(p.result() for p in done):
+                        break
+                else:
+                    await asyncio.sleep(left)
+                probe = self._probe
+                if loop.time() < next_at or probe is None:
+                    continue
+                next_at += PROBE_INTERVAL_S
+                self.probes += 1
+                probing.add(asyncio.create_task(self._try(probe), name="probe-once"))
+        finally:
+            for p in probing:
+                p.cancel()
         self.recoveries += 1
         self._back = None  # the next outage waits on a signal of its own
         back.set()
+
+    @staticmethod
+    async def _try(probe: Probe) -> bool:
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT_S):
+                await probe()
+        except Exception as exc:  # noqa: BLE001  (still down: probe again)
+            log.debug("recovery_probe_failed", error=repr(exc))
+            return False
+        return True
 
 
 _RECOVERIES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Recovery] = (
@@ -354,22 +378,40 @@ class StoppingError(Exception):
     """Shutdown began while waiting for the infrastructure to come back."""
 
 
-async def until_done(call: Callable[[], Awaitable[T]], stopping: asyncio.Event) -> T:
+def dependency_of(exc: BaseException) -> str:
+    """Which dependency an outage is of: RabbitMQ's errors, else PostgreSQL."""
+    if isinstance(exc, AMQPError | ChannelInvalidStateError):
+        return RABBITMQ
+    return POSTGRES
+
+
+async def until_done(
+    call: Callable[[], Awaitable[T]], stopping: asyncio.Event, route: str = ""
+) -> T:
     """Retry blips briefly with tenacity; wait out outages with pauses until it works (each
     pause ends early once the process's probe finds the database back: OutagePauses). Raises
-    StoppingError if `stopping` is set while it waits; anything else it raises as it comes."""
+    StoppingError if `stopping` is set while it waits; anything else it raises as it comes.
+    While an outage lasts the process's dependency registry knows (infra/dependencies.py,
+    `route`: what waits)."""
     pauses = OutagePauses(OUTAGE_FIRST_PAUSE_S, OUTAGE_LONGEST_PAUSE_S)
     blocked_since = time.monotonic()
+    stalled: str | None = None
     while True:
         try:
-            async for attempt in transient_retrying():
-                with attempt:
-                    return await call()
+            result = await _with_blip_retries(call)
         except Exception as exc:
             if not is_outage(exc):
                 raise
             if stopping.is_set():
                 raise StoppingError from exc
+            stalled = dependency_of(exc)
+            dependencies().down(
+                stalled,
+                exc,
+                f"holding the batch unacked, trying again within {pauses.current:g} s"
+                + (" or once a probe finds it back" if probe_can_tell(exc) else ""),
+                route,
+            )
             blocked_for = time.monotonic() - blocked_since
             # Loud after a while: an outage that lasts may be a deployment mistake (a schema
             # never migrated), and every later message on the route waits behind it. A missing
@@ -383,3 +425,14 @@ async def until_done(call: Callable[[], Awaitable[T]], stopping: asyncio.Event) 
                 blocked_for_s=round(blocked_for),
             )
             await pauses.wait(exc, stopping)
+        else:
+            if stalled is not None:
+                dependencies().up(stalled, route)
+            return result
+
+
+async def _with_blip_retries(call: Callable[[], Awaitable[T]]) -> T:
+    async for attempt in transient_retrying():
+        with attempt:
+            return await call()
+    raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover

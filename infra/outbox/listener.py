@@ -30,7 +30,9 @@ class OutboxListener:
             return
         try:
             self._connection = await connect_postgres(
-                self._settings.postgres_dsn, server_settings=self._settings.postgres_session()
+                self._settings.postgres_dsn,
+                server_settings=self._settings.postgres_session(),
+                dead_peer_timeout=self._settings.dead_peer_timeout,
             )
             await self._connection.add_listener(NOTIFY_CHANNEL, self._on_notify)
         except Exception as exc:  # noqa: BLE001  (polling covers for a missing listener)

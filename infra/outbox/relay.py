@@ -60,6 +60,7 @@ from aio_pika.abc import AbstractRobustConnection
 
 from events.envelope import H_TRACEPARENT
 from infra import faults, tracing
+from infra.dependencies import POSTGRES, RABBITMQ, dependencies
 from infra.observability import RELAY_LAG, RELAY_RENEWALS, RELAY_STALLED, RELAYED
 from infra.outbox import renewal
 from infra.outbox.housekeeping import housekeeping_forever
@@ -72,7 +73,7 @@ from infra.rabbit.publisher import Publisher, build_properties
 from infra.rabbit.topology import declare_all, routing_key_for
 from infra.settings import Settings
 from infra.systemd_notify import Notifier
-from infra.transient import OutagePauses, is_transient, needs_operator
+from infra.transient import OutagePauses, dependency_of, is_transient, needs_operator
 
 log = structlog.get_logger(__name__)
 
@@ -196,6 +197,13 @@ class Relay:
                     in_flight = []
                     await forget_if_demoted(self._pool, errors[0])
                     self._log_round_error(errors[0], pauses.current)
+                    if is_transient(errors[0]):
+                        dependencies().down(
+                            dependency_of(errors[0]),
+                            errors[0],
+                            f"rows stay due; next round within {pauses.current:g} s",
+                            "relay",
+                        )
                     await self._listener.drop()
                     # Cut short when the process's probe finds Postgres back (a failover).
                     await pauses.wait(errors[0], stop)
@@ -208,6 +216,8 @@ class Relay:
                     await renewal.wait(stop, renewal.RENEW_PAUSE)
                     continue
                 pauses.reset()
+                dependencies().up(POSTGRES, "relay")
+                dependencies().up(RABBITMQ, "relay")
                 self._healthy()
                 if in_flight or more:
                     continue

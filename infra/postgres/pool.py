@@ -26,6 +26,7 @@ from asyncpg.connection import LoggedQuery
 from asyncpg.pool import PoolConnectionProxy
 
 from events import bounded_json
+from infra.sockets import DEFAULT_DEAD_PEER_TIMEOUT_S, tune_transport
 from infra.tls import (
     TlsConfigError,
     TlsVerifyError,
@@ -81,6 +82,23 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     )
 
 
+def connect_timeout(dead_peer_timeout: float) -> float:
+    """Seconds one attempt to connect may take: a peer that has not answered a SYN (or the
+    start-up exchange) by then is as dead as one that stopped answering later, and the next
+    attempt, a short pause later, is what gets through once the network is back. At most 3 s:
+    SYNs are sent again 1 s and 3 s after the first, so an attempt begun during a fault would
+    not see the network return before its next SYN."""
+    return max(1.0, min(dead_peer_timeout, 3.0))
+
+
+def find_dead_peers(conn: asyncpg.Connection, dead_peer_timeout: float) -> None:
+    """Make the connection's socket end within `dead_peer_timeout` of its peer going silent
+    (infra/sockets.py). asyncpg offers no hook for the socket, so its transport is reached
+    through the connection's private attribute (tests/integration/test_dead_peers.py checks
+    that it is still there)."""
+    tune_transport(getattr(conn, "_transport", None), dead_peer_timeout)
+
+
 async def create_pool(
     dsn: str,
     *,
@@ -91,6 +109,7 @@ async def create_pool(
     command_timeout: float = 60,
     session: Mapping[str, str] | None = None,
     reset_session: bool = True,
+    dead_peer_timeout: float = DEFAULT_DEAD_PEER_TIMEOUT_S,
 ) -> asyncpg.Pool:
     """`application_name` shows in pg_stat_activity; a registered worker's pools carry
     `pkgq:<worker id>`, so its connections can be found and ended (infra/postgres/workers.py).
@@ -101,9 +120,11 @@ async def create_pool(
     `reset_session=False`: a released connection keeps its session as it is (an open
     transaction is still rolled back), saving the reset's round trip on every release; only
     for pools whose users never SET, LISTEN or take session advisory locks (`pkgq web`, and
-    the processes' pools of consumers/runtime.services: tests/unit/test_session_state.py)."""
+    the processes' pools of consumers/runtime.services: tests/unit/test_session_state.py).
+    `dead_peer_timeout`: PKGQ_DEAD_PEER_TIMEOUT (`find_dead_peers`; it bounds each connect too)."""
 
     async def init(conn: asyncpg.Connection) -> None:
+        find_dead_peers(conn, dead_peer_timeout)
         await _init_connection(conn)
         if query_logger is not None:
             conn.add_query_logger(query_logger)
@@ -118,6 +139,7 @@ async def create_pool(
             server_settings={**(session or {}), "application_name": application_name},
             reset=None if reset_session else _keep_session,
             ssl=postgres_ssl(dsn),
+            timeout=connect_timeout(dead_peer_timeout),
         )
     return pool  # type: ignore[no-any-return]  # create_pool is typed as Pool | None
 
@@ -139,13 +161,18 @@ async def tls_explained(dsn: str, setting: str = "PKGQ_POSTGRES_DSN") -> AsyncIt
 
 
 async def connect(
-    dsn: str, *, setting: str = "PKGQ_POSTGRES_DSN", **kwargs: Any
+    dsn: str,
+    *,
+    setting: str = "PKGQ_POSTGRES_DSN",
+    dead_peer_timeout: float = DEFAULT_DEAD_PEER_TIMEOUT_S,
+    **kwargs: Any,
 ) -> asyncpg.Connection:
-    """asyncpg.connect, with TLS failures told as in `tls_explained`."""
+    """asyncpg.connect, with TLS failures told as in `tls_explained`, and a dead peer found
+    within `dead_peer_timeout` (`find_dead_peers`, and each connect bounded by it)."""
+    options = {"ssl": postgres_ssl(dsn), "timeout": connect_timeout(dead_peer_timeout), **kwargs}
     async with tls_explained(dsn, setting):
-        conn: asyncpg.Connection = await asyncpg.connect(
-            dsn, **{"ssl": postgres_ssl(dsn), **kwargs}
-        )
+        conn: asyncpg.Connection = await asyncpg.connect(dsn, **options)
+    find_dead_peers(conn, dead_peer_timeout)
     return conn
 
 
@@ -162,7 +189,11 @@ async def forget_if_demoted(pool: asyncpg.Pool, exc: BaseException) -> bool:
     return True
 
 
-def watch_for_recovery(dsn: str, application_name: str = "pkgq") -> None:
+def watch_for_recovery(
+    dsn: str,
+    application_name: str = "pkgq",
+    dead_peer_timeout: float = DEFAULT_DEAD_PEER_TIMEOUT_S,
+) -> None:
     """Make `dsn` what this process probes while an outage lasts (infra/transient.Recovery):
     a probe connects as the pools do (to any host of a multi-host DSN that
     `target_session_attrs` accepts) and succeeds once the server takes writes. Call it once,
@@ -171,10 +202,11 @@ def watch_for_recovery(dsn: str, application_name: str = "pkgq") -> None:
     async def probe() -> None:
         conn = await asyncpg.connect(
             dsn,
-            timeout=PROBE_TIMEOUT_S,
+            timeout=min(PROBE_TIMEOUT_S, connect_timeout(dead_peer_timeout)),
             server_settings={"application_name": application_name},
             ssl=postgres_ssl(dsn),
         )
+        find_dead_peers(conn, dead_peer_timeout)
         try:
             if not await writable(conn):
                 raise ServerNotWritableError(f"{postgres_target(dsn).address}: read-only")

@@ -14,10 +14,14 @@ import aio_pika
 import structlog
 from aio_pika import RobustConnection
 from aio_pika.abc import AbstractRobustConnection
+from aiormq.connection import TCPTransportFactory, TLSTransportFactory, TransportFactory
+from aiormq.exceptions import AMQPConnectionError
 from yarl import URL
 
+from infra.dependencies import RABBITMQ, dependencies
 from infra.rabbit import frames
 from infra.settings import Settings, mask_url, split_urls
+from infra.sockets import DEFAULT_DEAD_PEER_TIMEOUT_S, tune_transport
 from infra.tls import TlsTarget, TlsVerifyError, amqp_context, explain
 
 DEEPEST_HEADERS = 70_000
@@ -48,8 +52,53 @@ log = structlog.get_logger(__name__)
 CONNECT_TIMEOUT = 5.0
 """Seconds one attempt to reach a node may take (a partitioned or frozen node may accept TCP
 and then say nothing): the attempt fails and the next one goes to the next node."""
+TCP_CONNECT_TIMEOUT = 1.5
+"""Seconds the TCP handshake of one attempt may take: past the SYN sent again after 1 s, well
+before the one after 3 s. A network that comes back during an attempt is then seen by the
+next attempt (RECONNECT_INTERVAL later) rather than by a SYN three seconds on."""
+RECONNECT_INTERVAL = 0.5
+"""aio-pika's pause between attempts to reconnect a lost connection."""
 PROBE_INTERVAL = 0.5
 """While disconnected, how often the nodes are probed (a TCP connect) for a live one."""
+
+
+def heartbeat_for(dead_peer_timeout: float) -> int:
+    """The AMQP heartbeat (whole seconds) asked of the broker: a heartbeat frame each way every
+    half of it, so there is always data for TCP_USER_TIMEOUT to time, and the broker closes
+    its side of a connection that went silent after about two of them."""
+    return max(2, round(dead_peer_timeout))
+
+
+def with_heartbeat(url: URL, dead_peer_timeout: float) -> URL:
+    """`url` asking for heartbeat_for(dead_peer_timeout), unless it sets `heartbeat` itself."""
+    if "heartbeat" in url.query:
+        return url
+    return url.update_query(heartbeat=str(heartbeat_for(dead_peer_timeout)))
+
+
+class DeadPeerTransports(TransportFactory):
+    """aiormq's transports (TLS for `amqps://`) with the TCP handshake bounded by
+    TCP_CONNECT_TIMEOUT and the socket set to find a dead peer (infra/sockets.py)."""
+
+    def __init__(self, dead_peer_timeout: float) -> None:
+        self._timeout = dead_peer_timeout
+        self._tcp = TCPTransportFactory()
+        self._tls = TLSTransportFactory()
+        self.socket: Any = None
+        """The socket of the latest connection made (what `pkgq` tests inspect)."""
+
+    async def create(
+        self, url: URL, **kwargs: Any
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        inner = self._tls if url.scheme.lower() == "amqps" else self._tcp
+        try:
+            async with asyncio.timeout(TCP_CONNECT_TIMEOUT):
+                reader, writer = await inner.create(url, **kwargs)
+        except TimeoutError as exc:  # what aio-pika's reconnect loop counts as unreachable
+            raise AMQPConnectionError(f"no answer from {url.host}:{url.port}") from exc
+        tune_transport(writer.transport, self._timeout)
+        self.socket = writer.transport.get_extra_info("socket")
+        return reader, writer
 
 
 class NodeListConnection(RobustConnection):
@@ -59,22 +108,42 @@ class NodeListConnection(RobustConnection):
     next attempt at the first that answers. aio-pika's own recovery then reopens the channels
     and consumers on the new node, as after a restart of a single broker."""
 
-    def __init__(self, url: URL, *args: Any, nodes: Sequence[str] = (), **kwargs: Any) -> None:
+    def __init__(
+        self,
+        url: URL,
+        *args: Any,
+        nodes: Sequence[str] = (),
+        dead_peer_timeout: float = DEFAULT_DEAD_PEER_TIMEOUT_S,
+        **kwargs: Any,
+    ) -> None:
+        self._heartbeat_added = "heartbeat" not in URL(url).query
+        url = with_heartbeat(URL(url), dead_peer_timeout)
         super().__init__(url, *args, **kwargs)
-        self._nodes = [URL(node) for node in nodes] or [URL(url)]
+        # aio-pika keeps only the keyword arguments it knows; aiormq takes this one.
+        self.kwargs["transport_factory"] = DeadPeerTransports(dead_peer_timeout)
+        self._nodes = [with_heartbeat(URL(n), dead_peer_timeout) for n in nodes] or [url]
         self._seeking: asyncio.Task[None] | None = None
         self._was_connected = False
 
     @property
     def node(self) -> str:
-        """The node it is connected to (or trying next), password masked."""
-        return mask_url(str(self.url))
+        """The node it is connected to (or trying next), password masked, as configured (the
+        heartbeat this module asks for left out)."""
+        url = self.url
+        if self._heartbeat_added:
+            url = url.with_query({k: v for k, v in url.query.items() if k != "heartbeat"})
+        return mask_url(str(url))
 
     async def _on_connected(self) -> None:
         await super()._on_connected()
         self._was_connected = True
+        dependencies().up(RABBITMQ)
 
     async def _on_connection_close(self, closing: asyncio.Future[Any]) -> None:
+        if not self._close_called:
+            dependencies().down(
+                RABBITMQ, _reason(closing), f"reconnecting every {RECONNECT_INTERVAL:g} s"
+            )
         if not self._close_called and self._was_connected and len(self._nodes) > 1:
             lost = self.node
             self.url = self._after(self.url)
@@ -121,6 +190,14 @@ async def reconnect(connection: AbstractRobustConnection) -> None:
     await connection.connected.wait()
 
 
+def _reason(closing: asyncio.Future[Any]) -> str:
+    """Why a connection closed, as one line without object addresses."""
+    if not closing.done() or closing.cancelled():
+        return "connection closed"
+    exc = closing.exception()
+    return "connection closed" if exc is None else f"{type(exc).__name__}: {exc}"
+
+
 async def _accepts(node: URL) -> bool:
     """Whether the node accepts a TCP connection within a second (AMQP is not spoken)."""
     port = node.port or (5671 if node.scheme.lower() == "amqps" else 5672)
@@ -139,18 +216,30 @@ async def _accepts(node: URL) -> bool:
 async def open_amqp(settings: Settings, name: str) -> AbstractRobustConnection:
     """A robust connection to the settings' broker (any live node of PKGQ_AMQP_URL's list),
     over TLS for an `amqps://` URL."""
-    return await connect(settings.amqp_url, name, tls_context(settings), settings.amqp_ca_file)
+    return await connect(
+        settings.amqp_url,
+        name,
+        tls_context(settings),
+        settings.amqp_ca_file,
+        dead_peer_timeout=settings.dead_peer_timeout,
+    )
 
 
 async def connect(
-    url: str, name: str, context: ssl.SSLContext | None = None, ca_file: str | None = None
+    url: str,
+    name: str,
+    context: ssl.SSLContext | None = None,
+    ca_file: str | None = None,
+    *,
+    dead_peer_timeout: float = DEFAULT_DEAD_PEER_TIMEOUT_S,
 ) -> AbstractRobustConnection:
     """A robust connection named `name` (shown by the broker). `url` may list several nodes,
     comma-separated: they are tried in order and the first that accepts wins (NodeListConnection
     moves on to the others later). An `amqps://` URL always verifies the broker: with `context`
     if given (`ca_file` is what it trusts, for the error message), else against the system's
     CAs. A certificate that is not accepted raises TlsVerifyError, whose text says in one line
-    what to check."""
+    what to check. `dead_peer_timeout`: PKGQ_DEAD_PEER_TIMEOUT (the heartbeat it asks for, and
+    DeadPeerTransports)."""
     allow_deep_headers()
     frames.install()
     nodes = split_urls(url)
@@ -164,7 +253,8 @@ async def connect(
             nodes=nodes,
             ssl_context=context,
             client_properties={"connection_name": name},
-            reconnect_interval=1.0,
+            reconnect_interval=RECONNECT_INTERVAL,
+            dead_peer_timeout=dead_peer_timeout,
         )
         try:
             await connection.connect(timeout=CONNECT_TIMEOUT)

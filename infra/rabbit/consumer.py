@@ -262,7 +262,7 @@ class QueueConsumer(Subscription):
         in_flight.inc(len(messages))
         self._enter(len(messages))
         try:
-            results = await until_done(lambda: self._processor(raws), self._stopping)
+            results = await until_done(lambda: self._processor(raws), self._stopping, route)
         except asyncio.CancelledError:
             raise
         except StoppingError:
