@@ -8,7 +8,9 @@
 # - wrk: the HTTP load tool of `make bench-web`;
 # - haproxy: the load balancer in front of the HA lab's RabbitMQ cluster (deploy/local/ha; the
 #   chaos tests), installed here so that no apt-get runs while the lab boots beside the tests;
-# - curl and jq: the HA lab asks its nodes' management API whether they run and with whom.
+# - curl and jq: the HA lab asks its nodes' management API whether they run and with whom;
+# - iptables: the network-fault tests drop packets inside a network namespace of their own
+#   (tests/support/netfault.py; iproute2's `ip` makes the namespace).
 # Installs what is missing with apt-get when running as root (or with password-less sudo);
 # otherwise stops with a message that says what to do. The prometheus package's own service is
 # not started by the install (pkgq's tools run their own servers on a free port).
@@ -25,12 +27,14 @@ command -v wrk >/dev/null 2>&1 || missing+=(wrk)
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 command -v jq >/dev/null 2>&1 || missing+=(jq)
+command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || missing+=(iptables)
+command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || missing+=(iproute2)
 browser=()
 [ -x /usr/bin/chromium ] || browser+=(chromium)  # with its recommends (fonts among them)
 [ "$((${#missing[@]} + ${#browser[@]}))" -eq 0 ] && exit 0
 
 command -v apt-get >/dev/null 2>&1 \
-    || die "${missing[*]} ${browser[*]} missing and this is not a Debian system: install promtool, amqp-publish, wrk, haproxy, curl, jq and Chromium (at /usr/bin/chromium) yourself."
+    || die "${missing[*]} ${browser[*]} missing and this is not a Debian system: install promtool, amqp-publish, wrk, haproxy, curl, jq, iptables, iproute2 and Chromium (at /usr/bin/chromium) yourself."
 say "installing ${missing[*]} ${browser[*]} from Debian's packages"
 # policy-rc.d exit 101: the packages' services are not started by the install.
 policy=/usr/sbin/policy-rc.d

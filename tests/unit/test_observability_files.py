@@ -24,6 +24,7 @@ ALERTS = {
     "PkgqInvariantViolated",
     "PkgqRoutePaused",
     "PkgqCircuitBreakerTripped",
+    "PkgqDependencyUnreachable",
 }
 
 
