@@ -2,7 +2,7 @@
 role only) publishes garbage 3,000 brackets deep under a victim's x-user-id. It is filed as
 invalid_json with its depth in the error, and every place that shows it or another stored body
 as deep (the dead letter's console page and its edit form, the victim's timeline and queue
-pages, the holds and audit pages, `pkgq dlq show`, `pkgq user history`, `pkgq find`) answers
+pages, the audit page, `pkgq dlq show`, `pkgq user history`, `pkgq find`) answers
 with it as text, where each used to answer 500 or die with a RecursionError."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from aio_pika.abc import AbstractRobustConnection
 
 from events.envelope import CONTENT_TYPE, H_SCHEMA_VERSION, H_USER_ID
 from events.models import PurchasePackage
-from events.routes import PACKAGE_PURCHASE, USAGE_RECORD
+from events.routes import PACKAGE_PURCHASE, PACKAGE_QUEUING, USAGE_RECORD
 from infra.rabbit.connection import connect
 from infra.settings import Settings
 from tests.support.broker_users import broker_user, grant, unique_role_users, url_for
@@ -92,18 +92,17 @@ async def rows_for(pool: asyncpg.Pool, message_id: UUID) -> list[dict[str, Any]]
 
 
 async def store_deep_bodies(pool: asyncpg.Pool, victim: UUID) -> None:
-    """What the victim's timeline, queue, holds and audit pages show, stored as deep as the
-    garbage: a parked message's body, and an operator action's detail (jsonb, which Postgres
-    stores thousands deep)."""
+    """What the victim's timeline, queue and audit pages show, stored as deep as the garbage:
+    an outbox row's body (scheduled a year ahead: the relay leaves it), and an operator action's
+    detail (jsonb, which Postgres stores thousands deep)."""
     async with pool.acquire() as conn:
         await conn.execute(
-            "INSERT INTO telecom.parked (consumer, user_id, message_id, route, message_type, body)"
-            " VALUES ($1, $2, $3, $4, $5, $6)",
-            USAGE_RECORD.short_name,
-            victim,
+            "INSERT INTO telecom.outbox (message_id, route, message_type, schema_version, user_id,"
+            " body, available_at) VALUES ($1, $2, $3, 1, $4, $5, now() + interval '1 year')",
             uuid4(),
-            USAGE_RECORD.name,
-            USAGE_RECORD.message_type,
+            PACKAGE_QUEUING.name,
+            PACKAGE_QUEUING.message_type,
+            victim,
             STORED,
         )
         await conn.execute(
@@ -173,13 +172,13 @@ async def test_garbage_nested_3000_deep_is_filed_as_invalid_json_and_shown_as_te
             page = await answers(http, f"/dead-letters/{dead['id']}")
             edit = await answers(http, f"/dead-letters/{dead['id']}/edit")
             timeline = await answers(http, f"/users/{victim}/timeline")
-            for path in (f"/users/{victim}", "/holds", "/audit"):
+            for path in (f"/users/{victim}", "/audit"):
                 await answers(http, path)
             await answers(http, "/messages", ("message_id", str(message_id)))
     assert GARBAGE.decode()[:200] in page
     assert GARBAGE.decode()[:200] in edit
-    assert '<tr data-source="parked"' in timeline
-    assert "<code>[[[[" in timeline  # the parked body, as text, cut
+    assert '<tr data-source="outbox" data-kind="scheduled"' in timeline
+    assert "<code>[[[[" in timeline  # the outbox row's body, as text, cut
 
     shown = await cli(settings, "dlq", "show", str(dead["id"]), "--json")
     assert shown.returncode == 0, shown.stderr[-2000:]
@@ -190,12 +189,14 @@ async def test_garbage_nested_3000_deep_is_filed_as_invalid_json_and_shown_as_te
 
     history = await cli(settings, "user", "history", str(victim), "--json")
     assert history.returncode == 0, history.stderr[-2000:]
-    entries = {e["source"]: e for e in json.loads(history.stdout)["entries"]}
-    assert entries["parked"]["body"].startswith("[[[[")  # as text, cut to one line
-    assert entries["operator"]["detail"]["text"].startswith('{"actor": "olga", "edited_body": [[[')
+    entries = {(e["source"], e["kind"]): e for e in json.loads(history.stdout)["entries"]}
+    assert entries["outbox", "scheduled"]["body"].startswith("[[[[")  # as text, on one line
+    assert entries["operator", "edit_replay"]["detail"]["text"].startswith(
+        '{"actor": "olga", "edited_body": [[['
+    )
     table = await cli(settings, "user", "history", str(victim), COLUMNS="200")
     assert table.returncode == 0, table.stderr[-2000:]
-    assert "parked" in table.stdout
+    assert "outbox scheduled" in table.stdout
 
     found = await cli(settings, "find", str(message_id), "--json")
     assert found.returncode == 0, found.stderr[-2000:]
