@@ -84,8 +84,9 @@ def _render(results: list[Result]) -> None:
 
 def doctor_cmd(as_json: JsonOpt = False) -> None:
     """Check pkgq's invariants (every hold has a way out, every parked message a hold, every
-    failed message is accounted for, one active item per user, traffic conserved), one SQL
-    statement each; name the rows that break them. Exit 8 if any does not hold."""
+    failed message is accounted for, one active item per user, traffic conserved, activations
+    dated in order), one SQL statement each; name the rows that break them. Exit 8 if any does
+    not hold."""
     settings = load_settings()
     results = on_database(settings, lambda conn: invariants.check_and_store(conn))
     show(results, as_json, _render, data=_as_data(results))

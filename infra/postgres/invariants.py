@@ -31,6 +31,11 @@ The checks:
   active item has no unbilled traffic; an item never activated (activated_at NULL: queued, or
   cancelled while queued) carries none; and no counter is negative. Each row names the user,
   the item (if any) and the rule broken.
+- `activation_times`: an item activated before it was created, or before the item its user
+  had activated before it. Items are activated in queue order ((created_at, id): FIFO), each
+  dated by its batch's clock read under the user's lock and never before what the user's
+  queue already holds (domain/queue.py: `_moment`), so per user the activation times follow
+  that order. Each row names the user, the item, the rule broken and the times that break it.
 """
 
 from __future__ import annotations
@@ -222,6 +227,30 @@ USAGE_BILLED_ELSEWHERE = Check(
     """,
 )
 
+ACTIVATION_TIMES = Check(
+    "activation_times",
+    "an item was activated before it was created, or before the item its user had activated "
+    "before it",
+    """
+    SELECT user_id, item_id,
+           CASE WHEN activated_at < created_at THEN 'activated before it was created'
+                ELSE 'activated before the item activated before it' END AS rule,
+           created_at, activated_at, previous_item_id, previous_activated_at,
+           count(*) OVER () AS total
+    FROM (
+        SELECT q.user_id, q.id AS item_id, q.created_at, q.activated_at,
+               lag(q.id) OVER w AS previous_item_id,
+               lag(q.activated_at) OVER w AS previous_activated_at
+        FROM telecom.package_queue q
+        WHERE q.activated_at IS NOT NULL
+        WINDOW w AS (PARTITION BY q.user_id ORDER BY q.created_at, q.id)
+    ) AS activations
+    WHERE activated_at < created_at OR activated_at < previous_activated_at
+    ORDER BY user_id, item_id
+    LIMIT $1
+    """,
+)
+
 CHECKS: tuple[Check, ...] = (
     HOLD_WITHOUT_WAY_OUT,
     PARKED_WITHOUT_HOLD,
@@ -229,6 +258,7 @@ CHECKS: tuple[Check, ...] = (
     MORE_THAN_ONE_ACTIVE_ITEM,
     TRAFFIC_CONSERVATION,
     USAGE_BILLED_ELSEWHERE,
+    ACTIVATION_TIMES,
 )
 BY_NAME = {c.name: c for c in CHECKS}
 

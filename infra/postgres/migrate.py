@@ -136,6 +136,8 @@ async def migrate(
         "SELECT pg_try_advisory_lock($1)", MIGRATION_LOCK
     ):
         await asyncio.sleep(0.2)
+    said = _Said()
+    conn.add_log_listener(said)
     try:
         await conn.execute(
             """
@@ -155,6 +157,7 @@ async def migrate(
                 continue
             if target is not None and migration.version > target:
                 break
+            said.running = migration
             if not migration.transactional:
                 # An index build interrupted before (a crash, a cancel) leaves an invalid index
                 # that IF NOT EXISTS would skip: drop it so the statement builds it again.
@@ -172,11 +175,29 @@ async def migrate(
                 )
             log.info("migration_applied", version=migration.version, name=migration.name)
             applied.append(migration.version)
+        said.running = None
         if runtime_role:
             await _grant_runtime(conn, runtime_role)
         return applied
     finally:
+        conn.remove_log_listener(said)
         await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK)
+
+
+class _Said:
+    """Logs what the migration being applied says (its NOTICEs: a repair's counts, say)."""
+
+    def __init__(self) -> None:
+        self.running: Migration | None = None
+
+    def __call__(self, _: object, message: asyncpg.PostgresLogMessage) -> None:
+        if self.running is not None:
+            log.info(
+                "migration_said",
+                version=self.running.version,
+                name=self.running.name,
+                message=message.message,
+            )
 
 
 _INVALID_INDEXES = """

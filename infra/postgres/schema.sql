@@ -516,6 +516,19 @@ CREATE TABLE telecom.transition_seconds (
     CONSTRAINT transition_seconds_second_check CHECK (((second >= 0) AND (second <= 59)))
 );
 
+CREATE TABLE telecom.transition_time_repairs (
+    item_id bigint NOT NULL,
+    user_id uuid NOT NULL,
+    status telecom.package_status NOT NULL,
+    activated_at_was timestamp with time zone NOT NULL,
+    activated_at timestamp with time zone NOT NULL,
+    expire_at_was timestamp with time zone,
+    expire_at timestamp with time zone,
+    repaired_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+COMMENT ON TABLE telecom.transition_time_repairs IS 'Items whose activated_at (and expire_at) migration 0021 moved up, with the old times.';
+
 CREATE TABLE telecom.ttr_strikes (
     consumer text NOT NULL,
     message_id uuid NOT NULL,
@@ -662,6 +675,9 @@ ALTER TABLE ONLY telecom.transition_counts
 
 ALTER TABLE ONLY telecom.transition_seconds
     ADD CONSTRAINT transition_seconds_pkey PRIMARY KEY (transition, route, second, slot);
+
+ALTER TABLE ONLY telecom.transition_time_repairs
+    ADD CONSTRAINT transition_time_repairs_pkey PRIMARY KEY (item_id);
 
 ALTER TABLE ONLY telecom.ttr_strikes
     ADD CONSTRAINT ttr_strikes_pkey PRIMARY KEY (consumer, message_key);
