@@ -29,19 +29,19 @@ import structlog
 from aio_pika.abc import AbstractChannel, AbstractQueue, AbstractRobustConnection
 
 from domain.delivery import Fate
-from events.decoding import RawDelivery
+from events.decoding import RawDelivery, message_uuid
 from events.envelope import (
     H_DEAD_CONSUMER,
     H_DEAD_ERROR,
     H_DEAD_REASON,
     H_DEAD_TRACEBACK,
-    H_USER_ID,
     bounded_text,
     job_marks,
     jsonable,
     publisher_of,
     without_pkgq_marks,
 )
+from events.identity import message_key
 from events.partitioning import route_of_key
 from events.routes import ROUTES, UNTRUSTED_PUBLISHER
 from infra.postgres import dead_letters, holds, job_state
@@ -54,8 +54,15 @@ from infra.transient import is_outage, is_transient, transient_retrying
 log = structlog.get_logger(__name__)
 
 
-def _user(headers: dict[str, Any]) -> UUID | None:
-    value = headers.get(H_USER_ID)
+def _user(body: bytes) -> UUID | None:
+    """The user a dead message's body names (its `user_id`), or None: a dead letter is filed
+    under the user its body names, never the `x-user-id` header, which anyone can set (it is
+    kept in the headers, as a claim)."""
+    try:
+        parsed = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    value = parsed.get("user_id") if isinstance(parsed, dict) else None
     try:
         return UUID(value) if isinstance(value, str) else None
     except ValueError:
@@ -83,9 +90,15 @@ def to_dead_letter(
 ) -> dead_letters.NewDeadLetter:
     """What to file for a delivery on the dead-letter queue, with who published the message
     first (`first_publisher`); see `_classified`."""
+    dead = _classified(raw, trusted_publisher, main_exchange)
+    publisher = first_publisher(raw, trusted_publisher)
+    uuid = message_uuid(dead.message_id)
     return dataclasses.replace(
-        _classified(raw, trusted_publisher, main_exchange),
-        publisher=first_publisher(raw, trusted_publisher),
+        dead,
+        publisher=publisher,
+        # Its key (events/identity.py), so that what it is matched on (a hold, a retry, the
+        # inbox) is this message's only, never another publisher's or user's copy's.
+        message_key=message_key(uuid, publisher, dead.user_id) if uuid is not None else None,
     )
 
 
@@ -234,9 +247,9 @@ def _unroutable(raw: RawDelivery, exchange: str) -> dead_letters.NewDeadLetter:
 
 def _filed(raw: RawDelivery, headers: dict[str, Any], **why: Any) -> dead_letters.NewDeadLetter:
     """`raw` filed as it came (its id, type, content type and body, bounded) with `headers`
-    (JSON-ready), its user from `x-user-id` unless `why` gives `user_id`, and `why`: source,
+    (JSON-ready), its user from its body unless `why` gives `user_id`, and `why`: source,
     route, consumer, reason and the error fields."""
-    user_id = why.pop("user_id") if "user_id" in why else _user(headers)
+    user_id = why.pop("user_id") if "user_id" in why else _user(raw.body)
     return dead_letters.NewDeadLetter(
         message_id=_optional(raw.message_id),
         user_id=user_id,

@@ -25,7 +25,9 @@ class RetryPolicy:
     max_delay_s: float = 7 * 86400.0
     newer_version_s: float = 30.0
     """The pause before a message of a version newer than this pkgq knows is tried again
-    (uncounted: see domain.delivery.ErrorKind.NEWER)."""
+    (see domain.delivery.ErrorKind.NEWER)."""
+    newer_version_limit: int = 240
+    """How many deferrals of such a message before it is buried as `unknown_version`."""
 
     def delay_after(self, attempt: int) -> float | None:
         """The pause before the next delivery, or None when `attempt` was the last one."""
@@ -34,7 +36,9 @@ class RetryPolicy:
         return max(0.0, min(self.backoff(attempt), self.max_delay_s))
 
 
-def from_settings(config: RetrySettings, newer_version_s: float = 30.0) -> RetryPolicy:
+def from_settings(
+    config: RetrySettings, newer_version_s: float = 30.0, newer_version_limit: int = 240
+) -> RetryPolicy:
     base = config.base_s
     backoff: Backoff
     if config.backoff == "fixed":
@@ -43,8 +47,14 @@ def from_settings(config: RetrySettings, newer_version_s: float = 30.0) -> Retry
         backoff = lambda attempt: random.uniform(0, base * 2 ** (attempt - 1))  # noqa: E731
     else:
         backoff = seed003_backoff
-    return RetryPolicy(config.max_attempts, backoff, config.max_delay_s, newer_version_s)
+    return RetryPolicy(
+        config.max_attempts, backoff, config.max_delay_s, newer_version_s, newer_version_limit
+    )
 
 
 def policy_for(settings: Settings, route_name: str) -> RetryPolicy:
-    return from_settings(settings.retry_for(route_name), settings.newer_version_retry)
+    return from_settings(
+        settings.retry_for(route_name),
+        settings.newer_version_retry,
+        settings.newer_version_deferrals,
+    )

@@ -80,6 +80,12 @@ REASONS: dict[str, tuple[str, str]] = {
         "the failure path",
         "A handler error on every attempt of the route's retry policy. Holds its user.",
     ),
+    "unknown_version": (
+        "the failure path",
+        "A schema version newer than this pkgq knows, deferred `PKGQ_NEWER_VERSION_DEFERRALS` "
+        "times (counted in Postgres) and still unknown. Holds its user; replay it once the "
+        "pkgq that knows the version runs.",
+    ),
     "ttr": (
         "the failure path",
         "The handler ran past the route's TTR on its last allowed attempt. Holds its user.",

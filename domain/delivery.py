@@ -36,7 +36,8 @@ class Fate(enum.StrEnum):
 
     APPLIED = "acked"
     DUPLICATE = "duplicate"
-    """The same message (message_id) again: the consumer applied it before; nothing was run."""
+    """The same message (its key: message_id, publisher, user) again: the consumer applied it
+    before; nothing was run."""
     DUPLICATE_ORDER = "duplicate_order"
     """A purchase of an order bought before, under a new message_id: applied as nothing."""
     DUPLICATE_USAGE = "duplicate_usage"
@@ -89,9 +90,10 @@ class ErrorKind(enum.Enum):
     TTR = "ttr"
     """Ran past the route's TTR on every strike: buried, holding its user."""
     NEWER = "newer"
-    """A schema version newer than this pkgq knows: left for a newer pkgq. Retried after the
-    failure's delay, holding its user, never counted and never buried for it (a rolling upgrade
-    may take minutes; the message's own TTL still ends it)."""
+    """A schema version newer than this pkgq knows: left for a newer pkgq. Deferred after the
+    failure's delay, holding its user, each deferral counted like an attempt; after `limit`
+    deferrals (a rolling upgrade is long over) it is buried as `unknown_version`, holding its
+    user like any buried message, for an operator to replay once the new pkgq runs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +108,8 @@ class Failure:
     traceback: str = ""
     delay: float | None = None
     """A `Retry`'s own pause (None: the policy's backoff)."""
+    limit: int | None = None
+    """NEWER: how many times it is deferred at most before it is buried."""
 
     @property
     def summary(self) -> str:
@@ -114,8 +118,9 @@ class Failure:
 
 @dataclass(frozen=True, slots=True)
 class Hold:
-    """A user's hold on the consumer: `blocker` is the message their later ones wait behind
-    (None: lifted, the parked messages are being drained in order)."""
+    """A user's hold on the consumer: `blocker` is the key of the message their later ones wait
+    behind (events/identity.py: never a message_id alone, which anyone can send a copy under),
+    None: lifted, the parked messages are being drained in order."""
 
     blocker: UUID | None
     state: str
@@ -126,7 +131,9 @@ class Facts:
     """What the snapshot says of one delivery."""
 
     index: int
-    message_id: UUID
+    key: UUID
+    """The message's identity (events/identity.py): message_id, first publisher, body's user.
+    Everything here (seen, attempts, a hold's blocker) is matched on it."""
     user_id: UUID | None
     expires_at: datetime | None = None
     cancelled_member: bool = False
@@ -168,17 +175,17 @@ class Gate:
     now: datetime
     source: Source
     seen: set[UUID]
-    """Messages the consumer applied before (the inbox), or finished in this batch so far."""
+    """Keys of messages the consumer applied before (the inbox), or finished in this batch."""
     holds: dict[UUID, Hold]
     """The holds on the batch's users, as the batch has left them so far."""
     attempts: dict[UUID, int] = field(default_factory=dict)
-    """Each message's failures counted so far."""
+    """Each message's failures (and deferrals) counted so far, by key."""
 
     def admit(self, facts: Facts) -> Decision | None:
         """The decision that needs no handler, or None: run it."""
         hold = self._hold_of(facts)
-        lifts = hold is not None and hold.blocker == facts.message_id
-        if facts.message_id in self.seen:
+        lifts = hold is not None and hold.blocker == facts.key
+        if facts.key in self.seen:
             return Decision(Fate.DUPLICATE, lifts=lifts)
         if facts.expires_at is not None and facts.expires_at <= self.now:
             expired = Failure(
@@ -205,14 +212,14 @@ class Gate:
         """The handler ran: `failure` is how it failed (None: it did not). `repeat`: one of
         REPEATS when it named a business key seen before (applied as nothing)."""
         hold = self._hold_of(facts)
-        lifts = hold is not None and hold.blocker == facts.message_id
+        lifts = hold is not None and hold.blocker == facts.key
         if failure is None:
             if repeat is not None and repeat not in REPEATS:
                 raise ValueError(f"{repeat} is not a repeat")
             return Decision(repeat or Fate.APPLIED, lifts=lifts)
         if failure.kind is ErrorKind.NEWER:
             return self._deferred(facts, failure)
-        attempt = self.attempts.get(facts.message_id, 0) + 1
+        attempt = self.attempts.get(facts.key, 0) + 1
         held = "buried" if facts.user_id is not None else None
         if failure.kind is ErrorKind.RULE:
             return Decision(
@@ -239,36 +246,45 @@ class Gate:
         )
 
     def _deferred(self, facts: Facts, failure: Failure) -> Decision:
-        """A version this pkgq does not know: tried again after the failure's delay, its
-        failures as counted before (this is none of them), its user held behind it."""
+        """A version this pkgq does not know: tried again after the failure's delay, its user
+        held behind it; each deferral is counted, and past the failure's `limit` it is buried
+        as `unknown_version`, holding its user (no hold lasts for ever)."""
+        attempt = self.attempts.get(facts.key, 0) + 1
+        lifts = self._lifts(facts)
+        if failure.limit is not None and attempt > failure.limit:
+            held = "buried" if facts.user_id is not None else None
+            return Decision(
+                Fate.BURIED, "unknown_version", failure, attempt, holds=held, counted=True
+            )
         retry_at = self.now + timedelta(seconds=failure.delay or 0.0)
         if facts.expires_at is not None and retry_at >= facts.expires_at:
-            return Decision(Fate.EXPIRED, "expired", failure, 1, lifts=self._lifts(facts))
+            return Decision(Fate.EXPIRED, "expired", failure, attempt, lifts=lifts, counted=True)
         return Decision(
             Fate.RETRY,
             failure=failure,
-            attempt=self.attempts.get(facts.message_id, 0),
+            attempt=attempt,
             retry_at=retry_at,
             holds="retrying" if facts.user_id is not None else None,
+            counted=True,
         )
 
     def _lifts(self, facts: Facts) -> bool:
         hold = self._hold_of(facts)
-        return hold is not None and hold.blocker == facts.message_id
+        return hold is not None and hold.blocker == facts.key
 
     def note(self, facts: Facts, decision: Decision) -> None:
         """Fold a decision into the snapshot. Only a message that is done counts as seen: a
         second copy of one that failed in this batch (a relay re-publish, a redelivery next to
         its own retry) must meet the hold it left, not pass as a duplicate."""
         if decision.fate in DONE:
-            self.seen.add(facts.message_id)
+            self.seen.add(facts.key)
         if decision.counted:
-            self.attempts[facts.message_id] = decision.attempt
+            self.attempts[facts.key] = decision.attempt
         user = facts.user_id
         if user is None:
             return
         if decision.holds is not None:
-            self.holds[user] = Hold(facts.message_id, decision.holds)
+            self.holds[user] = Hold(facts.key, decision.holds)
         elif decision.lifts:
             self.holds[user] = Hold(None, "releasing")
 

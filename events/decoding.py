@@ -32,6 +32,7 @@ from events.envelope import (
     publisher_of,
     unstorable,
 )
+from events.identity import message_key
 from events.models import WireModel
 from events.routes import Route
 
@@ -104,6 +105,9 @@ class RawDelivery:
 class Decoded:
     envelope: Envelope
     body: WireModel
+    key: UUID
+    """The message's identity as a key (events/identity.py): its message_id, first publisher
+    and the body's user. What pkgq's bookkeeping matches it on, never the message_id alone."""
     newer: bool = False
     """A version newer than this pkgq knows (NewerVersionError): `body` is a placeholder that
     names its user only; nothing reads it, the message is held and retried as it came."""
@@ -184,7 +188,8 @@ def decode(route: Route, raw: RawDelivery, *, max_body_bytes: int) -> Decoded:
             user = _newer_user(raw)
             # Never read (Decoded.newer): the user it names is the envelope's, or the nil UUID.
             placeholder = WireModel.model_construct(user_id=user or UUID(int=0))
-            decoded = Decoded(_envelope(route, raw, message_id, version, user), placeholder, True)
+            envelope = _envelope(route, raw, message_id, version, user)
+            decoded = Decoded(envelope, placeholder, _key(envelope), True)
             raise NewerVersionError(version, route.accepted_versions, decoded)
         accepted = " and ".join(map(str, route.accepted_versions))
         raise BadMessageError(
@@ -213,7 +218,12 @@ def decode(route: Route, raw: RawDelivery, *, max_body_bytes: int) -> Decoded:
             raise BadMessageError("schema_invalid", unstorable_string) from None
         raise BadMessageError("invalid_json", _summarise(exc)) from None
     _check_user_header(raw, body.user_id)
-    return Decoded(_envelope(route, raw, message_id, version, body.user_id), body)
+    envelope = _envelope(route, raw, message_id, version, body.user_id)
+    return Decoded(envelope, body, _key(envelope))
+
+
+def _key(envelope: Envelope) -> UUID:
+    return message_key(envelope.message_id, envelope.publisher, envelope.user_id)
 
 
 def _envelope(

@@ -196,15 +196,26 @@ def unstorable(value: str) -> str | None:
     return f"U+{ord(char):04X} ({what}) at index {found.start()}, which PostgreSQL cannot store"
 
 
+PKGQ_PREFIX = "x-pkgq-"
+"""Every header under this prefix is pkgq's own (PKGQ_MARKS, expiry, priority, the
+dead-letter marks, ...): obeyed only on what pkgq's AMQP user published."""
+H_CLAIMED = "x-pkgq-claimed"
+"""What another publisher wrote in pkgq's own headers, kept as data under this one table
+(`without_pkgq_marks`): shown to people, never obeyed."""
+
+
 def without_pkgq_marks(headers: Mapping[str, Any]) -> dict[str, Any] | None:
-    """`headers` without the PKGQ_MARKS, for a message pkgq did not publish itself; None when
-    it carries none (nothing to take away)."""
-    for name in PKGQ_MARKS:  # a loop, not any(generator): run for every outsider's delivery
-        if name in headers:
+    """`headers` for a message pkgq did not publish itself: every header of pkgq's own (those
+    under PKGQ_PREFIX) moved into H_CLAIMED, where nothing obeys it; None when it carries none
+    (nothing to move)."""
+    for name in headers:  # a loop, not any(generator): run for every outsider's delivery
+        if name.startswith(PKGQ_PREFIX):
             break
     else:
         return None
-    return {k: v for k, v in headers.items() if k not in PKGQ_MARKS}
+    kept = {k: v for k, v in headers.items() if not k.startswith(PKGQ_PREFIX)}
+    kept[H_CLAIMED] = {k: v for k, v in headers.items() if k.startswith(PKGQ_PREFIX)}
+    return kept
 
 
 MAX_PUBLISHER = 255

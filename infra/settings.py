@@ -121,7 +121,12 @@ class Settings(BaseSettings):
 
     newer_version_retry: float = Field(default=30.0, gt=0, le=3600)
     """Seconds before a message of a schema version newer than this pkgq knows is tried again
-    (held in its user's order, never counted or buried for it: docs/how-to/upgrade.md)."""
+    (held in its user's order: docs/how-to/upgrade.md)."""
+    newer_version_deferrals: int = Field(default=240, ge=1, le=100_000)
+    """How many times a message of a newer schema version is deferred (counted in Postgres)
+    before it is buried as `unknown_version`, its user held behind it until an operator
+    replays it (once the new pkgq runs) or discards it. 240 deferrals of 30 s: two hours, far
+    longer than a rolling upgrade."""
     usage_dedup_days: int = Field(default=35, ge=1, le=3650)
     """How long a billed usage record's (user_id, usage_id) is remembered at least: a resend
     within it bills nothing (duplicate_usage). A billing cycle plus margin."""

@@ -50,6 +50,11 @@ class Delivery:
     def user_id(self) -> UUID | None:
         return self.decoded.envelope.user_id
 
+    @property
+    def key(self) -> UUID:
+        """Its identity (events/identity.py): what the bookkeeping matches it on."""
+        return self.decoded.key
+
 
 @record
 class BadDelivery:

@@ -139,6 +139,7 @@ class Executor:
             f"x-schema-version={envelope.schema_version} is newer than this pkgq knows (it "
             f"applies {' and '.join(map(str, self.route.accepted_versions))})",
             delay=self._policy.newer_version_s,
+            limit=self._policy.newer_version_limit,
         )
 
     async def _handle(

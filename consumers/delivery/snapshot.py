@@ -36,7 +36,7 @@ class Snapshot:
     holds_before: dict[UUID, Hold]
     """The users' holds as loaded (the gate's change as the batch goes)."""
     failed_before: set[UUID]
-    """Messages that had failed before this batch (a retry of theirs may be pending)."""
+    """Keys of messages that had failed before this batch (a retry may be pending)."""
 
 
 async def load(
@@ -62,16 +62,16 @@ async def load(
         conn,
         consumer,
         hold_users=[d.user_id for d in ready if d.user_id is not None],
-        message_ids=[d.message_id for d in ready],
+        keys=[(d.key, d.message_id) for d in ready],
         item_users=list(rows),
         extra_item_ids=[i for n in asked.values() for i in n.item_ids],
     )
     held, seen, counted, items = read.held, read.seen, read.counted, read.items
     if source is Source.PARKING:
         # Another drain may have taken some meanwhile: those are gone from the batch.
-        still = await holds.lock_parked(conn, consumer, [d.message_id for d in ready])
-        ready = [d for d in ready if d.message_id in still]
-    needs = [asked[d.index] for d in ready if d.index in asked and d.message_id not in seen]
+        still = await holds.lock_parked(conn, consumer, [d.key for d in ready])
+        ready = [d for d in ready if d.key in still]
+    needs = [asked[d.index] for d in ready if d.index in asked and d.key not in seen]
     # Orders are looked up by (user, by_order), not found among the loaded items: an old
     # order's items may all be consumed and so not loaded.
     orders = await queue_repo.load_orders(conn, [o for n in needs for o in n.orders])
@@ -97,7 +97,7 @@ async def load(
     facts = {
         d.index: Facts(
             index=d.index,
-            message_id=d.message_id,
+            key=d.key,
             user_id=d.user_id,
             expires_at=d.decoded.envelope.expires_at,
             cancelled_member=members.get(d.message_id) == "cancelled",

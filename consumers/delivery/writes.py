@@ -18,38 +18,42 @@ from uuid import UUID, uuid4
 
 from consumers.delivery.executor import Decided
 from domain.delivery import REPEATS, Decision, Fate, Hold, Source
+from events.decoding import message_uuid
 from events.envelope import (
     H_ATTEMPT,
     H_FIRST_FAILED_AT,
     H_LAST_ERROR,
     H_PRIORITY,
-    H_USER_ID,
+    H_PUBLISHER,
     clean_text,
-    header_text,
     job_marks,
     jsonable,
     publisher_of,
     republished_headers,
 )
+from events.identity import message_key
 from events.routes import UNTRUSTED_PUBLISHER, Route
-from infra.postgres import dead_letters, holds, job_state, outbox
+from infra.postgres import dead_letters, holds, inbox, job_state, outbox
 
 
 @dataclass(frozen=True, slots=True)
 class Writes:
     """A batch's rows, table by table (an empty one sends no statement)."""
 
-    claims: dict[UUID, UUID | None]
-    """Messages recorded in the inbox as applied, with their users."""
+    claims: dict[UUID, inbox.Claim]
+    """Messages recorded in the inbox as applied, by key (events/identity.py)."""
     withdrawn: list[str]
     """Cancel keys of retries no longer wanted (the message was decided again)."""
     retries: list[outbox.OutboxMessage]
     finished: list[job_state.Finished]
     buried: list[dead_letters.NewDeadLetter]
-    counted: Counter[UUID]
-    """Failures counted in this batch, per message."""
+    counted: Counter[tuple[UUID, UUID]]
+    """Failures counted in this batch, per message (its key and message_id)."""
     parked: list[holds.NewParked]
     unparked: list[UUID]
+    """Keys of parked messages decided."""
+    unparked_ids: list[UUID]
+    """Message ids of parked messages that no longer decode (their key is unknown)."""
     made: list[holds.NewHold]
     lifted: list[UUID]
     moves: dict[tuple[str, str], int]
@@ -70,29 +74,28 @@ def writes_of(
     made, lifted = _holds(decided, holds_before, holds_after, source)
     return Writes(
         claims={
-            d.decoded.envelope.message_id: d.decoded.envelope.user_id
+            d.decoded.key: inbox.Claim(d.decoded.envelope.message_id, d.decoded.envelope.user_id)
             for d in decided
             if d.decoded and d.decision.claims
         },
         withdrawn=[
-            outbox.retry_key(consumer, d.decoded.envelope.user_id, d.decoded.envelope.message_id)
+            outbox.retry_key(consumer, d.decoded.key)
             for d in decided
             if d.decoded is not None
-            and (
-                d.decision.counted
-                or d.decoded.newer  # deferred, uncounted: its earlier retry is replaced too
-                or d.decoded.envelope.message_id in failed_before
-            )
+            and (d.decision.counted or d.decoded.newer or d.decoded.key in failed_before)
             and d.decision.fate not in (Fate.PARKED, Fate.GIVEN_BACK)
         ],
         retries=_retries(route, decided, now),
         finished=_finished(decided),
         buried=_dead_letters(route, decided),
         counted=Counter(
-            d.decoded.envelope.message_id for d in decided if d.decoded and d.decision.counted
+            (d.decoded.key, d.decoded.envelope.message_id)
+            for d in decided
+            if d.decoded and d.decision.counted
         ),
         parked=_parked(route, decided) if source is Source.QUEUE else [],
-        unparked=_unparked(decided) if source is Source.PARKING else [],
+        unparked=_unparked(decided, True) if source is Source.PARKING else [],
+        unparked_ids=_unparked(decided, False) if source is Source.PARKING else [],
         made=made,
         lifted=lifted,
         moves=_moves(route.name, decided, source),
@@ -106,13 +109,13 @@ def _retries(route: Route, decided: Sequence[Decided], now: datetime) -> list[ou
     rows: list[outbox.OutboxMessage] = []
     if not any(d.decision.fate is Fate.RETRY for d in decided):
         return rows
-    last = {d.decoded.envelope.message_id: d.index for d in decided if d.decoded is not None}
+    last = {d.decoded.key: d.index for d in decided if d.decoded is not None}
     for d in decided:
         decision = d.decision
         if decision.fate is not Fate.RETRY or d.decoded is None:
             continue
         envelope = d.decoded.envelope
-        if last[envelope.message_id] != d.index:
+        if last[d.decoded.key] != d.index:
             continue  # a later copy of it was decided after this one
         failure = decision.failure
         assert failure is not None
@@ -134,17 +137,17 @@ def _retries(route: Route, decided: Sequence[Decided], now: datetime) -> list[ou
                         H_ATTEMPT: decision.attempt + 1,
                         H_FIRST_FAILED_AT: first_failed.isoformat(),
                         H_LAST_ERROR: clean_text(failure.summary[:500]),
+                        # who sent it first, so that the retry has the message's key
+                        H_PUBLISHER: envelope.publisher,
                     },
                 ),
                 available_at=decision.retry_at,
                 priority=_priority(headers),
                 expires_at=envelope.expires_at,
-                cancel_key=outbox.retry_key(
-                    route.short_name, envelope.user_id, envelope.message_id
-                ),
+                cancel_key=outbox.retry_key(route.short_name, d.decoded.key),
                 # A dedup key marks it as a retry (the `put` counter leaves retries out); its
                 # own suffix keeps it apart from a retry of the same count before a replay.
-                dedup_key=f"retry:{route.short_name}:{envelope.message_id}:{uuid4().hex}",
+                dedup_key=f"retry:{route.short_name}:{d.decoded.key}:{uuid4().hex}",
             )
         )
     return rows
@@ -152,7 +155,9 @@ def _retries(route: Route, decided: Sequence[Decided], now: datetime) -> list[ou
 
 def _dead_letters(route: Route, decided: Sequence[Decided]) -> list[dead_letters.NewDeadLetter]:
     """What is buried (or expired), as the dead-letter store keeps it. Once a message decoded,
-    its ids are the envelope's (the body's user, the canonical message_id), so holds match."""
+    its ids are the envelope's (the body's user, the canonical message_id) and its key, so
+    holds match. Bad input is filed under no user: a user header is only a claim (kept in its
+    headers), and a hold, a retry or a discard is never matched on it."""
     letters = []
     for d in decided:
         decision = d.decision
@@ -162,9 +167,13 @@ def _dead_letters(route: Route, decided: Sequence[Decided]) -> list[dead_letters
         assert failure is not None
         assert decision.reason is not None
         headers = jsonable(dict(d.raw.headers))
-        message_id, user_id = d.raw.message_id, _user_of(d.raw.headers)
+        publisher = publisher_of(d.raw.headers, d.raw.publisher)
+        message_id, user_id = d.raw.message_id, None
+        uuid = message_uuid(message_id)
+        key = message_key(uuid, publisher, None) if uuid is not None else None
         if d.decoded is not None:
             message_id, user_id = str(d.decoded.envelope.message_id), d.decoded.envelope.user_id
+            key = d.decoded.key
         letters.append(
             dead_letters.NewDeadLetter(
                 source="consumer",
@@ -185,7 +194,8 @@ def _dead_letters(route: Route, decided: Sequence[Decided]) -> list[dead_letters
                 first_failed_at=(
                     _first_failed_at(headers) if decision.reason == "max_attempts" else None
                 ),
-                publisher=publisher_of(d.raw.headers, d.raw.publisher),
+                publisher=publisher,
+                message_key=key,
             )
         )
     return letters
@@ -230,10 +240,12 @@ def _parked(route: Route, decided: Sequence[Decided]) -> list[holds.NewParked]:
         holds.NewParked(
             user_id=d.decoded.envelope.user_id,
             message_id=d.decoded.envelope.message_id,
+            key=d.decoded.key,
             route=route.name,
             message_type=route.message_type,
             body=d.raw.body,
-            headers=jsonable(dict(d.raw.headers)),
+            # stamped with who sent it first, so that the drain finds the message's key
+            headers=jsonable({**d.raw.headers, H_PUBLISHER: d.decoded.envelope.publisher}),
         )
         for d in decided
         if d.decision.fate is Fate.PARKED
@@ -242,14 +254,14 @@ def _parked(route: Route, decided: Sequence[Decided]) -> list[holds.NewParked]:
     ]
 
 
-def _unparked(decided: Sequence[Decided]) -> list[UUID]:
-    """Parked messages the drain decided (applied, buried, ...): they leave the lot. (A parked
-    message's raw message_id is the parked row's uuid, so even bad input has one.)"""
-    return [
-        d.decoded.envelope.message_id if d.decoded is not None else UUID(str(d.raw.message_id))
-        for d in decided
-        if d.decision.fate not in (Fate.PARKED, Fate.GIVEN_BACK)
-    ]
+def _unparked(decided: Sequence[Decided], by_key: bool) -> list[UUID]:
+    """Parked messages the drain decided (applied, buried, ...): they leave the lot. By key
+    those that decoded; by message_id those that no longer do (a parked row's raw message_id
+    is its uuid, so even bad input has one)."""
+    gone = [d for d in decided if d.decision.fate not in (Fate.PARKED, Fate.GIVEN_BACK)]
+    if by_key:
+        return [d.decoded.key for d in gone if d.decoded is not None]
+    return [UUID(str(d.raw.message_id)) for d in gone if d.decoded is None]
 
 
 def _holds(
@@ -261,11 +273,14 @@ def _holds(
     """The holds the batch made (a new blocker) and the users whose hold it lifted. From the
     parking lot, every user it drained is settled (dropped when nothing is left parked)."""
     last: dict[UUID, Decision] = {}
+    blocker_ids: dict[UUID, UUID] = {}
     parked: set[UUID] = set()
     for d in decided:
         user = d.decoded.envelope.user_id if d.decoded is not None else None
         if user is not None and d.decision.holds is not None:
             last[user] = d.decision
+            assert d.decoded is not None
+            blocker_ids[user] = d.decoded.envelope.message_id
         if user is not None and d.decision.fate is Fate.PARKED:
             parked.add(user)
     made, lifted = [], []
@@ -289,6 +304,7 @@ def _holds(
                 hold.state,
                 decision.attempt if decision is not None else 0,
                 failure.summary if failure is not None else "",
+                blocker_ids.get(user),
             )
         )
     return made, lifted
@@ -308,14 +324,6 @@ def _moves(route: str, decided: Sequence[Decided], source: Source) -> dict[tuple
 def _priority(headers: dict[str, Any]) -> int:
     value = headers.get(H_PRIORITY, 0)
     return value if isinstance(value, int) and 0 <= value <= 2 else 0
-
-
-def _user_of(headers: Any) -> UUID | None:
-    value = header_text(headers, H_USER_ID, 64)
-    try:
-        return UUID(value) if value is not None else None
-    except ValueError:
-        return None
 
 
 def _first_failed_at(headers: dict[str, Any]) -> datetime | None:

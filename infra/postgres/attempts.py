@@ -22,27 +22,35 @@ from infra.postgres.pruning import Rule
 RETENTION = Rule("attempts", "telecom.attempts", "ctid", "last_at < {cutoff}")
 
 
-def add_many(consumer: str, failures: Mapping[UUID, int]) -> Part[None] | None:
-    """Add each message's failures of this batch to its count: a part of the batch's write
-    statement (none: nothing)."""
+def add_many(consumer: str, failures: Mapping[tuple[UUID, UUID], int]) -> Part[None] | None:
+    """Add each message's failures of this batch to its count (by (key, message_id): the
+    count is the key's, events/identity.py): a part of the batch's write statement (none:
+    nothing)."""
     if not failures:
         return None
     return part_of(
         """
-        INSERT INTO telecom.attempts AS a (consumer, message_id, generation, attempts, last_claim)
-        SELECT $1, m, 0, n, 0 FROM unnest($2::uuid[], $3::int[]) AS f(m, n)
-        ON CONFLICT (consumer, message_id, generation) DO UPDATE SET
+        INSERT INTO telecom.attempts AS a
+            (consumer, message_key, message_id, generation, attempts, last_claim)
+        SELECT $1, k, m, 0, n, 0 FROM unnest($2::uuid[], $3::uuid[], $4::int[]) AS f(k, m, n)
+        ON CONFLICT (consumer, message_key, generation) DO UPDATE SET
             attempts = a.attempts + excluded.attempts, last_at = now()
         """,
-        (consumer, list(failures), list(failures.values())),
+        (
+            consumer,
+            [k for k, _ in failures],
+            [m for _, m in failures],
+            list(failures.values()),
+        ),
         ("attempts",),
         name="attempts_added",
     )
 
 
-async def forget(conn: Conn, message_ids: Sequence[UUID]) -> None:
-    """The messages start over (a dead-letter replay): their counts, on every consumer, go."""
-    if message_ids:
+async def forget(conn: Conn, keys: Sequence[UUID]) -> None:
+    """The messages (by key) start over (a dead-letter replay): their counts, on every
+    consumer, go."""
+    if keys:
         await conn.execute(
-            "DELETE FROM telecom.attempts WHERE message_id = ANY($1::uuid[])", list(message_ids)
+            "DELETE FROM telecom.attempts WHERE message_key = ANY($1::uuid[])", list(keys)
         )

@@ -29,28 +29,34 @@ _ITEM_NULLS = ", ".join(["NULL"] * len(ITEM_COLUMNS.split(",")))
 
 _READ = f"""
 WITH held AS (
-    SELECT user_id, blocker, state FROM telecom.holds
+    -- lifted when `blocker` (the message_id people see) is NULL, whatever the key says
+    SELECT user_id, CASE WHEN blocker IS NOT NULL THEN blocker_key END AS blocker_key, state
+    FROM telecom.holds
     WHERE consumer = $1 AND user_id = ANY($2::uuid[]) ORDER BY user_id FOR UPDATE
 ),
 states AS MATERIALIZED (
-    SELECT m.id AS message_id,
+    SELECT m.k AS message_key,
            EXISTS (SELECT 1 FROM telecom.inbox i
-                   WHERE i.consumer = $1 AND i.message_id = m.id) AS seen,
+                   WHERE i.consumer = $1 AND i.message_key = m.k)
+           -- a row from before keys (migration 0022) is keyed by its message_id
+           OR EXISTS (SELECT 1 FROM telecom.inbox i
+                      WHERE i.consumer = $1 AND i.message_key = m.id AND i.message_id = m.id)
+              AS seen,
            (SELECT a.attempts FROM telecom.attempts a
-            WHERE a.consumer = $1 AND a.message_id = m.id AND a.generation = 0) AS attempts
-    FROM unnest($3::uuid[]) AS m(id)
+            WHERE a.consumer = $1 AND a.message_key = m.k AND a.generation = 0) AS attempts
+    FROM unnest($3::uuid[], $6::uuid[]) AS m(k, id)
 )
 SELECT {ITEM_COLUMNS},
-       NULL::uuid AS said_message_id, NULL::boolean AS said_seen, NULL::integer AS said_attempts,
+       NULL::uuid AS said_message_key, NULL::boolean AS said_seen, NULL::integer AS said_attempts,
        NULL::uuid AS held_user_id, NULL::uuid AS held_blocker, NULL::text AS held_state
 FROM telecom.package_queue q
 WHERE q.user_id = ANY($4::uuid[])
   AND (q.status IN ('in_queue', 'active') OR q.id = ANY($5::bigint[]))
 UNION ALL
-SELECT {_ITEM_NULLS}, message_id, seen, attempts, NULL, NULL, NULL
+SELECT {_ITEM_NULLS}, message_key, seen, attempts, NULL, NULL, NULL
 FROM states WHERE seen OR attempts IS NOT NULL
 UNION ALL
-SELECT {_ITEM_NULLS}, NULL, NULL, NULL, user_id, blocker, state FROM held
+SELECT {_ITEM_NULLS}, NULL, NULL, NULL, user_id, blocker_key, state FROM held
 """
 
 
@@ -59,9 +65,9 @@ class LockedRead:
     held: dict[UUID, Hold]
     """The users' holds on the consumer, locked until the transaction ends."""
     seen: set[UUID]
-    """Messages the consumer applied before (the inbox)."""
+    """Keys of messages the consumer applied before (the inbox)."""
     counted: dict[UUID, int]
-    """Failed attempts of messages that failed before (absent: none)."""
+    """Failed attempts of messages that failed before, by key (absent: none)."""
     items: dict[UUID, list[QueueItem]]
     """The item owners' live items plus the extra items asked for, by user."""
 
@@ -71,32 +77,35 @@ async def read_locked(
     consumer: str,
     *,
     hold_users: Sequence[UUID],
-    message_ids: Sequence[UUID],
+    keys: Sequence[tuple[UUID, UUID]],
     item_users: Sequence[UUID],
     extra_item_ids: Sequence[int] = (),
 ) -> LockedRead:
     """Inside the batch's transaction, after its users' rows are locked: the holds of
-    `hold_users` (locked, in user_id order), the states of `message_ids`, and the live items
+    `hold_users` (locked, in user_id order), the states of the messages `keys` names (each
+    message's key and message_id: events/identity.py), and the live items
     of `item_users` with `extra_item_ids` of theirs (targets of commands and events)."""
     read = LockedRead({}, set(), {}, {})
-    if not (hold_users or message_ids or item_users):
+    if not (hold_users or keys or item_users):
         return read
+    unique = list(dict.fromkeys(keys))
     rows = await conn.fetch(
         _READ,
         consumer,
         in_uuid_order(hold_users),
-        list(dict.fromkeys(message_ids)),
+        [k for k, _ in unique],
         in_uuid_order(item_users),
         sorted(set(extra_item_ids)),
+        [m for _, m in unique],
     )
     for row in rows:
         if row["id"] is not None:
             read.items.setdefault(row["user_id"], []).append(item_of(row))
-        elif row["said_message_id"] is not None:
+        elif row["said_message_key"] is not None:
             if row["said_seen"]:
-                read.seen.add(row["said_message_id"])
+                read.seen.add(row["said_message_key"])
             if row["said_attempts"] is not None:
-                read.counted[row["said_message_id"]] = row["said_attempts"]
+                read.counted[row["said_message_key"]] = row["said_attempts"]
         else:
             read.held[row["held_user_id"]] = Hold(row["held_blocker"], row["held_state"])
     return read

@@ -18,6 +18,7 @@ from uuid import UUID
 from events import bounded_json
 from events.decoding import message_uuid
 from events.envelope import clean_text
+from events.identity import message_key
 from events.routes import UNTRUSTED_PUBLISHER
 from infra.postgres import holds, outbox
 from infra.postgres.pool import Conn
@@ -53,14 +54,21 @@ class NewDeadLetter:
     """Who published the message first, as the broker verified it (events.envelope.publisher_of:
     its AMQP user_id, or `unverified`); None: not known. A replay on a route only pkgq publishes
     is refused unless it is pkgq (infra/postgres/replay.py)."""
+    message_key: UUID | None = None
+    """The message's key (events/identity.py: message_id, first publisher, the body's user);
+    None when its message_id is no UUID. Holds, retries and the inbox match it on this."""
 
     def dedup_key(self) -> str:
-        """One row per dead message: a redelivered failure updates it instead of adding one.
-        An untrusted publisher's messages have keys of their own: it chose the message_id, and
-        must not overwrite the dead letter of pkgq's own message with that id."""
+        """One row per dead message, while it is buried: the same message (its key) with the
+        same bytes failing again counts as a repeat of it. Another publisher's or user's
+        message under the same message_id has another key, so a letter of its own; so has
+        this message once an operator replayed or discarded its letter (the unique index
+        covers buried rows only: migration 0022), so the operator's decision stands."""
         if self.source == "consumer" and self.message_id:
             untrusted = "untrusted:" if self.reason == UNTRUSTED_PUBLISHER else ""
-            return f"{untrusted}{self.consumer}:{self.message_id}"
+            known_as = _key_of(self) or f"{self.message_id}:{self.publisher}"
+            digest = hashlib.sha256(self.body).hexdigest()[:32]
+            return f"{untrusted}{self.consumer}:{known_as}:{digest}"
         if self.source == "broker":
             # Its message_id and verified publisher too: two messages with the same body and
             # headers, dead-lettered from one queue for one reason, are two letters.
@@ -100,17 +108,23 @@ async def bury(conn: Conn, dead: NewDeadLetter) -> int:
 
 
 async def bury_many(conn: Conn, buried: Sequence[NewDeadLetter]) -> list[int]:
-    """Store dead letters, or refresh the row of the same message, in one statement. Returns
-    their ids (in no particular order), one per distinct dedup key as stored (the last of a
-    key's letters is the one stored).
+    """Store dead letters in one statement. Returns their ids (in no particular order), one
+    per distinct dedup key as stored (the first of a key's letters is the one stored).
 
-    A message that fails again after a replay goes back to `buried` with its new error. A broker
-    dead letter delivered twice to the ingester is the same event, and keeps its status. A later
-    filing never replaces the stored body, headers and publisher (the message as first buried,
-    and who published it, are what a replay sends): a message_id is no proof of identity, and
-    anyone can publish one they know. It is counted in `repeats`.
+    A filed dead letter is a record: a later filing never changes its body, headers,
+    publisher, reason or status. The same message with the same bytes failing again while its
+    letter is buried counts as a repeat of it (`repeats`, `last_failed_at`, `attempts`); a
+    message that fails again after a replay or a discard is filed anew, beside the record of
+    what the operator did. A broker dead letter delivered twice to the ingester is the same
+    event (a repeat). A message_id is no proof of identity: another publisher's or user's
+    message under it has a key, and so letters, of its own.
     """
-    letters = list({clean_text(d.dedup_key()): d for d in buried}.values())
+    letters: list[NewDeadLetter] = []
+    keys: set[str] = set()
+    for letter in buried:  # the first of a key's letters is the record
+        if (key := clean_text(letter.dedup_key())) not in keys:
+            keys.add(key)
+            letters.append(letter)
     if not letters:
         return []
     rows = await conn.fetch(
@@ -119,31 +133,24 @@ async def bury_many(conn: Conn, buried: Sequence[NewDeadLetter]) -> list[int]:
             (dedup_key, source, route, consumer, message_id, user_id, message_type,
              content_type, body, headers, reason, error_type, error_message, error_location,
              traceback, attempts, first_failed_at, body_size, body_sha256, message_uuid,
-             publisher, status)
+             publisher, message_key, status)
         SELECT k, src, r, c, m, u, t, ct, b, h::jsonb, rs, et, em, el, tb, a,
-               coalesce(ff, now()), bs, sha, mu, pub,
+               coalesce(ff, now()), bs, sha, mu, pub, mk,
                -- applied already (a broker copy of a message its consumer took): superseded
                CASE WHEN EXISTS (SELECT 1 FROM telecom.inbox i
-                                 WHERE i.consumer = c AND i.message_id = mu)
+                                 WHERE i.consumer = c AND i.message_key = mk)
                     THEN 'superseded' ELSE 'buried' END::telecom.dead_letter_status
         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::uuid[],
                     $7::text[], $8::text[], $9::bytea[], $10::text[], $11::text[], $12::text[],
                     $13::text[], $14::text[], $15::text[], $16::int[], $17::timestamptz[],
-                    $18::bigint[], $19::text[], $20::uuid[], $21::text[])
+                    $18::bigint[], $19::text[], $20::uuid[], $21::text[], $22::uuid[])
              WITH ORDINALITY AS d(k, src, r, c, m, u, t, ct, b, h, rs, et, em, el, tb, a, ff,
-                                  bs, sha, mu, pub, ord)
+                                  bs, sha, mu, pub, mk, ord)
         ORDER BY ord
-        ON CONFLICT (dedup_key) DO UPDATE SET
+        ON CONFLICT (dedup_key) WHERE status = 'buried' OR source <> 'consumer' DO UPDATE SET
             repeats = dead_letters.repeats + 1,
-            reason = excluded.reason,
-            error_type = excluded.error_type,
-            error_message = excluded.error_message,
-            error_location = excluded.error_location,
-            traceback = excluded.traceback,
-            attempts = excluded.attempts,
-            last_failed_at = now(),
-            status = CASE WHEN excluded.source = 'broker' THEN dead_letters.status
-                          ELSE excluded.status END
+            attempts = greatest(dead_letters.attempts, excluded.attempts),
+            last_failed_at = now()
         RETURNING id
         """,
         [clean_text(d.dedup_key()) for d in letters],
@@ -167,8 +174,17 @@ async def bury_many(conn: Conn, buried: Sequence[NewDeadLetter]) -> list[int]:
         [hashlib.sha256(d.body).hexdigest() for d in letters],
         [message_uuid(d.message_id) for d in letters],
         [_clean(d.publisher) for d in letters],
+        [_key_of(d) for d in letters],
     )
     return [int(r["id"]) for r in rows]
+
+
+def _key_of(letter: NewDeadLetter) -> UUID | None:
+    """A letter's key as given, else worked out from its message_id, publisher and user."""
+    if letter.message_key is not None:
+        return letter.message_key
+    uuid = message_uuid(letter.message_id)
+    return None if uuid is None else message_key(uuid, letter.publisher, letter.user_id)
 
 
 def _clean(value: str | None) -> str | None:
@@ -224,7 +240,7 @@ class Filter:
 HELD_BACK = """
     (SELECT count(*) FROM telecom.parked p
      JOIN telecom.holds h ON h.consumer = p.consumer AND h.user_id = p.user_id
-     WHERE p.consumer = d.consumer AND h.user_id = d.user_id AND h.blocker = d.message_uuid
+     WHERE p.consumer = d.consumer AND h.user_id = d.user_id AND h.blocker_key = d.message_key
        AND d.status = 'buried')
 """
 
@@ -292,8 +308,8 @@ async def lock_holds(conn: Conn, ids: Sequence[int]) -> None:
     await conn.execute(
         """
         SELECT 1 FROM telecom.holds h
-        WHERE (h.consumer, h.user_id, h.blocker) IN (
-            SELECT d.consumer, d.user_id, d.message_uuid FROM telecom.dead_letters d
+        WHERE (h.consumer, h.user_id, h.blocker_key) IN (
+            SELECT d.consumer, d.user_id, d.message_key FROM telecom.dead_letters d
             WHERE d.id = ANY($1::bigint[]))
         ORDER BY h.consumer, h.user_id
         FOR UPDATE OF h
@@ -308,7 +324,8 @@ async def lock_replayable(conn: Conn, ids: Sequence[int], statuses: Sequence[str
     rows: list[Any] = await conn.fetch(
         """
         SELECT id, route, message_id, user_id, message_type, body, headers::text AS headers,
-               replay_count, reason, body_size, status::text AS status, publisher
+               replay_count, reason, body_size, status::text AS status, publisher,
+               message_key
         FROM telecom.dead_letters
         WHERE id = ANY($1::bigint[]) AND status::text = ANY($2::text[])
         ORDER BY first_failed_at, id
@@ -370,7 +387,7 @@ _PURGEABLE = """
           < now() - $1::interval
       AND NOT EXISTS (
           SELECT 1 FROM telecom.holds h
-          WHERE h.consumer = d.consumer AND h.user_id = d.user_id AND h.blocker = d.message_uuid)
+          WHERE h.consumer = d.consumer AND h.user_id = d.user_id AND h.blocker_key = d.message_key)
 """
 """The dead letters `purge` deletes ($1: how old they must be)."""
 

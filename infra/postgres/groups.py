@@ -232,15 +232,11 @@ async def cancel_group(conn: Conn, group_id: UUID, who: str) -> CancelResult | N
         pending,
     )
     # A member waiting for a retry (its retry row was just deleted) blocks its user no more:
-    # the hold it is, on the retry's route and for its user (not another user's hold on a
-    # message that happens to have the member's id).
+    # the hold it is, by its retry's cancel key: on the retry's route, for the very message
+    # (its key), not another user's or publisher's message that happens to have its id.
     await holds.release_blocked_by(
         conn,
-        [
-            holds.Blocker(route.removeprefix("telecom."), user_id, message_id)
-            for route, user_id, message_id in withdrawn
-            if user_id is not None
-        ],
+        [holds.blocker_of_retry(key) for _, key in withdrawn if key and key.startswith("retry:")],
     )
     abort_id = uuid4() if group["on_abort"] is not None else None
     await conn.execute(
@@ -254,7 +250,7 @@ async def cancel_group(conn: Conn, group_id: UUID, who: str) -> CancelResult | N
     if abort_id is not None:
         end = EndMessage.from_json(group["on_abort"])
         await outbox.enqueue(conn, [_end_row(end, abort_id, group_id, "aborted")])
-    gone = len({message_id for _, _, message_id in withdrawn})
+    gone = len({message_id for message_id, _ in withdrawn})
     return CancelResult(group_id, True, "cancelled", gone, len(pending) - gone, abort_id)
 
 

@@ -21,19 +21,23 @@ from infra.postgres.pool import Conn, from_row, in_uuid_order
 
 @dataclass(frozen=True, slots=True)
 class NewHold:
-    """A hold as a batch leaves it: `blocker` None and state `releasing` when lifted."""
+    """A hold as a batch leaves it: `blocker` (the blocker's key, events/identity.py) None and
+    state `releasing` when lifted. `message_id`: the blocker's, as people see it."""
 
     user_id: UUID
     blocker: UUID | None
     state: str
     attempts: int = 0
     error: str = ""
+    message_id: UUID | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class NewParked:
     user_id: UUID
     message_id: UUID
+    key: UUID
+    """The message's key (events/identity.py): a message is parked once, by its key."""
     route: str
     message_type: str
     body: bytes
@@ -54,12 +58,13 @@ async def lock_many(conn: Conn, consumer: str, user_ids: Sequence[UUID]) -> dict
     if not user_ids:
         return {}
     rows = await conn.fetch(
-        "SELECT user_id, blocker, state FROM telecom.holds "
+        "SELECT user_id, CASE WHEN blocker IS NOT NULL THEN blocker_key END AS blocker_key, "
+        "state FROM telecom.holds "
         "WHERE consumer = $1 AND user_id = ANY($2::uuid[]) ORDER BY user_id FOR UPDATE",
         consumer,
         in_uuid_order(user_ids),
     )
-    return {r["user_id"]: Hold(r["blocker"], r["state"]) for r in rows}
+    return {r["user_id"]: Hold(r["blocker_key"], r["state"]) for r in rows}
 
 
 async def hold_many(conn: Conn, consumer: str, holds: Sequence[NewHold]) -> None:
@@ -69,11 +74,14 @@ async def hold_many(conn: Conn, consumer: str, holds: Sequence[NewHold]) -> None
         return
     await conn.execute(
         """
-        INSERT INTO telecom.holds (consumer, user_id, blocker, state, attempts, last_error)
-        SELECT $1, u, b, s, a, e
-        FROM unnest($2::uuid[], $3::uuid[], $4::text[], $5::int[], $6::text[]) AS h(u, b, s, a, e)
+        INSERT INTO telecom.holds
+            (consumer, user_id, blocker_key, state, attempts, last_error, blocker)
+        SELECT $1, u, k, s, a, e, m
+        FROM unnest($2::uuid[], $3::uuid[], $4::text[], $5::int[], $6::text[], $7::uuid[])
+             AS h(u, k, s, a, e, m)
         ON CONFLICT (consumer, user_id) DO UPDATE SET
-            blocker = excluded.blocker, state = excluded.state, attempts = excluded.attempts,
+            blocker_key = excluded.blocker_key, blocker = excluded.blocker,
+            state = excluded.state, attempts = excluded.attempts,
             last_error = excluded.last_error, updated_at = now()
         """,
         consumer,
@@ -82,6 +90,7 @@ async def hold_many(conn: Conn, consumer: str, holds: Sequence[NewHold]) -> None
         [h.state for h in holds],
         [max(0, min(h.attempts, 2**31 - 1)) for h in holds],
         [clean_text(h.error[:2000]) for h in holds],
+        [(h.message_id or h.blocker) if h.blocker is not None else None for h in holds],
     )
 
 
@@ -102,7 +111,8 @@ async def settle_lifted(conn: Conn, consumer: str, user_ids: Sequence[UUID]) -> 
             DELETE FROM telecom.holds h USING lifted l
             WHERE h.consumer = $1 AND h.user_id = l.user_id AND NOT l.parked
         )
-        UPDATE telecom.holds h SET blocker = NULL, state = 'releasing', updated_at = now()
+        UPDATE telecom.holds h
+        SET blocker = NULL, blocker_key = NULL, state = 'releasing', updated_at = now()
         FROM lifted l
         WHERE h.consumer = $1 AND h.user_id = l.user_id AND l.parked
         RETURNING h.user_id
@@ -115,13 +125,19 @@ async def settle_lifted(conn: Conn, consumer: str, user_ids: Sequence[UUID]) -> 
 
 @dataclass(frozen=True, slots=True)
 class Blocker:
-    """A hold as what it is: the message `message_id` of `user_id` on `consumer`. A hold is
-    released by its own blocker only, never by a message_id alone: anyone can publish a message
-    under an id they know, for another user or on another route."""
+    """A hold as what it is: the message `key` (events/identity.py: message_id, first
+    publisher, user) on `consumer`. A hold is released by its own blocker only, never by a
+    message_id alone: anyone can publish a message under an id they know, for another user,
+    on another route or as another publisher."""
 
     consumer: str
-    user_id: UUID
-    message_id: UUID
+    key: UUID
+
+
+def blocker_of_retry(cancel_key: str) -> Blocker:
+    """The blocker a pending retry is, from its cancel key (outbox.retry_key)."""
+    _, consumer, key = cancel_key.split(":", 2)
+    return Blocker(consumer, UUID(key))
 
 
 async def release_blocked_by(conn: Conn, blockers: Sequence[Blocker]) -> int:
@@ -133,13 +149,13 @@ async def release_blocked_by(conn: Conn, blockers: Sequence[Blocker]) -> int:
         return 0
     status = await conn.execute(
         """
-        UPDATE telecom.holds h SET blocker = NULL, state = 'releasing', updated_at = now()
-        FROM unnest($1::text[], $2::uuid[], $3::uuid[]) AS b(consumer, user_id, message_id)
-        WHERE h.consumer = b.consumer AND h.user_id = b.user_id AND h.blocker = b.message_id
+        UPDATE telecom.holds h
+        SET blocker = NULL, blocker_key = NULL, state = 'releasing', updated_at = now()
+        FROM unnest($1::text[], $2::uuid[]) AS b(consumer, key)
+        WHERE h.consumer = b.consumer AND h.blocker_key = b.key
         """,
         [b.consumer for b in blockers],
-        [b.user_id for b in blockers],
-        [b.message_id for b in blockers],
+        [b.key for b in blockers],
     )
     return int(status.split()[-1])
 
@@ -147,7 +163,9 @@ async def release_blocked_by(conn: Conn, blockers: Sequence[Blocker]) -> int:
 async def release_discarded(conn: Conn, dead_letter_ids: Sequence[int]) -> int:
     """These dead letters were discarded: the holds their messages are (on the dead letter's
     consumer, for its user) are released, in one statement. Returns how many."""
-    return await _held_by(conn, dead_letter_ids, "blocker = NULL, state = 'releasing'")
+    return await _held_by(
+        conn, dead_letter_ids, "blocker = NULL, blocker_key = NULL, state = 'releasing'"
+    )
 
 
 async def retry_replayed(conn: Conn, dead_letter_ids: Sequence[int]) -> None:
@@ -157,14 +175,14 @@ async def retry_replayed(conn: Conn, dead_letter_ids: Sequence[int]) -> None:
 
 async def _held_by(conn: Conn, dead_letter_ids: Sequence[int], assignment: str) -> int:
     """Set `assignment` on the holds these dead letters' messages are: on the dead letter's
-    consumer, for its user, with its message as the blocker (a dead letter without a user, or
-    whose message_id is not a UUID, is no hold: its `user_id` or `message_uuid` is NULL)."""
+    consumer, for its user, with its message (by key) as the blocker (a dead letter without a
+    user, or whose message_id is not a UUID, is no hold: its `user_id` or key is NULL)."""
     status = await conn.execute(
         f"""
         UPDATE telecom.holds h SET {assignment}, updated_at = now()
         FROM telecom.dead_letters d
         WHERE d.id = ANY($1::bigint[]) AND h.consumer = d.consumer AND h.user_id = d.user_id
-          AND h.blocker = d.message_uuid
+          AND h.blocker_key = d.message_key
         """,
         list(dead_letter_ids),
     )
@@ -174,15 +192,17 @@ async def _held_by(conn: Conn, dead_letter_ids: Sequence[int], assignment: str) 
 async def release_expired_retry(conn: Conn, message_id: UUID) -> int:
     """The broker dead-lettered `message_id` as expired: if it is a retry pkgq itself sent with
     a TTL that has run out, it will never come, so the hold it is released: the one on the
-    retry's own route's consumer (a consumer is named after its route) and user. Only then:
+    retry's own route's consumer (a consumer is named after its route), user and key. Only then:
     anyone can publish a message that expires on the broker, and its message_id proves nothing.
     Returns how many holds were released."""
     status = await conn.execute(
         """
-        UPDATE telecom.holds h SET blocker = NULL, state = 'releasing', updated_at = now()
+        UPDATE telecom.holds h
+        SET blocker = NULL, blocker_key = NULL, state = 'releasing', updated_at = now()
         FROM telecom.outbox o
-        WHERE o.message_id = $1 AND h.blocker = o.message_id AND h.user_id = o.user_id
-          AND o.route = 'telecom.' || h.consumer
+        WHERE o.message_id = $1 AND h.user_id = o.user_id AND o.route = 'telecom.' || h.consumer
+          -- the retry of the very message the hold waits on (its key: events/identity.py)
+          AND o.cancel_key = 'retry:' || h.consumer || ':' || h.blocker_key::text
           -- (a minute of slack: the broker's clock ran the TTL, not this one)
           AND o.expires_at <= now() + interval '1 minute'
         """,
@@ -199,12 +219,13 @@ async def park_many(conn: Conn, consumer: str, parked: Sequence[NewParked]) -> N
     await conn.execute(
         """
         INSERT INTO telecom.parked
-            (consumer, user_id, message_id, route, message_type, body, headers)
-        SELECT $1, u, m, r, t, b, h::jsonb
-        FROM unnest($2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::bytea[], $7::text[])
-             WITH ORDINALITY AS p(u, m, r, t, b, h, ord)
+            (consumer, user_id, message_id, route, message_type, body, headers, message_key)
+        SELECT $1, u, m, r, t, b, h::jsonb, k
+        FROM unnest($2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::bytea[], $7::text[],
+                    $8::uuid[])
+             WITH ORDINALITY AS p(u, m, r, t, b, h, k, ord)
         ORDER BY ord
-        ON CONFLICT (consumer, message_id) DO NOTHING
+        ON CONFLICT (consumer, message_key) DO NOTHING
         """,
         consumer,
         [p.user_id for p in parked],
@@ -213,6 +234,7 @@ async def park_many(conn: Conn, consumer: str, parked: Sequence[NewParked]) -> N
         [p.message_type for p in parked],
         [p.body for p in parked],
         [json.dumps(p.headers) for p in parked],
+        [p.key for p in parked],
     )
 
 
@@ -225,8 +247,8 @@ async def first_parked(
         return []
     rows = await conn.fetch(
         """
-        SELECT p.id, p.user_id, p.message_id, p.route, p.message_type, p.body,
-               p.headers::text AS headers
+        SELECT p.id, p.user_id, p.message_id, p.message_key AS key, p.route, p.message_type,
+               p.body, p.headers::text AS headers
         FROM unnest($2::uuid[]) AS u(user_id)
         CROSS JOIN LATERAL (
             SELECT * FROM telecom.parked p
@@ -244,26 +266,31 @@ async def first_parked(
     ]
 
 
-async def lock_parked(conn: Conn, consumer: str, message_ids: Sequence[UUID]) -> set[UUID]:
-    """Inside a transaction, after the users' holds: lock these parked messages; returns those
-    still parked (another drain may have applied some meanwhile)."""
-    if not message_ids:
+async def lock_parked(conn: Conn, consumer: str, keys: Sequence[UUID]) -> set[UUID]:
+    """Inside a transaction, after the users' holds: lock these parked messages (by key);
+    returns the keys of those still parked (another drain may have applied some meanwhile)."""
+    if not keys:
         return set()
     rows = await conn.fetch(
-        "SELECT message_id FROM telecom.parked WHERE consumer = $1 "
-        "AND message_id = ANY($2::uuid[]) ORDER BY id FOR UPDATE",
+        "SELECT message_key FROM telecom.parked WHERE consumer = $1 "
+        "AND message_key = ANY($2::uuid[]) ORDER BY id FOR UPDATE",
         consumer,
-        list(message_ids),
+        list(keys),
     )
-    return {r["message_id"] for r in rows}
+    return {r["message_key"] for r in rows}
 
 
-async def unpark(conn: Conn, consumer: str, message_ids: Sequence[UUID]) -> None:
-    """These parked messages were decided (applied, buried, ...): they leave the lot."""
-    if message_ids:
+async def unpark(
+    conn: Conn, consumer: str, keys: Sequence[UUID], message_ids: Sequence[UUID] = ()
+) -> None:
+    """These parked messages were decided (applied, buried, ...): they leave. By key; by
+    message_id those that no longer decode (their key cannot be worked out again)."""
+    if keys or message_ids:
         await conn.execute(
-            "DELETE FROM telecom.parked WHERE consumer = $1 AND message_id = ANY($2::uuid[])",
+            "DELETE FROM telecom.parked WHERE consumer = $1 "
+            "AND (message_key = ANY($2::uuid[]) OR message_id = ANY($3::uuid[]))",
             consumer,
+            list(keys),
             list(message_ids),
         )
 
@@ -313,8 +340,8 @@ async def release_hold(conn: Conn, consumer: str, user_id: UUID, blocker: UUID) 
     dropped and the consumer's release poll applies what is parked behind it, in order.
     Returns whether it was released."""
     status = await conn.execute(
-        "UPDATE telecom.holds SET blocker = NULL, state = 'releasing', updated_at = now() "
-        "WHERE consumer = $1 AND user_id = $2 AND blocker = $3",
+        "UPDATE telecom.holds SET blocker = NULL, blocker_key = NULL, state = 'releasing', "
+        "updated_at = now() WHERE consumer = $1 AND user_id = $2 AND blocker = $3",
         consumer,
         user_id,
         blocker,

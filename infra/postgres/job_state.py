@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from events.envelope import H_ADDRESS, H_GROUP, MAX_ADDRESS, header_text, publisher_of
+from events.identity import message_key
 from infra.postgres import addresses, dead_letters, groups, holds, outbox
 from infra.postgres.pool import Conn
 
@@ -77,15 +78,16 @@ async def expire_rows(conn: Conn, rows: Sequence[outbox.ClaimedRow], publisher: 
                 error_message=f"not published before its TTL ran out at {row.expires_at}",
                 error_location="relay",
                 publisher=publisher_of(row.headers, publisher),
+                message_key=_key_of(row, publisher),
             ),
         )
     await outbox.mark_expired(conn, [r.id for r in rows])
     # An expired retry will never come: it blocks its user's later messages no more (the hold
-    # it is: on its route's consumer, for its user).
+    # it is: on its route's consumer, by its key, so for its user and first publisher only).
     await holds.release_blocked_by(
         conn,
         [
-            holds.Blocker(r.route.removeprefix("telecom."), r.user_id, r.message_id)
+            holds.Blocker(r.route.removeprefix("telecom."), _key_of(r, publisher))
             for r in rows
             if r.user_id is not None
         ],
@@ -104,6 +106,12 @@ async def expire_rows(conn: Conn, rows: Sequence[outbox.ClaimedRow], publisher: 
             for r in rows
         ],
     )
+
+
+def _key_of(row: outbox.ClaimedRow, publisher: str) -> UUID:
+    """The key (events/identity.py) of the message an outbox row sends: the one its consumer
+    knows it by (a retry carries its first publisher in H_PUBLISHER)."""
+    return message_key(row.message_id, publisher_of(row.headers, publisher), row.user_id)
 
 
 def _uuid_or_none(value: object) -> UUID | None:

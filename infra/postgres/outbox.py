@@ -182,23 +182,23 @@ def withdraw_part(cancel_keys: Sequence[str]) -> Part[int] | None:
     )
 
 
-def retry_key(consumer: str, user_id: UUID | None, message_id: UUID) -> str:
+def retry_key(consumer: str, key: UUID) -> str:
     """The cancel key of a message's pending retry on a consumer (see `withdraw`): at most one
-    is pending. The user is part of it: a copy of the message_id published for another user
-    never withdraws this user's retry."""
-    return f"retry:{consumer}:{user_id}:{message_id}"
+    is pending. `key` is the message's (events/identity.py): a copy of its message_id sent by
+    another publisher or for another user never withdraws this one's retry."""
+    return f"retry:{consumer}:{key}"
 
 
 async def withdraw_retries_of(conn: Conn, dead_letter_ids: Sequence[int]) -> int:
-    """Withdraw the unpublished retries of these dead letters' messages on their consumers."""
+    """Withdraw the unpublished retries of these dead letters' messages (by key) on their
+    consumers."""
     if not dead_letter_ids:
         return 0
     status = await conn.execute(
         """
         DELETE FROM telecom.outbox o USING telecom.dead_letters d
         WHERE d.id = ANY($1::bigint[]) AND o.published_at IS NULL
-          AND o.cancel_key = 'retry:' || d.consumer || ':' || coalesce(d.user_id::text, 'None')
-                             || ':' || d.message_uuid::text
+          AND o.cancel_key = 'retry:' || d.consumer || ':' || d.message_key::text
         """,
         list(dead_letter_ids),
     )
@@ -282,15 +282,16 @@ async def mark_failed(conn: Conn, ids: Sequence[int], error: str) -> None:
 
 async def withdraw_messages(
     conn: Conn, message_ids: Sequence[UUID]
-) -> list[tuple[str, UUID | None, UUID]]:
-    """Delete the messages that are not published yet. Returns the rows withdrawn, as (route,
-    user_id, message_id): what each was, to release the hold it may be (holds.Blocker)."""
+) -> list[tuple[UUID, str | None]]:
+    """Delete the messages that are not published yet. Returns the rows withdrawn, as
+    (message_id, cancel_key): a retry's cancel key (`retry_key`) says which hold it may be
+    (holds.blocker_of_retry)."""
     rows = await conn.fetch(
         "DELETE FROM telecom.outbox WHERE message_id = ANY($1::uuid[]) AND published_at IS NULL "
-        "RETURNING route, user_id, message_id",
+        "RETURNING message_id, cancel_key",
         list(message_ids),
     )
-    return [(r["route"], r["user_id"], r["message_id"]) for r in rows]
+    return [(r["message_id"], r["cancel_key"]) for r in rows]
 
 
 async def mark_expired(conn: Conn, ids: Sequence[int]) -> None:

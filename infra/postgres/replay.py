@@ -187,9 +187,11 @@ async def replay(
     await transitions.count(conn, moves)
     revived = [m.message_id for m in messages]
     await addresses.requeue_addresses(conn, revived)
-    # A revived message starts over: its attempts and its TTR strikes are counted anew.
-    await attempts.forget(conn, revived)
-    await strikes.forget(conn, revived)
+    # A revived message starts over: its attempts and its TTR strikes are counted anew (its
+    # own: by its key, not another publisher's or user's copy under the same message_id).
+    keys = [r["message_key"] for r in rows if r["id"] in replayed and r["message_key"]]
+    await attempts.forget(conn, keys)
+    await strikes.forget(conn, keys)
     # The replay is the message's next delivery: a retry a later copy of it left is withdrawn.
     await outbox.withdraw_retries_of(conn, replayed)
     await dead_letters.mark_replayed(conn, replayed, who)

@@ -13,23 +13,25 @@ from infra.postgres.pruning import Rule
 RETENTION = Rule("ttr_strikes", "telecom.ttr_strikes", "ctid", "last_at < {cutoff}")
 
 
-async def strike(conn: Conn, consumer: str, message_id: UUID) -> int:
-    """Count one more strike; returns the message's strikes so far."""
+async def strike(conn: Conn, consumer: str, key: UUID, message_id: UUID) -> int:
+    """Count one more strike of the message `key` (events/identity.py); returns its strikes
+    so far."""
     strikes: int = await conn.fetchval(
         """
-        INSERT INTO telecom.ttr_strikes (consumer, message_id) VALUES ($1, $2)
-        ON CONFLICT (consumer, message_id)
+        INSERT INTO telecom.ttr_strikes (consumer, message_key, message_id) VALUES ($1, $2, $3)
+        ON CONFLICT (consumer, message_key)
             DO UPDATE SET strikes = ttr_strikes.strikes + 1, last_at = now()
         RETURNING strikes
         """,
         consumer,
+        key,
         message_id,
     )
     return strikes
 
 
-async def forget(conn: Conn, message_ids: Sequence[UUID]) -> None:
-    """The messages start over (a dead-letter replay): their strikes, on every consumer, go."""
+async def forget(conn: Conn, keys: Sequence[UUID]) -> None:
+    """The messages (by key) start over (a dead-letter replay): their strikes go."""
     await conn.execute(
-        "DELETE FROM telecom.ttr_strikes WHERE message_id = ANY($1::uuid[])", list(message_ids)
+        "DELETE FROM telecom.ttr_strikes WHERE message_key = ANY($1::uuid[])", list(keys)
     )

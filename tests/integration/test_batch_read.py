@@ -35,12 +35,10 @@ async def test_holds_states_and_items_of_a_batch_come_back_from_one_statement(
                 holds.NewHold(stranger, uuid4(), "buried", 1, "not in this batch"),
             ],
         )
-        await inbox.claim(conn, CONSUMER, applied)
-        await run(conn, attempts.add_many(CONSUMER, {failed: 3, applied: 1}))
+        await inbox.claim(conn, CONSUMER, applied, applied)
+        await run(conn, attempts.add_many(CONSUMER, {(failed, failed): 3, (applied, applied): 1}))
         # Once before counting: the connection's first use introspects the result's types.
-        await batch_read.read_locked(
-            conn, CONSUMER, hold_users=[], message_ids=[], item_users=[stranger]
-        )
+        await batch_read.read_locked(conn, CONSUMER, hold_users=[], keys=[], item_users=[stranger])
         log = StatementLog()
         conn.add_query_logger(log)
         async with conn.transaction():
@@ -48,7 +46,7 @@ async def test_holds_states_and_items_of_a_batch_come_back_from_one_statement(
                 conn,
                 CONSUMER,
                 hold_users=[plain_user, held_user],
-                message_ids=[blocker, applied, failed, fresh, applied],
+                keys=[(m, m) for m in (blocker, applied, failed, fresh, applied)],
                 item_users=[plain_user, held_user],
                 extra_item_ids=[gone],
             )
@@ -67,9 +65,7 @@ async def test_a_batch_with_nothing_to_read_sends_no_statement(pool: asyncpg.Poo
     async with pool.acquire() as conn:
         log = StatementLog()
         conn.add_query_logger(log)
-        read = await batch_read.read_locked(
-            conn, CONSUMER, hold_users=[], message_ids=[], item_users=[]
-        )
+        read = await batch_read.read_locked(conn, CONSUMER, hold_users=[], keys=[], item_users=[])
         conn.remove_query_logger(log)
     assert log.statements == []
     assert (read.held, read.seen, read.counted, read.items) == ({}, set(), {}, {})
@@ -82,7 +78,7 @@ async def test_the_holds_read_stay_locked_until_the_batch_commits(pool: asyncpg.
     async with pool.acquire() as batch, pool.acquire() as other:
         async with batch.transaction():
             read = await batch_read.read_locked(
-                batch, CONSUMER, hold_users=[user], message_ids=[uuid4()], item_users=[]
+                batch, CONSUMER, hold_users=[user], keys=[(k, k) for k in [uuid4()]], item_users=[]
             )
             assert user in read.held
             with pytest.raises(asyncpg.LockNotAvailableError):

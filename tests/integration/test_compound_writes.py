@@ -33,7 +33,9 @@ async def test_parts_on_different_tables_go_as_one_statement_and_each_gives_its_
         granted_part, _ = access.write(
             {user: access.Change(user, seq=1, item_id=7, package_id=1)}, {}
         )
-        claimed = await batch.add(inbox.claim_many("usage_record", {message: user}))
+        claimed = await batch.add(
+            inbox.claim_many("usage_record", {message: inbox.Claim(message, user)})
+        )
         granted = await batch.add(granted_part)
         await batch.send()
         assert await _sent(log) == 1
@@ -84,7 +86,7 @@ async def test_a_failing_part_fails_its_statement_and_undoes_the_parts_sent_with
     try:
         user, message = uuid4(), uuid4()
         batch = compound.Batch(conn)  # no transaction: the statement alone is atomic
-        await batch.add(inbox.claim_many("usage_record", {message: user}))
+        await batch.add(inbox.claim_many("usage_record", {message: inbox.Claim(message, user)}))
         await batch.add(
             compound.part_of(
                 "INSERT INTO telecom.access (user_id, granted, seq) VALUES ($1, NULL, 1)",

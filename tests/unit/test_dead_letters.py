@@ -7,6 +7,7 @@ import hashlib
 import re
 from datetime import UTC, datetime
 from typing import Any
+from uuid import UUID, uuid4
 
 import pytest
 
@@ -14,6 +15,7 @@ from events.envelope import (
     CONTENT_TYPE,
 )
 from events.routes import PACKAGE_ACTIVATE
+from events.identity import message_key
 from infra.postgres.dead_letters import Filter, NewDeadLetter
 
 ACTIVATE = PACKAGE_ACTIVATE.name  # "telecom.package_activate"
@@ -41,9 +43,18 @@ def dead_letter(**overrides: Any) -> NewDeadLetter:
 HASH_KEY = re.compile(r"^(consumer|broker):[\w.]+:[0-9a-f]{64}$")
 
 
-def test_dedup_key_of_a_consumer_failure_is_consumer_and_message_id() -> None:
+def test_dedup_key_of_a_consumer_failure_is_its_consumer_key_and_bytes() -> None:
+    """The same message (key: message_id, publisher, user) with the same bytes is one letter;
+    another publisher's copy, another user's, or other bytes under the id is a letter of its
+    own."""
     dead = dead_letter()
-    assert dead.dedup_key() == "package_activate:7b0c6d3e-2f55-4a51-9a3b-0e6a2c1d4f00"
+    key = message_key(UUID(str(dead.message_id)), dead.publisher, dead.user_id)
+    digest = hashlib.sha256(dead.body).hexdigest()[:32]
+    assert dead.dedup_key() == f"package_activate:{key}:{digest}"
+    assert dead_letter().dedup_key() == dead.dedup_key()
+    assert dead_letter(publisher="mallory").dedup_key() != dead.dedup_key()
+    assert dead_letter(user_id=uuid4()).dedup_key() != dead.dedup_key()
+    assert dead_letter(body=b"other").dedup_key() != dead.dedup_key()
 
 
 @pytest.mark.parametrize("message_id", [None, ""])

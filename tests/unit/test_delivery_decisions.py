@@ -84,29 +84,37 @@ def test_every_failure_moves_the_count_by_one_or_buries_and_nothing_follows_the_
             assert (decision.holds == "buried") is held
 
 
-def newer(delay: float = 30.0) -> Failure:
-    return Failure(ErrorKind.NEWER, "newer_version", "NewerVersionError", "x", delay=delay)
+def newer(delay: float = 30.0, limit: int | None = None) -> Failure:
+    return Failure(
+        ErrorKind.NEWER, "newer_version", "NewerVersionError", "x", delay=delay, limit=limit
+    )
 
 
-@given(deferrals=st.integers(1, 60), attempts=st.integers(0, MAX_ATTEMPTS - 1))
-def test_a_newer_version_is_retried_after_its_delay_holding_its_user_never_counted_or_buried(
-    deferrals: int, attempts: int
+@given(limit=st.integers(1, 60), before=st.integers(0, 5))
+def test_a_newer_version_is_deferred_holding_its_user_then_buried_as_unknown_version_at_its_limit(
+    limit: int, before: int
 ) -> None:
+    """Each deferral is counted; the one past the limit buries it as unknown_version, its user
+    held behind it (a buried blocker, which an operator replays once the new pkgq runs): no
+    header keeps a user held for ever."""
     user, message = uuid4(), uuid4()
-    gate = Gate(NOW, Source.QUEUE, set(), {}, {message: attempts} if attempts else {})
+    gate = Gate(NOW, Source.QUEUE, set(), {}, {message: before} if before else {})
     facts = Facts(0, message, user)
-    for _ in range(deferrals):  # far more often than max_attempts: it never runs out
+    for deferral in range(before + 1, limit + 1):
         if gate.holds.get(user) is not None:
             gate.holds[user] = Hold(message, "retrying")  # its retry comes back as the blocker
         assert gate.admit(facts) is None
-        decision = gate.decide(facts, newer(12.5), backoff)
+        decision = gate.decide(facts, newer(12.5, limit), backoff)
         gate.note(facts, decision)
         assert decision.fate is Fate.RETRY
-        assert not decision.counted
-        assert decision.attempt == attempts
+        assert decision.counted
+        assert decision.attempt == deferral
         assert decision.retry_at == NOW + timedelta(seconds=12.5)
         assert gate.holds[user] == Hold(message, "retrying")
-    assert gate.attempts.get(message, 0) == attempts
+    last = gate.decide(facts, newer(12.5, limit), backoff)
+    assert (last.fate, last.reason, last.holds) == (Fate.BURIED, "unknown_version", "buried")
+    assert last.attempt == max(limit, before) + 1
+    assert last.counted
 
 
 def test_a_newer_version_whose_next_try_would_come_after_its_ttl_expires() -> None:

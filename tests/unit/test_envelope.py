@@ -11,6 +11,9 @@ import pytest
 
 from events.envelope import (
     H_ADDRESS,
+    H_CLAIMED,
+    H_EXPIRES_AT,
+    H_PRIORITY,
     H_ATTEMPT,
     H_DEAD_AT,
     H_DEAD_REASON,
@@ -95,5 +98,13 @@ def test_an_outsiders_pkgq_marks_come_off_and_its_other_headers_stay() -> None:
         H_USER_ID: "u",
         "x-custom": "kept",
     }
-    assert without_pkgq_marks(forged) == {H_USER_ID: "u", "x-custom": "kept"}
+    claimed = {k: v for k, v in forged.items() if k.startswith("x-pkgq-")}
+    assert without_pkgq_marks(forged) == {H_USER_ID: "u", "x-custom": "kept", H_CLAIMED: claimed}
     assert without_pkgq_marks({H_USER_ID: "u"}) is None  # nothing to take away
+
+
+def test_every_pkgq_header_an_outsider_sends_is_kept_as_a_claim_and_none_is_obeyed() -> None:
+    forged = {H_EXPIRES_AT: "2000-01-01T00:00:00+00:00", H_PRIORITY: 2, "x-pkgq-anything": 1}
+    stripped = without_pkgq_marks(forged)
+    assert stripped == {H_CLAIMED: forged}
+    assert not [k for k in stripped if k != H_CLAIMED and k.startswith("x-pkgq-")]

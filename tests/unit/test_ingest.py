@@ -204,23 +204,31 @@ def test_a_header_table_nested_600_deep_is_kept_to_a_bounded_depth() -> None:
     assert "too deep" in str(level)
 
 
-def test_the_x_user_id_header_is_parsed_into_a_uuid() -> None:
-    user = uuid4()
-    assert to_dead_letter(delivery({H_USER_ID: str(user)})).user_id == user
+def test_a_dead_letter_is_filed_under_the_user_its_body_names_not_its_header() -> None:
+    user, claimed = uuid4(), uuid4()
+    body = f'{{"user_id": "{user}"}}'.encode()
+    dead = to_dead_letter(delivery({H_USER_ID: str(claimed)}, body=body))
+    assert dead.user_id == user
+    assert dead.headers[H_USER_ID] == str(claimed)  # kept, as a claim
 
 
-def test_an_x_user_id_header_sent_as_bytes_is_parsed_into_a_uuid() -> None:
-    user = uuid4()
-    assert to_dead_letter(delivery({H_USER_ID: str(user).encode()})).user_id == user
-
-
-@pytest.mark.parametrize("value", ["not-a-uuid", "", 42])
-def test_an_invalid_x_user_id_header_gives_no_user(value: object) -> None:
+@pytest.mark.parametrize(
+    "value",
+    [
+        "0f6a3c1e-53a4-4c9b-9a55-6c1f3b7d2e10",
+        b"0f6a3c1e-53a4-4c9b-9a55-6c1f3b7d2e10",
+        "not-a-uuid",
+        "",
+        42,
+    ],
+)
+def test_a_user_header_on_a_body_naming_no_user_files_it_under_no_user(value: object) -> None:
     assert to_dead_letter(delivery({H_USER_ID: value})).user_id is None
 
 
-def test_a_missing_x_user_id_header_gives_no_user() -> None:
-    assert to_dead_letter(delivery({})).user_id is None
+def test_a_body_that_is_no_json_object_gives_no_user() -> None:
+    assert to_dead_letter(delivery({}, body=b"[" * 5000)).user_id is None
+    assert to_dead_letter(delivery({}, body=b'"just text"')).user_id is None
 
 
 def test_dead_letter_headers_are_made_json_ready() -> None:

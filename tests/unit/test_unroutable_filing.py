@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from typing import Any
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 from consumers.ingest import UNROUTABLE, to_dead_letter
 from events.decoding import RawDelivery
@@ -15,9 +15,15 @@ from events.envelope import CONTENT_TYPE, H_DEAD_REASON, H_USER_ID
 EXCHANGE = "telecom"
 
 
-def caught(headers: Mapping[str, Any], *, exchange: str = EXCHANGE, key: str = "") -> RawDelivery:
+def caught(
+    headers: Mapping[str, Any],
+    *,
+    exchange: str = EXCHANGE,
+    key: str = "",
+    body: UUID | str = "x",
+) -> RawDelivery:
     return RawDelivery(
-        body=b'{"user_id": "x"}',
+        body=f'{{"user_id": "{body}"}}'.encode(),
         message_id="m-1",
         message_type="RecordUsage",
         content_type=CONTENT_TYPE,
@@ -31,16 +37,16 @@ def caught(headers: Mapping[str, Any], *, exchange: str = EXCHANGE, key: str = "
 
 def test_a_message_from_the_main_exchange_is_filed_as_unroutable_under_its_route() -> None:
     user = uuid4()
-    dead = to_dead_letter(caught({H_USER_ID: str(user)}), "pkgq", EXCHANGE)
+    dead = to_dead_letter(caught({H_USER_ID: str(uuid4())}, body=user), "pkgq", EXCHANGE)
     assert (dead.source, dead.reason, dead.route, dead.consumer) == (
         "broker",
         UNROUTABLE,
         "telecom.usage_record",
         "usage_record",
     )
-    assert dead.user_id == user
+    assert dead.user_id == user  # the body's, not the header's
     assert "telecom.usage_record" in dead.error_message
-    assert dead.body == b'{"user_id": "x"}'
+    assert dead.body == f'{{"user_id": "{user}"}}'.encode()
 
 
 def test_a_stale_partition_key_is_filed_under_the_route_it_belongs_to() -> None:

@@ -50,7 +50,11 @@ async def test_an_edited_replay_keeps_the_users_parked_messages_waiting_behind_i
         await holds.park_many(
             conn,
             "package_purchase",
-            [holds.NewParked(user, later, PACKAGE_PURCHASE.name, "PurchasePackage", b"{}", {})],
+            [
+                holds.NewParked(
+                    user, later, later, PACKAGE_PURCHASE.name, "PurchasePackage", b"{}", {}
+                )
+            ],
         )
         edited = json.dumps({"user_id": str(user), "package_id": package, "amount": 2})
         async with conn.transaction():

@@ -1,0 +1,31 @@
+"""A message's identity: what the broker and the body vouch for, never what it says of itself.
+
+A delivery is the message (consumer, message_id, first publisher, user) where the first
+publisher is the AMQP user_id the broker validated (kept across pkgq's own copies of it: retries,
+replays, parked copies, in `x-pkgq-publisher`, believed from pkgq only; `unverified` without
+one) and the user is the one its *body* names (None for bad input that names none). Two
+deliveries under one message_id from two publishers, or for two users, are two messages.
+
+Every piece of pkgq's bookkeeping about a message (the inbox, attempt counts, TTR strikes, a
+hold's blocker, parked copies, a pending retry's cancel key, a dead letter) is matched on the
+key `message_key` derives from that identity, never on the message_id alone: anyone can publish
+under a message_id they know. The consumer is not in the key; every table that keeps one has a
+consumer column beside it. PostgreSQL computes the same key (`telecom.message_key`, migration
+0022), so rows written before it could be given theirs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from uuid import UUID
+
+from events.envelope import UNVERIFIED
+
+
+def message_key(message_id: UUID, publisher: str | None, user_id: UUID | None) -> UUID:
+    """The key of the message `message_id` first published by `publisher` (None: nobody
+    vouched for it) for `user_id` (None: no user)."""
+    who = UNVERIFIED if publisher is None else publisher
+    user = "" if user_id is None else str(user_id)
+    digest = hashlib.md5(f"{message_id}|{who}|{user}".encode(), usedforsecurity=False)
+    return UUID(digest.hexdigest())
