@@ -15,19 +15,16 @@ import pytest
 from infra.postgres import dead_letters, holds
 from infra.postgres.pool import Conn
 from tests.support.dead_letters import consumer_dead_letter
+from tests.support.keys import blocker_key, hold
 
 CONSUMER = "usage_record"
 
 
 async def _hold(conn: Conn, consumer: str, blocker: UUID, user: UUID | None = None) -> UUID:
+    """A hold on `consumer` behind the message `blocker` of `user` (a new one by default), by
+    its key as _bury's letters have it (no publisher vouched for them)."""
     user = user or uuid4()
-    await conn.execute(
-        "INSERT INTO telecom.holds (consumer, user_id, blocker, state) "
-        "VALUES ($1, $2, $3, 'buried')",
-        consumer,
-        user,
-        blocker,
-    )
+    await hold(conn, consumer, user, blocker)
     return user
 
 
@@ -107,12 +104,15 @@ async def test_a_dead_letter_whose_message_id_is_spelled_otherwise_still_names_i
     blocker = uuid4()
     async with pool.acquire() as conn:
         held = await _hold(conn, CONSUMER, blocker)
+        parked = uuid4()
         await conn.execute(
-            "INSERT INTO telecom.parked (consumer, user_id, message_id, route, message_type, body) "
-            "VALUES ($1, $2, $3, 'telecom.usage_record', 'RecordUsage', '{}')",
+            "INSERT INTO telecom.parked "
+            "(consumer, user_id, message_id, message_key, route, message_type, body) "
+            "VALUES ($1, $2, $3, $4, 'telecom.usage_record', 'RecordUsage', '{}')",
             CONSUMER,
             held,
-            uuid4(),
+            parked,
+            blocker_key(parked, held),
         )
         dead_id = await _bury(conn, CONSUMER, spelled(str(blocker)), held)
         listed = await dead_letters.get(conn, dead_id)

@@ -1,5 +1,6 @@
-"""Holds released by what they are (issue 22): a hold is (consumer, user, blocker), and every
-release matches all three, never a message_id alone. User A's hold waits on message M; user B has
+"""Holds released by what they are: a hold is (consumer, user, blocker), its blocker known by the
+message's key (events/identity.py: message_id, first publisher, user), and every release matches
+it, never a message_id alone. User A's hold waits on message M; user B has
 a message with the same id M (anyone may publish a message_id they know). Whatever becomes of
 B's M (its dead letter discarded or replayed, its retry expired in the outbox or on the broker,
 its group cancelled), A's hold stays, and B's own hold on M is released as before."""
@@ -13,7 +14,7 @@ import asyncpg
 
 from consumers import ingest
 from events.decoding import RawDelivery
-from events.envelope import H_ATTEMPT
+from events.envelope import H_ATTEMPT, H_PUBLISHER
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.jobs import Jobs
@@ -21,20 +22,25 @@ from infra.postgres import dead_letters, groups, outbox, replay
 from infra.settings import Settings
 from tests.support.dead_letters import buried
 from tests.support.in_process import InProcess
+from tests.support.keys import blocker_key
+from tests.support.keys import hold as hold_row
 from tests.support.observing import eventually, fetch
 
 CONSUMER = USAGE_RECORD.short_name
+PUBLISHER = "guest"
+"""Who first published the messages whose retries the tests leave in the outbox."""
 
 
-async def hold(pool: asyncpg.Pool, user: UUID, blocker: UUID, consumer: str = CONSUMER) -> None:
-    async with pool.acquire() as conn:
-        await conn.execute(
-            "INSERT INTO telecom.holds (consumer, user_id, blocker, state) "
-            "VALUES ($1, $2, $3, 'buried')",
-            consumer,
-            user,
-            blocker,
-        )
+async def hold(
+    pool: asyncpg.Pool,
+    user: UUID,
+    blocker: UUID,
+    consumer: str = CONSUMER,
+    publisher: str | None = None,
+) -> None:
+    """`user` held behind the message `blocker` for `user` (by its key); publisher None: the
+    one tests/support/dead_letters files its letters with (nobody vouched for it)."""
+    await hold_row(pool, consumer, user, blocker, publisher=publisher)
 
 
 async def holds_now(pool: asyncpg.Pool) -> dict[tuple[str, UUID], tuple[UUID | None, str]]:
@@ -47,7 +53,8 @@ def usage(user: UUID) -> bytes:
 
 
 async def retry_row(pool: asyncpg.Pool, user: UUID, message_id: UUID, expires_in: float) -> None:
-    """User's pending retry of `message_id` on the usage route, its TTL running out then."""
+    """User's pending retry of `message_id` (first published by PUBLISHER) on the usage route,
+    its TTL running out then."""
     async with pool.acquire() as conn:
         await outbox.enqueue(
             conn,
@@ -59,9 +66,9 @@ async def retry_row(pool: asyncpg.Pool, user: UUID, message_id: UUID, expires_in
                     body=usage(user),
                     user_id=user,
                     message_id=message_id,
-                    headers={H_ATTEMPT: 2},
+                    headers={H_ATTEMPT: 2, H_PUBLISHER: PUBLISHER},
                     expires_at=datetime.now(UTC) + timedelta(seconds=expires_in),
-                    cancel_key=outbox.retry_key(CONSUMER, user, message_id),
+                    cancel_key=outbox.retry_key(CONSUMER, blocker_key(message_id, user, PUBLISHER)),
                     dedup_key=f"retry:{CONSUMER}:{message_id}:{user}",
                 )
             ],
@@ -103,8 +110,8 @@ async def test_another_users_retry_expired_before_it_was_published_leaves_a_hold
     fast: Settings, pool: asyncpg.Pool, app: InProcess
 ) -> None:
     a, b, m = uuid4(), uuid4(), uuid4()
-    await hold(pool, a, m)
-    await hold(pool, b, m)
+    await hold(pool, a, m, publisher=PUBLISHER)
+    await hold(pool, b, m, publisher=PUBLISHER)
     await retry_row(pool, b, m, expires_in=-1)  # the relay expires it instead of sending it
 
     async def expired() -> bool:
@@ -127,9 +134,11 @@ async def test_another_users_retry_expired_on_the_broker_leaves_a_hold(
     settings: Settings, pool: asyncpg.Pool
 ) -> None:
     a, b, m = uuid4(), uuid4(), uuid4()
-    await hold(pool, a, m)
-    await hold(pool, b, m)
-    await hold(pool, b, m, consumer="package_purchase")  # B's hold on M on another route
+    await hold(pool, a, m, publisher=PUBLISHER)
+    await hold(pool, b, m, publisher=PUBLISHER)
+    await hold(
+        pool, b, m, consumer="package_purchase", publisher=PUBLISHER
+    )  # B's hold on M on another route
     await retry_row(pool, b, m, expires_in=0)  # sent with a TTL the broker ran out
     expired = RawDelivery(
         body=usage(b),
@@ -158,8 +167,9 @@ async def test_cancelling_a_group_whose_member_has_another_users_blocker_id_leav
     )
     (m,) = group.message_ids  # B's member, still in the outbox
     a = uuid4()
-    await hold(pool, a, m)
-    await hold(pool, b, m)
+    await hold(pool, a, m, publisher=PUBLISHER)
+    await hold(pool, b, m, publisher=PUBLISHER)
+    await retry_row(pool, b, m, expires_in=3600)  # B's member failed once: its retry waits
     async with pool.acquire() as conn, conn.transaction():
         cancelled = await groups.cancel_group(conn, group.group_id, "ops")
     assert cancelled is not None
