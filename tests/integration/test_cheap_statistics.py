@@ -165,9 +165,9 @@ async def test_a_figure_past_the_cap_is_estimated_from_statistics_and_marked_as_
     many, few = 3 * stats.EXACT_UP_TO, 5
     async with pool.acquire() as conn:
         await conn.execute(
-            "INSERT INTO telecom.inbox (consumer, message_id) "
+            "INSERT INTO telecom.inbox (consumer, message_id, message_key) "
             "SELECT CASE WHEN g <= $1 THEN 'usage_record' ELSE 'package_purchase' END, "
-            "gen_random_uuid() FROM generate_series(1, $1::int + $2::int) AS g",
+            "gen_random_uuid(), gen_random_uuid() FROM generate_series(1, $1::int + $2::int) AS g",
             many,
             few,
         )
@@ -206,7 +206,11 @@ async def test_buried_dead_letters_per_route_follow_every_way_in_and_out_of_buri
         return shown, {r["route"]: int(r["n"]) for r in truth}
 
     messages = [str(uuid4()) for _ in range(4)]
-    ids = [await buried(pool, "telecom.usage_record", message_id=m) for m in messages]
+    users = [uuid4() for _ in messages]  # a message is its id and its user (its key)
+    ids = [
+        await buried(pool, "telecom.usage_record", message_id=m, user_id=u)
+        for m, u in zip(messages, users, strict=True)
+    ]
     expired = await buried(pool, "telecom.package_activate", reason="expired")
     shown, truth = await figures()
     assert shown == truth == {"telecom.usage_record": 4, "telecom.package_activate": 1}
@@ -226,10 +230,11 @@ async def test_buried_dead_letters_per_route_follow_every_way_in_and_out_of_buri
         await undone.rollback()
     shown, truth = await figures()
     assert shown == truth == {"telecom.usage_record": 2}
-    # Filed again as pkgq files a failure (one upsert): the replayed one is buried again, the
-    # buried one stays buried and counts once, a new one comes in as expired.
-    await buried(pool, "telecom.usage_record", message_id=messages[0])
-    await buried(pool, "telecom.usage_record", message_id=messages[2])
+    # Filed again as pkgq files a failure (one upsert): the replayed message's new failure is a
+    # letter of its own (the replayed one stays a record of the replay), the buried one stays
+    # buried and counts once, a new one comes in as expired.
+    await buried(pool, "telecom.usage_record", message_id=messages[0], user_id=users[0])
+    await buried(pool, "telecom.usage_record", message_id=messages[2], user_id=users[2])
     await buried(pool, "telecom.usage_record", reason="expired")
     shown, truth = await figures()
     assert shown == truth == {"telecom.usage_record": 4}
@@ -237,7 +242,9 @@ async def test_buried_dead_letters_per_route_follow_every_way_in_and_out_of_buri
         per_route = await stats.per_route(conn)
     usage = per_route.of("telecom.usage_record")
     assert (usage["dead_letters"], usage["expired"]) == (3, 1)
-    assert usage["failed_1m"] == 5  # every usage_record dead letter was filed just now
+    # every usage_record dead letter was filed just now: the four, the replayed message's new
+    # letter, the expired one
+    assert usage["failed_1m"] == 6
 
 
 async def test_processed_in_the_last_minute_counts_the_acks_of_the_last_sixty_seconds_only(

@@ -17,6 +17,7 @@ from events.decoding import RawDelivery
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from tests.support.deliveries import raw_for
+from tests.support.keys import delivery_key
 from tests.support.observing import eventually, fetch
 
 
@@ -37,8 +38,10 @@ async def test_a_message_claimed_by_another_transaction_meanwhile_runs_again_as_
         await claim.start()
         # Claimed by the rival, not yet committed: the batch's snapshot does not see it.
         await rival.execute(
-            "INSERT INTO telecom.inbox (consumer, message_id, user_id) VALUES ($1, $2, $3)",
+            "INSERT INTO telecom.inbox (consumer, message_key, message_id, user_id) "
+            "VALUES ($1, $2, $3, $4)",
             USAGE_RECORD.short_name,
+            delivery_key(raw, user),
             UUID(raw.message_id),
             user,
         )

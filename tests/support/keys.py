@@ -12,6 +12,8 @@ from uuid import UUID
 
 import asyncpg
 
+from events.decoding import RawDelivery
+from events.envelope import publisher_of
 from events.identity import message_key
 
 
@@ -19,6 +21,12 @@ def blocker_key(message_id: UUID | str, user_id: UUID | None, publisher: str | N
     """The key of the message `message_id` for `user_id`, first published by `publisher`
     (None: nobody vouched for it, `unverified`)."""
     return message_key(UUID(str(message_id)), publisher, user_id)
+
+
+def delivery_key(raw: RawDelivery, user_id: UUID | None) -> UUID:
+    """The key a consumer knows the delivery `raw` by, its body naming `user_id`."""
+    assert raw.message_id is not None
+    return blocker_key(raw.message_id, user_id, publisher_of(raw.headers, raw.publisher))
 
 
 async def hold(
