@@ -165,9 +165,9 @@ async def test_a_figure_past_the_cap_is_estimated_from_statistics_and_marked_as_
     many, few = 3 * stats.EXACT_UP_TO, 5
     async with pool.acquire() as conn:
         await conn.execute(
-            "INSERT INTO telecom.inbox (consumer, message_id, message_key) "
+            "INSERT INTO telecom.inbox (consumer, message_id) "
             "SELECT CASE WHEN g <= $1 THEN 'usage_record' ELSE 'package_purchase' END, "
-            "gen_random_uuid(), gen_random_uuid() FROM generate_series(1, $1::int + $2::int) AS g",
+            "gen_random_uuid() FROM generate_series(1, $1::int + $2::int) AS g",
             many,
             few,
         )

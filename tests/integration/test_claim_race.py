@@ -16,6 +16,7 @@ from domain.delivery import Fate
 from events.decoding import RawDelivery
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
+from infra.postgres import inbox
 from tests.support.deliveries import raw_for
 from tests.support.keys import delivery_key
 from tests.support.observing import eventually, fetch
@@ -37,13 +38,8 @@ async def test_a_message_claimed_by_another_transaction_meanwhile_runs_again_as_
         claim = rival.transaction()
         await claim.start()
         # Claimed by the rival, not yet committed: the batch's snapshot does not see it.
-        await rival.execute(
-            "INSERT INTO telecom.inbox (consumer, message_key, message_id, user_id) "
-            "VALUES ($1, $2, $3, $4)",
-            USAGE_RECORD.short_name,
-            delivery_key(raw, user),
-            UUID(raw.message_id),
-            user,
+        assert await inbox.claim(
+            rival, USAGE_RECORD.short_name, delivery_key(raw, user), UUID(raw.message_id), user
         )
         running = asyncio.create_task(process(raw))
 
@@ -64,7 +60,6 @@ async def test_a_message_claimed_by_another_transaction_meanwhile_runs_again_as_
         pool, "SELECT unbilled_upload FROM telecom.queue_users WHERE user_id = $1", user
     )
     assert row["unbilled_upload"] == 0  # the handler's billing was rolled back with the batch
-    claims = await fetch(
-        pool, "SELECT count(*) AS n FROM telecom.inbox WHERE message_id = $1", UUID(raw.message_id)
-    )
+    # the rival's claim only (the user has no other message)
+    claims = await fetch(pool, "SELECT count(*) AS n FROM telecom.inbox WHERE user_id = $1", user)
     assert claims == [{"n": 1}]

@@ -105,14 +105,20 @@ async def test_a_dead_letter_whose_message_id_is_spelled_otherwise_still_names_i
     async with pool.acquire() as conn:
         held = await _hold(conn, CONSUMER, blocker)
         parked = uuid4()
-        await conn.execute(
-            "INSERT INTO telecom.parked "
-            "(consumer, user_id, message_id, message_key, route, message_type, body) "
-            "VALUES ($1, $2, $3, $4, 'telecom.usage_record', 'RecordUsage', '{}')",
+        await holds.park_many(
+            conn,
             CONSUMER,
-            held,
-            parked,
-            blocker_key(parked, held),
+            [
+                holds.NewParked(
+                    held,
+                    parked,
+                    blocker_key(parked, held),
+                    "telecom.usage_record",
+                    "RecordUsage",
+                    b"{}",
+                    {},
+                )
+            ],
         )
         dead_id = await _bury(conn, CONSUMER, spelled(str(blocker)), held)
         listed = await dead_letters.get(conn, dead_id)

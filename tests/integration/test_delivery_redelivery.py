@@ -22,11 +22,12 @@ from events.decoding import RawDelivery
 from events.envelope import CONTENT_TYPE, H_ATTEMPT, H_SCHEMA_VERSION, H_USER_ID
 from events.models import PackageQueuePushEvent, PurchasePackage, RecordUsage
 from events.routes import EXPIRY_DUE, PACKAGE_PURCHASE, PACKAGE_QUEUING, USAGE_RECORD, Route
-from infra.postgres import dead_letters
+from infra.postgres import dead_letters, outbox
 from infra.postgres.pool import create_pool
 from infra.rabbit.consumer import Result
 from infra.settings import Settings
 from tests.support.deliveries import add_package, raw_for
+from tests.support.keys import attempts_counted, delivery_key
 from tests.support.observing import fetch
 
 
@@ -86,12 +87,9 @@ async def test_a_failure_delivered_again_after_its_commit_counts_twice_and_keeps
         "WHERE message_id = $1",
         UUID(first.message_id),
     )
-    key = f"retry:usage_record:{user}:{first.message_id}"
+    key = outbox.retry_key("usage_record", delivery_key(first, user))
     assert [(r["cancel_key"], int(r["attempt"])) for r in retries] == [(key, 3)]
-    (counted,) = await fetch(
-        pool, "SELECT attempts FROM telecom.attempts WHERE message_id = $1", UUID(first.message_id)
-    )
-    assert counted["attempts"] == 2
+    assert await attempts_counted(pool, "usage_record", delivery_key(first, user)) == 2
     holds = await fetch(pool, "SELECT blocker, state FROM telecom.holds WHERE user_id = $1", user)
     assert [(r["blocker"], r["state"]) for r in holds] == [(UUID(first.message_id), "retrying")]
 
@@ -120,8 +118,8 @@ async def test_a_parked_message_delivered_twice_is_parked_once_and_applied_once_
     assert await process(m2) == Fate.PARKED
     assert await process(m2) == Fate.PARKED  # redelivered: keeps its first place
     assert await process(m3) == Fate.PARKED
-    parked = await fetch(pool, "SELECT message_id FROM telecom.parked ORDER BY id")
-    assert [str(r["message_id"]) for r in parked] == [m2.message_id, m3.message_id]
+    parked = await fetch(pool, "SELECT body FROM telecom.parked ORDER BY id")
+    assert [r["body"] for r in parked] == [m2.body, m3.body]
 
     handler.failing.clear()  # the cause goes away; the retry arrives
     retry = delivery(user, 1, message_id=UUID(m1.message_id), attempt=2)
@@ -168,10 +166,15 @@ async def test_a_release_cut_short_by_a_crash_is_finished_by_the_release_poll(
     assert await fetch(pool, "SELECT * FROM telecom.holds") == []
 
 
-async def test_bad_input_for_a_held_user_is_buried_at_once_not_parked(pool: asyncpg.Pool) -> None:
+async def test_bad_input_claiming_a_held_user_is_buried_at_once_under_no_user_not_parked(
+    pool: asyncpg.Pool,
+) -> None:
+    """Undecodable input names no user: its x-user-id header is only a claim, kept in its
+    headers; it is filed under no user, neither parked behind the user's hold nor touching it."""
     user = uuid4()
     process = pipeline(pool, Switchable(1), RetryPolicy(max_attempts=5, backoff=lambda _: 60.0))
-    assert await process(delivery(user, 1)) == Fate.RETRY
+    first = delivery(user, 1)
+    assert await process(first) == Fate.RETRY
     bad = delivery(user, 2)
     broken = RawDelivery(
         body=b'{"user_id": ',
@@ -182,9 +185,15 @@ async def test_bad_input_for_a_held_user_is_buried_at_once_not_parked(pool: asyn
         headers=bad.headers,
     )
     assert await process(broken) == Fate.BURIED
-    dead = await fetch(pool, "SELECT reason, user_id FROM telecom.dead_letters")
-    assert [(r["reason"], r["user_id"]) for r in dead] == [("invalid_json", user)]
+    dead = await fetch(
+        pool, "SELECT reason, user_id, headers->>'x-user-id' AS claim FROM telecom.dead_letters"
+    )
+    assert [(r["reason"], r["user_id"], r["claim"]) for r in dead] == [
+        ("invalid_json", None, str(user))
+    ]
     assert await fetch(pool, "SELECT * FROM telecom.parked") == []
+    holds = await fetch(pool, "SELECT blocker, state FROM telecom.holds WHERE user_id = $1", user)
+    assert [(r["blocker"], r["state"]) for r in holds] == [(UUID(first.message_id), "retrying")]
 
 
 async def test_a_message_without_a_user_header_is_buried_under_its_bodys_user_and_discard_frees(
@@ -272,10 +281,7 @@ async def test_a_redelivered_attempt_batched_with_its_own_retry_counts_each_and_
         mid,
     )
     assert [int(r["attempt"]) for r in retries] == [4]
-    (counted,) = await fetch(
-        pool, "SELECT attempts FROM telecom.attempts WHERE message_id = $1", mid
-    )
-    assert counted["attempts"] == 3
+    assert await attempts_counted(pool, "usage_record", delivery_key(a1, user)) == 3
     assert handler.applied == []
 
 

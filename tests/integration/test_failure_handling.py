@@ -217,9 +217,11 @@ async def test_discarding_a_buried_message_releases_the_ones_it_held_back_in_ord
     assert await rows_of(pool, m1) == []
 
 
-async def test_a_message_the_broker_dead_letters_on_ttl_expiry_is_listed_with_the_brokers_reason(
+async def test_a_message_the_broker_dead_letters_on_ttl_expiry_is_listed_with_the_brokers_reason_under_its_bodys_user(  # noqa: E501
     fast: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection, app: InProcess
 ) -> None:
+    """Filed under the user its body names, not the one its x-user-id header claims (anyone can
+    set a header; the claim stays in its headers)."""
     await app.start_consumers([], ingest=True)
     channel = await amqp.channel()
     probe = f"{fast.queue_prefix}.ttl_probe"
@@ -231,12 +233,12 @@ async def test_a_message_the_broker_dead_letters_on_ttl_expiry_is_listed_with_th
             arguments={"x-message-ttl": 50, "x-dead-letter-exchange": fast.dlx},
         )
         await queue.bind(exchange, routing_key="telecom.ttl_probe")
-        user = uuid4()
+        user, claimed = uuid4(), uuid4()
         await exchange.publish(
             aio_pika.Message(
-                b'{"hello": "nobody reads me"}',
+                json.dumps({"user_id": str(user), "hello": "nobody reads me"}).encode(),
                 message_id=str(uuid4()),
-                headers={"x-user-id": str(user)},
+                headers={"x-user-id": str(claimed)},
             ),
             routing_key="telecom.ttl_probe",
         )
@@ -255,6 +257,8 @@ async def test_a_message_the_broker_dead_letters_on_ttl_expiry_is_listed_with_th
         )
         assert probe in row["error_message"]
         assert row["user_id"] == str(user)
+        (claim,) = await fetch(pool, "SELECT headers->>'x-user-id' AS u FROM telecom.dead_letters")
+        assert claim["u"] == str(claimed)
     finally:
         await channel.queue_delete(probe)
         await channel.close()

@@ -42,9 +42,8 @@ async def _populate(pool: asyncpg.Pool) -> None:
             ("usage_record", 5, RECENT),
         ):
             await conn.execute(
-                "INSERT INTO telecom.inbox (consumer, message_id, message_key, processed_at) "
-                f"SELECT $1, gen_random_uuid(), gen_random_uuid(), {when} "
-                "FROM generate_series(1, $2)",
+                "INSERT INTO telecom.inbox (consumer, message_id, processed_at) "
+                f"SELECT $1, gen_random_uuid(), {when} FROM generate_series(1, $2)",
                 consumer,
                 n,
             )
@@ -114,17 +113,15 @@ async def _populate(pool: asyncpg.Pool) -> None:
         # TTR strikes: 2 old, 1 recent
         for when in (OLD, OLD, RECENT):
             await conn.execute(
-                "INSERT INTO telecom.ttr_strikes (consumer, message_id, message_key, last_at) "
-                f"VALUES ('usage_record', $1, $2, {when})",
-                uuid4(),
+                "INSERT INTO telecom.ttr_strikes (consumer, message_id, last_at) "
+                f"VALUES ('usage_record', $1, {when})",
                 uuid4(),
             )
         # attempts: 2 last counted long ago, 1 recently
         for when in (OLD, OLD, RECENT):
             await conn.execute(
-                "INSERT INTO telecom.attempts (consumer, message_id, message_key, attempts, "
-                f"last_claim, last_at) VALUES ('usage_record', $1, $2, 3, 3, {when})",
-                uuid4(),
+                "INSERT INTO telecom.attempts (consumer, message_id, attempts, last_claim, "
+                f"last_at) VALUES ('usage_record', $1, 3, 3, {when})",
                 uuid4(),
             )
         # workers: 1 stopped long ago, 1 stopped recently, 1 alive with an old heartbeat

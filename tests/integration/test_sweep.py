@@ -8,7 +8,7 @@ import asyncpg
 
 from infra.outbox.sweep import sweep_overdue_expiries
 from tests.support.deliveries import add_package
-from tests.support.keys import blocker_key
+from tests.support.keys import applied
 
 GRACE = 60.0
 
@@ -64,13 +64,7 @@ async def test_a_timer_consumed_without_effect_is_sent_again_after_the_grace(
     user, item = await _overdue_item(pool)
     message_id = await _timer(pool, user, item, published_ago=2 * GRACE)
     async with pool.acquire() as conn:
-        await conn.execute(
-            "INSERT INTO telecom.inbox (consumer, message_id, message_key, user_id) "
-            "VALUES ('expiry_due', $1, $2, $3)",
-            message_id,
-            blocker_key(message_id, user, "pkgq"),  # pkgq's own timer
-            user,
-        )
+        await applied(conn, "expiry_due", message_id, user, publisher="pkgq")  # its own timer
     assert await sweep_overdue_expiries(pool, GRACE) == 1
 
 

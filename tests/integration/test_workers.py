@@ -369,8 +369,8 @@ async def test_housekeeping_runs_a_job_only_under_its_lease_and_releases_its_lea
             package,
         )
         await conn.execute(
-            "INSERT INTO telecom.inbox (consumer, message_id, message_key, processed_at) "
-            "VALUES ('usage_record', $1, $1, now() - interval '30 days')",
+            "INSERT INTO telecom.inbox (consumer, message_id, processed_at) "
+            "VALUES ('usage_record', $1, now() - interval '30 days')",
             uuid4(),
         )
     slow = settings.model_copy(update={"housekeeping_interval": 3600.0})
