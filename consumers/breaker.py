@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import asyncpg
 import structlog
 
-from domain.breaker import BreakerRule, FailureWindow, Reading
+from domain.breaker import FAILURES, BreakerRule, FailureWindow, Reading
 from events.decoding import RawDelivery
 from infra.observability import BREAKER_TRIPS
 from infra.postgres import consumer_pauses
@@ -53,7 +53,11 @@ class Breaker:
 
     def observe(self, results: Sequence[Result]) -> None:
         now = time.monotonic()
-        self._window.add(now, (r.fate for r in results))
+        # What pkgq refused (bad input, an untrusted publisher, a domain rule, an unknown
+        # version, an expired message) is no failure of the route: it is left out entirely.
+        self._window.add(
+            now, (r.fate for r in results if r.route_failure or r.fate not in FAILURES)
+        )
         reading = self._window.reading(now)
         if self._tripping is None and reading.trips(self._rule):
             self._tripping = asyncio.create_task(self._trip(reading), name="breaker-trip")

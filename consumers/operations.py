@@ -199,15 +199,16 @@ async def release_hold(
     blocker: UUID | None = None,
     graces: invariants.Graces = invariants.GRACES,
 ) -> invariants.HoldWayOut:
-    """Inside a transaction: release an orphaned hold (one whose blocker has no way out: the
-    `hold_without_way_out` invariant), matched by its consumer and user, with an audit row.
-    Its blocker is dropped (state `releasing`), and the consumer's release poll applies what is
-    parked behind it, in order. `blocker`: the one the operator was shown; a hold that waits on
-    another message by now is refused. Returns the hold as it was.
+    """Inside a transaction: release a hold, matched by its consumer and user, with an audit
+    row. Its blocker is dropped (state `releasing`), and the consumer's release poll applies
+    what is parked behind it, in order. `blocker`: the one the operator was shown; a hold that
+    waits on another message by now is refused. Returns the hold as it was: its
+    `release_warning` says what was pending (a retry on its way, a buried dead letter) and
+    what becomes of it. A hold with a way out is released too: nothing anyone publishes can
+    make an operator's release refuse.
 
     UnknownHoldError: no such hold. HoldReleaseRefusedError: it is being released already, or
-    its blocker has a way out (a retry on its way, or a buried dead letter to replay or discard:
-    releasing it would let the user's later messages overtake it)."""
+    it waits on another blocker than the one the operator was shown."""
     found = await invariants.hold_way_out(conn, consumer, user_id, graces=graces, lock=True)
     if found is None:
         raise UnknownHoldError(consumer, user_id)
@@ -216,14 +217,6 @@ async def release_hold(
     if blocker is not None and found.blocker != blocker:
         raise HoldReleaseRefusedError(
             f"the hold waits on message {found.blocker} now, not {blocker}: look again"
-        )
-    if found.pending_retry:
-        raise HoldReleaseRefusedError(
-            f"message {found.blocker} has a retry on its way (the outbox): wait for it"
-        )
-    if found.buried:
-        raise HoldReleaseRefusedError(
-            f"message {found.blocker} lies buried: replay or discard its dead letter instead"
         )
     if not await holds.release_hold(conn, consumer, user_id, found.blocker):
         raise HoldReleaseRefusedError("the hold changed meanwhile: look again")
@@ -242,6 +235,7 @@ async def release_hold(
                 "last_error": found.last_error,
                 "since": found.since,
                 "parked": found.parked,
+                "warning": found.release_warning,
             },
         ),
     )

@@ -159,6 +159,22 @@ class Decision:
     """This decision counts one more failure of the message."""
 
     @property
+    def counts_against_route(self) -> bool:
+        """A failure of the route's own: a handler error, a TTR, a data error Postgres refused,
+        a failure that could not even be recorded (an outage). What a circuit breaker judges a
+        route by. What pkgq refuses before, or without, any fault of the handler's (bad input,
+        an untrusted publisher, a broken domain rule, an unknown version, a message past its
+        TTL) never counts: anyone who can publish could otherwise pause a route for all."""
+        if self.fate is Fate.UNDECIDED:
+            return True
+        failure = self.failure
+        return (
+            self.fate in (Fate.RETRY, Fate.BURIED, Fate.EXPIRED)
+            and failure is not None
+            and failure.kind in (ErrorKind.HANDLER, ErrorKind.TTR, ErrorKind.PERMANENT)
+        )
+
+    @property
     def claims(self) -> bool:
         """Recorded in the inbox as applied (a later copy is a duplicate)."""
         return self.fate in (Fate.APPLIED, Fate.CANCELLED) or self.fate in REPEATS

@@ -329,6 +329,14 @@ class Settings(BaseSettings):
             self.route_settings = load_routes_file(self.routes_file)
         return self
 
+    def attempts_bound(self) -> int:
+        """The most attempts any hold's blocker may take before it is buried: the largest
+        `max_attempts` of any retry policy, or PKGQ_NEWER_VERSION_DEFERRALS if larger
+        (`pkgq doctor`'s hold_past_its_bound)."""
+        policies = [self.retry, *self.retry_routes.values()]
+        policies += [r.retry for r in self.route_settings.values() if r.retry is not None]
+        return max(self.newer_version_deferrals, *(p.max_attempts for p in policies))
+
     def route(self, route_name: str) -> RouteSettings:
         """The route's own settings; one shared empty RouteSettings (frozen) for a route that
         has none, as the relay asks for every row it publishes."""

@@ -303,8 +303,9 @@ def release_hold_cmd(
     by: ByOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Release an orphaned hold (`pkgq doctor`'s hold_without_way_out: no retry on its way, no
-    buried dead letter): the user's messages parked behind it are applied in order. Audited."""
+    """Release a hold: the user's messages parked behind it are applied in order. Audited.
+    Meant for a hold with no way out (`pkgq doctor`'s hold_without_way_out), but never
+    refused for one that has: then it says what was pending and what becomes of it."""
     user_id = as_parameter(UUID, user)
     expected = None if blocker is None else as_parameter(UUID, blocker)
     settings = load_settings()
@@ -335,15 +336,18 @@ def release_hold_cmd(
         "user_id": str(user_id),
         "blocker": str(found.blocker),
         "parked": found.parked,
+        "warning": found.release_warning,
     }
-    show(
-        outcome,
-        as_json,
-        lambda _: say(
+
+    def render(_: object) -> None:
+        say(
             f"released the hold on {consumer} for user {user_id} (blocker {found.blocker}); "
             f"{found.parked} parked message(s) will be applied in order"
-        ),
-    )
+        )
+        if found.release_warning:
+            say(text(f"warning: {found.release_warning}", style="yellow"))
+
+    show(outcome, as_json, render)
 
 
 def register(app: typer.Typer) -> None:

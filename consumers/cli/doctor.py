@@ -88,7 +88,8 @@ def doctor_cmd(as_json: JsonOpt = False) -> None:
     dated in order), one SQL statement each; name the rows that break them. Exit 8 if any does
     not hold."""
     settings = load_settings()
-    results = on_database(settings, lambda conn: invariants.check_and_store(conn))
+    graces = invariants.Graces(attempts_bound=settings.attempts_bound())
+    results = on_database(settings, lambda conn: invariants.check_and_store(conn, graces=graces))
     show(results, as_json, _render, data=_as_data(results))
     if any(not r.ok for r in results):
         raise typer.Exit(exit_codes.VIOLATIONS)

@@ -197,7 +197,13 @@ class DeliveryPipeline:
         decided, drain = await self._decide_all([*ready, *bad], Source.QUEUE)
         await self._drain(drain)
         return [
-            Result(d.decision.fate, d.seconds, d.trace_id, _error(d.decision))
+            Result(
+                d.decision.fate,
+                d.seconds,
+                d.trace_id,
+                _error(d.decision),
+                d.decision.counts_against_route,
+            )
             if (d := decided.get(i))
             else Result(Fate.GIVEN_BACK)
             for i in range(len(raws))
@@ -286,7 +292,7 @@ class DeliveryPipeline:
         index = timed_out.index
         (delivery,) = [i for i in items if i.index == index and isinstance(i, Delivery)]
         async with self._connection() as conn, conn.transaction():
-            count = await strikes.strike(conn, self.consumer, delivery.key, delivery.message_id)
+            count = await strikes.strike(conn, self.consumer, delivery.key)
             await transitions.count_one(conn, self.route.name, "ttr")
         if count >= self.policy.max_attempts:
             log.error("ttr_exhausted", strikes=count, error=str(timed_out.error))

@@ -69,8 +69,10 @@ async def load(
     held, seen, counted, items = read.held, read.seen, read.counted, read.items
     if source is Source.PARKING:
         # Another drain may have taken some meanwhile: those are gone from the batch.
-        still = await holds.lock_parked(conn, consumer, [d.key for d in ready])
-        ready = [d for d in ready if d.key in still]
+        still = await holds.lock_parked(
+            conn, consumer, [d.key for d in ready], [d.message_id for d in ready]
+        )
+        ready = [d for d in ready if d.key in still or d.message_id in still]
     needs = [asked[d.index] for d in ready if d.index in asked and d.key not in seen]
     # Orders are looked up by (user, by_order), not found among the loaded items: an old
     # order's items may all be consumed and so not loaded.

@@ -53,7 +53,9 @@ class Writes:
     unparked: list[UUID]
     """Keys of parked messages decided."""
     unparked_ids: list[UUID]
-    """Message ids of parked messages that no longer decode (their key is unknown)."""
+    """Message ids of parked messages decided (a row parked before keys is found by it)."""
+    bad_ids: list[UUID]
+    """Message ids of parked messages that no longer decode (their key is not known)."""
     made: list[holds.NewHold]
     lifted: list[UUID]
     moves: dict[tuple[str, str], int]
@@ -96,6 +98,11 @@ def writes_of(
         parked=_parked(route, decided) if source is Source.QUEUE else [],
         unparked=_unparked(decided, True) if source is Source.PARKING else [],
         unparked_ids=_unparked(decided, False) if source is Source.PARKING else [],
+        bad_ids=[
+            UUID(str(d.raw.message_id))
+            for d in decided
+            if source is Source.PARKING and d.decoded is None
+        ],
         made=made,
         lifted=lifted,
         moves=_moves(route.name, decided, source),
@@ -256,12 +263,12 @@ def _parked(route: Route, decided: Sequence[Decided]) -> list[holds.NewParked]:
 
 def _unparked(decided: Sequence[Decided], by_key: bool) -> list[UUID]:
     """Parked messages the drain decided (applied, buried, ...): they leave the lot. By key
-    those that decoded; by message_id those that no longer do (a parked row's raw message_id
-    is its uuid, so even bad input has one)."""
+    those that decoded; by message_id those that no longer do (a parked row's raw message_id is
+    always a UUID, so even bad input has one) and, for a row parked before keys, every one."""
     gone = [d for d in decided if d.decision.fate not in (Fate.PARKED, Fate.GIVEN_BACK)]
     if by_key:
         return [d.decoded.key for d in gone if d.decoded is not None]
-    return [UUID(str(d.raw.message_id)) for d in gone if d.decoded is None]
+    return [UUID(str(d.raw.message_id)) for d in gone]
 
 
 def _holds(

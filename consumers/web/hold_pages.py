@@ -32,7 +32,8 @@ async def release_confirm(
     request: Request, who: Operator, consumer: str = "", user_id: str = ""
 ) -> Response:
     """The confirmation step: the hold, what is parked behind it, and whether it has a way out
-    (then there is nothing to release: the page says what to do instead)."""
+    (then the page warns what is pending and what becomes of it: it is released all the
+    same if the operator says so)."""
     user = _uuid(user_id, "user_id")
     async with pool_of(request).acquire() as conn:
         found = await invariants.hold_way_out(conn, consumer, user)
@@ -63,4 +64,6 @@ async def release(request: Request, who: Operator) -> Response:
         f"released the hold on {consumer} for user {user} (blocker {found.blocker}); "
         f"{found.parked} parked message(s) will be applied in order"
     )
+    if found.release_warning:
+        done += f". Warning: {found.release_warning}"
     return RedirectResponse(f"/holds?done={quote(done)}", status_code=303)

@@ -3,9 +3,9 @@ window, for one user name or from one client address, the console refuses to che
 for a while (429 with Retry-After) before it spends a password hash on it.
 
 Per process: each console replica counts its own (a shared counter would be a Postgres write per
-failure, for a limit an attacker spread over N replicas meets N times later). The address limit is the looser one: behind a proxy not
-named in PKGQ_WEB_TRUSTED_PROXIES every user shares its address (PKGQ_WEB_LOGIN_* settings,
-consumers/web/config.py).
+failure, for a limit an attacker spread over N replicas meets N times later). The address limit
+is the looser one: behind a proxy not named in PKGQ_WEB_TRUSTED_PROXIES every user shares
+its address (PKGQ_WEB_LOGIN_* settings, consumers/web/config.py).
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ import structlog
 from infra.outbox import invariant_watch
 from infra.outbox.sweep import sweep_overdue_expiries
 from infra.postgres import leases, retention, trends
+from infra.postgres.check_base import Graces
 from infra.settings import Settings
 from infra.transient import is_transient, needs_operator
 
@@ -100,7 +101,8 @@ async def _invariants_forever(
         return
 
     async def check() -> None:
-        await invariant_watch.check_and_export(pool)
+        bound = settings.attempts_bound()
+        await invariant_watch.check_and_export(pool, Graces(attempts_bound=bound))
 
     async def export() -> None:
         await invariant_watch.export_stored(pool)

@@ -26,11 +26,13 @@ def export(results: list[invariants.Result]) -> None:
         INVARIANT_VIOLATIONS.labels(check=result.check).set(result.violations)
 
 
-async def check_and_export(pool: asyncpg.Pool) -> list[invariants.Result]:
+async def check_and_export(
+    pool: asyncpg.Pool, graces: invariants.Graces = invariants.GRACES
+) -> list[invariants.Result]:
     """Run every check, store the results and export them; log each check that found rows,
     naming the first few."""
     async with pool.acquire() as conn:
-        results = await invariants.check_and_store(conn)
+        results = await invariants.check_and_store(conn, graces=graces)
     export(results)
     for result in results:
         if not result.ok:

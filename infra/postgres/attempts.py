@@ -5,7 +5,9 @@ repeat or lose retries. The batch reads its messages' counts with its snapshot
 (infra/postgres/batch_read.py) and the writer adds the failures it decided (`add_many`), in the
 batch's transaction, so a rollback takes the count back with the decision. A replay starts the
 count over (`forget`). Rows of generation 0 are the count; the column stays from migration
-0006, when a replay generation read from a header started a new count.
+0006, when a replay generation read from a header started a new count. A message's count is
+kept under its key (events/identity.py) in `message_id`, the id it was sent under in `sent_as`
+(migration 0022): another publisher's or user's copy under its message_id counts its own.
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ def add_many(consumer: str, failures: Mapping[tuple[UUID, UUID], int]) -> Part[N
     return part_of(
         """
         INSERT INTO telecom.attempts AS a
-            (consumer, message_key, message_id, generation, attempts, last_claim)
+            (consumer, message_id, sent_as, generation, attempts, last_claim)
         SELECT $1, k, m, 0, n, 0 FROM unnest($2::uuid[], $3::uuid[], $4::int[]) AS f(k, m, n)
-        ON CONFLICT (consumer, message_key, generation) DO UPDATE SET
+        ON CONFLICT (consumer, message_id, generation) DO UPDATE SET
             attempts = a.attempts + excluded.attempts, last_at = now()
         """,
         (
@@ -52,5 +54,5 @@ async def forget(conn: Conn, keys: Sequence[UUID]) -> None:
     consumer, go."""
     if keys:
         await conn.execute(
-            "DELETE FROM telecom.attempts WHERE message_key = ANY($1::uuid[])", list(keys)
+            "DELETE FROM telecom.attempts WHERE message_id = ANY($1::uuid[])", list(keys)
         )

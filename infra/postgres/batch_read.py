@@ -29,21 +29,20 @@ _ITEM_NULLS = ", ".join(["NULL"] * len(ITEM_COLUMNS.split(",")))
 
 _READ = f"""
 WITH held AS (
-    -- lifted when `blocker` (the message_id people see) is NULL, whatever the key says
-    SELECT user_id, CASE WHEN blocker IS NOT NULL THEN blocker_key END AS blocker_key, state
+    SELECT user_id, telecom.blocker_key(consumer, user_id, blocker, blocker_key, blocker_key_of)
+               AS blocker_key, state
     FROM telecom.holds
     WHERE consumer = $1 AND user_id = ANY($2::uuid[]) ORDER BY user_id FOR UPDATE
 ),
 states AS MATERIALIZED (
     SELECT m.k AS message_key,
-           EXISTS (SELECT 1 FROM telecom.inbox i
-                   WHERE i.consumer = $1 AND i.message_key = m.k)
-           -- a row from before keys (migration 0022) is keyed by its message_id
+           EXISTS (SELECT 1 FROM telecom.inbox i WHERE i.consumer = $1 AND i.message_id = m.k)
+           -- a row from before keys (migration 0022) is kept by its message_id
            OR EXISTS (SELECT 1 FROM telecom.inbox i
-                      WHERE i.consumer = $1 AND i.message_key = m.id AND i.message_id = m.id)
+                      WHERE i.consumer = $1 AND i.message_id = m.id AND i.sent_as IS NULL)
               AS seen,
            (SELECT a.attempts FROM telecom.attempts a
-            WHERE a.consumer = $1 AND a.message_key = m.k AND a.generation = 0) AS attempts
+            WHERE a.consumer = $1 AND a.message_id = m.k AND a.generation = 0) AS attempts
     FROM unnest($3::uuid[], $6::uuid[]) AS m(k, id)
 )
 SELECT {ITEM_COLUMNS},

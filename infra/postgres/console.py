@@ -33,7 +33,8 @@ async def parked(conn: Conn, user_id: UUID | None = None, limit: int = 200) -> l
     """Messages parked behind holds, per consumer and user in arrival order."""
     rows = await conn.fetch(
         """
-        SELECT p.id, p.consumer, p.user_id, p.message_id, p.route, p.message_type, p.parked_at,
+        SELECT p.id, p.consumer, p.user_id, coalesce(p.sent_as, p.message_id) AS message_id,
+               p.route, p.message_type, p.parked_at,
                p.body, h.blocker, h.state AS hold_state
         FROM telecom.parked p
         LEFT JOIN telecom.holds h ON h.consumer = p.consumer AND h.user_id = p.user_id

@@ -18,6 +18,10 @@ from domain.delivery import Hold
 from events.envelope import clean_text
 from infra.postgres.pool import Conn, from_row, in_uuid_order
 
+HOLD_KEY = "telecom.blocker_key(h.consumer, h.user_id, h.blocker, h.blocker_key, h.blocker_key_of)"
+"""The key (events/identity.py) of hold `h`'s blocker (migration 0022): what every release
+matches, never the blocker's message_id alone."""
+
 
 @dataclass(frozen=True, slots=True)
 class NewHold:
@@ -37,7 +41,8 @@ class NewParked:
     user_id: UUID
     message_id: UUID
     key: UUID
-    """The message's key (events/identity.py): a message is parked once, by its key."""
+    """The message's key (events/identity.py): a message is parked once, by its key (kept in
+    the row's `message_id`, the message_id in `sent_as`: migration 0022)."""
     route: str
     message_type: str
     body: bytes
@@ -58,9 +63,8 @@ async def lock_many(conn: Conn, consumer: str, user_ids: Sequence[UUID]) -> dict
     if not user_ids:
         return {}
     rows = await conn.fetch(
-        "SELECT user_id, CASE WHEN blocker IS NOT NULL THEN blocker_key END AS blocker_key, "
-        "state FROM telecom.holds "
-        "WHERE consumer = $1 AND user_id = ANY($2::uuid[]) ORDER BY user_id FOR UPDATE",
+        f"SELECT h.user_id, {HOLD_KEY} AS blocker_key, h.state FROM telecom.holds h "
+        "WHERE h.consumer = $1 AND h.user_id = ANY($2::uuid[]) ORDER BY h.user_id FOR UPDATE",
         consumer,
         in_uuid_order(user_ids),
     )
@@ -75,12 +79,13 @@ async def hold_many(conn: Conn, consumer: str, holds: Sequence[NewHold]) -> None
     await conn.execute(
         """
         INSERT INTO telecom.holds
-            (consumer, user_id, blocker_key, state, attempts, last_error, blocker)
-        SELECT $1, u, k, s, a, e, m
+            (consumer, user_id, blocker_key, state, attempts, last_error, blocker, blocker_key_of)
+        SELECT $1, u, k, s, a, e, m, m
         FROM unnest($2::uuid[], $3::uuid[], $4::text[], $5::int[], $6::text[], $7::uuid[])
              AS h(u, k, s, a, e, m)
         ON CONFLICT (consumer, user_id) DO UPDATE SET
             blocker_key = excluded.blocker_key, blocker = excluded.blocker,
+            blocker_key_of = excluded.blocker_key_of,
             state = excluded.state, attempts = excluded.attempts,
             last_error = excluded.last_error, updated_at = now()
         """,
@@ -148,11 +153,11 @@ async def release_blocked_by(conn: Conn, blockers: Sequence[Blocker]) -> int:
     if not blockers:
         return 0
     status = await conn.execute(
-        """
+        f"""
         UPDATE telecom.holds h
         SET blocker = NULL, blocker_key = NULL, state = 'releasing', updated_at = now()
         FROM unnest($1::text[], $2::uuid[]) AS b(consumer, key)
-        WHERE h.consumer = b.consumer AND h.blocker_key = b.key
+        WHERE h.consumer = b.consumer AND h.blocker IS NOT NULL AND {HOLD_KEY} = b.key
         """,
         [b.consumer for b in blockers],
         [b.key for b in blockers],
@@ -182,7 +187,7 @@ async def _held_by(conn: Conn, dead_letter_ids: Sequence[int], assignment: str) 
         UPDATE telecom.holds h SET {assignment}, updated_at = now()
         FROM telecom.dead_letters d
         WHERE d.id = ANY($1::bigint[]) AND h.consumer = d.consumer AND h.user_id = d.user_id
-          AND h.blocker_key = d.message_key
+          AND {HOLD_KEY} = d.message_key
         """,
         list(dead_letter_ids),
     )
@@ -196,13 +201,13 @@ async def release_expired_retry(conn: Conn, message_id: UUID) -> int:
     anyone can publish a message that expires on the broker, and its message_id proves nothing.
     Returns how many holds were released."""
     status = await conn.execute(
-        """
+        f"""
         UPDATE telecom.holds h
         SET blocker = NULL, blocker_key = NULL, state = 'releasing', updated_at = now()
         FROM telecom.outbox o
         WHERE o.message_id = $1 AND h.user_id = o.user_id AND o.route = 'telecom.' || h.consumer
           -- the retry of the very message the hold waits on (its key: events/identity.py)
-          AND o.cancel_key = 'retry:' || h.consumer || ':' || h.blocker_key::text
+          AND o.cancel_key = 'retry:' || h.consumer || ':' || {HOLD_KEY}::text
           -- (a minute of slack: the broker's clock ran the TTL, not this one)
           AND o.expires_at <= now() + interval '1 minute'
         """,
@@ -219,13 +224,13 @@ async def park_many(conn: Conn, consumer: str, parked: Sequence[NewParked]) -> N
     await conn.execute(
         """
         INSERT INTO telecom.parked
-            (consumer, user_id, message_id, route, message_type, body, headers, message_key)
+            (consumer, user_id, sent_as, route, message_type, body, headers, message_id)
         SELECT $1, u, m, r, t, b, h::jsonb, k
         FROM unnest($2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::bytea[], $7::text[],
                     $8::uuid[])
              WITH ORDINALITY AS p(u, m, r, t, b, h, k, ord)
         ORDER BY ord
-        ON CONFLICT (consumer, message_key) DO NOTHING
+        ON CONFLICT (consumer, message_id) DO NOTHING
         """,
         consumer,
         [p.user_id for p in parked],
@@ -238,6 +243,11 @@ async def park_many(conn: Conn, consumer: str, parked: Sequence[NewParked]) -> N
     )
 
 
+_PARKED = "(message_id = ANY($2::uuid[]) OR (sent_as IS NULL AND message_id = ANY($3::uuid[])))"
+"""A parked row by key ($2: kept in `message_id` since migration 0022), or, parked before
+keys, by its message_id ($3)."""
+
+
 async def first_parked(
     conn: Conn, consumer: str, user_ids: Sequence[UUID], per_user: int
 ) -> list[ParkedMessage]:
@@ -247,8 +257,8 @@ async def first_parked(
         return []
     rows = await conn.fetch(
         """
-        SELECT p.id, p.user_id, p.message_id, p.message_key AS key, p.route, p.message_type,
-               p.body, p.headers::text AS headers
+        SELECT p.id, p.user_id, coalesce(p.sent_as, p.message_id) AS message_id,
+               p.message_id AS key, p.route, p.message_type, p.body, p.headers::text AS headers
         FROM unnest($2::uuid[]) AS u(user_id)
         CROSS JOIN LATERAL (
             SELECT * FROM telecom.parked p
@@ -266,32 +276,42 @@ async def first_parked(
     ]
 
 
-async def lock_parked(conn: Conn, consumer: str, keys: Sequence[UUID]) -> set[UUID]:
-    """Inside a transaction, after the users' holds: lock these parked messages (by key);
-    returns the keys of those still parked (another drain may have applied some meanwhile)."""
-    if not keys:
+async def lock_parked(
+    conn: Conn, consumer: str, keys: Sequence[UUID], message_ids: Sequence[UUID] = ()
+) -> set[UUID]:
+    """Inside a transaction, after the users' holds: lock these parked messages (by key, or
+    by message_id a row parked before keys: migration 0022); returns the keys (message_ids)
+    of those still parked (another drain may have applied some meanwhile)."""
+    if not keys and not message_ids:
         return set()
     rows = await conn.fetch(
-        "SELECT message_key FROM telecom.parked WHERE consumer = $1 "
-        "AND message_key = ANY($2::uuid[]) ORDER BY id FOR UPDATE",
+        f"SELECT message_id FROM telecom.parked WHERE consumer = $1 AND {_PARKED} "
+        "ORDER BY id FOR UPDATE",
         consumer,
         list(keys),
+        list(message_ids),
     )
-    return {r["message_key"] for r in rows}
+    return {r["message_id"] for r in rows}
 
 
 async def unpark(
-    conn: Conn, consumer: str, keys: Sequence[UUID], message_ids: Sequence[UUID] = ()
+    conn: Conn,
+    consumer: str,
+    keys: Sequence[UUID],
+    message_ids: Sequence[UUID] = (),
+    undecodable: Sequence[UUID] = (),
 ) -> None:
     """These parked messages were decided (applied, buried, ...): they leave. By key; by
-    message_id those that no longer decode (their key cannot be worked out again)."""
-    if keys or message_ids:
+    message_id those parked before keys (migration 0022), and those that no longer decode
+    (bad input has no key: whatever row was parked under that message_id goes)."""
+    if keys or message_ids or undecodable:
         await conn.execute(
-            "DELETE FROM telecom.parked WHERE consumer = $1 "
-            "AND (message_key = ANY($2::uuid[]) OR message_id = ANY($3::uuid[]))",
+            f"DELETE FROM telecom.parked WHERE consumer = $1 AND ({_PARKED} "
+            "OR sent_as = ANY($4::uuid[]))",
             consumer,
             list(keys),
             list(message_ids),
+            list(undecodable),
         )
 
 

@@ -1,4 +1,9 @@
-"""The inbox: which messages each consumer has already applied."""
+"""The inbox: which messages each consumer has already applied.
+
+A message is recorded by its key (events/identity.py: its message_id, first publisher and the
+user its body names), kept in `message_id`, with the message_id it was sent under in `sent_as`
+(migration 0022). A row whose `sent_as` is NULL was written before keys, by its message_id:
+the batch's read still counts it (infra/postgres/batch_read.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ async def claim(
     """Record the message (its key: events/identity.py) as applied by `consumer`. False: it
     was applied before (a duplicate)."""
     inserted = await conn.fetchval(
-        "INSERT INTO telecom.inbox (consumer, message_key, message_id, user_id) "
+        "INSERT INTO telecom.inbox (consumer, message_id, sent_as, user_id) "
         "VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING true",
         consumer,
         key,
@@ -58,9 +63,9 @@ def claim_many(consumer: str, messages: Mapping[UUID, Claim]) -> Part[int] | Non
             (
                 "inbox_claimed",
                 """
-                INSERT INTO telecom.inbox (consumer, message_key, message_id, user_id)
+                INSERT INTO telecom.inbox (consumer, message_id, sent_as, user_id)
                 SELECT $1, k, m, u FROM unnest($2::uuid[], $3::uuid[], $4::uuid[]) AS y(k, m, u)
-                ON CONFLICT DO NOTHING RETURNING message_key
+                ON CONFLICT DO NOTHING RETURNING message_id
                 """,
             ),
             (
@@ -68,7 +73,7 @@ def claim_many(consumer: str, messages: Mapping[UUID, Claim]) -> Part[int] | Non
                 """
                 UPDATE telecom.dead_letters d SET status = 'superseded', superseded_at = now()
                 WHERE d.status <> 'superseded' AND d.consumer = $1
-                  AND d.message_key IN (SELECT message_key FROM inbox_claimed)
+                  AND d.message_key IN (SELECT message_id FROM inbox_claimed)
                 """,
             ),
         ),

@@ -15,6 +15,9 @@ The checks:
   stay parked for good. (A hold whose blocker is NULL is being released by its consumer's
   release poll: fine.) A route whose consumer is stopped for longer than the grace shows its
   retrying holds here too, until the consumer is back.
+- `hold_past_its_bound` and `hold_waits_on_another_copy` (infra/postgres/hold_checks.py): a
+  hold whose blocker was retried past every bound pkgq sets, or that has no way out of its own
+  while a retry of its message_id from another publisher or for another user is pending.
 - `parked_without_hold`: a parked message with no hold on its (consumer, user): no release
   poll will ever apply it.
 - `failed_message_unaccounted`: a message that failed at least once on a consumer (an
@@ -41,91 +44,50 @@ The checks:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
-from uuid import UUID
 
-from infra.postgres.pool import Conn, from_row
-
-SAMPLE = 20
-"""Violating rows kept per check (the count is of them all)."""
-OUTBOX_GRACE_S = 600.0
-"""A message published this recently may still be on the broker, waiting for its consumer."""
-ATTEMPT_GRACE_S = 60.0
-"""A failure counted this recently may belong to a batch still in flight."""
-STATEMENT_TIMEOUT_S = 30.0
-"""What one check may take: a check must never hang the relay's housekeeping."""
-
-
-@dataclass(frozen=True, slots=True)
-class Graces:
-    outbox_s: float = OUTBOX_GRACE_S
-    attempts_s: float = ATTEMPT_GRACE_S
-
-
-GRACES = Graces()
-"""The default graces."""
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    name: str
-    about: str
-    """One line: what a violation means."""
-    sql: str
-    """$1 is the sample size; the rest are `params(graces)`. Returns the violating rows, each
-    with `total`, the number of them all (count(*) OVER (), taken before the LIMIT)."""
-    params: Callable[[Graces], tuple[float, ...]] = lambda _: ()
-
-
-@dataclass(frozen=True, slots=True)
-class Result:
-    check: str
-    violations: int
-    sample: list[dict[str, Any]] = field(default_factory=list)
-    """The violating rows (at most SAMPLE), JSON-ready: ids and times as strings."""
-    checked_at: datetime | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.violations == 0
-
-
-def _pending(grace: str) -> str:
-    """Hold `h`'s blocker has an outbox row unpublished, or published within the grace (the
-    parameter `grace` holds OUTBOX_GRACE_S): a retry (or replay) on its way, to the hold's
-    consumer for its user (another user's message of the same id releases nothing)."""
-    return f"""EXISTS (
-        SELECT 1 FROM telecom.outbox o
-        WHERE o.message_id = h.blocker AND o.user_id = h.user_id
-          AND o.route = 'telecom.' || h.consumer
-          AND (o.published_at IS NULL
-               OR o.published_at > now() - make_interval(secs => {grace}::float8)))"""
-
-
-_BURIED = """EXISTS (
-        SELECT 1 FROM telecom.dead_letters d
-        WHERE d.message_uuid = h.blocker AND d.consumer = h.consumer AND d.user_id = h.user_id
-          AND d.status = 'buried')"""
-"""Hold `h`'s blocker lies buried on the hold's consumer, for its user: a replay or a discard
-releases it (another user's dead letter of the same message_id releases nothing)."""
-
-
-HOLD_WITHOUT_WAY_OUT = Check(
-    "hold_without_way_out",
-    "a hold's blocker has no pending retry and no buried dead letter: nothing will release it",
-    f"""
-    SELECT h.consumer, h.user_id, h.blocker, h.state, h.attempts, h.since,
-           count(*) OVER () AS total
-    FROM telecom.holds h
-    WHERE h.blocker IS NOT NULL AND NOT {_pending("$2")} AND NOT {_BURIED}
-    ORDER BY h.since, h.consumer, h.user_id
-    LIMIT $1
-    """,
-    lambda g: (g.outbox_s,),
+from infra.postgres.check_base import (
+    ATTEMPT_GRACE_S,
+    GRACES,
+    OUTBOX_GRACE_S,
+    SAMPLE,
+    STATEMENT_TIMEOUT_S,
+    Check,
+    Graces,
+    Result,
 )
+from infra.postgres.hold_checks import (
+    HOLD_PAST_ITS_BOUND,
+    HOLD_WAITS_ON_ANOTHER_COPY,
+    HOLD_WITHOUT_WAY_OUT,
+    HoldWayOut,
+    hold_way_out,
+)
+from infra.postgres.pool import Conn
+
+__all__ = [
+    "ATTEMPT_GRACE_S",
+    "BY_NAME",
+    "CHECKS",
+    "GRACES",
+    "HOLD_PAST_ITS_BOUND",
+    "HOLD_WAITS_ON_ANOTHER_COPY",
+    "HOLD_WITHOUT_WAY_OUT",
+    "OUTBOX_GRACE_S",
+    "SAMPLE",
+    "Check",
+    "Graces",
+    "HoldWayOut",
+    "Result",
+    "check_and_store",
+    "hold_way_out",
+    "run",
+    "run_all",
+    "store",
+    "stored",
+]
 
 PARKED_WITHOUT_HOLD = Check(
     "parked_without_hold",
@@ -146,22 +108,31 @@ FAILED_MESSAGE_UNACCOUNTED = Check(
     "a message that failed is neither applied, pending, parked, filed as a dead letter nor "
     "withdrawn: it was lost",
     """
-    SELECT a.consumer, a.message_id, a.generation, a.attempts, a.last_at,
-           count(*) OVER () AS total
+    SELECT a.consumer, coalesce(a.sent_as, a.message_id) AS message_id, a.generation,
+           a.attempts, a.last_at, count(*) OVER () AS total
     FROM telecom.attempts a
     WHERE a.last_at < now() - make_interval(secs => $3::float8)
+      -- a row from before keys (sent_as NULL) is kept by its message_id, and so are the rows
+      -- that speak of it; since, `message_id` holds the message's key (migration 0022)
       AND NOT EXISTS (SELECT 1 FROM telecom.inbox i
                       WHERE i.consumer = a.consumer AND i.message_id = a.message_id)
       AND NOT EXISTS (SELECT 1 FROM telecom.outbox o
-                      WHERE o.message_id = a.message_id
+                      WHERE o.message_id = coalesce(a.sent_as, a.message_id)
+                        AND (a.sent_as IS NULL
+                             OR telecom.message_key(o.message_id,
+                                                    o.headers ->> 'x-pkgq-publisher',
+                                                    o.user_id) = a.message_id)
                         AND (o.published_at IS NULL
                              OR o.published_at > now() - make_interval(secs => $2::float8)))
       AND NOT EXISTS (SELECT 1 FROM telecom.dead_letters d
-                      WHERE d.consumer = a.consumer AND d.message_uuid = a.message_id)
+                      WHERE d.consumer = a.consumer
+                        AND (d.message_key = a.message_id
+                             OR (a.sent_as IS NULL AND d.message_uuid = a.message_id)))
       AND NOT EXISTS (SELECT 1 FROM telecom.parked p
                       WHERE p.consumer = a.consumer AND p.message_id = a.message_id)
       AND NOT EXISTS (SELECT 1 FROM telecom.group_members m
-                      WHERE m.message_id = a.message_id AND m.state = 'cancelled')
+                      WHERE m.message_id = coalesce(a.sent_as, a.message_id)
+                        AND m.state = 'cancelled')
     ORDER BY a.last_at, a.consumer, a.message_id
     LIMIT $1
     """,
@@ -253,6 +224,8 @@ ACTIVATION_TIMES = Check(
 
 CHECKS: tuple[Check, ...] = (
     HOLD_WITHOUT_WAY_OUT,
+    HOLD_PAST_ITS_BOUND,
+    HOLD_WAITS_ON_ANOTHER_COPY,
     PARKED_WITHOUT_HOLD,
     FAILED_MESSAGE_UNACCOUNTED,
     MORE_THAN_ONE_ACTIVE_ITEM,
@@ -332,48 +305,3 @@ async def stored(conn: Conn) -> list[Result]:
         for r in rows
     }
     return [found[c.name] for c in CHECKS if c.name in found]
-
-
-@dataclass(frozen=True, slots=True)
-class HoldWayOut:
-    """One hold, and whether its blocker has a way out (the first check, for this hold)."""
-
-    consumer: str
-    user_id: UUID
-    blocker: UUID | None
-    state: str
-    attempts: int
-    last_error: str | None
-    since: datetime
-    parked: int
-    pending_retry: bool
-    buried: bool
-
-    @property
-    def orphaned(self) -> bool:
-        """A blocker with no way out: nothing but an operator will ever release this hold."""
-        return self.blocker is not None and not self.pending_retry and not self.buried
-
-
-async def hold_way_out(
-    conn: Conn, consumer: str, user_id: UUID, *, graces: Graces = GRACES, lock: bool = False
-) -> HoldWayOut | None:
-    """The hold on (consumer, user) and its way out, if there is such a hold. `lock`: inside a
-    transaction, lock the hold until it ends (it is the only row an operator's release locks,
-    so it needs no place in the writers' lock order of user, then hold)."""
-    row = await conn.fetchrow(
-        f"""
-        SELECT h.consumer, h.user_id, h.blocker, h.state, h.attempts, h.last_error, h.since,
-               (SELECT count(*) FROM telecom.parked p
-                WHERE p.consumer = h.consumer AND p.user_id = h.user_id) AS parked,
-               h.blocker IS NOT NULL AND {_pending("$3")} AS pending_retry,
-               h.blocker IS NOT NULL AND {_BURIED} AS buried
-        FROM telecom.holds h
-        WHERE h.consumer = $1 AND h.user_id = $2
-        {"FOR UPDATE OF h" if lock else ""}
-        """,
-        consumer,
-        user_id,
-        graces.outbox_s,
-    )
-    return None if row is None else from_row(HoldWayOut, row)

@@ -1,6 +1,8 @@
 """Where a message_id is: every table that records a message by its id, in one statement, each
-read through an index (the inbox, parked messages, holds and attempts through their keys,
-consumer by consumer; the others through their message_id indexes, migration 0019)."""
+read through an index (the inbox, parked messages and attempts by the message_id a message was
+sent under, `sent_as`, or for a row from before keys by its own key, consumer by consumer,
+migrations 0022 and 0024; holds through their keys; the others through their message_id
+indexes, migration 0019). Every message sent under the id is found, whoever published it."""
 
 from __future__ import annotations
 
@@ -37,7 +39,9 @@ SELECT * FROM (
     SELECT 'inbox' AS place, x.processed_at AS at, x.user_id, 'telecom.' || x.consumer AS route,
            'applied by ' || x.consumer AS state, NULL::bigint AS dead_letter_id,
            NULL::bigint AS item_id, '{}'::jsonb AS detail
-    FROM telecom.inbox x WHERE x.consumer = ANY($2::text[]) AND x.message_id = $1
+    FROM telecom.inbox x
+    WHERE x.consumer = ANY($2::text[])
+      AND (x.sent_as = $1 OR (x.message_id = $1 AND x.sent_as IS NULL))
     UNION ALL
     SELECT 'outbox', b.created_at, b.user_id, b.route,
            CASE WHEN b.published_at IS NOT NULL THEN 'published'
@@ -53,7 +57,9 @@ SELECT * FROM (
     UNION ALL
     SELECT 'parked', p.parked_at, p.user_id, p.route, 'parked in ' || p.consumer, NULL, NULL,
            jsonb_build_object('message_type', p.message_type)
-    FROM telecom.parked p WHERE p.consumer = ANY($2::text[]) AND p.message_id = $1
+    FROM telecom.parked p
+    WHERE p.consumer = ANY($2::text[])
+      AND (p.sent_as = $1 OR (p.message_id = $1 AND p.sent_as IS NULL))
     UNION ALL
     SELECT 'hold', h.since, h.user_id, 'telecom.' || h.consumer,
            'holds the user''s later messages (' || h.state || ')', NULL, NULL,
@@ -63,7 +69,9 @@ SELECT * FROM (
     SELECT 'attempts', t.last_at, NULL, 'telecom.' || t.consumer,
            t.attempts || ' failed attempt(s)', NULL, NULL,
            jsonb_build_object('generation', t.generation)
-    FROM telecom.attempts t WHERE t.consumer = ANY($2::text[]) AND t.message_id = $1
+    FROM telecom.attempts t
+    WHERE t.consumer = ANY($2::text[])
+      AND (t.sent_as = $1 OR (t.message_id = $1 AND t.sent_as IS NULL))
     UNION ALL
     SELECT 'dead_letter', d.first_failed_at, d.user_id, d.route, d.status::text, d.id, NULL,
            jsonb_build_object('reason', d.reason, 'error', left(d.error_message, 300))

@@ -13,19 +13,18 @@ from infra.postgres.pruning import Rule
 RETENTION = Rule("ttr_strikes", "telecom.ttr_strikes", "ctid", "last_at < {cutoff}")
 
 
-async def strike(conn: Conn, consumer: str, key: UUID, message_id: UUID) -> int:
-    """Count one more strike of the message `key` (events/identity.py); returns its strikes
-    so far."""
+async def strike(conn: Conn, consumer: str, key: UUID) -> int:
+    """Count one more strike of the message `key` (events/identity.py: kept in `message_id`
+    since migration 0022); returns its strikes so far."""
     strikes: int = await conn.fetchval(
         """
-        INSERT INTO telecom.ttr_strikes (consumer, message_key, message_id) VALUES ($1, $2, $3)
-        ON CONFLICT (consumer, message_key)
+        INSERT INTO telecom.ttr_strikes (consumer, message_id) VALUES ($1, $2)
+        ON CONFLICT (consumer, message_id)
             DO UPDATE SET strikes = ttr_strikes.strikes + 1, last_at = now()
         RETURNING strikes
         """,
         consumer,
         key,
-        message_id,
     )
     return strikes
 
@@ -33,5 +32,5 @@ async def strike(conn: Conn, consumer: str, key: UUID, message_id: UUID) -> int:
 async def forget(conn: Conn, keys: Sequence[UUID]) -> None:
     """The messages (by key) start over (a dead-letter replay): their strikes go."""
     await conn.execute(
-        "DELETE FROM telecom.ttr_strikes WHERE message_key = ANY($1::uuid[])", list(keys)
+        "DELETE FROM telecom.ttr_strikes WHERE message_id = ANY($1::uuid[])", list(keys)
     )

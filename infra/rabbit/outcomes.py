@@ -42,6 +42,10 @@ class Result:
     """The trace it was applied in (one it started, when it came without a `traceparent`)."""
     error: str | None = None
     """Why it is UNDECIDED (what its last-resort copy says)."""
+    route_failure: bool = False
+    """A failure of the route's own (domain.delivery.Decision.counts_against_route), which a
+    circuit breaker counts; what pkgq refused (bad input, an untrusted publisher, a domain
+    rule, an unknown version, an expired message) is not."""
 
 
 Processor = Callable[[Sequence[RawDelivery]], Awaitable[list[Result]]]

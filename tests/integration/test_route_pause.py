@@ -7,16 +7,22 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
 from uuid import UUID, uuid4
 
 import asyncpg
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
+from consumers.delivery import DeliveryPipeline
 from consumers.ingest import ingester
+from consumers.retry_policy import RetryPolicy
 from consumers.route_pauses import PauseWatch
+from consumers.runner import handler_for
+from consumers.unit_of_work import HandlerContext
 from domain.delivery import Fate
 from events.decoding import RawDelivery
+from events.envelope import H_SCHEMA_VERSION
 from events.models import PurchasePackage, RecordUsage
 from events.partitioning import route_of_key
 from events.routes import PACKAGE_PURCHASE, USAGE_RECORD
@@ -29,9 +35,9 @@ from infra.rabbit.route_consumer import route_consumer
 from infra.rabbit.topology import route_queues
 from infra.route_config import BreakerSettings
 from infra.settings import Settings
-from tests.support.deliveries import add_package, send
+from tests.support.deliveries import add_package, send, send_raw
 from tests.support.in_process import StartApp
-from tests.support.observing import eventually
+from tests.support.observing import eventually, fetch
 
 USER = UUID("00000000-0000-4000-8000-00000000a11e")
 
@@ -199,7 +205,29 @@ async def test_the_pause_watch_leaves_the_dead_letter_ingester_alone_even_under_
         await dead_letters.stop()
 
 
-async def test_the_circuit_breaker_pauses_a_route_whose_deliveries_fail_and_an_operator_resumes_it(
+def _failing_purchases(
+    settings: Settings, pool: asyncpg.Pool, failing: set[UUID]
+) -> DeliveryPipeline:
+    """The purchase route, whose handler raises for the users in `failing` (a handler error:
+    the route's own failure), with one attempt each so that each is buried at once."""
+    real = handler_for(settings, PACKAGE_PURCHASE)
+
+    async def handler(ctx: HandlerContext, body: Any) -> None:
+        if body.user_id in failing:
+            raise RuntimeError("the shop's rating engine is down (injected)")
+        await real(ctx, body)
+
+    return DeliveryPipeline(
+        pool,
+        PACKAGE_PURCHASE,
+        handler,
+        RetryPolicy(max_attempts=1),
+        max_body_bytes=settings.max_body_bytes,
+        trusted_publisher=settings.amqp_user,
+    )
+
+
+async def test_the_circuit_breaker_pauses_a_route_whose_handler_fails_and_an_operator_resumes_it(
     settings: Settings,
     pool: asyncpg.Pool,
     amqp: AbstractRobustConnection,
@@ -207,15 +235,16 @@ async def test_the_circuit_breaker_pauses_a_route_whose_deliveries_fail_and_an_o
 ) -> None:
     breaker = BreakerSettings(failure_rate=0.5, min_deliveries=4, window_s=600)
     tuned = settings.model_copy(update={"breaker": breaker, "pause_poll": 0.2})
+    failing = {uuid4() for _ in range(4)}
     app = in_process(tuned, pool, amqp)
-    await app.start_consumers([PACKAGE_PURCHASE])
+    pipelines = {PACKAGE_PURCHASE.name: _failing_purchases(tuned, pool, failing)}
+    await app.start_consumers([PACKAGE_PURCHASE], pipelines=pipelines)
     package = await add_package(pool, 1000)
     queue = route_queues(tuned, PACKAGE_PURCHASE.name)[0][0]
     good = uuid4()
     await send(tuned, amqp, PACKAGE_PURCHASE, PurchasePackage(user_id=good, package_id=package))
-    for _ in range(4):  # no such package: each one a domain_rule dead letter
-        missing = PurchasePackage(user_id=uuid4(), package_id=package + 1)
-        await send(tuned, amqp, PACKAGE_PURCHASE, missing)
+    for user in failing:  # the handler fails: each one a max_attempts dead letter
+        await send(tuned, amqp, PACKAGE_PURCHASE, PurchasePackage(user_id=user, package_id=package))
 
     async def tripped() -> bool:
         async with pool.acquire() as conn:
@@ -247,6 +276,47 @@ async def test_the_circuit_breaker_pauses_a_route_whose_deliveries_fail_and_an_o
 
     async def applied() -> bool:
         return await _items_of(pool, later) == 1
+
+    await eventually(applied)
+
+
+async def test_what_pkgq_refuses_never_trips_the_breaker_only_handler_failures_would(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    in_process: StartApp,
+) -> None:
+    """Anyone who may publish can send garbage, broken domain rules, versions from the future
+    or an expired copy: none of it is the route's failure, so none of it pauses the route for
+    everyone (the same breaker as above trips at 4 failures of 8)."""
+    breaker = BreakerSettings(failure_rate=0.5, min_deliveries=4, window_s=600)
+    tuned = settings.model_copy(update={"breaker": breaker, "pause_poll": 0.2})
+    app = in_process(tuned, pool, amqp)
+    await app.start_consumers([PACKAGE_PURCHASE], ingest=True)
+    package = await add_package(pool, 1000)
+    for _ in range(4):  # no such package: each one a domain_rule dead letter
+        missing = PurchasePackage(user_id=uuid4(), package_id=package + 1)
+        await send(tuned, amqp, PACKAGE_PURCHASE, missing)
+    for body in (b"{not json", b"[]", b"{}", b'{"user_id": 1}'):  # bad input
+        await send_raw(tuned, amqp, PACKAGE_PURCHASE, body)
+    newer = {H_SCHEMA_VERSION: PACKAGE_PURCHASE.schema_version + 7}  # unsupported_version
+    await send_raw(tuned, amqp, PACKAGE_PURCHASE, b"{}", headers=newer)
+    good = uuid4()
+    await send(tuned, amqp, PACKAGE_PURCHASE, PurchasePackage(user_id=good, package_id=package))
+
+    async def filed() -> bool:
+        found = await fetch(pool, "SELECT count(*) AS n FROM telecom.dead_letters")
+        return found[0]["n"] == 9 and await _items_of(pool, good) == 1
+
+    await eventually(filed)
+    await asyncio.sleep(0.6)  # three pause polls: a trip would have been obeyed by now
+    async with pool.acquire() as conn:
+        assert (await consumer_pauses.paused(conn)).get(PACKAGE_PURCHASE.name) is None
+    after = uuid4()
+    await send(tuned, amqp, PACKAGE_PURCHASE, PurchasePackage(user_id=after, package_id=package))
+
+    async def applied() -> bool:
+        return await _items_of(pool, after) == 1
 
     await eventually(applied)
 

@@ -14,8 +14,8 @@ import pytest
 from events.envelope import (
     CONTENT_TYPE,
 )
-from events.routes import PACKAGE_ACTIVATE
 from events.identity import message_key
+from events.routes import PACKAGE_ACTIVATE
 from infra.postgres.dead_letters import Filter, NewDeadLetter
 
 ACTIVATE = PACKAGE_ACTIVATE.name  # "telecom.package_activate"

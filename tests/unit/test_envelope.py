@@ -11,13 +11,13 @@ import pytest
 
 from events.envelope import (
     H_ADDRESS,
-    H_CLAIMED,
-    H_EXPIRES_AT,
-    H_PRIORITY,
     H_ATTEMPT,
+    H_CLAIMED,
     H_DEAD_AT,
     H_DEAD_REASON,
+    H_EXPIRES_AT,
     H_FIRST_FAILED_AT,
+    H_PRIORITY,
     H_REPLAY_GENERATION,
     H_REPLAY_OF,
     H_USER_ID,

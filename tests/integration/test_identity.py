@@ -1,0 +1,549 @@
+"""A message is its own: what an outsider publishes (a second broker user with the publisher
+role's permissions only, never guest) under a victim's message_id, or with pkgq's own headers,
+or with a version from the future, changes nothing of the victim's messages, and every hold it
+causes has a bounded way out. Through the real broker, with the honest publisher (the shop, a
+broker user of its own) and the outsider each on a connection as themselves.
+
+Each case failed on the code before messages had an identity of their own:
+- a usage record naming the victim with the next schema version was retried every 30 s for
+  ever, uncounted, and `pkgq dlq release-hold` refused to release the victim;
+- a copy of the victim's failed cancel M with `x-pkgq-expires-at` in the past expired, lifted
+  the victim's hold and withdrew M's retry: M was lost and the later cancel applied first;
+- a garbage copy of M with `x-user-id` naming the victim was filed under the victim, and its
+  discard withdrew M's retry and released the hold: M was lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID, uuid4
+
+import aio_pika
+import asyncpg
+import hypothesis
+import pytest
+from aio_pika.abc import AbstractRobustConnection
+from hypothesis import HealthCheck, given
+from hypothesis import strategies as st
+
+from consumers import operations
+from consumers.delivery import DeliveryPipeline
+from consumers.retry_policy import RetryPolicy
+from consumers.runner import handler_for
+from consumers.unit_of_work import HandlerContext
+from events.envelope import (
+    CONTENT_TYPE,
+    H_CLAIMED,
+    H_EXPIRES_AT,
+    H_SCHEMA_VERSION,
+    H_USER_ID,
+)
+from events.identity import message_key
+from events.models import CancelPackage, RecordUsage
+from events.routes import PACKAGE_CANCEL, USAGE_RECORD, Route
+from infra.postgres import dead_letters, invariants
+from infra.rabbit.connection import connect
+from infra.settings import Settings
+from tests.support.broker_users import broker_user, grant, unique_role_users, url_for
+from tests.support.in_process import StartApp
+from tests.support.observing import eventually, fetch
+from tests.support.queue_items import queue_of
+
+RETRY_AFTER_S = 4.0
+"""How long the victim's failed cancel waits for its retry: long enough for the outsider to
+act meanwhile."""
+
+
+@dataclass
+class Publisher:
+    name: str
+    connection: AbstractRobustConnection
+
+    async def publish(
+        self,
+        settings: Settings,
+        route: Route,
+        body: bytes,
+        message_id: UUID,
+        *,
+        headers: dict[str, Any] | None = None,
+        content_type: str = CONTENT_TYPE,
+        version: int | None = None,
+    ) -> None:
+        """Publish as this broker user (its own name in `user_id`, which the broker checks),
+        with a confirm."""
+        channel = await self.connection.channel(publisher_confirms=True)
+        try:
+            exchange = await channel.get_exchange(settings.exchange, ensure=False)
+            await exchange.publish(
+                aio_pika.Message(
+                    body,
+                    message_id=str(message_id),
+                    type=route.message_type,
+                    content_type=content_type,
+                    user_id=self.name,
+                    headers={
+                        H_SCHEMA_VERSION: version or route.schema_version,
+                        **(headers or {}),
+                    },
+                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                ),
+                route.name,
+                mandatory=True,
+            )
+        finally:
+            await channel.close()
+
+
+@dataclass
+class Publishers:
+    shop: Publisher
+    """The honest publisher of the victim's commands."""
+    mallory: Publisher
+    """The outsider: the same role's permissions, nothing more."""
+
+
+@pytest.fixture
+async def publishers(
+    settings: Settings,
+    amqp: AbstractRobustConnection,  # declares the test's exchanges
+) -> AsyncIterator[Publishers]:
+    shop, mallory = unique_role_users(), unique_role_users()
+    async with (
+        broker_user(shop.publisher) as shop_password,
+        broker_user(mallory.publisher) as mallory_password,
+    ):
+        await grant(settings, shop, shop.publisher)
+        await grant(settings, mallory, mallory.publisher)
+        honest = await connect(url_for(settings, shop.publisher, shop_password), "pkgq-test-shop")
+        outsider = await connect(
+            url_for(settings, mallory.publisher, mallory_password), "pkgq-test-mallory"
+        )
+        try:
+            yield Publishers(
+                Publisher(shop.publisher, honest), Publisher(mallory.publisher, outsider)
+            )
+        finally:
+            await honest.close()
+            await outsider.close()
+
+
+def cancel(user: UUID, item_id: int) -> bytes:
+    return CancelPackage(user_id=user, item_id=item_id).model_dump_json().encode()
+
+
+def cancels_failing_once(
+    settings: Settings, pool: asyncpg.Pool, once: set[UUID]
+) -> DeliveryPipeline:
+    """The cancel route, whose handler fails the first attempt of each message in `once`."""
+    real = handler_for(settings, PACKAGE_CANCEL)
+
+    async def handler(ctx: HandlerContext, body: Any) -> None:
+        if ctx.envelope.message_id in once:
+            once.discard(ctx.envelope.message_id)
+            raise RuntimeError("the refund service timed out (injected)")
+        await real(ctx, body)
+
+    return DeliveryPipeline(
+        pool,
+        PACKAGE_CANCEL,
+        handler,
+        RetryPolicy(max_attempts=5, backoff=lambda _: RETRY_AFTER_S),
+        max_body_bytes=settings.max_body_bytes,
+        trusted_publisher=settings.amqp_user,
+    )
+
+
+async def statuses(pool: asyncpg.Pool, items: list[int]) -> list[str]:
+    rows = await fetch(
+        pool,
+        "SELECT status::text AS status FROM telecom.package_queue WHERE id = ANY($1::bigint[]) "
+        "ORDER BY array_position($1::bigint[], id)",
+        items,
+    )
+    return [r["status"] for r in rows]
+
+
+async def applied_in_order(pool: asyncpg.Pool, victim: UUID) -> list[tuple[UUID, UUID]]:
+    """The victim's cancels the consumer applied, as (message_id, key), in the order applied."""
+    rows = await fetch(
+        pool,
+        "SELECT sent_as, message_id AS key FROM telecom.inbox "
+        "WHERE consumer = 'package_cancel' AND user_id = $1 ORDER BY processed_at, message_id",
+        victim,
+    )
+    return [(r["sent_as"], r["key"]) for r in rows]
+
+
+async def hold_of(pool: asyncpg.Pool, consumer: str, user: UUID) -> dict[str, Any] | None:
+    rows = await fetch(
+        pool,
+        "SELECT blocker, blocker_key, state, attempts FROM telecom.holds "
+        "WHERE consumer = $1 AND user_id = $2",
+        consumer,
+        user,
+    )
+    return rows[0] if rows else None
+
+
+async def broken(pool: asyncpg.Pool) -> dict[str, int]:
+    async with pool.acquire() as conn:
+        results = await invariants.run_all(conn)
+    return {r.check: r.violations for r in results if not r.ok}
+
+
+async def victim_waiting_for_a_retry(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    in_process: StartApp,
+    amqp: AbstractRobustConnection,
+    publishers: Publishers,
+) -> tuple[UUID, list[int], UUID, UUID]:
+    """The victim's cancel M (from the shop) fails once and waits for its retry; the victim's
+    later cancel L is parked behind it. Returns (victim, items, M, L)."""
+    victim, m, later = uuid4(), uuid4(), uuid4()
+    items = await queue_of(pool, victim, 4)  # consumed, active, queued, queued
+    tuned = settings.model_copy(update={"release_poll_interval": 0.2})
+    app = in_process(tuned, pool, amqp)
+    pipelines = {PACKAGE_CANCEL.name: cancels_failing_once(tuned, pool, {m})}
+    await app.start_consumers([PACKAGE_CANCEL], pipelines=pipelines, ingest=True)
+    await app.start_relay()
+    await publishers.shop.publish(settings, PACKAGE_CANCEL, cancel(victim, items[2]), m)
+
+    async def retrying() -> bool:
+        hold = await hold_of(pool, PACKAGE_CANCEL.short_name, victim)
+        return hold is not None and hold["state"] == "retrying"
+
+    await eventually(retrying)
+    await publishers.shop.publish(settings, PACKAGE_CANCEL, cancel(victim, items[3]), later)
+
+    async def parked() -> bool:
+        return bool(await fetch(pool, "SELECT 1 FROM telecom.parked WHERE sent_as = $1", later))
+
+    await eventually(parked)
+    return victim, items, m, later
+
+
+async def both_applied_in_order(
+    pool: asyncpg.Pool, victim: UUID, items: list[int], m: UUID, later: UUID, shop: str
+) -> None:
+    """M (the shop's) and then L are applied, each once, and nothing is left held."""
+
+    async def both() -> bool:
+        return await statuses(pool, items[2:]) == ["cancelled", "cancelled"]
+
+    await eventually(both, within=30)
+    applied = await applied_in_order(pool, victim)
+    honest_m = message_key(m, shop, victim)
+    honest_l = message_key(later, shop, victim)
+    keys = [key for _, key in applied]
+    assert honest_m in keys
+    assert honest_l in keys
+    assert keys.index(honest_m) < keys.index(honest_l)  # M first, as it was sent
+    assert len([k for k in keys if k == honest_m]) == 1  # once
+
+    async def settled() -> bool:
+        return await hold_of(pool, PACKAGE_CANCEL.short_name, victim) is None
+
+    await eventually(settled)
+    assert await broken(pool) == {}
+
+
+async def test_an_outsiders_copy_of_a_failed_cancel_with_pkgqs_expiry_header_withdraws_nothing(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    in_process: StartApp,
+    publishers: Publishers,
+) -> None:
+    victim, items, m, later = await victim_waiting_for_a_retry(
+        settings, pool, in_process, amqp, publishers
+    )
+    past = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
+    await publishers.mallory.publish(
+        settings, PACKAGE_CANCEL, cancel(victim, items[2]), m, headers={H_EXPIRES_AT: past}
+    )
+    copy = message_key(m, publishers.mallory.name, victim)
+
+    async def copy_parked() -> bool:
+        rows = await fetch(pool, "SELECT headers FROM telecom.parked WHERE message_id = $1", copy)
+        return bool(rows)
+
+    # The copy is another message of the victim's: parked behind M, its expiry kept as a claim.
+    await eventually(copy_parked)
+    (row,) = await fetch(pool, "SELECT headers FROM telecom.parked WHERE message_id = $1", copy)
+    headers = dead_letters.as_dict(row["headers"])
+    assert H_EXPIRES_AT not in headers
+    assert headers[H_CLAIMED][H_EXPIRES_AT] == past
+    hold = await hold_of(pool, PACKAGE_CANCEL.short_name, victim)
+    assert hold is not None
+    assert (hold["blocker"], hold["state"]) == (m, "retrying")
+    retry = f"retry:{PACKAGE_CANCEL.short_name}:{message_key(m, publishers.shop.name, victim)}"
+    assert await fetch(pool, "SELECT 1 FROM telecom.outbox WHERE cancel_key = $1", retry)
+    assert not await fetch(pool, "SELECT 1 FROM telecom.dead_letters WHERE reason = 'expired'")
+
+    await both_applied_in_order(pool, victim, items, m, later, publishers.shop.name)
+
+
+async def test_discarding_an_outsiders_garbage_under_a_failed_messages_id_withdraws_nothing(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    in_process: StartApp,
+    publishers: Publishers,
+) -> None:
+    victim, items, m, later = await victim_waiting_for_a_retry(
+        settings, pool, in_process, amqp, publishers
+    )
+    await publishers.mallory.publish(
+        settings,
+        PACKAGE_CANCEL,
+        b"not json at all",
+        m,
+        headers={H_USER_ID: str(victim)},
+        content_type="text/plain",
+    )
+
+    async def garbage_filed() -> bool:
+        rows = await fetch(
+            pool, "SELECT 1 FROM telecom.dead_letters WHERE reason = 'wrong_content_type'"
+        )
+        return bool(rows)
+
+    await eventually(garbage_filed)
+    (garbage,) = await fetch(
+        pool,
+        "SELECT id, user_id, publisher, headers FROM telecom.dead_letters "
+        "WHERE reason = 'wrong_content_type'",
+    )
+    # Filed under no user: the header is a claim, kept as it came.
+    assert garbage["user_id"] is None
+    assert garbage["publisher"] == publishers.mallory.name
+    assert dead_letters.as_dict(garbage["headers"])[H_USER_ID] == str(victim)
+    async with pool.acquire() as conn, conn.transaction():
+        assert await dead_letters.discard(conn, [garbage["id"]], "olga") == 1
+    # The operator's routine clean-up left M's retry and the victim's hold alone.
+    hold = await hold_of(pool, PACKAGE_CANCEL.short_name, victim)
+    assert hold is not None
+    assert (hold["blocker"], hold["state"]) == (m, "retrying")
+    retry = f"retry:{PACKAGE_CANCEL.short_name}:{message_key(m, publishers.shop.name, victim)}"
+    assert await fetch(pool, "SELECT 1 FROM telecom.outbox WHERE cancel_key = $1", retry)
+
+    await both_applied_in_order(pool, victim, items, m, later, publishers.shop.name)
+    (still,) = await fetch(pool, "SELECT status::text AS s FROM telecom.dead_letters")
+    assert still["s"] == "discarded"  # the operator's decision stands
+
+
+async def test_an_outsiders_copy_applied_first_never_makes_the_shops_message_a_duplicate(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    in_process: StartApp,
+    publishers: Publishers,
+) -> None:
+    """The outsider learns the message_id of the shop's cancel before it is sent and sends its
+    own command under it first: the shop's is still applied (a message is its own)."""
+    victim, m = uuid4(), uuid4()
+    items = await queue_of(pool, victim, 4)
+    app = in_process(settings, pool, amqp)
+    await app.start_consumers([PACKAGE_CANCEL])
+    await publishers.mallory.publish(settings, PACKAGE_CANCEL, cancel(victim, items[3]), m)
+
+    async def first() -> bool:
+        return await statuses(pool, items[3:]) == ["cancelled"]
+
+    await eventually(first)
+    await publishers.shop.publish(settings, PACKAGE_CANCEL, cancel(victim, items[2]), m)
+
+    async def second() -> bool:
+        return await statuses(pool, items[2:3]) == ["cancelled"]
+
+    await eventually(second)
+    keys = {key for _, key in await applied_in_order(pool, victim)}
+    assert keys == {
+        message_key(m, publishers.mallory.name, victim),
+        message_key(m, publishers.shop.name, victim),
+    }
+    # The shop's resend of it is a duplicate of its own, and changes nothing more.
+    await publishers.shop.publish(settings, PACKAGE_CANCEL, cancel(victim, items[2]), m)
+    assert len(await applied_in_order(pool, victim)) == 2
+
+
+async def test_a_newer_version_from_an_outsider_holds_the_victim_for_a_bounded_time_only(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    in_process: StartApp,
+    publishers: Publishers,
+) -> None:
+    victim, future, honest = uuid4(), uuid4(), uuid4()
+    tuned = settings.model_copy(
+        update={
+            "newer_version_retry": 0.3,
+            "newer_version_deferrals": 3,
+            "release_poll_interval": 0.2,
+        }
+    )
+    app = in_process(tuned, pool, amqp)
+    await app.start_consumers([USAGE_RECORD])
+    await app.start_relay()
+    usage = RecordUsage(user_id=victim, upload=5, download=0).model_dump_json().encode()
+    await publishers.mallory.publish(
+        settings, USAGE_RECORD, usage, future, version=USAGE_RECORD.schema_version + 1
+    )
+
+    async def held() -> bool:
+        return await hold_of(pool, USAGE_RECORD.short_name, victim) is not None
+
+    await eventually(held)
+    await publishers.shop.publish(settings, USAGE_RECORD, usage, honest)
+
+    async def buried() -> bool:
+        rows = await fetch(
+            pool,
+            "SELECT 1 FROM telecom.dead_letters WHERE message_id = $1 "
+            "AND reason = 'unknown_version' AND status = 'buried'",
+            str(future),
+        )
+        return bool(rows)
+
+    # Deferred three times (counted in Postgres), then buried holding the victim: replayable
+    # once a pkgq that knows the version runs.
+    await eventually(buried, within=30)
+    hold = await hold_of(pool, USAGE_RECORD.short_name, victim)
+    assert hold is not None
+    assert (hold["blocker"], hold["state"], hold["attempts"]) == (future, "buried", 4)
+    assert not await fetch(pool, "SELECT 1 FROM telecom.inbox WHERE sent_as = $1", honest)
+    assert await broken(pool) == {}
+
+    # An operator may always let the victim's honest records go, warned of what is pending.
+    async with pool.acquire() as conn, conn.transaction():
+        found = await operations.release_hold(conn, USAGE_RECORD.short_name, victim, "olga")
+    assert found.buried
+    assert found.release_warning is not None
+    assert "lies buried" in found.release_warning
+
+    async def applied() -> bool:
+        return bool(await fetch(pool, "SELECT 1 FROM telecom.inbox WHERE sent_as = $1", honest))
+
+    await eventually(applied)
+
+
+async def test_an_operator_releases_a_hold_whose_retry_is_pending_with_a_warning_not_a_refusal(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    amqp: AbstractRobustConnection,
+    in_process: StartApp,
+    publishers: Publishers,
+) -> None:
+    victim, items, m, later = await victim_waiting_for_a_retry(
+        settings, pool, in_process, amqp, publishers
+    )
+    async with pool.acquire() as conn, conn.transaction():
+        found = await operations.release_hold(conn, PACKAGE_CANCEL.short_name, victim, "olga")
+    assert found.pending_retry
+    assert found.release_warning is not None
+    assert "out of order" in found.release_warning
+    # Released: L goes at once; M's retry still comes and is applied (after it): nothing lost.
+    await both_applied_unordered(pool, items)
+    keys = [key for _, key in await applied_in_order(pool, victim)]
+    assert keys.count(message_key(m, publishers.shop.name, victim)) == 1
+    assert keys.count(message_key(later, publishers.shop.name, victim)) == 1
+
+
+async def both_applied_unordered(pool: asyncpg.Pool, items: list[int]) -> None:
+    async def both() -> bool:
+        return await statuses(pool, items[2:]) == ["cancelled", "cancelled"]
+
+    await eventually(both, within=30)
+
+
+async def test_doctor_reports_a_hold_retried_past_every_bound_and_one_only_another_copy_would_free(
+    pool: asyncpg.Pool,
+) -> None:
+    looping, fooled, other = uuid4(), uuid4(), uuid4()
+    m = uuid4()
+    consumer = USAGE_RECORD.short_name
+    async with pool.acquire() as conn:
+        # Retried 10,000 times and still retrying: past any bound pkgq sets.
+        await conn.execute(
+            "INSERT INTO telecom.holds (consumer, user_id, blocker, blocker_key, blocker_key_of,"
+            " state, attempts) VALUES ($1, $2, $3, $4, $3, 'retrying', 10000)",
+            consumer,
+            looping,
+            m,
+            message_key(m, "billing", looping),
+        )
+        await conn.execute(
+            "INSERT INTO telecom.outbox (message_id, route, message_type, schema_version,"
+            " user_id, body, headers, cancel_key) VALUES ($1, $2, $3, 1, $4, '{}', $5::jsonb, $6)",
+            m,
+            USAGE_RECORD.name,
+            USAGE_RECORD.message_type,
+            looping,
+            {"x-pkgq-publisher": "billing"},
+            f"retry:{consumer}:{message_key(m, 'billing', looping)}",
+        )
+        # Waits on M from billing; the only retry of M pending is another user's copy.
+        await conn.execute(
+            "INSERT INTO telecom.holds (consumer, user_id, blocker, blocker_key, blocker_key_of,"
+            " state, attempts) VALUES ($1, $2, $3, $4, $3, 'retrying', 1)",
+            consumer,
+            fooled,
+            m,
+            message_key(m, "billing", fooled),
+        )
+        await conn.execute(
+            "INSERT INTO telecom.outbox (message_id, route, message_type, schema_version,"
+            " user_id, body, headers, cancel_key) VALUES ($1, $2, $3, 1, $4, '{}', $5::jsonb, $6)",
+            m,
+            USAGE_RECORD.name,
+            USAGE_RECORD.message_type,
+            other,
+            {"x-pkgq-publisher": "mallory"},
+            f"retry:{consumer}:{message_key(m, 'mallory', other)}",
+        )
+        results = {
+            r.check: r
+            for r in await invariants.run_all(conn, graces=invariants.Graces(attempts_bound=25))
+        }
+    past = results["hold_past_its_bound"]
+    assert past.violations == 1
+    assert past.sample[0]["user_id"] == str(looping)
+    # Both pending retries of M are other messages than the one the hold waits on: another
+    # user's (looping's, billing's) and another user's from another publisher (mallory's).
+    another = results["hold_waits_on_another_copy"]
+    assert another.violations == 2
+    assert {r["user_id"] for r in another.sample} == {str(fooled)}
+    assert {(r["retry_user_id"], r["retry_publisher"]) for r in another.sample} == {
+        (str(looping), "billing"),
+        (str(other), "mallory"),
+    }
+    # ... which is, in the first place, a hold without a way out of its own.
+    assert [r["user_id"] for r in results["hold_without_way_out"].sample] == [str(fooled)]
+
+
+@hypothesis.settings(
+    max_examples=60,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    message_id=st.uuids(),
+    publisher=st.one_of(st.none(), st.text(max_size=40).filter(lambda t: "\x00" not in t)),
+    user=st.one_of(st.none(), st.uuids()),
+)
+async def test_postgres_and_pkgq_work_out_the_same_key_for_any_identity(
+    pool: asyncpg.Pool, message_id: UUID, publisher: str | None, user: UUID | None
+) -> None:
+    """The migration keyed the rows before it in SQL, pkgq keys every message in Python: the
+    two must agree, or a hold made before the upgrade would never be released after it."""
+    async with pool.acquire() as conn:
+        in_sql = await conn.fetchval(
+            "SELECT telecom.message_key($1, $2, $3)", message_id, publisher, user
+        )
+    assert in_sql == message_key(message_id, publisher, user)
