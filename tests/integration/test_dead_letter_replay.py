@@ -128,9 +128,12 @@ async def test_plow_replays_the_n_oldest_buried_dead_letters_and_leaves_the_rest
     await eventually(settled)
 
 
-async def test_a_replay_that_fails_again_gets_retries_of_its_own_and_is_buried_again(
+async def test_a_replay_that_fails_again_gets_retries_of_its_own_and_is_filed_as_a_new_dead_letter(
     fast: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection, app: InProcess
 ) -> None:
+    """A filed dead letter is a record: the replayed one stays `replayed` (what the operator
+    did), and the message's new failure is a buried letter of its own, which holds its user
+    and is the one to replay next."""
     broken = True
     seen: list[tuple[int, object]] = []
 
@@ -151,20 +154,26 @@ async def test_a_replay_that_fails_again_gets_retries_of_its_own_and_is_buried_a
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
 
     async def buried_again() -> bool:
-        (row,) = await rows_of(pool, sent)
-        return bool(row["status"] == "buried" and row["replay_count"] == 1)
+        rows = await rows_of(pool, sent)
+        return sorted(r["status"] for r in rows) == ["buried", "replayed"]
 
     await eventually(buried_again, within=20)
+    letters = {r["status"]: r for r in await rows_of(pool, sent)}
+    assert (letters["replayed"]["id"], letters["replayed"]["replay_count"]) == (dead["id"], 1)
+    anew = letters["buried"]
+    assert anew["id"] != dead["id"]
     assert [a for a, _ in seen] == [1, 2, 1, 2]  # the replay had its own two attempts
     holds = await fetch(pool, "SELECT state, blocker FROM telecom.holds WHERE user_id = $1", user)
     assert [(h["state"], h["blocker"]) for h in holds] == [("buried", sent)]
     listed = await cli(fast, "dlq", "list", "--json")
-    assert [(r["message_id"], r["held_back"]) for r in json.loads(listed.stdout)] == [
-        (str(sent), 1)
-    ]
+    # the new letter holds the user's parked message back; the replayed record holds nothing
+    assert {(r["id"], r["held_back"]) for r in json.loads(listed.stdout)} == {
+        (dead["id"], 0),
+        (anew["id"], 1),
+    }
 
     broken = False
-    again = await cli(fast, "dlq", "dig", str(dead["id"]))
+    again = await cli(fast, "dlq", "dig", str(anew["id"]))
     assert again.returncode == 0, again.stdout + again.stderr
     await eventually(until(lambda: applied == [(user, 4), (user, 5)]))
     await billed(pool, user, 9)
