@@ -25,6 +25,7 @@ from infra.postgres import replay
 from infra.settings import Settings
 from tests.support.dead_letters import buried
 from tests.support.deliveries import raw_for
+from tests.support.keys import applied
 from tests.support.observing import fetch
 from tests.support.processes import cli
 
@@ -92,14 +93,16 @@ async def test_the_cli_refuses_to_replay_or_dig_a_superseded_dead_letter_and_say
 async def test_a_dead_letter_filed_for_a_message_its_consumer_applied_already_is_superseded(
     pool: asyncpg.Pool,
 ) -> None:
-    message_id = uuid4()
-    await fetch(
-        pool,
-        "INSERT INTO telecom.inbox (consumer, message_id) VALUES ('usage_record', $1) RETURNING 1",
-        message_id,
-    )
+    message_id, user = uuid4(), uuid4()
+    async with pool.acquire() as conn:
+        await applied(conn, "usage_record", message_id, user)
     late = await buried(
-        pool, source="broker", reason="expired", message_id=str(message_id), body=b'{"a": 1}'
+        pool,
+        source="broker",
+        reason="expired",
+        message_id=str(message_id),
+        user_id=user,
+        body=b'{"a": 1}',
     )
     other = await buried(pool, source="broker", reason="expired", body=b'{"b": 2}')
     rows = await fetch(
