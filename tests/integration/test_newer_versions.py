@@ -20,6 +20,7 @@ from events.envelope import CONTENT_TYPE, H_SCHEMA_VERSION, H_USER_ID
 from events.routes import USAGE_RECORD
 from events.versions import Previous
 from infra.postgres import invariants
+from tests.support.keys import attempts_counted, delivery_key
 from tests.support.observing import fetch
 
 NEWER = USAGE_RECORD.schema_version + 1
@@ -54,10 +55,11 @@ def pod(pool: asyncpg.Pool, *, knows: int = USAGE_RECORD.schema_version) -> Deli
     return DeliveryPipeline(pool, route, usage_record.handle, policy, max_body_bytes=2**20)
 
 
-async def test_an_old_pod_holds_a_newer_message_and_its_followers_a_new_pod_applies_them_in_order(
+async def test_an_old_pod_holds_a_newer_message_counting_each_deferral_and_a_new_pod_applies_them_in_order(  # noqa: E501
     pool: asyncpg.Pool,
 ) -> None:
     user, first, second = uuid4(), uuid4(), uuid4()
+    key = delivery_key(usage(user, first, 5, NEWER), user)
     old = pod(pool)
     fates = [
         r.fate
@@ -67,7 +69,8 @@ async def test_an_old_pod_holds_a_newer_message_and_its_followers_a_new_pod_appl
     ]
     assert fates == [Fate.RETRY, Fate.PARKED]
     assert await fetch(pool, "SELECT * FROM telecom.dead_letters") == []
-    assert await fetch(pool, "SELECT * FROM telecom.attempts") == []  # not counted
+    # each deferral is counted (after PKGQ_NEWER_VERSION_DEFERRALS it is buried)
+    assert await attempts_counted(pool, USAGE_RECORD.short_name, key) == 1
     (retry,) = await fetch(
         pool,
         "SELECT schema_version, body, headers, available_at - now() AS wait "
@@ -83,6 +86,7 @@ async def test_an_old_pod_holds_a_newer_message_and_its_followers_a_new_pod_appl
     again = await old.process_batch([usage(user, first, 5, NEWER)])
     assert [r.fate for r in again] == [Fate.RETRY]
     assert await fetch(pool, "SELECT * FROM telecom.dead_letters") == []
+    assert await attempts_counted(pool, USAGE_RECORD.short_name, key) == 2
     # One pending retry of it at a time: the earlier one is replaced, not doubled.
     (pending,) = await fetch(
         pool,
