@@ -27,7 +27,9 @@ _OVERDUE_CONDITION = f"""
                      AND NOT EXISTS (
                          SELECT 1 FROM telecom.inbox i
                          WHERE i.consumer = '{EXPIRY_DUE.short_name}'
-                           AND i.message_id = o.message_id)))
+                           -- kept by its key, sent as the timer's id (migration 0022)
+                           AND (i.sent_as = o.message_id
+                                OR (i.sent_as IS NULL AND i.message_id = o.message_id)))))
       )
 """
 _OVERDUE = f"""

@@ -18,6 +18,74 @@ CREATE TYPE telecom.package_status AS ENUM (
     'cancelled'
 );
 
+CREATE FUNCTION telecom.message_key(message_id uuid, publisher text, user_id uuid) RETURNS uuid
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN (md5((((((message_id)::text || '|'::text) || COALESCE(publisher, 'unverified'::text)) || '|'::text) || COALESCE((user_id)::text, ''::text))))::uuid;
+
+CREATE TABLE telecom.dead_letters (
+    id bigint NOT NULL,
+    dedup_key text NOT NULL,
+    source text NOT NULL,
+    route text NOT NULL,
+    consumer text NOT NULL,
+    message_id text,
+    user_id uuid,
+    message_type text,
+    content_type text,
+    body bytea NOT NULL,
+    headers jsonb DEFAULT '{}'::jsonb NOT NULL,
+    reason text NOT NULL,
+    error_type text NOT NULL,
+    error_message text NOT NULL,
+    error_location text DEFAULT ''::text NOT NULL,
+    traceback text,
+    group_key text GENERATED ALWAYS AS ("left"(md5(((((reason || '|'::text) || error_type) || '|'::text) || error_location)), 10)) STORED NOT NULL,
+    attempts integer DEFAULT 1 NOT NULL,
+    first_failed_at timestamp with time zone DEFAULT now() NOT NULL,
+    last_failed_at timestamp with time zone DEFAULT now() NOT NULL,
+    status telecom.dead_letter_status DEFAULT 'buried'::telecom.dead_letter_status NOT NULL,
+    replay_count integer DEFAULT 0 NOT NULL,
+    replayed_at timestamp with time zone,
+    replayed_by text,
+    discarded_at timestamp with time zone,
+    discarded_by text,
+    body_size bigint,
+    body_sha256 text,
+    repeats integer DEFAULT 0 NOT NULL,
+    message_uuid uuid,
+    publisher text,
+    superseded_at timestamp with time zone,
+    message_key uuid,
+    CONSTRAINT dead_letters_source_check CHECK ((source = ANY (ARRAY['consumer'::text, 'broker'::text, 'relay'::text])))
+);
+
+CREATE TABLE telecom.outbox (
+    id bigint NOT NULL,
+    message_id uuid NOT NULL,
+    route text NOT NULL,
+    message_type text NOT NULL,
+    schema_version integer NOT NULL,
+    user_id uuid,
+    seq bigint,
+    partition integer GENERATED ALWAYS AS (((hashtextextended(COALESCE((user_id)::text, ''::text), (0)::bigint) & (63)::bigint))::integer) STORED NOT NULL,
+    body bytea NOT NULL,
+    headers jsonb DEFAULT '{}'::jsonb NOT NULL,
+    priority smallint DEFAULT 0 NOT NULL,
+    available_at timestamp with time zone DEFAULT now() NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    published_at timestamp with time zone,
+    publish_attempts integer DEFAULT 0 NOT NULL,
+    last_error text,
+    cancel_key text,
+    dedup_key text,
+    expires_at timestamp with time zone,
+    CONSTRAINT outbox_priority_range CHECK (((priority >= 0) AND (priority <= 2)))
+);
+
+CREATE FUNCTION telecom.blocker_key(p_consumer text, p_user_id uuid, p_blocker uuid, p_key uuid, p_key_of uuid) RETURNS uuid
+    LANGUAGE sql STABLE PARALLEL SAFE
+    RETURN CASE WHEN (p_blocker IS NULL) THEN NULL::uuid WHEN (p_key_of = p_blocker) THEN p_key ELSE telecom.message_key(p_blocker, COALESCE((SELECT (o.headers ->> 'x-pkgq-publisher'::text) FROM telecom.outbox o WHERE ((o.message_id = blocker_key.p_blocker) AND (o.user_id = blocker_key.p_user_id) AND (o.route = ('telecom.'::text || blocker_key.p_consumer)) AND (o.published_at IS NULL)) ORDER BY o.id DESC LIMIT 1), (SELECT d.publisher FROM telecom.dead_letters d WHERE ((d.consumer = blocker_key.p_consumer) AND (d.user_id = blocker_key.p_user_id) AND (d.message_uuid = blocker_key.p_blocker)) ORDER BY d.id DESC LIMIT 1)), p_user_id) END;
+
 CREATE FUNCTION telecom.count_burials() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -108,10 +176,6 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION telecom.message_key(message_id uuid, publisher text, user_id uuid) RETURNS uuid
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    RETURN (md5((((((message_id)::text || '|'::text) || COALESCE(publisher, 'unverified'::text)) || '|'::text) || COALESCE((user_id)::text, ''::text))))::uuid;
-
 CREATE FUNCTION telecom.outbox_notify() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -164,7 +228,7 @@ CREATE TABLE telecom.attempts (
     attempts integer NOT NULL,
     last_claim integer NOT NULL,
     last_at timestamp with time zone DEFAULT now() NOT NULL,
-    message_key uuid NOT NULL
+    sent_as uuid
 );
 
 CREATE TABLE telecom.consumer_pauses (
@@ -181,43 +245,6 @@ CREATE TABLE telecom.dead_letter_counts (
     slot smallint NOT NULL,
     buried bigint DEFAULT 0 NOT NULL,
     CONSTRAINT dead_letter_counts_kind_check CHECK ((kind = ANY (ARRAY['dead_letters'::text, 'expired'::text])))
-);
-
-CREATE TABLE telecom.dead_letters (
-    id bigint NOT NULL,
-    dedup_key text NOT NULL,
-    source text NOT NULL,
-    route text NOT NULL,
-    consumer text NOT NULL,
-    message_id text,
-    user_id uuid,
-    message_type text,
-    content_type text,
-    body bytea NOT NULL,
-    headers jsonb DEFAULT '{}'::jsonb NOT NULL,
-    reason text NOT NULL,
-    error_type text NOT NULL,
-    error_message text NOT NULL,
-    error_location text DEFAULT ''::text NOT NULL,
-    traceback text,
-    group_key text GENERATED ALWAYS AS ("left"(md5(((((reason || '|'::text) || error_type) || '|'::text) || error_location)), 10)) STORED NOT NULL,
-    attempts integer DEFAULT 1 NOT NULL,
-    first_failed_at timestamp with time zone DEFAULT now() NOT NULL,
-    last_failed_at timestamp with time zone DEFAULT now() NOT NULL,
-    status telecom.dead_letter_status DEFAULT 'buried'::telecom.dead_letter_status NOT NULL,
-    replay_count integer DEFAULT 0 NOT NULL,
-    replayed_at timestamp with time zone,
-    replayed_by text,
-    discarded_at timestamp with time zone,
-    discarded_by text,
-    body_size bigint,
-    body_sha256 text,
-    repeats integer DEFAULT 0 NOT NULL,
-    message_uuid uuid,
-    publisher text,
-    superseded_at timestamp with time zone,
-    message_key uuid,
-    CONSTRAINT dead_letters_source_check CHECK ((source = ANY (ARRAY['consumer'::text, 'broker'::text, 'relay'::text])))
 );
 
 CREATE SEQUENCE telecom.dead_letters_id_seq
@@ -248,6 +275,7 @@ CREATE TABLE telecom.holds (
     since timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     blocker_key uuid,
+    blocker_key_of uuid,
     CONSTRAINT holds_state_check CHECK ((state = ANY (ARRAY['retrying'::text, 'buried'::text, 'releasing'::text])))
 );
 
@@ -256,7 +284,7 @@ CREATE TABLE telecom.inbox (
     message_id uuid NOT NULL,
     processed_at timestamp with time zone DEFAULT now() NOT NULL,
     user_id uuid,
-    message_key uuid NOT NULL
+    sent_as uuid
 );
 
 CREATE TABLE telecom.invariant_checks (
@@ -343,29 +371,6 @@ CREATE TABLE telecom.orders (
     created_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
-CREATE TABLE telecom.outbox (
-    id bigint NOT NULL,
-    message_id uuid NOT NULL,
-    route text NOT NULL,
-    message_type text NOT NULL,
-    schema_version integer NOT NULL,
-    user_id uuid,
-    seq bigint,
-    partition integer GENERATED ALWAYS AS (((hashtextextended(COALESCE((user_id)::text, ''::text), (0)::bigint) & (63)::bigint))::integer) STORED NOT NULL,
-    body bytea NOT NULL,
-    headers jsonb DEFAULT '{}'::jsonb NOT NULL,
-    priority smallint DEFAULT 0 NOT NULL,
-    available_at timestamp with time zone DEFAULT now() NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    published_at timestamp with time zone,
-    publish_attempts integer DEFAULT 0 NOT NULL,
-    last_error text,
-    cancel_key text,
-    dedup_key text,
-    expires_at timestamp with time zone,
-    CONSTRAINT outbox_priority_range CHECK (((priority >= 0) AND (priority <= 2)))
-);
-
 CREATE SEQUENCE telecom.outbox_id_seq
     START WITH 1
     INCREMENT BY 1
@@ -438,7 +443,7 @@ CREATE TABLE telecom.parked (
     body bytea NOT NULL,
     headers jsonb DEFAULT '{}'::jsonb NOT NULL,
     parked_at timestamp with time zone DEFAULT now() NOT NULL,
-    message_key uuid NOT NULL
+    sent_as uuid
 );
 
 CREATE SEQUENCE telecom.parked_id_seq
@@ -533,8 +538,7 @@ CREATE TABLE telecom.ttr_strikes (
     consumer text NOT NULL,
     message_id uuid NOT NULL,
     strikes integer DEFAULT 1 NOT NULL,
-    last_at timestamp with time zone DEFAULT now() NOT NULL,
-    message_key uuid NOT NULL
+    last_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
 CREATE TABLE telecom.unique_keys (
@@ -605,13 +609,16 @@ ALTER TABLE ONLY telecom.addresses
     ADD CONSTRAINT addresses_pkey PRIMARY KEY (address);
 
 ALTER TABLE ONLY telecom.attempts
-    ADD CONSTRAINT attempts_pkey PRIMARY KEY (consumer, message_key, generation);
+    ADD CONSTRAINT attempts_pkey PRIMARY KEY (consumer, message_id, generation);
 
 ALTER TABLE ONLY telecom.consumer_pauses
     ADD CONSTRAINT consumer_pauses_pkey PRIMARY KEY (route);
 
 ALTER TABLE ONLY telecom.dead_letter_counts
     ADD CONSTRAINT dead_letter_counts_pkey PRIMARY KEY (route, kind, slot);
+
+ALTER TABLE ONLY telecom.dead_letters
+    ADD CONSTRAINT dead_letters_dedup_key_key UNIQUE (dedup_key);
 
 ALTER TABLE ONLY telecom.dead_letters
     ADD CONSTRAINT dead_letters_pkey PRIMARY KEY (id);
@@ -623,7 +630,7 @@ ALTER TABLE ONLY telecom.holds
     ADD CONSTRAINT holds_pkey PRIMARY KEY (consumer, user_id);
 
 ALTER TABLE ONLY telecom.inbox
-    ADD CONSTRAINT inbox_pkey PRIMARY KEY (consumer, message_key);
+    ADD CONSTRAINT inbox_pkey PRIMARY KEY (consumer, message_id);
 
 ALTER TABLE ONLY telecom.invariant_checks
     ADD CONSTRAINT invariant_checks_pkey PRIMARY KEY (check_name);
@@ -653,7 +660,7 @@ ALTER TABLE ONLY telecom.packages
     ADD CONSTRAINT packages_pkey PRIMARY KEY (id);
 
 ALTER TABLE ONLY telecom.parked
-    ADD CONSTRAINT parked_consumer_message_key UNIQUE (consumer, message_key);
+    ADD CONSTRAINT parked_consumer_message_id_key UNIQUE (consumer, message_id);
 
 ALTER TABLE ONLY telecom.parked
     ADD CONSTRAINT parked_pkey PRIMARY KEY (id);
@@ -680,7 +687,7 @@ ALTER TABLE ONLY telecom.transition_time_repairs
     ADD CONSTRAINT transition_time_repairs_pkey PRIMARY KEY (item_id);
 
 ALTER TABLE ONLY telecom.ttr_strikes
-    ADD CONSTRAINT ttr_strikes_pkey PRIMARY KEY (consumer, message_key);
+    ADD CONSTRAINT ttr_strikes_pkey PRIMARY KEY (consumer, message_id);
 
 ALTER TABLE ONLY telecom.unique_keys
     ADD CONSTRAINT unique_keys_pkey PRIMARY KEY (unique_key);
@@ -698,9 +705,7 @@ CREATE INDEX addresses_finished ON telecom.addresses USING btree (finished_at) W
 
 CREATE INDEX addresses_message ON telecom.addresses USING btree (message_id);
 
-CREATE INDEX attempts_message ON telecom.attempts USING btree (consumer, message_id);
-
-CREATE UNIQUE INDEX dead_letters_dedup_key ON telecom.dead_letters USING btree (dedup_key) WHERE ((status = 'buried'::telecom.dead_letter_status) OR (source <> 'consumer'::text));
+CREATE INDEX attempts_sent_as ON telecom.attempts USING btree (consumer, sent_as) WHERE (sent_as IS NOT NULL);
 
 CREATE INDEX dead_letters_group ON telecom.dead_letters USING btree (group_key);
 
@@ -708,7 +713,7 @@ CREATE INDEX dead_letters_last_failed ON telecom.dead_letters USING btree (last_
 
 CREATE INDEX dead_letters_message ON telecom.dead_letters USING btree (message_uuid);
 
-CREATE INDEX dead_letters_message_key ON telecom.dead_letters USING btree (consumer, message_key);
+CREATE INDEX dead_letters_message_key ON telecom.dead_letters USING btree (consumer, message_key) WHERE (message_key IS NOT NULL);
 
 CREATE INDEX dead_letters_route ON telecom.dead_letters USING btree (route, first_failed_at);
 
@@ -718,7 +723,7 @@ CREATE INDEX dead_letters_user ON telecom.dead_letters USING btree (user_id, fir
 
 CREATE INDEX group_members_group ON telecom.group_members USING btree (group_id, state);
 
-CREATE INDEX holds_blocker ON telecom.holds USING btree (consumer, blocker_key);
+CREATE INDEX holds_blocker ON telecom.holds USING btree (consumer, blocker);
 
 CREATE INDEX holds_held ON telecom.holds USING btree (consumer, state, since) WHERE (blocker IS NOT NULL);
 
@@ -726,9 +731,9 @@ CREATE INDEX holds_releasing ON telecom.holds USING btree (consumer) WHERE (bloc
 
 CREATE INDEX holds_user ON telecom.holds USING btree (user_id, since);
 
-CREATE INDEX inbox_message ON telecom.inbox USING btree (consumer, message_id);
-
 CREATE INDEX inbox_processed_at ON telecom.inbox USING btree (processed_at);
+
+CREATE INDEX inbox_sent_as ON telecom.inbox USING btree (consumer, sent_as) WHERE (sent_as IS NOT NULL);
 
 CREATE INDEX inbox_user ON telecom.inbox USING btree (user_id, processed_at) WHERE (user_id IS NOT NULL);
 
@@ -776,7 +781,7 @@ CREATE INDEX package_queue_user_status ON telecom.package_queue USING btree (use
 
 CREATE INDEX package_queue_user_status_created ON telecom.package_queue USING btree (user_id, status, created_at);
 
-CREATE INDEX parked_message ON telecom.parked USING btree (consumer, message_id);
+CREATE INDEX parked_sent_as ON telecom.parked USING btree (consumer, sent_as) WHERE (sent_as IS NOT NULL);
 
 CREATE INDEX parked_user ON telecom.parked USING btree (consumer, user_id, id);
 
