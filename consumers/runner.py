@@ -8,7 +8,7 @@ import contextlib
 import functools
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 
 import structlog
 
@@ -19,16 +19,22 @@ from consumers.ingest import ingester
 from consumers.registry import HANDLERS
 from consumers.retry_policy import RetryPolicy, policy_for
 from consumers.route_pauses import PauseWatch
-from consumers.runtime import start_status_server
+from consumers.runtime import (
+    STARTUP_FIRST_PAUSE_S,
+    STARTUP_LONGEST_PAUSE_S,
+    start_status_server,
+)
 from consumers.unit_of_work import Handler
 from consumers.worker import Services
 from events.routes import PACKAGE_PURCHASE, Route
 from infra.rabbit.consumer import Processor, QueueConsumer
 from infra.rabbit.publisher import Publisher
 from infra.rabbit.route_consumer import route_consumer
+from infra.rabbit.setting_up import through_outages
 from infra.rabbit.topology import declare_exchanges
 from infra.settings import Settings
 from infra.systemd_notify import Notifier
+from infra.transient import OutagePauses, StoppingError, is_transient
 
 log = structlog.get_logger(__name__)
 
@@ -76,10 +82,18 @@ async def run_consumers(
 
     `ingest`: also run the dead-letter ingester. `pipelines`: per-route overrides (tests).
     """
-    channel = await svc.amqp.channel()
-    await declare_exchanges(channel, settings)
-    await channel.close()
-    dead_letters = await Publisher.open(svc.amqp, settings.dlx, user_id=settings.amqp_user)
+    try:
+        # A RabbitMQ connection lost during start-up is waited out, as once running: only a
+        # broker's refusal (the topology declared otherwise) ends the process.
+        await through_outages(svc.amqp, lambda: _declare(settings, svc), stop, what="exchanges")
+        dead_letters = await through_outages(
+            svc.amqp,
+            lambda: Publisher.open(svc.amqp, settings.dlx, user_id=settings.amqp_user),
+            stop,
+            what="dead-letter publisher",
+        )
+    except StoppingError:
+        return 0
     consumers: list[QueueConsumer] = []
     standby: list[QueueConsumer] = []
     resume_after: dict[str, float] = {}
@@ -110,7 +124,9 @@ async def run_consumers(
     started: list[QueueConsumer] = []
     """The consumers started so far: the pause watch's (it reads the list each round)."""
     pauses = PauseWatch(svc.pool, started, settings.pause_poll, resume_after)
-    await pauses.read()  # a paused route's consumers start paused
+    if not await _first_read(pauses, stop):  # a paused route's consumers start paused
+        await dead_letters.close()
+        return 0
 
     def ready() -> bool:
         """Consuming from every assigned queue (the status port adds that Postgres answers)."""
@@ -120,10 +136,15 @@ async def run_consumers(
     watch: asyncio.Task[None] | None = None
     systemd = Notifier()
     systemd.start_watchdog()
-    try:
+
+    async def start_all() -> None:
         for consumer in consumers:
             await consumer.start(paused=pauses.holds(consumer))
             started.append(consumer)
+
+    try:
+        if not await _unless_stopped(start_all(), stop):
+            return 0
         watch = asyncio.create_task(pauses.run(), name="pause-watch")
         log.info("ready", routes=[c.name for c in consumers], paused=sorted(pauses.paused))
         await svc.set_routes(c.name for c in consumers)
@@ -138,7 +159,9 @@ async def run_consumers(
             for consumer in standby:
                 if stop.is_set():
                     break
-                await consumer.start(paused=pauses.holds(consumer))
+                if not await _unless_stopped(consumer.start(paused=pauses.holds(consumer)), stop):
+                    await consumer.stop()  # its half-made channel
+                    break
                 consumers.append(consumer)
                 started.append(consumer)
             log.info("standing_by", routes=[c.name for c in standby])
@@ -161,3 +184,51 @@ async def run_consumers(
         if status is not None:
             await status.stop()
         await systemd.stop_watchdog()
+
+
+async def _declare(settings: Settings, svc: Services) -> None:
+    channel = await svc.amqp.channel()
+    try:
+        await declare_exchanges(channel, settings)
+    finally:
+        with contextlib.suppress(Exception):  # bounded: the connection may be gone
+            await asyncio.wait_for(channel.close(), timeout=2)
+
+
+async def _first_read(pauses: PauseWatch, stop: asyncio.Event) -> bool:
+    """Read the paused routes before any consumer starts, waiting out a Postgres outage (on
+    pauses that end once the process's probe finds the database back). False: stopped first."""
+    waits = OutagePauses(STARTUP_FIRST_PAUSE_S, STARTUP_LONGEST_PAUSE_S)
+    while not stop.is_set():
+        try:
+            await pauses.read()
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            log.warning("pause_watch_failed", error=repr(exc), retry_in_s=waits.current)
+            await waits.wait(exc, stop)
+        else:
+            return True
+    return False
+
+
+async def _unless_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:
+    """Run `work` to its end, unless `stop` is set first (then it is cancelled: a consumer
+    that waits for RabbitMQ to come back while it starts never holds up a SIGTERM). Whether
+    it ended; its error, if it raised."""
+    doing = asyncio.ensure_future(work)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({doing, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the caller was cancelled: so is the work
+        doing.cancel()
+        raise
+    finally:
+        stopping.cancel()
+    if doing.done():
+        doing.result()
+        return True
+    doing.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await doing
+    return False

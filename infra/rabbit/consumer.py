@@ -127,12 +127,11 @@ class QueueConsumer(Subscription):
         )
 
     async def start(self, *, paused: bool = False) -> None:
-        """Subscribe and consume; `paused`: declare the queue only, until `resume`."""
+        """Subscribe and consume; `paused`: declare the queue only, until `resume`. A RabbitMQ
+        connection lost meanwhile is an outage it waits out (StoppingError if `stop` is called
+        meanwhile); only the broker's refusal (the queue declared with other arguments) raises."""
         self._paused = paused
-        if paused:
-            await self._declare_only()
-        else:
-            await self._subscribe()
+        await self._set_up()  # a connection lost meanwhile is waited out
         self._worker = asyncio.create_task(self._run(), name=f"consume:{self.name}")
         self._worker.add_done_callback(self._worker_done)
         log.info("consuming", route=self.name, queue=self._queue.name, paused=paused)

@@ -4,6 +4,7 @@ has taken responsibility for the message, and raises if it could not route it.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 from uuid import UUID
@@ -123,7 +124,13 @@ class Publisher:
         """`confirm_timeout`: seconds a publish waits for its confirm before it fails with
         TimeoutError (the channel should then be replaced: see the relay)."""
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        exchange = await channel.get_exchange(exchange_name, ensure=True)
+        try:
+            exchange = await channel.get_exchange(exchange_name, ensure=True)
+        except BaseException:
+            # Not to be restored by the robust connection as a channel nobody uses.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(channel.close(), timeout=2)
+            raise
         return cls(channel, exchange, user_id, confirm_timeout)
 
     async def publish(self, message: aio_pika.Message, routing_key: str) -> None:

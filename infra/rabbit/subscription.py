@@ -23,6 +23,7 @@ from events.decoding import RawDelivery
 from infra.rabbit.deliveries import AmqpDelivery, channel_open
 from infra.rabbit.frames import InlineConsumer
 from infra.rabbit.in_hand import InHand
+from infra.rabbit.setting_up import lost_with_connection, through_outages
 from infra.settings import Settings
 from infra.transient import StoppingError, is_transient
 
@@ -151,6 +152,33 @@ class Subscription:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._in_hand.emptied(), at_most)
 
+    async def _set_up(self) -> None:
+        """The first subscription (paused: the queue's declaration only). A connection lost
+        meanwhile is waited out and the setup made again from the start once it is back, the
+        half-made channel discarded (infra/rabbit/setting_up.py); a broker's refusal (the queue
+        declared with other arguments) raises. StoppingError: stopped while it waited."""
+
+        async def step() -> None:
+            if self._paused:
+                await self._declare_only()
+            else:
+                await self._subscribe()
+
+        await through_outages(
+            self._connection,
+            step,
+            self._stopping,
+            what=f"consumer of {self.name}",
+            undo=self._discard_channel,
+        )
+
+    async def _discard_channel(self) -> None:
+        """Close a channel whose setup failed: not to be restored beside the next one."""
+        channel, self._channel, self._consumer_tag = self._channel, None, None
+        if channel is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(channel.close(), timeout=2)
+
     async def _declare_only(self) -> None:
         """Start paused: the queue exists (publishers' messages are kept), nobody consumes."""
         channel = await self._connection.channel(publisher_confirms=False)
@@ -194,7 +222,13 @@ class Subscription:
             return
         try:
             await self._take_deliveries()
-        except Exception:
+        except Exception as exc:
+            if lost_with_connection(self._connection, exc):
+                # Lost again as it came back (a flapping network): what was delivered on it
+                # is redelivered; subscribe again on a new channel once the connection is up.
+                log.warning("resubscribe_interrupted", route=self.name, error=repr(exc))
+                self._in_background(self._resubscribe_after_cancel(), f"again:{self.name}")
+                return
             log.exception("resubscribe_failed", route=self.name)
             self.failed.set()  # the process exits and is restarted: nothing is lost
 
@@ -238,29 +272,27 @@ class Subscription:
                 queue.put_nowait(message)
 
     async def _subscribe_when_connected(self) -> None:
-        """Subscribe again, unless stopping. After a lost node or a broker restart the
-        connection may still be reconnecting (or just about to notice it is gone): wait for it
-        and try again, until PKGQ_STARTUP_WAIT runs out, rather than fail for want of a
-        channel. A stop ends the wait at once."""
-        deadline = asyncio.get_running_loop().time() + self._settings.startup_wait
-        while not self._stopping.is_set() and not self._paused:
-            await self._stopping_or_connected(
-                max(0.0, deadline - asyncio.get_running_loop().time())
-            )
-            if self._stopping.is_set() or self._paused:
-                return
-            try:
+        """Subscribe again, unless stopping or paused. After a lost node, a broker restart or a
+        network fault the connection may still be reconnecting (or just about to notice it is
+        gone): that is waited out, however long it lasts (infra/rabbit/setting_up.py), and a
+        stop ends the wait at once. A broker's refusal raises."""
+
+        async def step() -> None:
+            if not self._paused:
                 await self._subscribe()
-            except Exception:
-                if asyncio.get_running_loop().time() >= deadline:
-                    raise
-                await asyncio.sleep(0.5)
-            else:
-                return
+
+        with contextlib.suppress(StoppingError):
+            await through_outages(
+                self._connection,
+                step,
+                self._stopping,
+                what=f"consumer of {self.name}",
+                undo=self._discard_channel,
+            )
 
     async def _give_back_or_fail(self) -> None:
-        """Give the deliveries back; if that breaks (no new channel, even once the connection
-        is back within PKGQ_STARTUP_WAIT), the consumer is failed, so the process exits and is
+        """Give the deliveries back; if that breaks (the broker refuses the new subscription:
+        an outage is waited out), the consumer is failed, so the process exits and is
         restarted: what it held is back on the queue either way,
         and is never dead-lettered for it."""
         try:

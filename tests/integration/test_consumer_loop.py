@@ -11,6 +11,7 @@ import aiormq.abc
 import asyncpg
 import pytest
 from aio_pika.abc import AbstractRobustConnection
+from aiormq.exceptions import ChannelAccessRefused
 
 from domain.delivery import Fate
 from events.decoding import RawDelivery
@@ -291,9 +292,10 @@ async def test_a_consumer_whose_queue_is_deleted_under_it_subscribes_again_and_g
 async def test_a_consumer_that_cannot_subscribe_again_after_a_reconnection_fails_loudly(
     settings: Settings, amqp: AbstractRobustConnection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """If subscribing on the reopened channel fails, the consumer is marked failed, so the
-    process exits and is restarted (its deliveries go back to the queue), rather than stay up
-    consuming nothing."""
+    """If the broker refuses the subscription on the reopened channel, the consumer is marked
+    failed, so the process exits and is restarted (its deliveries go back to the queue), rather
+    than stay up consuming nothing. (A connection lost again meanwhile is waited out instead:
+    tests/integration/test_consumer_start_outage.py.)"""
 
     async def record(raw: RawDelivery) -> Fate:
         return Fate.APPLIED
@@ -301,7 +303,7 @@ async def test_a_consumer_that_cannot_subscribe_again_after_a_reconnection_fails
     consumer, connection = await _consume_with(settings, record)
 
     async def refused() -> None:
-        raise ConnectionError("channel refused")
+        raise ChannelAccessRefused("ACCESS_REFUSED - the queue is not this user's")
 
     monkeypatch.setattr(consumer, "_take_deliveries", refused)
     await consumer._consume_again()  # what the robust channel's reopen calls
