@@ -31,6 +31,7 @@ async def open_pool(
         # Requests never SET, LISTEN or lock for the session: skip the reset round trip, so an
         # API call is one statement on the wire.
         reset_session=False,
+        dead_peer_timeout=settings.dead_peer_timeout,
     )
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+from consumers.web.dependencies import open_pool
 from infra.postgres.pool import connect, create_pool
 from infra.rabbit.connection import connect as connect_amqp
 from infra.settings import Settings
+from tests.web.client import web_settings
 
 
 def _options(sock: Any) -> tuple[int, int, int]:
@@ -54,3 +56,16 @@ async def test_an_amqp_connection_asks_a_short_heartbeat_and_times_out_a_silent_
         assert _options(factory.socket) == (1, 2, 4000)
     finally:
         await connection.close()
+
+
+async def test_the_web_consoles_pool_times_out_a_silent_peer_after_the_setting(
+    settings: Settings,
+) -> None:
+    tuned = settings.model_copy(update={"dead_peer_timeout": 7})
+    pool = await open_pool(tuned, web_settings())
+    try:
+        async with pool.acquire() as conn:
+            sock = conn._con._transport.get_extra_info("socket")  # type: ignore[attr-defined]
+            assert _options(sock)[2] == 7000
+    finally:
+        await pool.close()
