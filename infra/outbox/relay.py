@@ -70,10 +70,17 @@ from infra.postgres.outbox import ClaimedRow
 from infra.postgres.pool import forget_if_demoted
 from infra.rabbit.connection import reconnect
 from infra.rabbit.publisher import Publisher, build_properties
+from infra.rabbit.setting_up import through_outages
 from infra.rabbit.topology import declare_all, routing_key_for
 from infra.settings import Settings
 from infra.systemd_notify import Notifier
-from infra.transient import OutagePauses, dependency_of, is_transient, needs_operator
+from infra.transient import (
+    OutagePauses,
+    StoppingError,
+    dependency_of,
+    is_transient,
+    needs_operator,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -119,8 +126,11 @@ class Relay:
     async def open(self) -> None:
         """Declare the topology (so every route is routable) and open the confirming channel."""
         channel = await self._connection.channel()
-        await declare_all(channel, self._settings)
-        await channel.close()
+        try:
+            await declare_all(channel, self._settings)
+        finally:
+            with contextlib.suppress(Exception):  # bounded: the connection may be gone
+                await asyncio.wait_for(channel.close(), timeout=2)
         await self._open_publisher()
 
     async def _open_publisher(self) -> None:
@@ -137,8 +147,11 @@ class Relay:
         return self._publisher is not None and self._publisher.is_open and not self.stalled
 
     async def run(self, stop: asyncio.Event) -> None:
-        if self._publisher is None:
-            await self.open()
+        if self._publisher is None:  # a connection lost meanwhile is waited out
+            try:
+                await through_outages(self._connection, self.open, stop, what="relay publisher")
+            except StoppingError:
+                return
         systemd = Notifier()
         systemd.start_watchdog()
         systemd.ready("relaying")
