@@ -41,7 +41,7 @@ from events.envelope import (
     publisher_of,
     without_pkgq_marks,
 )
-from events.identity import message_key
+from events.identity import body_user, message_key
 from events.partitioning import route_of_key
 from events.routes import ROUTES, UNTRUSTED_PUBLISHER
 from infra.postgres import dead_letters, holds, job_state
@@ -52,21 +52,6 @@ from infra.settings import Settings
 from infra.transient import is_outage, is_transient, transient_retrying
 
 log = structlog.get_logger(__name__)
-
-
-def _user(body: bytes) -> UUID | None:
-    """The user a dead message's body names (its `user_id`), or None: a dead letter is filed
-    under the user its body names, never the `x-user-id` header, which anyone can set (it is
-    kept in the headers, as a claim)."""
-    try:
-        parsed = json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-    value = parsed.get("user_id") if isinstance(parsed, dict) else None
-    try:
-        return UUID(value) if isinstance(value, str) else None
-    except ValueError:
-        return None
 
 
 def _consumer_of(route: str, queue: str | None) -> str:
@@ -249,7 +234,7 @@ def _filed(raw: RawDelivery, headers: dict[str, Any], **why: Any) -> dead_letter
     """`raw` filed as it came (its id, type, content type and body, bounded) with `headers`
     (JSON-ready), its user from its body unless `why` gives `user_id`, and `why`: source,
     route, consumer, reason and the error fields."""
-    user_id = why.pop("user_id") if "user_id" in why else _user(raw.body)
+    user_id = why.pop("user_id") if "user_id" in why else body_user(raw.body)
     return dead_letters.NewDeadLetter(
         message_id=_optional(raw.message_id),
         user_id=user_id,

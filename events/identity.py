@@ -3,7 +3,8 @@
 A delivery is the message (consumer, message_id, first publisher, user) where the first
 publisher is the AMQP user_id the broker validated (kept across pkgq's own copies of it: retries,
 replays, parked copies, in `x-pkgq-publisher`, believed from pkgq only; `unverified` without
-one) and the user is the one its *body* names (None for bad input that names none). Two
+one) and the user is the one its *body* names (`body_user` for bad input; None when it names
+none). Two
 deliveries under one message_id from two publishers, or for two users, are two messages.
 
 Every piece of pkgq's bookkeeping about a message (the inbox, attempt counts, TTR strikes, a
@@ -19,6 +20,7 @@ from __future__ import annotations
 import hashlib
 from uuid import UUID
 
+from events import bounded_json
 from events.envelope import UNVERIFIED
 
 
@@ -29,3 +31,18 @@ def message_key(message_id: UUID, publisher: str | None, user_id: UUID | None) -
     user = "" if user_id is None else str(user_id)
     digest = hashlib.md5(f"{message_id}|{who}|{user}".encode(), usedforsecurity=False)
     return UUID(digest.hexdigest())
+
+
+def body_user(body: bytes) -> UUID | None:
+    """The user a body names (its top-level `user_id`), for a message that did not decode: None
+    unless the body is a JSON object (within the depth bound) with a UUID there. Never a header:
+    `x-user-id` is only a claim beside the body."""
+    try:
+        parsed = bounded_json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    named = parsed.get("user_id") if isinstance(parsed, dict) else None
+    try:
+        return UUID(named) if isinstance(named, str) else None
+    except ValueError:
+        return None

@@ -292,7 +292,7 @@ class DeliveryPipeline:
         index = timed_out.index
         (delivery,) = [i for i in items if i.index == index and isinstance(i, Delivery)]
         async with self._connection() as conn, conn.transaction():
-            count = await strikes.strike(conn, self.consumer, delivery.key)
+            count = await strikes.strike(conn, self.consumer, delivery.key, delivery.message_id)
             await transitions.count_one(conn, self.route.name, "ttr")
         if count >= self.policy.max_attempts:
             log.error("ttr_exhausted", strikes=count, error=str(timed_out.error))

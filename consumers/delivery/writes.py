@@ -31,7 +31,7 @@ from events.envelope import (
     publisher_of,
     republished_headers,
 )
-from events.identity import message_key
+from events.identity import body_user, message_key
 from events.routes import UNTRUSTED_PUBLISHER, Route
 from infra.postgres import dead_letters, holds, inbox, job_state, outbox
 
@@ -163,8 +163,9 @@ def _retries(route: Route, decided: Sequence[Decided], now: datetime) -> list[ou
 def _dead_letters(route: Route, decided: Sequence[Decided]) -> list[dead_letters.NewDeadLetter]:
     """What is buried (or expired), as the dead-letter store keeps it. Once a message decoded,
     its ids are the envelope's (the body's user, the canonical message_id) and its key, so
-    holds match. Bad input is filed under no user: a user header is only a claim (kept in its
-    headers), and a hold, a retry or a discard is never matched on it."""
+    holds match. Bad input is filed under the user its body names, if it names one it can be
+    read for (else under none): a user header is only a claim, kept in its headers, and a
+    hold, a retry or a discard is never matched on it."""
     letters = []
     for d in decided:
         decision = d.decision
@@ -175,9 +176,9 @@ def _dead_letters(route: Route, decided: Sequence[Decided]) -> list[dead_letters
         assert decision.reason is not None
         headers = jsonable(dict(d.raw.headers))
         publisher = publisher_of(d.raw.headers, d.raw.publisher)
-        message_id, user_id = d.raw.message_id, None
+        message_id, user_id = d.raw.message_id, body_user(d.raw.body)
         uuid = message_uuid(message_id)
-        key = message_key(uuid, publisher, None) if uuid is not None else None
+        key = message_key(uuid, publisher, user_id) if uuid is not None else None
         if d.decoded is not None:
             message_id, user_id = str(d.decoded.envelope.message_id), d.decoded.envelope.user_id
             key = d.decoded.key

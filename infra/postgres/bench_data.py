@@ -77,7 +77,7 @@ async def latencies_ms(conn: Conn, since: datetime) -> list[float]:
     rows = await conn.fetch(
         """
         SELECT extract(epoch FROM i.processed_at - o.created_at) * 1000 AS ms
-        FROM telecom.inbox i JOIN telecom.outbox o ON o.message_id = i.message_id
+        FROM telecom.inbox i JOIN telecom.outbox o ON o.message_id = i.sent_as
         WHERE o.created_at >= $1
         """,
         since,

@@ -120,7 +120,7 @@ async def bury(conn: Conn, dead: NewDeadLetter) -> int:
 
 async def bury_many(conn: Conn, buried: Sequence[NewDeadLetter]) -> list[int]:
     """Store dead letters in one statement. Returns their ids (in no particular order), one
-    per distinct `dedup_key` (the first of a key's letters is the one stored).
+    per distinct `dedup_key` (the last of a key's letters in `buried` is the one stored).
 
     A filed dead letter is a record: a later filing never changes its body, headers,
     publisher, reason or status. The same message with the same bytes failing again while its
@@ -130,12 +130,8 @@ async def bury_many(conn: Conn, buried: Sequence[NewDeadLetter]) -> list[int]:
     event (a repeat). A message_id is no proof of identity: another publisher's or user's
     message under it has a key, and so letters, of its own.
     """
-    letters: list[NewDeadLetter] = []
-    seen: set[str] = set()
-    for letter in buried:  # the first of a key's letters is the record
-        if (key := clean_text(letter.dedup_key())) not in seen:
-            seen.add(key)
-            letters.append(letter)
+    # One filing of a key's letters in one batch, its last (the same bytes, its count since).
+    letters = list({clean_text(d.dedup_key()): d for d in buried}.values())
     if not letters:
         return []
     rows = await conn.fetch(

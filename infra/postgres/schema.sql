@@ -538,7 +538,8 @@ CREATE TABLE telecom.ttr_strikes (
     consumer text NOT NULL,
     message_id uuid NOT NULL,
     strikes integer DEFAULT 1 NOT NULL,
-    last_at timestamp with time zone DEFAULT now() NOT NULL
+    last_at timestamp with time zone DEFAULT now() NOT NULL,
+    sent_as uuid
 );
 
 CREATE TABLE telecom.unique_keys (

@@ -13,18 +13,19 @@ from infra.postgres.pruning import Rule
 RETENTION = Rule("ttr_strikes", "telecom.ttr_strikes", "ctid", "last_at < {cutoff}")
 
 
-async def strike(conn: Conn, consumer: str, key: UUID) -> int:
+async def strike(conn: Conn, consumer: str, key: UUID, message_id: UUID) -> int:
     """Count one more strike of the message `key` (events/identity.py: kept in `message_id`
-    since migration 0022); returns its strikes so far."""
+    since migration 0022, the id it was sent under in `sent_as`); returns its strikes so far."""
     strikes: int = await conn.fetchval(
         """
-        INSERT INTO telecom.ttr_strikes (consumer, message_id) VALUES ($1, $2)
+        INSERT INTO telecom.ttr_strikes (consumer, message_id, sent_as) VALUES ($1, $2, $3)
         ON CONFLICT (consumer, message_id)
             DO UPDATE SET strikes = ttr_strikes.strikes + 1, last_at = now()
         RETURNING strikes
         """,
         consumer,
         key,
+        message_id,
     )
     return strikes
 

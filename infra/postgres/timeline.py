@@ -113,7 +113,7 @@ _ID = "lpad({}::text, 19, '0')"
 _BRANCHES = (
     _branch(
         RANKS["inbox"],
-        "'inbox' AS source, 'received' AS kind, coalesce(x.sent_as, x.message_id), "
+        "'inbox' AS source, 'received' AS kind, coalesce(x.sent_as, x.message_id) AS message_id, "
         "'telecom.' || x.consumer AS route, "
         "NULL::bigint AS item_id, NULL::bigint AS dead_letter_id, NULL::bytea AS body, "
         "jsonb_build_object('consumer', x.consumer) AS detail",
@@ -206,7 +206,7 @@ _BRANCHES = (
     ),
     _branch(
         RANKS["parked"],
-        "'parked', 'parked', coalesce(p.sent_as, p.message_id), p.route, NULL, NULL, "
+        "'parked', 'parked', coalesce(p.sent_as, p.message_id) AS message_id, p.route, NULL, NULL, "
         + _body("p.body")
         + ", jsonb_build_object('consumer', p.consumer, 'message_type', p.message_type)",
         "telecom.parked p",

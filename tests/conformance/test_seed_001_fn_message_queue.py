@@ -209,7 +209,7 @@ async def test_a_message_that_times_out_keeps_its_place_a_b_c_becomes_a_c(
     assert recorder.started.index(c) > second_run_of_a  # [A, C], not [C, A]
     async with pool.acquire() as conn:
         strikes = await conn.fetchval(
-            "SELECT strikes FROM telecom.ttr_strikes WHERE message_id = $1", a
+            "SELECT strikes FROM telecom.ttr_strikes WHERE sent_as = $1", a
         )
     assert strikes == 1
 
@@ -217,7 +217,7 @@ async def test_a_message_that_times_out_keeps_its_place_a_b_c_becomes_a_c(
 async def committed(pool: asyncpg.Pool, message_id: UUID) -> bool:
     async with pool.acquire() as conn:
         found = await conn.fetchval(
-            "SELECT EXISTS (SELECT 1 FROM telecom.inbox WHERE message_id = $1)", message_id
+            "SELECT EXISTS (SELECT 1 FROM telecom.inbox WHERE sent_as = $1)", message_id
         )
     return bool(found)
 
@@ -227,8 +227,8 @@ async def put_to_applied_s(pool: asyncpg.Pool, message_id: UUID) -> float:
     async with pool.acquire() as conn:
         seconds = await conn.fetchval(
             "SELECT extract(epoch FROM i.processed_at - o.created_at) FROM telecom.inbox i "
-            "JOIN telecom.outbox o ON o.message_id = i.message_id "
-            "WHERE i.message_id = $1 ORDER BY o.id LIMIT 1",
+            "JOIN telecom.outbox o ON o.message_id = i.sent_as "
+            "WHERE i.sent_as = $1 ORDER BY o.id LIMIT 1",
             message_id,
         )
     return float(seconds)

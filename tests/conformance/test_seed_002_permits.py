@@ -184,7 +184,7 @@ async def test_a_consumer_stopped_while_holding_deliveries_has_its_work_taken_ov
         async with pool.acquire() as conn:
             n = await conn.fetchval(
                 "SELECT count(*) FROM telecom.inbox "
-                "WHERE consumer = $1 AND message_id = ANY($2::uuid[])",
+                "WHERE consumer = $1 AND sent_as = ANY($2::uuid[])",
                 USAGE_RECORD.short_name,
                 sent,
             )

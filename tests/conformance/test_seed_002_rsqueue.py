@@ -201,7 +201,7 @@ async def test_cancelling_a_group_deletes_queued_members_disarms_delivered_ones_
     async def disarmed_ones_acked() -> bool:
         async with pool.acquire() as conn:
             claimed = await conn.fetchval(
-                "SELECT count(*) FROM telecom.inbox WHERE message_id = ANY($1::uuid[])",
+                "SELECT count(*) FROM telecom.inbox WHERE sent_as = ANY($1::uuid[])",
                 delivered,
             )
         return int(claimed) == 3

@@ -25,6 +25,7 @@ from tests.e2e.console_support import (
     item_statuses,
     malformed_purchase,
 )
+from tests.support import keys
 from tests.support.dead_letters import buried_id, consumer_dead_letter
 from tests.support.deliveries import add_package, send
 from tests.support.observing import eventually
@@ -343,9 +344,7 @@ async def test_an_edited_replay_of_a_held_message_goes_first_and_its_parked_mess
                 attempts=3,
             ),
         )
-        await holds.hold_many(
-            conn, "package_purchase", [holds.NewHold(user, blocker, "buried", 3, "amount")]
-        )
+        await keys.hold(conn, "package_purchase", user, blocker, "buried", None, 3, "amount")
         await holds.park_many(
             conn,
             "package_purchase",
@@ -353,6 +352,7 @@ async def test_an_edited_replay_of_a_held_message_goes_first_and_its_parked_mess
                 holds.NewParked(
                     user,
                     parked,
+                    keys.blocker_key(parked, user),  # as the drain will know it
                     PACKAGE_PURCHASE.name,
                     PACKAGE_PURCHASE.message_type,
                     PurchasePackage(user_id=user, package_id=after).model_dump_json().encode(),

@@ -310,8 +310,8 @@ async def state_of(run: Run, users: Sequence[UUID], message_ids: Sequence[UUID])
             for name, query in ROWS.items():
                 state[f"u{n}.{name}"] = [tuple(r.values()) for r in await conn.fetch(query, user)]
         inbox = await conn.fetch(
-            "SELECT consumer, message_id FROM telecom.inbox WHERE message_id = ANY($1::uuid[]) "
-            "ORDER BY consumer, message_id",
+            "SELECT consumer, sent_as FROM telecom.inbox WHERE sent_as = ANY($1::uuid[]) "
+            "ORDER BY consumer, sent_as",
             list(message_ids),
         )
         state["inbox"] = [tuple(r.values()) for r in inbox]

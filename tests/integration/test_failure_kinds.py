@@ -72,7 +72,7 @@ async def test_a_forged_x_attempt_neither_loses_nor_skips_the_retries_before_suc
     await eventually(applied, within=20)
     assert calls == [7, 7, 7]  # two failures, then the success: nothing skipped, nothing lost
     (counted,) = await fetch(
-        pool, "SELECT attempts FROM telecom.attempts WHERE message_id = $1::uuid", mid
+        pool, "SELECT attempts FROM telecom.attempts WHERE sent_as = $1::uuid", mid
     )
     assert counted["attempts"] == 2
     assert await fetch(pool, "SELECT * FROM telecom.holds WHERE user_id = $1", user) == []

@@ -120,7 +120,7 @@ async def test_the_same_message_delivered_twice_has_one_effect(w: World) -> None
     assert w.lifecycle(user) == ["package_activate"]
     async with w.pool.acquire() as conn:
         count = await conn.fetchval(
-            "SELECT count(*) FROM telecom.inbox WHERE message_id = $1", message_id
+            "SELECT count(*) FROM telecom.inbox WHERE sent_as = $1", message_id
         )
     assert count == 1
 

@@ -10,6 +10,7 @@ import asyncpg
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
+from events.identity import message_key
 from events.models import AdjustQuota
 from events.routes import QUOTA_ADJUST, USAGE_RECORD
 from infra.jobs import Jobs, end_message
@@ -71,8 +72,8 @@ async def test_cancelling_a_group_frees_the_user_held_behind_a_member_waiting_fo
     later = await jobs.publish(USAGE_RECORD, usage(user, 5))
 
     async def parked() -> bool:
-        rows = await fetch(pool, "SELECT message_id FROM telecom.parked WHERE user_id = $1", user)
-        return [r["message_id"] for r in rows] == [later.message_id]
+        rows = await fetch(pool, "SELECT sent_as FROM telecom.parked WHERE user_id = $1", user)
+        return [r["sent_as"] for r in rows] == [later.message_id]
 
     await eventually(parked)
     result = await jobs.cancel_group(group.group_id, "test")
@@ -199,10 +200,10 @@ async def test_reviving_a_dead_letter_clears_its_ttr_strikes(pool: asyncpg.Pool)
                 error_message="too slow",
             ),
         )
-        await conn.execute(
+        await conn.execute(  # kept under the message's key (events/identity.py)
             "INSERT INTO telecom.ttr_strikes (consumer, message_id, strikes) "
             "VALUES ('usage_record', $1, 5)",
-            message_id,
+            message_key(message_id, None, None),
         )
         (result,) = await replay.replay(conn, [dead_id], "test", pkgq_user="pkgq")
     assert result.replayed
@@ -245,8 +246,9 @@ async def test_duplicate_deliveries_of_group_members_and_addressed_messages_coun
         on_complete=end_message(QUOTA_ADJUST, AdjustQuota(user_id=ops, item_id=1, delta=1)),
     )
     addressed = await jobs.publish(USAGE_RECORD, usage(uuid4(), 3), address="dup")
-    # Second copies of a member and of the addressed message reach the broker first.
-    publisher = await Publisher.open(amqp, settings.exchange)
+    # Second copies of a member and of the addressed message reach the broker first, sent by
+    # pkgq as the relay sends them (its own AMQP user: the same messages, not an outsider's).
+    publisher = await Publisher.open(amqp, settings.exchange, user_id=settings.amqp_user)
     try:
         for message_id in (group.message_ids[0], addressed.message_id):
             (row,) = await fetch(

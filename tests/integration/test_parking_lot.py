@@ -122,7 +122,7 @@ async def test_a_drain_that_fails_for_one_user_still_drains_the_others(
     assert await process(usage(u2, p2, 4)) == Fate.PARKED
     await fetch(pool, "UPDATE telecom.holds SET blocker = NULL, state = 'releasing' RETURNING 1")
     await poll(process)
-    parked = await fetch(pool, "SELECT message_id FROM telecom.parked")
-    assert [r["message_id"] for r in parked] == [p1]  # u1 waits for its outage; u2 went on
+    parked = await fetch(pool, "SELECT sent_as FROM telecom.parked")
+    assert [r["sent_as"] for r in parked] == [p1]  # u1 waits for its outage; u2 went on
     held = await fetch(pool, "SELECT user_id FROM telecom.holds")
     assert [r["user_id"] for r in held] == [u1]

@@ -19,7 +19,9 @@ from tests.support.observing import eventually
 
 async def _applied(pool: asyncpg.Pool) -> list[UUID]:
     async with pool.acquire() as conn:
-        rows = await conn.fetch("SELECT message_id FROM telecom.inbox ORDER BY processed_at")
+        rows = await conn.fetch(
+            "SELECT sent_as AS message_id FROM telecom.inbox ORDER BY processed_at"
+        )
     return [r["message_id"] for r in rows]
 
 

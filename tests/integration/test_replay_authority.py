@@ -130,9 +130,7 @@ class Forgery:
         assert (
             await fetch(self.pool, "SELECT 1 FROM telecom.outbox WHERE message_id = $1", mid) == []
         )
-        assert (
-            await fetch(self.pool, "SELECT 1 FROM telecom.inbox WHERE message_id = $1", mid) == []
-        )
+        assert await fetch(self.pool, "SELECT 1 FROM telecom.inbox WHERE sent_as = $1", mid) == []
         (letter,) = await fetch(
             self.pool,
             "SELECT status::text AS status, publisher FROM telecom.dead_letters WHERE id = $1",

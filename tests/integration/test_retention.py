@@ -29,6 +29,7 @@ EXPECTED = {
     "workers": 1,
     "usage_billed": 2,
     "route_minutes": 2,
+    "web_sessions": 0,  # expired console sessions: tests/web/test_console_sessions.py
 }
 """What _populate leaves past retention, per table."""
 
@@ -174,8 +175,8 @@ async def test_prune_deletes_only_what_is_past_retention_in_bounded_batches(
     counts = await retention.prune(pool, RETENTION, batch_size=10)
 
     assert {k: v for k, v in counts.items() if k != retention.BATCHES} == EXPECTED
-    # inbox 10+10+8, outbox 10+2, then one short batch for each of the eight other tables
-    assert counts[retention.BATCHES] == 3 + 2 + 8
+    # inbox 10+10+8, outbox 10+2, then one short batch for each of the nine other tables
+    assert counts[retention.BATCHES] == 3 + 2 + 9
     after = await _table_counts(pool)
     for table, gone in EXPECTED.items():
         assert after[table] == before[table] - gone, table

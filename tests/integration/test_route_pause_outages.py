@@ -94,7 +94,7 @@ async def _resume(pool: asyncpg.Pool, route: str) -> None:
 async def _inbox_count(pool: asyncpg.Pool, message_ids: list[UUID]) -> int:
     async with pool.acquire() as conn:
         found: int = await conn.fetchval(
-            "SELECT count(*) FROM telecom.inbox WHERE message_id = ANY($1::uuid[])", message_ids
+            "SELECT count(*) FROM telecom.inbox WHERE sent_as = ANY($1::uuid[])", message_ids
         )
     return found
 

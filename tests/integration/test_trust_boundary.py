@@ -212,7 +212,7 @@ async def test_pkgq_buries_lifecycle_events_another_broker_user_published_as_unt
     assert (await w.access_row(consumed), await w.access_row(active)) == before
     async with w.pool.acquire() as conn:  # buried before being believed: nothing applied
         applied = await conn.fetchval(
-            "SELECT count(*) FROM telecom.inbox WHERE message_id = ANY($1::uuid[])",
+            "SELECT count(*) FROM telecom.inbox WHERE sent_as = ANY($1::uuid[])",
             [UUID(m) for m in [*forged, revoking]],
         )
     assert applied == 0

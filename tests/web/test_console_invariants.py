@@ -9,6 +9,7 @@ import json
 import re
 from collections.abc import AsyncIterator
 from html import unescape
+from urllib.parse import unquote
 from uuid import UUID, uuid4
 
 import asyncpg
@@ -151,7 +152,7 @@ async def test_an_operator_releases_an_orphaned_hold_from_the_console_audited_an
     assert len(await fetch(pool, "SELECT id FROM telecom.operator_actions")) == 1
 
 
-async def test_a_hold_with_a_buried_blocker_is_not_released_from_the_console(
+async def test_a_hold_with_a_buried_blocker_is_released_from_the_console_with_a_warning(
     http: httpx.AsyncClient, pool: asyncpg.Pool
 ) -> None:
     user, blocker = uuid4(), uuid4()
@@ -165,10 +166,11 @@ async def test_a_hold_with_a_buried_blocker_is_not_released_from_the_console(
         )
     confirm = await http.get(f"/holds/release?consumer=usage_record&user_id={user}")
     assert confirm.status_code == 200
-    assert "This hold is not orphaned" in confirm.text
-    assert 'action="/holds/release"' not in confirm.text
+    assert f"message {blocker} lies buried" in confirm.text  # the warning
+    assert "replay or discard its" in confirm.text  # the usual way out, named
+    assert 'action="/holds/release"' in confirm.text  # and the release, all the same
     csrf = csrf_of((await http.get("/holds")).text)
-    refused = await http.post(
+    released = await http.post(
         "/holds/release",
         data={
             "csrf": csrf,
@@ -177,8 +179,10 @@ async def test_a_hold_with_a_buried_blocker_is_not_released_from_the_console(
             "blocker": str(blocker),
         },
     )
-    assert refused.status_code == 409
-    assert "lies buried" in refused.text
-    assert (await fetch(pool, "SELECT blocker FROM telecom.holds"))[0]["blocker"] == blocker
+    assert released.status_code == 303
+    assert "lies buried" in unquote(released.headers["location"])
+    assert (await fetch(pool, "SELECT blocker FROM telecom.holds"))[0]["blocker"] is None
+    (letter,) = await fetch(pool, "SELECT status::text AS status FROM telecom.dead_letters")
+    assert letter["status"] == "buried"
     missing = await http.get(f"/holds/release?consumer=package_cancel&user_id={user}")
     assert missing.status_code == 404

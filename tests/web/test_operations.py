@@ -17,6 +17,7 @@ from events.models import RecordUsage
 from events.routes import PACKAGE_PURCHASE, USAGE_RECORD
 from infra.postgres import dead_letters, holds
 from infra.settings import Settings
+from tests.support import keys
 from tests.support.dead_letters import buried
 from tests.support.deliveries import add_package
 from tests.support.processes import cli
@@ -44,9 +45,7 @@ async def test_an_edited_replay_keeps_the_users_parked_messages_waiting_behind_i
     dead, message_id = await _buried_purchase(pool, user, original)
     later = uuid4()
     async with pool.acquire() as conn:
-        await holds.hold_many(
-            conn, "package_purchase", [holds.NewHold(user, message_id, "buried", 3, "boom")]
-        )
+        await keys.hold(conn, "package_purchase", user, message_id, "buried", None, 3, "boom")
         await holds.park_many(
             conn,
             "package_purchase",

@@ -28,6 +28,7 @@ RETURN md5(message_id::text || '|' || coalesce(publisher, 'unverified') || '|'
 ALTER TABLE telecom.inbox ADD COLUMN sent_as uuid;
 ALTER TABLE telecom.attempts ADD COLUMN sent_as uuid;
 ALTER TABLE telecom.parked ADD COLUMN sent_as uuid;
+ALTER TABLE telecom.ttr_strikes ADD COLUMN sent_as uuid;
 
 ALTER TABLE telecom.dead_letters ADD COLUMN message_key uuid;
 UPDATE telecom.dead_letters
