@@ -7,8 +7,11 @@ opened, a basic.consume) fails with the connection's error. Whatever pkgq sets u
 `through_outages`: a failure that is the connection's loss (an outage, or any failure while
 the connection is down) is waited out, on short capped pauses and until the connection is back,
 then the step is tried again from the start, after `undo` has discarded what was half made (a
-channel left open would be restored beside the next one). Anything else (a queue declared with
-other arguments, access refused) is raised at once: the broker answered, and said no.
+channel left open would be restored beside the next one). aiormq may end a call in flight with
+CancelledError rather than the connection's error (its reader task is cancelled as the
+connection closes): that is a loss too, unless the task itself is being cancelled. Anything
+else (a queue declared with other arguments, access refused) is raised at once: the broker
+answered, and said no.
 """
 
 from __future__ import annotations
@@ -56,10 +59,16 @@ async def through_outages(
             raise StoppingError
         try:
             return await step()
+        except asyncio.CancelledError as exc:
+            if _cancelled_from_outside():
+                raise
+            # aiormq ends a call in flight with CancelledError when the connection's reader
+            # task is cancelled as the connection closes: not this task's cancellation.
+            failure: BaseException = exc
         except Exception as exc:
             if not lost_with_connection(connection, exc):
                 raise
-            failure: Exception = exc
+            failure = exc
         if undo is not None:
             with contextlib.suppress(Exception):
                 await undo()
@@ -73,6 +82,13 @@ async def through_outages(
         if up:  # the connection has not noticed yet, or the broker was slow: do not spin
             await pauses.wait(failure, stopping)
         await _connected_or_stopping(connection, stopping)
+
+
+def _cancelled_from_outside() -> bool:
+    """Whether the running task is being cancelled (rather than a call inside it ended with
+    CancelledError because a task it waited for was)."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
 
 
 async def _connected_or_stopping(

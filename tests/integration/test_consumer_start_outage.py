@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 from uuid import UUID, uuid4
 
+import asyncpg
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractQueue, AbstractRobustConnection
 from aiormq.exceptions import AMQPConnectionError, ChannelPreconditionFailed
@@ -19,76 +20,16 @@ from domain.delivery import Fate
 from events.decoding import RawDelivery
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
+from infra.outbox.relay import Relay
 from infra.rabbit.connection import connect
 from infra.rabbit.consumer import QueueConsumer, Result
 from infra.rabbit.management import passive_figures
 from infra.rabbit.publisher import Publisher
 from infra.rabbit.topology import declare_exchanges, declare_route_queue, route_queues
 from infra.settings import Settings
+from tests.support.cuttable import QUEUE_DECLARE, Cuttable
 from tests.support.deliveries import Sending
 from tests.support.observing import eventually
-
-QUEUE_DECLARE = b"\x00\x32\x00\x0a"
-"""An AMQP method frame's class and method ids: Queue.Declare."""
-
-
-class Cuttable:
-    """A forwarder to the broker in the test's own event loop. `hold()`: from then on nothing
-    passes either way (what the client sends is kept in `held`, nothing answers it); `cut()`:
-    every connection it forwarded is aborted, as a reset is, and traffic passes again."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self._target = target
-        self._writers: list[asyncio.StreamWriter] = []
-        self._holding = False
-        self.held: list[bytes] = []
-        self.port = 0
-        self._server: asyncio.Server | None = None
-
-    async def __aenter__(self) -> Cuttable:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        self.cut()
-
-    def url(self, amqp_url: str) -> str:
-        parts = urlsplit(amqp_url)
-        credentials = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
-        return urlunsplit(parts._replace(netloc=f"{credentials}127.0.0.1:{self.port}"))
-
-    def hold(self) -> None:
-        self._holding = True
-
-    def cut(self) -> None:
-        for writer in self._writers:
-            writer.transport.abort()
-        self._writers.clear()
-        self._holding = False
-
-    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        server_r, server_w = await asyncio.open_connection(*self._target)
-        self._writers += [client_w, server_w]
-        await asyncio.gather(
-            self._pipe(client_r, server_w, upstream=True),
-            self._pipe(server_r, client_w, upstream=False),
-            return_exceptions=True,
-        )
-
-    async def _pipe(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, upstream: bool
-    ) -> None:
-        while chunk := await reader.read(65536):
-            if self._holding:
-                if upstream:
-                    self.held.append(chunk)
-                continue
-            writer.write(chunk)
-            await writer.drain()
-        writer.close()
 
 
 async def test_a_connection_reset_while_a_consumer_declares_its_queue_is_waited_out_and_it_consumes(
@@ -239,3 +180,34 @@ async def test_a_connection_lost_again_while_subscribing_after_a_reconnection_is
     finally:
         await consumer.stop()
         await connection.close()
+
+
+async def test_a_connection_reset_while_the_relay_sets_up_is_waited_out_and_it_gets_ready(
+    settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
+) -> None:
+    """`pkgq relay` too: its start-up (a channel, the topology, the publisher) meets a reset;
+    it waits for the connection and gets ready to publish."""
+    target = urlsplit(settings.amqp_url)
+    async with Cuttable((target.hostname or "127.0.0.1", target.port or 5672)) as proxy:
+        connection = await connect(proxy.url(settings.amqp_url), f"pkgq-test-{uuid4().hex[:8]}")
+        relay = Relay(settings, pool, connection)
+        stop = asyncio.Event()
+        proxy.hold()  # the relay's first call (its channel's opening) is never answered
+        running = asyncio.create_task(relay.run(stop))
+        try:
+
+            async def declaring() -> bool:
+                return bool(proxy.held)
+
+            await eventually(declaring)
+            proxy.cut()
+
+            async def relaying() -> bool:
+                return relay.ready()
+
+            await eventually(relaying, within=30)
+            assert not running.done()
+        finally:
+            stop.set()
+            await asyncio.wait_for(running, timeout=30)
+            await connection.close()
