@@ -18,10 +18,12 @@ consumer column beside it. PostgreSQL computes the same key (`telecom.message_ke
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
+from typing import Any
 from uuid import UUID
 
 from events import bounded_json
-from events.envelope import UNVERIFIED
+from events.envelope import H_USER_ID, UNVERIFIED, header_text
 
 
 def message_key(message_id: UUID, publisher: str | None, user_id: UUID | None) -> UUID:
@@ -46,3 +48,12 @@ def body_user(body: bytes) -> UUID | None:
         return UUID(named) if isinstance(named, str) else None
     except ValueError:
         return None
+
+
+def claimed_user(headers: Mapping[str, Any], user_id: UUID | None) -> str | None:
+    """The user a message's `x-user-id` header claims, when it is not the user the message is
+    filed under (shown as a claim, never believed); None when it claims none or the same."""
+    claimed = header_text(headers, H_USER_ID, 64)
+    if claimed is None or claimed == (str(user_id) if user_id is not None else None):
+        return None
+    return claimed

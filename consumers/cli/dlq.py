@@ -19,6 +19,7 @@ from consumers.cli.options import JsonOpt
 from consumers.cli.output import Column, console, field, moment, short, show, show_table, text
 from consumers.cli.running import load_settings, on_database, run
 from events import bounded_json
+from events.identity import claimed_user
 from infra.gc_tuning import tune_for_throughput
 from infra.postgres import dead_letters, holds
 from infra.postgres.pool import Conn
@@ -30,7 +31,7 @@ dlq_app = typer.Typer(
 
 _SHOWN = (
     *("id", "status", "source", "route", "consumer", "message_id", "message_type", "user_id"),
-    "publisher",
+    *("claimed_user_id", "publisher"),
     *("reason", "error_type", "error_message", "error_location", "group_key", "attempts"),
     *("first_failed_at", "last_failed_at", "repeats", "body_size", "body_sha256"),
     *("replay_count", "replayed_at", "replayed_by", "discarded_at", "discarded_by", "held_back"),
@@ -88,6 +89,8 @@ def show_cmd(dead_letter_id: int, as_json: JsonOpt = False) -> None:
         exit_codes.fail(exit_codes.NOT_FOUND, f"no dead letter {dead_letter_id}")
     body = bytes(row.pop("body"))
     row["headers"] = dead_letters.as_dict(row["headers"])
+    # what its x-user-id header says, when not the user it is filed under: a claim, not believed
+    row["claimed_user_id"] = claimed_user(row["headers"], row["user_id"])
     row["body"] = bounded_json.parsed_or_text(body)  # as text when not JSON or too deep
     show(row, as_json, _print_dead_letter)
 

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from consumers import dead_letter_filter, operations
 from consumers.web import auth
 from consumers.web.dependencies import Operator, Viewer, pool_of, render
+from events.identity import claimed_user
 from events.routes import ROUTES
 from infra.postgres import console, dead_letters, operator_actions
 from infra.settings import Settings
@@ -81,7 +82,9 @@ async def dead_letter_detail(request: Request, dead_letter_id: int, who: Viewer)
         audit = await operator_actions.recent(conn, dead_letter_id=dead_letter_id, limit=20)
     if row is None:
         raise HTTPException(404, f"no dead letter {dead_letter_id}")
-    row["headers_text"] = json.dumps(dead_letters.as_dict(row["headers"]), indent=2, default=str)
+    headers = dead_letters.as_dict(row["headers"])
+    row["headers_text"] = json.dumps(headers, indent=2, default=str)
+    row["claimed_user"] = claimed_user(headers, row["user_id"])
     row["body_text"] = console.body_text(row.pop("body"))
     return render(
         request,

@@ -15,6 +15,7 @@ Each case failed on the code before messages had an identity of their own:
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -50,6 +51,7 @@ from infra.settings import Settings
 from tests.support.broker_users import broker_user, grant, unique_role_users, url_for
 from tests.support.in_process import StartApp
 from tests.support.observing import eventually, fetch
+from tests.support.processes import cli
 from tests.support.queue_items import queue_of
 
 RETRY_AFTER_S = 4.0
@@ -323,6 +325,10 @@ async def test_discarding_an_outsiders_garbage_under_a_failed_messages_id_withdr
     assert garbage["user_id"] is None
     assert garbage["publisher"] == publishers.mallory.name
     assert dead_letters.as_dict(garbage["headers"])[H_USER_ID] == str(victim)
+    shown = await cli(settings, "dlq", "show", str(garbage["id"]), "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["user_id"] is None
+    assert json.loads(shown.stdout)["claimed_user_id"] == str(victim)  # shown as a claim
     async with pool.acquire() as conn, conn.transaction():
         assert await dead_letters.discard(conn, [garbage["id"]], "olga") == 1
     # The operator's routine clean-up left M's retry and the victim's hold alone.
