@@ -40,6 +40,11 @@ states AS MATERIALIZED (
            -- a row from before keys (migration 0022) is kept by its message_id
            OR EXISTS (SELECT 1 FROM telecom.inbox i
                       WHERE i.consumer = $1 AND i.message_id = m.id AND i.sent_as IS NULL)
+           -- done with for good, however long ago the inbox forgot it: an operator discarded
+           -- its letter, or it was applied since its letter was filed (superseded)
+           OR EXISTS (SELECT 1 FROM telecom.dead_letters d
+                      WHERE d.consumer = $1 AND d.message_key = m.k
+                        AND d.status IN ('discarded', 'superseded'))
               AS seen,
            (SELECT a.attempts FROM telecom.attempts a
             WHERE a.consumer = $1 AND a.message_id = m.k AND a.generation = 0) AS attempts
@@ -64,7 +69,9 @@ class LockedRead:
     held: dict[UUID, Hold]
     """The users' holds on the consumer, locked until the transaction ends."""
     seen: set[UUID]
-    """Keys of messages the consumer applied before (the inbox)."""
+    """Keys of messages the consumer is done with: applied before (the inbox), or whose dead
+    letter an operator discarded or their application superseded (the durable record, which
+    outlives the inbox's retention)."""
     counted: dict[UUID, int]
     """Failed attempts of messages that failed before, by key (absent: none)."""
     items: dict[UUID, list[QueueItem]]

@@ -32,9 +32,12 @@ from hypothesis import strategies as st
 
 from consumers import operations
 from consumers.delivery import DeliveryPipeline
+from consumers.handlers import usage_record
 from consumers.retry_policy import RetryPolicy
 from consumers.runner import handler_for
 from consumers.unit_of_work import HandlerContext
+from domain.delivery import Fate
+from events.decoding import RawDelivery
 from events.envelope import (
     CONTENT_TYPE,
     H_CLAIMED,
@@ -45,7 +48,7 @@ from events.envelope import (
 from events.identity import message_key
 from events.models import CancelPackage, RecordUsage
 from events.routes import PACKAGE_CANCEL, USAGE_RECORD, Route
-from infra.postgres import dead_letters, invariants
+from infra.postgres import dead_letters, invariants, replay
 from infra.rabbit.connection import connect
 from infra.settings import Settings
 from tests.support.broker_users import broker_user, grant, unique_role_users, url_for
@@ -553,3 +556,86 @@ async def test_postgres_and_pkgq_work_out_the_same_key_for_any_identity(
             "SELECT telecom.message_key($1, $2, $3)", message_id, publisher, user
         )
     assert in_sql == message_key(message_id, publisher, user)
+
+
+def flaky_usage(pool: asyncpg.Pool, failing: set[UUID]) -> DeliveryPipeline:
+    """The usage route whose handler refuses the messages in `failing` as a data error Postgres
+    would refuse every time (buried at once, holding its user)."""
+
+    async def handler(ctx: HandlerContext, body: RecordUsage) -> None:
+        if ctx.envelope.message_id in failing:
+            raise asyncpg.exceptions.NumericValueOutOfRangeError("bigint out of range")
+        await usage_record.handle(ctx, body)
+
+    return DeliveryPipeline(
+        pool, USAGE_RECORD, handler, RetryPolicy(max_attempts=3), max_body_bytes=2**20
+    )
+
+
+def usage_delivery(user: UUID, message_id: UUID, upload: int) -> RawDelivery:
+    return RawDelivery(
+        body=RecordUsage(user_id=user, upload=upload, download=0).model_dump_json().encode(),
+        message_id=str(message_id),
+        message_type=USAGE_RECORD.message_type,
+        content_type=CONTENT_TYPE,
+        timestamp=None,
+        headers={H_SCHEMA_VERSION: USAGE_RECORD.schema_version},
+        publisher="billing",
+    )
+
+
+async def unbilled(pool: asyncpg.Pool, user: UUID) -> int:
+    rows = await fetch(
+        pool, "SELECT unbilled_upload FROM telecom.queue_users WHERE user_id = $1", user
+    )
+    return int(rows[0]["unbilled_upload"]) if rows else 0
+
+
+async def test_an_operators_discard_stands_after_the_inbox_forgot_and_the_message_comes_again(
+    pool: asyncpg.Pool,
+) -> None:
+    user, m = uuid4(), uuid4()
+    failing = {m}
+    pipe = flaky_usage(pool, failing)
+    assert [r.fate for r in await pipe.process_batch([usage_delivery(user, m, 5)])] == [Fate.BURIED]
+    (letter,) = await fetch(
+        pool, "SELECT id FROM telecom.dead_letters WHERE message_id = $1", str(m)
+    )
+    async with pool.acquire() as conn, conn.transaction():
+        assert await dead_letters.discard(conn, [letter["id"]], "olga") == 1
+    await fetch(pool, "DELETE FROM telecom.inbox RETURNING 1")  # retention, long after
+    failing.clear()  # it would apply now: the discard must keep it from doing so
+    assert [r.fate for r in await pipe.process_batch([usage_delivery(user, m, 5)])] == [
+        Fate.DUPLICATE
+    ]
+    assert await unbilled(pool, user) == 0
+    (still,) = await fetch(pool, "SELECT status::text AS s FROM telecom.dead_letters")
+    assert still["s"] == "discarded"
+
+
+async def test_a_message_applied_after_its_burial_is_never_applied_again_after_the_inbox_forgot(
+    pool: asyncpg.Pool,
+) -> None:
+    user, m = uuid4(), uuid4()
+    failing = {m}
+    pipe = flaky_usage(pool, failing)
+    await pipe.process_batch([usage_delivery(user, m, 5)])  # buried
+    failing.clear()
+    async with pool.acquire() as conn, conn.transaction():  # released, then sent again: applied
+        (filed,) = await conn.fetch("SELECT id FROM telecom.dead_letters")
+        await replay.replay(conn, [filed["id"]], "olga", pkgq_user="pkgq")
+    (row,) = await fetch(pool, "SELECT headers FROM telecom.outbox WHERE message_id = $1", m)
+    again = usage_delivery(user, m, 5)
+    resent = RawDelivery(
+        again.body, again.message_id, again.message_type, again.content_type, None,
+        {**dead_letters.as_dict(row["headers"])}, publisher="pkgq",
+    )  # fmt: skip
+    assert [r.fate for r in await pipe.process_batch([resent])] == [Fate.APPLIED]
+    assert await unbilled(pool, user) == 5
+    (status,) = await fetch(pool, "SELECT status::text AS s FROM telecom.dead_letters")
+    assert status["s"] == "superseded"
+    await fetch(pool, "DELETE FROM telecom.inbox RETURNING 1")  # retention, long after
+    assert [r.fate for r in await pipe.process_batch([usage_delivery(user, m, 5)])] == [
+        Fate.DUPLICATE
+    ]
+    assert await unbilled(pool, user) == 5  # once
