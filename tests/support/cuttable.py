@@ -49,7 +49,11 @@ class Cuttable:
         self._holding = False
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        server_r, server_w = await asyncio.open_connection(*self._target)
+        try:
+            server_r, server_w = await asyncio.open_connection(*self._target)
+        except OSError:  # the broker itself is away: so is this connection
+            client_w.transport.abort()
+            return
         self._writers += [client_w, server_w]
         await asyncio.gather(
             self._pipe(client_r, server_w, upstream=True),
