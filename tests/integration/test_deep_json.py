@@ -14,18 +14,16 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from uuid import UUID, uuid4
 
-import aio_pika
 import asyncpg
 import httpx
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
-from events.envelope import CONTENT_TYPE, H_SCHEMA_VERSION, H_USER_ID
+from events.envelope import H_USER_ID
 from events.models import PurchasePackage
 from events.routes import PACKAGE_PURCHASE, PACKAGE_QUEUING, USAGE_RECORD
-from infra.rabbit.connection import connect
 from infra.settings import Settings
-from tests.support.broker_users import broker_user, grant, unique_role_users, url_for
+from tests.support.broker_users import Publisher, publisher_connection
 from tests.support.deliveries import add_package, send
 from tests.support.in_process import InProcess
 from tests.support.observing import eventually, fetch
@@ -40,37 +38,16 @@ STORED = ("[" * DEPTH + "]" * DEPTH).encode()
 
 
 @pytest.fixture
-async def outsider(settings: Settings) -> AsyncIterator[AbstractRobustConnection]:
-    """A connection as a second broker user with the definitions' publisher role only."""
-    users = unique_role_users()
-    async with broker_user(users.publisher) as password:
-        await grant(settings, users, users.publisher)
-        connection = await connect(url_for(settings, users.publisher, password), "pkgq-test-deep")
-        yield connection
-        await connection.close()
+async def outsider(settings: Settings) -> AsyncIterator[Publisher]:
+    """A second broker user with the definitions' publisher role only."""
+    async with publisher_connection(settings, "deep") as publisher:
+        yield publisher
 
 
-async def publish_garbage(
-    outsider: AbstractRobustConnection, settings: Settings, victim: UUID
-) -> UUID:
+async def publish_garbage(outsider: Publisher, settings: Settings, victim: UUID) -> UUID:
     message_id = uuid4()
-    channel = await outsider.channel(publisher_confirms=True)
-    try:
-        exchange = await channel.get_exchange(settings.exchange, ensure=False)
-        await exchange.publish(
-            aio_pika.Message(
-                GARBAGE,
-                message_id=str(message_id),
-                type=USAGE_RECORD.message_type,
-                content_type=CONTENT_TYPE,
-                headers={H_SCHEMA_VERSION: USAGE_RECORD.schema_version, H_USER_ID: str(victim)},
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            ),
-            USAGE_RECORD.name,
-            mandatory=True,
-        )
-    finally:
-        await channel.close()
+    headers = {H_USER_ID: str(victim)}
+    await outsider.publish(settings, USAGE_RECORD, GARBAGE, message_id, headers=headers)
     return message_id
 
 
@@ -156,7 +133,7 @@ async def test_garbage_nested_3000_deep_is_filed_as_invalid_json_and_shown_as_te
     settings: Settings,
     pool: asyncpg.Pool,
     amqp: AbstractRobustConnection,
-    outsider: AbstractRobustConnection,
+    outsider: Publisher,
 ) -> None:
     victim = await victim_with_a_package(settings, pool, amqp)
     message_id = await publish_garbage(outsider, settings, victim)

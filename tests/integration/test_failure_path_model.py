@@ -118,46 +118,51 @@ def handler_for(model: Model) -> Any:
     return handler
 
 
-def raw(model: Model, m: int, headers: dict[str, Any], publisher: str) -> RawDelivery:
-    user = model.user_of(m)
-    body = RecordUsage(user_id=user, upload=2**m, download=0)
+def delivery(
+    model: Model,
+    m: int,
+    body: bytes,
+    headers: dict[str, Any],
+    publisher: str,
+    content_type: str = CONTENT_TYPE,
+) -> RawDelivery:
+    """A delivery under message m's id."""
     return RawDelivery(
-        body=body.model_dump_json().encode(),
+        body=body,
         message_id=str(model.ids[m]),
         message_type=USAGE_RECORD.message_type,
-        content_type=CONTENT_TYPE,
+        content_type=content_type,
         timestamp=None,
-        headers={H_SCHEMA_VERSION: USAGE_RECORD.schema_version, H_USER_ID: str(user), **headers},
+        headers=headers,
         publisher=publisher,
     )
+
+
+def usage_body(user: UUID, upload: int) -> bytes:
+    return RecordUsage(user_id=user, upload=upload, download=0).model_dump_json().encode()
+
+
+VERSION = {H_SCHEMA_VERSION: USAGE_RECORD.schema_version}
+
+
+def raw(model: Model, m: int, headers: dict[str, Any], publisher: str) -> RawDelivery:
+    """Message m, for its user, billing its own power of two."""
+    user = model.user_of(m)
+    claims = {**VERSION, H_USER_ID: str(user), **headers}
+    return delivery(model, m, usage_body(user, 2**m), claims, publisher)
 
 
 def outsiders(model: Model, m: int, t: int, headers: dict[str, Any]) -> RawDelivery:
     """The outsider's copy of message m's id, for user t, billing its own power of two."""
     key = model.outsider_key(m, t)
-    body = RecordUsage(user_id=model.users[t], upload=model.uploads[key], download=0)
-    return RawDelivery(
-        body=body.model_dump_json().encode(),
-        message_id=str(model.ids[m]),
-        message_type=USAGE_RECORD.message_type,
-        content_type=CONTENT_TYPE,
-        timestamp=None,
-        headers={H_SCHEMA_VERSION: USAGE_RECORD.schema_version, **headers},
-        publisher=OUTSIDER,
-    )
+    body = usage_body(model.users[t], model.uploads[key])
+    return delivery(model, m, body, {**VERSION, **headers}, OUTSIDER)
 
 
 def garbage(model: Model, m: int, t: int, headers: dict[str, Any]) -> RawDelivery:
     """Garbage under message m's id, claiming user t in its header."""
-    return RawDelivery(
-        body=b"not json",
-        message_id=str(model.ids[m]),
-        message_type=USAGE_RECORD.message_type,
-        content_type="text/plain",
-        timestamp=None,
-        headers={H_USER_ID: str(model.users[t]), **headers},
-        publisher=OUTSIDER,
-    )
+    claims = {H_USER_ID: str(model.users[t]), **headers}
+    return delivery(model, m, b"not json", claims, OUTSIDER, "text/plain")
 
 
 PAST = "2000-01-01T00:00:00+00:00"
@@ -253,15 +258,8 @@ async def run_step(
             headers = dict(rows[0]["headers"])
             key = message_key(model.ids[m], publisher_of(headers, PKGQ), rows[0]["user_id"])
             model.plan.setdefault(key, []).append(behaviour)
-            copy = RawDelivery(  # as the relay sends it: the row's body and headers
-                body=bytes(rows[0]["body"]),
-                message_id=str(model.ids[m]),
-                message_type=USAGE_RECORD.message_type,
-                content_type=CONTENT_TYPE,
-                timestamp=None,
-                headers={H_SCHEMA_VERSION: USAGE_RECORD.schema_version, **headers},
-                publisher=PKGQ,
-            )
+            # as the relay sends it: the row's body and headers
+            copy = delivery(model, m, bytes(rows[0]["body"]), {**VERSION, **headers}, PKGQ)
             await pipe.process_batch([copy])
     elif kind == "expire":  # pkgq's copy of the honest message, taken after its TTL
         (m,) = args

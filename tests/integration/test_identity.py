@@ -22,7 +22,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
-import aio_pika
 import asyncpg
 import hypothesis
 import pytest
@@ -47,11 +46,12 @@ from events.envelope import (
 )
 from events.identity import message_key
 from events.models import CancelPackage, RecordUsage
-from events.routes import PACKAGE_CANCEL, USAGE_RECORD, Route
+from events.routes import PACKAGE_CANCEL, USAGE_RECORD
 from infra.postgres import dead_letters, invariants, replay
-from infra.rabbit.connection import connect
+from infra.postgres.pool import Conn
 from infra.settings import Settings
-from tests.support.broker_users import broker_user, grant, unique_role_users, url_for
+from tests.support import keys
+from tests.support.broker_users import Publisher, publisher_connection
 from tests.support.in_process import StartApp
 from tests.support.observing import eventually, fetch
 from tests.support.processes import cli
@@ -60,47 +60,6 @@ from tests.support.queue_items import queue_of
 RETRY_AFTER_S = 4.0
 """How long the victim's failed cancel waits for its retry: long enough for the outsider to
 act meanwhile."""
-
-
-@dataclass
-class Publisher:
-    name: str
-    connection: AbstractRobustConnection
-
-    async def publish(
-        self,
-        settings: Settings,
-        route: Route,
-        body: bytes,
-        message_id: UUID,
-        *,
-        headers: dict[str, Any] | None = None,
-        content_type: str = CONTENT_TYPE,
-        version: int | None = None,
-    ) -> None:
-        """Publish as this broker user (its own name in `user_id`, which the broker checks),
-        with a confirm."""
-        channel = await self.connection.channel(publisher_confirms=True)
-        try:
-            exchange = await channel.get_exchange(settings.exchange, ensure=False)
-            await exchange.publish(
-                aio_pika.Message(
-                    body,
-                    message_id=str(message_id),
-                    type=route.message_type,
-                    content_type=content_type,
-                    user_id=self.name,
-                    headers={
-                        H_SCHEMA_VERSION: version or route.schema_version,
-                        **(headers or {}),
-                    },
-                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                ),
-                route.name,
-                mandatory=True,
-            )
-        finally:
-            await channel.close()
 
 
 @dataclass
@@ -116,24 +75,11 @@ async def publishers(
     settings: Settings,
     amqp: AbstractRobustConnection,  # declares the test's exchanges
 ) -> AsyncIterator[Publishers]:
-    shop, mallory = unique_role_users(), unique_role_users()
     async with (
-        broker_user(shop.publisher) as shop_password,
-        broker_user(mallory.publisher) as mallory_password,
+        publisher_connection(settings, "shop") as shop,
+        publisher_connection(settings, "mallory") as mallory,
     ):
-        await grant(settings, shop, shop.publisher)
-        await grant(settings, mallory, mallory.publisher)
-        honest = await connect(url_for(settings, shop.publisher, shop_password), "pkgq-test-shop")
-        outsider = await connect(
-            url_for(settings, mallory.publisher, mallory_password), "pkgq-test-mallory"
-        )
-        try:
-            yield Publishers(
-                Publisher(shop.publisher, honest), Publisher(mallory.publisher, outsider)
-            )
-        finally:
-            await honest.close()
-            await outsider.close()
+        yield Publishers(shop, mallory)
 
 
 def cancel(user: UUID, item_id: int) -> bytes:
@@ -200,15 +146,60 @@ async def broken(pool: asyncpg.Pool) -> dict[str, int]:
     return {r.check: r.violations for r in results if not r.ok}
 
 
-async def victim_waiting_for_a_retry(
+@dataclass
+class Scene:
+    """The victim's cancel M (from the shop) failed once and waits for its retry; the victim's
+    later cancel L is parked behind it."""
+
+    settings: Settings
+    pool: asyncpg.Pool
+    publishers: Publishers
+    victim: UUID
+    items: list[int]
+    m: UUID
+    later: UUID
+
+    def key(self, message_id: UUID) -> UUID:
+        """The key of the shop's message `message_id` for the victim."""
+        return message_key(message_id, self.publishers.shop.name, self.victim)
+
+    async def m_still_waits(self) -> None:
+        """M still holds the victim, with its own retry on its way."""
+        hold = await hold_of(self.pool, PACKAGE_CANCEL.short_name, self.victim)
+        assert hold is not None
+        assert (hold["blocker"], hold["state"]) == (self.m, "retrying")
+        retry = f"retry:{PACKAGE_CANCEL.short_name}:{self.key(self.m)}"
+        assert await fetch(self.pool, "SELECT 1 FROM telecom.outbox WHERE cancel_key = $1", retry)
+
+    async def applied(self, *, in_order: bool = True) -> None:
+        """M and L are applied, each once (M first unless told otherwise), nothing is left held
+        and every doctor check holds."""
+
+        async def both() -> bool:
+            return await statuses(self.pool, self.items[2:]) == ["cancelled", "cancelled"]
+
+        await eventually(both, within=30)
+        keys = [key for _, key in await applied_in_order(self.pool, self.victim)]
+        assert keys.count(self.key(self.m)) == 1
+        assert keys.count(self.key(self.later)) == 1
+        if in_order:
+            assert keys.index(self.key(self.m)) < keys.index(self.key(self.later))
+
+        async def settled() -> bool:
+            return await hold_of(self.pool, PACKAGE_CANCEL.short_name, self.victim) is None
+
+        await eventually(settled)
+        assert await broken(self.pool) == {}
+
+
+@pytest.fixture
+async def scene(
     settings: Settings,
     pool: asyncpg.Pool,
-    in_process: StartApp,
     amqp: AbstractRobustConnection,
+    in_process: StartApp,
     publishers: Publishers,
-) -> tuple[UUID, list[int], UUID, UUID]:
-    """The victim's cancel M (from the shop) fails once and waits for its retry; the victim's
-    later cancel L is parked behind it. Returns (victim, items, M, L)."""
+) -> Scene:
     victim, m, later = uuid4(), uuid4(), uuid4()
     items = await queue_of(pool, victim, 4)  # consumed, active, queued, queued
     tuned = settings.model_copy(update={"release_poll_interval": 0.2})
@@ -229,49 +220,19 @@ async def victim_waiting_for_a_retry(
         return bool(await fetch(pool, "SELECT 1 FROM telecom.parked WHERE sent_as = $1", later))
 
     await eventually(parked)
-    return victim, items, m, later
-
-
-async def both_applied_in_order(
-    pool: asyncpg.Pool, victim: UUID, items: list[int], m: UUID, later: UUID, shop: str
-) -> None:
-    """M (the shop's) and then L are applied, each once, and nothing is left held."""
-
-    async def both() -> bool:
-        return await statuses(pool, items[2:]) == ["cancelled", "cancelled"]
-
-    await eventually(both, within=30)
-    applied = await applied_in_order(pool, victim)
-    honest_m = message_key(m, shop, victim)
-    honest_l = message_key(later, shop, victim)
-    keys = [key for _, key in applied]
-    assert honest_m in keys
-    assert honest_l in keys
-    assert keys.index(honest_m) < keys.index(honest_l)  # M first, as it was sent
-    assert len([k for k in keys if k == honest_m]) == 1  # once
-
-    async def settled() -> bool:
-        return await hold_of(pool, PACKAGE_CANCEL.short_name, victim) is None
-
-    await eventually(settled)
-    assert await broken(pool) == {}
+    return Scene(settings, pool, publishers, victim, items, m, later)
 
 
 async def test_an_outsiders_copy_of_a_failed_cancel_with_pkgqs_expiry_header_withdraws_nothing(
-    settings: Settings,
-    pool: asyncpg.Pool,
-    amqp: AbstractRobustConnection,
-    in_process: StartApp,
-    publishers: Publishers,
+    scene: Scene,
 ) -> None:
-    victim, items, m, later = await victim_waiting_for_a_retry(
-        settings, pool, in_process, amqp, publishers
-    )
+    pool, mallory = scene.pool, scene.publishers.mallory
     past = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
-    await publishers.mallory.publish(
-        settings, PACKAGE_CANCEL, cancel(victim, items[2]), m, headers={H_EXPIRES_AT: past}
+    body = cancel(scene.victim, scene.items[2])
+    await mallory.publish(
+        scene.settings, PACKAGE_CANCEL, body, scene.m, headers={H_EXPIRES_AT: past}
     )
-    copy = message_key(m, publishers.mallory.name, victim)
+    copy = message_key(scene.m, mallory.name, scene.victim)
 
     async def copy_parked() -> bool:
         rows = await fetch(pool, "SELECT headers FROM telecom.parked WHERE message_id = $1", copy)
@@ -283,65 +244,45 @@ async def test_an_outsiders_copy_of_a_failed_cancel_with_pkgqs_expiry_header_wit
     headers = dead_letters.as_dict(row["headers"])
     assert H_EXPIRES_AT not in headers
     assert headers[H_CLAIMED][H_EXPIRES_AT] == past
-    hold = await hold_of(pool, PACKAGE_CANCEL.short_name, victim)
-    assert hold is not None
-    assert (hold["blocker"], hold["state"]) == (m, "retrying")
-    retry = f"retry:{PACKAGE_CANCEL.short_name}:{message_key(m, publishers.shop.name, victim)}"
-    assert await fetch(pool, "SELECT 1 FROM telecom.outbox WHERE cancel_key = $1", retry)
+    await scene.m_still_waits()
     assert not await fetch(pool, "SELECT 1 FROM telecom.dead_letters WHERE reason = 'expired'")
-
-    await both_applied_in_order(pool, victim, items, m, later, publishers.shop.name)
+    await scene.applied()
 
 
 async def test_discarding_an_outsiders_garbage_under_a_failed_messages_id_withdraws_nothing(
-    settings: Settings,
-    pool: asyncpg.Pool,
-    amqp: AbstractRobustConnection,
-    in_process: StartApp,
-    publishers: Publishers,
+    scene: Scene,
 ) -> None:
-    victim, items, m, later = await victim_waiting_for_a_retry(
-        settings, pool, in_process, amqp, publishers
-    )
-    await publishers.mallory.publish(
-        settings,
+    pool, mallory, victim = scene.pool, scene.publishers.mallory, scene.victim
+    await mallory.publish(
+        scene.settings,
         PACKAGE_CANCEL,
         b"not json at all",
-        m,
+        scene.m,
         headers={H_USER_ID: str(victim)},
         content_type="text/plain",
     )
+    garbage_sql = (
+        "SELECT id, user_id, publisher, headers FROM telecom.dead_letters "
+        "WHERE reason = 'wrong_content_type'"
+    )
 
     async def garbage_filed() -> bool:
-        rows = await fetch(
-            pool, "SELECT 1 FROM telecom.dead_letters WHERE reason = 'wrong_content_type'"
-        )
-        return bool(rows)
+        return bool(await fetch(pool, garbage_sql))
 
     await eventually(garbage_filed)
-    (garbage,) = await fetch(
-        pool,
-        "SELECT id, user_id, publisher, headers FROM telecom.dead_letters "
-        "WHERE reason = 'wrong_content_type'",
-    )
+    (garbage,) = await fetch(pool, garbage_sql)
     # Filed under no user: the header is a claim, kept as it came.
     assert garbage["user_id"] is None
-    assert garbage["publisher"] == publishers.mallory.name
+    assert garbage["publisher"] == mallory.name
     assert dead_letters.as_dict(garbage["headers"])[H_USER_ID] == str(victim)
-    shown = await cli(settings, "dlq", "show", str(garbage["id"]), "--json")
+    shown = await cli(scene.settings, "dlq", "show", str(garbage["id"]), "--json")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["user_id"] is None
     assert json.loads(shown.stdout)["claimed_user_id"] == str(victim)  # shown as a claim
     async with pool.acquire() as conn, conn.transaction():
         assert await dead_letters.discard(conn, [garbage["id"]], "olga") == 1
-    # The operator's routine clean-up left M's retry and the victim's hold alone.
-    hold = await hold_of(pool, PACKAGE_CANCEL.short_name, victim)
-    assert hold is not None
-    assert (hold["blocker"], hold["state"]) == (m, "retrying")
-    retry = f"retry:{PACKAGE_CANCEL.short_name}:{message_key(m, publishers.shop.name, victim)}"
-    assert await fetch(pool, "SELECT 1 FROM telecom.outbox WHERE cancel_key = $1", retry)
-
-    await both_applied_in_order(pool, victim, items, m, later, publishers.shop.name)
+    await scene.m_still_waits()  # the operator's routine clean-up left M alone
+    await scene.applied()
     (still,) = await fetch(pool, "SELECT status::text AS s FROM telecom.dead_letters")
     assert still["s"] == "discarded"  # the operator's decision stands
 
@@ -442,32 +383,29 @@ async def test_a_newer_version_from_an_outsider_holds_the_victim_for_a_bounded_t
 
 
 async def test_an_operator_releases_a_hold_whose_retry_is_pending_with_a_warning_not_a_refusal(
-    settings: Settings,
-    pool: asyncpg.Pool,
-    amqp: AbstractRobustConnection,
-    in_process: StartApp,
-    publishers: Publishers,
+    scene: Scene,
 ) -> None:
-    victim, items, m, later = await victim_waiting_for_a_retry(
-        settings, pool, in_process, amqp, publishers
-    )
-    async with pool.acquire() as conn, conn.transaction():
-        found = await operations.release_hold(conn, PACKAGE_CANCEL.short_name, victim, "olga")
+    async with scene.pool.acquire() as conn, conn.transaction():
+        found = await operations.release_hold(conn, PACKAGE_CANCEL.short_name, scene.victim, "olga")
     assert found.pending_retry
     assert found.release_warning is not None
     assert "out of order" in found.release_warning
     # Released: L goes at once; M's retry still comes and is applied (after it): nothing lost.
-    await both_applied_unordered(pool, items)
-    keys = [key for _, key in await applied_in_order(pool, victim)]
-    assert keys.count(message_key(m, publishers.shop.name, victim)) == 1
-    assert keys.count(message_key(later, publishers.shop.name, victim)) == 1
+    await scene.applied(in_order=False)
 
 
-async def both_applied_unordered(pool: asyncpg.Pool, items: list[int]) -> None:
-    async def both() -> bool:
-        return await statuses(pool, items[2:]) == ["cancelled", "cancelled"]
-
-    await eventually(both, within=30)
+async def pending_retry(conn: Conn, m: UUID, user: UUID, publisher: str) -> None:
+    """A retry of `publisher`'s message `m` for `user`, pending in the outbox."""
+    await conn.execute(
+        "INSERT INTO telecom.outbox (message_id, route, message_type, schema_version,"
+        " user_id, body, headers, cancel_key) VALUES ($1, $2, $3, 1, $4, '{}', $5::jsonb, $6)",
+        m,
+        USAGE_RECORD.name,
+        USAGE_RECORD.message_type,
+        user,
+        {"x-pkgq-publisher": publisher},
+        f"retry:{USAGE_RECORD.short_name}:{message_key(m, publisher, user)}",
+    )
 
 
 async def test_doctor_reports_a_hold_retried_past_every_bound_and_one_only_another_copy_would_free(
@@ -478,43 +416,11 @@ async def test_doctor_reports_a_hold_retried_past_every_bound_and_one_only_anoth
     consumer = USAGE_RECORD.short_name
     async with pool.acquire() as conn:
         # Retried 10,000 times and still retrying: past any bound pkgq sets.
-        await conn.execute(
-            "INSERT INTO telecom.holds (consumer, user_id, blocker, blocker_key, blocker_key_of,"
-            " state, attempts) VALUES ($1, $2, $3, $4, $3, 'retrying', 10000)",
-            consumer,
-            looping,
-            m,
-            message_key(m, "billing", looping),
-        )
-        await conn.execute(
-            "INSERT INTO telecom.outbox (message_id, route, message_type, schema_version,"
-            " user_id, body, headers, cancel_key) VALUES ($1, $2, $3, 1, $4, '{}', $5::jsonb, $6)",
-            m,
-            USAGE_RECORD.name,
-            USAGE_RECORD.message_type,
-            looping,
-            {"x-pkgq-publisher": "billing"},
-            f"retry:{consumer}:{message_key(m, 'billing', looping)}",
-        )
+        await keys.hold(conn, consumer, looping, m, "retrying", "billing", attempts=10_000)
+        await pending_retry(conn, m, looping, "billing")
         # Waits on M from billing; the only retry of M pending is another user's copy.
-        await conn.execute(
-            "INSERT INTO telecom.holds (consumer, user_id, blocker, blocker_key, blocker_key_of,"
-            " state, attempts) VALUES ($1, $2, $3, $4, $3, 'retrying', 1)",
-            consumer,
-            fooled,
-            m,
-            message_key(m, "billing", fooled),
-        )
-        await conn.execute(
-            "INSERT INTO telecom.outbox (message_id, route, message_type, schema_version,"
-            " user_id, body, headers, cancel_key) VALUES ($1, $2, $3, 1, $4, '{}', $5::jsonb, $6)",
-            m,
-            USAGE_RECORD.name,
-            USAGE_RECORD.message_type,
-            other,
-            {"x-pkgq-publisher": "mallory"},
-            f"retry:{consumer}:{message_key(m, 'mallory', other)}",
-        )
+        await keys.hold(conn, consumer, fooled, m, "retrying", "billing", attempts=1)
+        await pending_retry(conn, m, other, "mallory")
         results = {
             r.check: r
             for r in await invariants.run_all(conn, graces=invariants.Graces(attempts_bound=25))

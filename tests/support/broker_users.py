@@ -8,13 +8,19 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
-from uuid import uuid4
+from uuid import UUID, uuid4
 
+import aio_pika
 import httpx
+from aio_pika.abc import AbstractRobustConnection
 from yarl import URL
 
+from events.envelope import CONTENT_TYPE, H_SCHEMA_VERSION
+from events.routes import Route
+from infra.rabbit.connection import connect
 from infra.rabbit.roles import RoleUsers, role_definitions
 from infra.settings import Settings
 
@@ -100,6 +106,62 @@ async def grant(settings: Settings, users: RoleUsers, name: str) -> None:
     for entry in roles["topic_permissions"]:
         if entry["user"] == name:
             await set_topic_permissions(name, entry["exchange"], entry["write"], entry["read"])
+
+
+@dataclass
+class Publisher:
+    name: str
+    connection: AbstractRobustConnection
+
+    async def publish(
+        self,
+        settings: Settings,
+        route: Route,
+        body: bytes,
+        message_id: UUID,
+        *,
+        headers: dict[str, Any] | None = None,
+        content_type: str = CONTENT_TYPE,
+        version: int | None = None,
+    ) -> None:
+        """Publish as this broker user (its own name in `user_id`, which the broker checks),
+        with a confirm."""
+        channel = await self.connection.channel(publisher_confirms=True)
+        try:
+            exchange = await channel.get_exchange(settings.exchange, ensure=False)
+            await exchange.publish(
+                aio_pika.Message(
+                    body,
+                    message_id=str(message_id),
+                    type=route.message_type,
+                    content_type=content_type,
+                    user_id=self.name,
+                    headers={
+                        H_SCHEMA_VERSION: version or route.schema_version,
+                        **(headers or {}),
+                    },
+                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                ),
+                route.name,
+                mandatory=True,
+            )
+        finally:
+            await channel.close()
+
+
+@contextlib.asynccontextmanager
+async def publisher_connection(settings: Settings, what: str) -> AsyncIterator[Publisher]:
+    """A connection as a broker user of its own, made for the test with the definitions'
+    publisher role and nothing more (an outsider, or an honest shop)."""
+    users = unique_role_users()
+    async with broker_user(users.publisher) as password:
+        await grant(settings, users, users.publisher)
+        url = url_for(settings, users.publisher, password)
+        connection = await connect(url, f"pkgq-test-{what}")
+        try:
+            yield Publisher(users.publisher, connection)
+        finally:
+            await connection.close()
 
 
 @contextlib.asynccontextmanager
