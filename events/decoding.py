@@ -28,6 +28,7 @@ from events.envelope import (
     Envelope,
     clean_text,
     header_text,
+    jsonable,
     preview,
     publisher_of,
     unstorable,
@@ -273,6 +274,11 @@ def _check_user_header(raw: RawDelivery, user: UUID) -> None:
     """The user header, when there is one, must name the body's user: it is only a claim
     beside the body, never trusted over it (schema_invalid otherwise)."""
     header_user = header_text(raw.headers, H_USER_ID, 64)
+    if header_user is None and raw.headers.get(H_USER_ID) is not None:
+        # Read as a parked copy keeps it (events.envelope.jsonable: a decimal or a time as its
+        # text), so that a message decodes alike at the door and when drained from the lot.
+        kept = jsonable(raw.headers[H_USER_ID])
+        header_user = kept[:64] if isinstance(kept, str) else None
     if header_user is not None and header_user != str(user):
         raise BadMessageError(
             "schema_invalid", f"{H_USER_ID}={header_user} differs from body user_id {user}"

@@ -109,10 +109,13 @@ class Executor:
                     if failure is None and delivery.decoded.newer:
                         failure = self._newer(delivery)
                     elif failure is None:
+                        # What its handler says of a repeat is this run's alone: another
+                        # publisher's copy under its message_id may have run in this batch.
+                        work.repeats.pop(delivery.message_id, None)
                         failure, trace_id = await self._handle(conn, work, delivery)
                         if failure is not None:
                             known.failures[delivery.index] = failure
-                    repeat = work.repeats.get(delivery.message_id)
+                    repeat = work.repeats.pop(delivery.message_id, None)
                     decision = gate.decide(facts, failure, self._policy.delay_after, repeat=repeat)
                 gate.note(facts, decision)
             finally:

@@ -45,7 +45,7 @@ import contextlib
 import dataclasses
 import random
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from uuid import UUID
 
 import asyncpg
@@ -210,10 +210,11 @@ class DeliveryPipeline:
         ]
 
     async def _decide_all(
-        self, items: Sequence[Item], source: Source
+        self, items: Sequence[Item], source: Source, parked: Mapping[int, int] | None = None
     ) -> tuple[dict[int, Decided], set[UUID]]:
         """The one retry loop (see the module docstring). Returns the decisions by index (a
-        delivery without one is given back) and the users whose parked messages may go."""
+        delivery without one is given back) and the users whose parked messages may go.
+        `parked`: from the parking lot, each delivery's parked row (by index)."""
         decided: dict[int, Decided] = {}
         drain: set[UUID] = set()
         known = Known()
@@ -225,7 +226,7 @@ class DeliveryPipeline:
         ):
             scope = pending[:1] if split else pending
             try:
-                done, lifted = await self._transaction(scope, source, known)
+                done, lifted = await self._transaction(scope, source, known, parked or {})
             except TimedOutError as timed_out:
                 end = await self._timed_out(items, timed_out, known, end)
                 continue
@@ -260,14 +261,20 @@ class DeliveryPipeline:
         return decided, drain
 
     async def _transaction(
-        self, scope: Sequence[Item], source: Source, known: Known
+        self, scope: Sequence[Item], source: Source, known: Known, parked: Mapping[int, int]
     ) -> tuple[list[Decided], list[UUID]]:
         """Decide and write one scope of the batch in one transaction."""
         ready = [i for i in scope if isinstance(i, Delivery)]
         bad = [i for i in scope if isinstance(i, BadDelivery)]
         async with self._connection() as conn, conn.transaction():
             loaded = await snapshot.load(
-                conn, self.consumer, self._needs, ready, source, settled=frozenset(known.failures)
+                conn,
+                self.consumer,
+                self._needs,
+                ready,
+                source,
+                settled=frozenset(known.failures),
+                parked=parked,
             )
             done = refused(bad) + await self._executor.run(conn, loaded, ready, known)
             rows = writes_of(
@@ -278,6 +285,7 @@ class DeliveryPipeline:
                 holds_before=loaded.holds_before,
                 holds_after=loaded.gate.holds,
                 failed_before=loaded.failed_before,
+                parked=parked,
             )
             lifted = await writer.write(
                 conn, self.route, loaded.work, rows, usage_dedup_days=self._usage_dedup_days
@@ -339,7 +347,8 @@ class DeliveryPipeline:
                 ]
                 # It decoded when parked; a newer pkgq may differ (then it is buried as bad).
                 ready, bad = decode_all(self.route, raws, max_body_bytes=self._max_body_bytes)
-                decided, lifted = await self._decide_all([*ready, *bad], Source.PARKING)
+                rows = {index: p.id for index, p in enumerate(parked)}
+                decided, lifted = await self._decide_all([*ready, *bad], Source.PARKING, rows)
                 users = set(lifted) | set(again)
             except Exception as exc:  # noqa: BLE001  (logged; the release poll tries again)
                 if len(users) > 1:

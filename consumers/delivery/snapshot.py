@@ -14,7 +14,7 @@ In this order, one statement each, whatever the batch's size:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -47,10 +47,12 @@ async def load(
     source: Source,
     *,
     settled: frozenset[int] = frozenset(),
+    parked: Mapping[int, int] | None = None,
 ) -> Snapshot:
     """Inside the batch's transaction. `settled`: deliveries whose failure is known already
     (their run only records it): their users' rows are not locked, so a row that someone else
-    keeps locked past the statement timeout does not fail the recording too."""
+    keeps locked past the statement timeout does not fail the recording too. `parked`: from
+    the parking lot, each delivery's parked row by index (a parked message is its row)."""
     rows, now = await queue_repo.lock_users(
         conn, {d.user_id for d in ready if d.user_id is not None and d.index not in settled}
     )
@@ -69,10 +71,9 @@ async def load(
     held, seen, counted, items = read.held, read.seen, read.counted, read.items
     if source is Source.PARKING:
         # Another drain may have taken some meanwhile: those are gone from the batch.
-        still = await holds.lock_parked(
-            conn, consumer, [d.key for d in ready], [d.message_id for d in ready]
-        )
-        ready = [d for d in ready if d.key in still or d.message_id in still]
+        row_of = parked or {}
+        still = await holds.lock_parked(conn, consumer, [row_of[d.index] for d in ready])
+        ready = [d for d in ready if row_of[d.index] in still]
     needs = [asked[d.index] for d in ready if d.index in asked and d.key not in seen]
     # Orders are looked up by (user, by_order), not found among the loaded items: an old
     # order's items may all be consumed and so not loaded.

@@ -86,10 +86,10 @@ async def write(
         await dead_letters.bury_many(conn, writes.buried)
     await batch.add(attempts.add_many(consumer, writes.counted))
     drain: list[UUID] = []
-    if writes.parked or writes.unparked or writes.unparked_ids or writes.made or writes.lifted:
+    if writes.parked or writes.unparked or writes.made or writes.lifted:
         await batch.send()
         await holds.park_many(conn, consumer, writes.parked)
-        await holds.unpark(conn, consumer, writes.unparked, writes.unparked_ids, writes.bad_ids)
+        await holds.unpark(conn, consumer, writes.unparked)
         await holds.hold_many(conn, consumer, writes.made)
         drain = await holds.settle_lifted(conn, consumer, writes.lifted)
     await batch.add(transitions.count_part(writes.moves))

@@ -10,7 +10,7 @@ unparked messages, holds made and lifted, and the transition counts.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -50,12 +50,8 @@ class Writes:
     counted: Counter[tuple[UUID, UUID]]
     """Failures counted in this batch, per message (its key and message_id)."""
     parked: list[holds.NewParked]
-    unparked: list[UUID]
-    """Keys of parked messages decided."""
-    unparked_ids: list[UUID]
-    """Message ids of parked messages decided (a row parked before keys is found by it)."""
-    bad_ids: list[UUID]
-    """Message ids of parked messages that no longer decode (their key is not known)."""
+    unparked: list[int]
+    """Parked rows decided (from the parking lot): they leave it."""
     made: list[holds.NewHold]
     lifted: list[UUID]
     moves: dict[tuple[str, str], int]
@@ -70,9 +66,12 @@ def writes_of(
     holds_before: dict[UUID, Hold],
     holds_after: dict[UUID, Hold],
     failed_before: set[UUID],
+    parked: Mapping[int, int] | None = None,
 ) -> Writes:
-    """The rows a batch's decisions write (see the module docstring)."""
+    """The rows a batch's decisions write (see the module docstring). `parked`: from the
+    parking lot, each delivery's parked row by index (those decided leave the lot)."""
     consumer = route.short_name
+    parked = parked or {}
     made, lifted = _holds(decided, holds_before, holds_after, source)
     return Writes(
         claims={
@@ -96,12 +95,10 @@ def writes_of(
             if d.decoded and d.decision.counted
         ),
         parked=_parked(route, decided) if source is Source.QUEUE else [],
-        unparked=_unparked(decided, True) if source is Source.PARKING else [],
-        unparked_ids=_unparked(decided, False) if source is Source.PARKING else [],
-        bad_ids=[
-            UUID(str(d.raw.message_id))
+        unparked=[
+            parked[d.index]
             for d in decided
-            if source is Source.PARKING and d.decoded is None
+            if d.decision.fate not in (Fate.PARKED, Fate.GIVEN_BACK) and d.index in parked
         ],
         made=made,
         lifted=lifted,
@@ -260,16 +257,6 @@ def _parked(route: Route, decided: Sequence[Decided]) -> list[holds.NewParked]:
         and d.decoded is not None
         and d.decoded.envelope.user_id is not None
     ]
-
-
-def _unparked(decided: Sequence[Decided], by_key: bool) -> list[UUID]:
-    """Parked messages the drain decided (applied, buried, ...): they leave the lot. By key
-    those that decoded; by message_id those that no longer do (a parked row's raw message_id is
-    always a UUID, so even bad input has one) and, for a row parked before keys, every one."""
-    gone = [d for d in decided if d.decision.fate not in (Fate.PARKED, Fate.GIVEN_BACK)]
-    if by_key:
-        return [d.decoded.key for d in gone if d.decoded is not None]
-    return [UUID(str(d.raw.message_id)) for d in gone]
 
 
 def _holds(

@@ -59,13 +59,18 @@ async def address_state(conn: Conn, address: str) -> AddressState | None:
     return AddressState(**dict(row)) if row is not None else None
 
 
-async def requeue_addresses(conn: Conn, message_ids: Sequence[UUID]) -> None:
-    """A failed message is sent again (a dead-letter replay): its address is queued again."""
-    if message_ids:
+async def requeue_addresses(conn: Conn, replayed: Sequence[tuple[str, UUID]]) -> None:
+    """Failed messages are sent again (a dead-letter replay), each (address, message_id) as
+    its replay carries it: that address, if that message holds it, is queued again. A message
+    without an address of pkgq's (another publisher's copy under the job's message_id, whose
+    marks pkgq never obeys) requeues nothing."""
+    if replayed:
         await conn.execute(
-            "UPDATE telecom.addresses SET state = 'queued', error = NULL, finished_at = NULL "
-            "WHERE message_id = ANY($1::uuid[]) AND state = 'failed'",
-            list(message_ids),
+            "UPDATE telecom.addresses a SET state = 'queued', error = NULL, finished_at = NULL "
+            "FROM unnest($1::text[], $2::uuid[]) AS r(address, message_id) "
+            "WHERE a.address = r.address AND a.message_id = r.message_id AND a.state = 'failed'",
+            [address for address, _ in replayed],
+            [message_id for _, message_id in replayed],
         )
 
 

@@ -225,7 +225,7 @@ async def cancel_group(conn: Conn, group_id: UUID, who: str) -> CancelResult | N
     if group["state"] != "open":
         return CancelResult(group_id, False, group["state"], 0, 0, None)
     pending = [m["message_id"] for m in members if m["state"] == "pending"]
-    withdrawn = await outbox.withdraw_messages(conn, pending)
+    withdrawn = await outbox.withdraw_members(conn, group_id, pending)
     await conn.execute(
         "UPDATE telecom.group_members SET state = 'cancelled', finished_at = now() "
         "WHERE message_id = ANY($1::uuid[])",
@@ -236,7 +236,11 @@ async def cancel_group(conn: Conn, group_id: UUID, who: str) -> CancelResult | N
     # (its key), not another user's or publisher's message that happens to have its id.
     await holds.release_blocked_by(
         conn,
-        [holds.blocker_of_retry(key) for _, key in withdrawn if key and key.startswith("retry:")],
+        [
+            holds.blocker_of_retry(key, user)
+            for _, key, user in withdrawn
+            if key and key.startswith("retry:") and user is not None
+        ],
     )
     abort_id = uuid4() if group["on_abort"] is not None else None
     await conn.execute(
@@ -250,7 +254,7 @@ async def cancel_group(conn: Conn, group_id: UUID, who: str) -> CancelResult | N
     if abort_id is not None:
         end = EndMessage.from_json(group["on_abort"])
         await outbox.enqueue(conn, [_end_row(end, abort_id, group_id, "aborted")])
-    gone = len({message_id for message_id, _ in withdrawn})
+    gone = len({message_id for message_id, _, _ in withdrawn})
     return CancelResult(group_id, True, "cancelled", gone, len(pending) - gone, abort_id)
 
 

@@ -136,13 +136,14 @@ class Blocker:
     on another route or as another publisher."""
 
     consumer: str
+    user_id: UUID
     key: UUID
 
 
-def blocker_of_retry(cancel_key: str) -> Blocker:
-    """The blocker a pending retry is, from its cancel key (outbox.retry_key)."""
+def blocker_of_retry(cancel_key: str, user_id: UUID) -> Blocker:
+    """The blocker a pending retry of `user_id`'s is, from its cancel key (outbox.retry_key)."""
     _, consumer, key = cancel_key.split(":", 2)
-    return Blocker(consumer, UUID(key))
+    return Blocker(consumer, user_id, UUID(key))
 
 
 async def release_blocked_by(conn: Conn, blockers: Sequence[Blocker]) -> int:
@@ -156,10 +157,12 @@ async def release_blocked_by(conn: Conn, blockers: Sequence[Blocker]) -> int:
         f"""
         UPDATE telecom.holds h
         SET blocker = NULL, blocker_key = NULL, state = 'releasing', updated_at = now()
-        FROM unnest($1::text[], $2::uuid[]) AS b(consumer, key)
-        WHERE h.consumer = b.consumer AND h.blocker IS NOT NULL AND {HOLD_KEY} = b.key
+        FROM unnest($1::text[], $2::uuid[], $3::uuid[]) AS b(consumer, user_id, key)
+        WHERE h.consumer = b.consumer AND h.user_id = b.user_id AND h.blocker IS NOT NULL
+          AND {HOLD_KEY} = b.key
         """,
         [b.consumer for b in blockers],
+        [b.user_id for b in blockers],
         [b.key for b in blockers],
     )
     return int(status.split()[-1])
@@ -243,11 +246,6 @@ async def park_many(conn: Conn, consumer: str, parked: Sequence[NewParked]) -> N
     )
 
 
-_PARKED = "(message_id = ANY($2::uuid[]) OR (sent_as IS NULL AND message_id = ANY($3::uuid[])))"
-"""A parked row by key ($2: kept in `message_id` since migration 0022), or, parked before
-keys, by its message_id ($3)."""
-
-
 async def first_parked(
     conn: Conn, consumer: str, user_ids: Sequence[UUID], per_user: int
 ) -> list[ParkedMessage]:
@@ -276,42 +274,28 @@ async def first_parked(
     ]
 
 
-async def lock_parked(
-    conn: Conn, consumer: str, keys: Sequence[UUID], message_ids: Sequence[UUID] = ()
-) -> set[UUID]:
-    """Inside a transaction, after the users' holds: lock these parked messages (by key, or
-    by message_id a row parked before keys: migration 0022); returns the keys (message_ids)
-    of those still parked (another drain may have applied some meanwhile)."""
-    if not keys and not message_ids:
+async def lock_parked(conn: Conn, consumer: str, ids: Sequence[int]) -> set[int]:
+    """Inside a transaction, after the users' holds: lock these parked rows; returns those
+    still parked (another drain may have applied some meanwhile). A parked message is its row:
+    never found by a message_id, which another publisher's copy may share."""
+    if not ids:
         return set()
     rows = await conn.fetch(
-        f"SELECT message_id FROM telecom.parked WHERE consumer = $1 AND {_PARKED} "
+        "SELECT id FROM telecom.parked WHERE consumer = $1 AND id = ANY($2::bigint[]) "
         "ORDER BY id FOR UPDATE",
         consumer,
-        list(keys),
-        list(message_ids),
+        list(ids),
     )
-    return {r["message_id"] for r in rows}
+    return {r["id"] for r in rows}
 
 
-async def unpark(
-    conn: Conn,
-    consumer: str,
-    keys: Sequence[UUID],
-    message_ids: Sequence[UUID] = (),
-    undecodable: Sequence[UUID] = (),
-) -> None:
-    """These parked messages were decided (applied, buried, ...): they leave. By key; by
-    message_id those parked before keys (migration 0022), and those that no longer decode
-    (bad input has no key: whatever row was parked under that message_id goes)."""
-    if keys or message_ids or undecodable:
+async def unpark(conn: Conn, consumer: str, ids: Sequence[int]) -> None:
+    """These parked rows were decided (applied, buried, ...): they leave the lot."""
+    if ids:
         await conn.execute(
-            f"DELETE FROM telecom.parked WHERE consumer = $1 AND ({_PARKED} "
-            "OR sent_as = ANY($4::uuid[]))",
+            "DELETE FROM telecom.parked WHERE consumer = $1 AND id = ANY($2::bigint[])",
             consumer,
-            list(keys),
-            list(message_ids),
-            list(undecodable),
+            list(ids),
         )
 
 

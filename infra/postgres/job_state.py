@@ -87,7 +87,7 @@ async def expire_rows(conn: Conn, rows: Sequence[outbox.ClaimedRow], publisher: 
     await holds.release_blocked_by(
         conn,
         [
-            holds.Blocker(r.route.removeprefix("telecom."), _key_of(r, publisher))
+            holds.Blocker(r.route.removeprefix("telecom."), r.user_id, _key_of(r, publisher))
             for r in rows
             if r.user_id is not None
         ],

@@ -280,18 +280,21 @@ async def mark_failed(conn: Conn, ids: Sequence[int], error: str) -> None:
         )
 
 
-async def withdraw_messages(
-    conn: Conn, message_ids: Sequence[UUID]
-) -> list[tuple[UUID, str | None]]:
-    """Delete the messages that are not published yet. Returns the rows withdrawn, as
-    (message_id, cancel_key): a retry's cancel key (`retry_key`) says which hold it may be
-    (holds.blocker_of_retry)."""
+async def withdraw_members(
+    conn: Conn, group_id: UUID, message_ids: Sequence[UUID]
+) -> list[tuple[UUID, str | None, UUID | None]]:
+    """Delete the group's member messages (and their retries) that are not published yet: the
+    rows under these message_ids that carry the group's mark (pkgq's own: another publisher's
+    copy under a member's id keeps its marks only as claims, and is not the group's). Returns
+    the rows withdrawn, as (message_id, cancel_key, user_id): a retry's cancel key
+    (`retry_key`) and user say which hold it may be (holds.blocker_of_retry)."""
     rows = await conn.fetch(
         "DELETE FROM telecom.outbox WHERE message_id = ANY($1::uuid[]) AND published_at IS NULL "
-        "RETURNING message_id, cancel_key",
+        "AND headers ->> 'x-pkgq-group' = $2 RETURNING message_id, cancel_key, user_id",
         list(message_ids),
+        str(group_id),
     )
-    return [(r["message_id"], r["cancel_key"]) for r in rows]
+    return [(r["message_id"], r["cancel_key"], r["user_id"]) for r in rows]
 
 
 async def mark_expired(conn: Conn, ids: Sequence[int]) -> None:

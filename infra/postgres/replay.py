@@ -27,6 +27,7 @@ from events.envelope import (
     H_SEQ,
     H_USER_ID,
     UNVERIFIED,
+    job_marks,
     preview,
     republished_headers,
 )
@@ -185,8 +186,8 @@ async def replay(
     # is queued again for its waiters.
     moves = Counter((m.route, transition) for m in messages)
     await transitions.count(conn, moves)
-    revived = [m.message_id for m in messages]
-    await addresses.requeue_addresses(conn, revived)
+    addressed = [(job_marks(m.headers)[0], m.message_id) for m in messages]
+    await addresses.requeue_addresses(conn, [(a, m) for a, m in addressed if a is not None])
     # A revived message starts over: its attempts and its TTR strikes are counted anew (its
     # own: by its key, not another publisher's or user's copy under the same message_id).
     keys = [r["message_key"] for r in rows if r["id"] in replayed and r["message_key"]]

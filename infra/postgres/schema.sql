@@ -84,7 +84,7 @@ CREATE TABLE telecom.outbox (
 
 CREATE FUNCTION telecom.blocker_key(p_consumer text, p_user_id uuid, p_blocker uuid, p_key uuid, p_key_of uuid) RETURNS uuid
     LANGUAGE sql STABLE PARALLEL SAFE
-    RETURN CASE WHEN (p_blocker IS NULL) THEN NULL::uuid WHEN (p_key_of = p_blocker) THEN p_key ELSE telecom.message_key(p_blocker, COALESCE((SELECT (o.headers ->> 'x-pkgq-publisher'::text) FROM telecom.outbox o WHERE ((o.message_id = blocker_key.p_blocker) AND (o.user_id = blocker_key.p_user_id) AND (o.route = ('telecom.'::text || blocker_key.p_consumer)) AND (o.published_at IS NULL)) ORDER BY o.id DESC LIMIT 1), (SELECT d.publisher FROM telecom.dead_letters d WHERE ((d.consumer = blocker_key.p_consumer) AND (d.user_id = blocker_key.p_user_id) AND (d.message_uuid = blocker_key.p_blocker)) ORDER BY d.id DESC LIMIT 1)), p_user_id) END;
+    RETURN CASE WHEN (p_blocker IS NULL) THEN NULL::uuid WHEN (p_key_of = p_blocker) THEN p_key ELSE telecom.message_key(p_blocker, COALESCE((SELECT (o.headers ->> 'x-pkgq-publisher'::text) FROM telecom.outbox o WHERE ((o.message_id = blocker_key.p_blocker) AND (o.user_id = blocker_key.p_user_id) AND (o.route = ('telecom.'::text || blocker_key.p_consumer)) AND (o.cancel_key ~~ 'retry:%'::text)) ORDER BY o.id DESC LIMIT 1), (SELECT d.publisher FROM telecom.dead_letters d WHERE ((d.consumer = blocker_key.p_consumer) AND (d.user_id = blocker_key.p_user_id) AND (d.message_uuid = blocker_key.p_blocker)) ORDER BY d.id DESC LIMIT 1)), p_user_id) END;
 
 CREATE FUNCTION telecom.count_burials() RETURNS trigger
     LANGUAGE plpgsql

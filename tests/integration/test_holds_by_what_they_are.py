@@ -14,7 +14,7 @@ import asyncpg
 
 from consumers import ingest
 from events.decoding import RawDelivery
-from events.envelope import H_ATTEMPT, H_PUBLISHER
+from events.envelope import H_ATTEMPT, H_GROUP, H_PUBLISHER
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.jobs import Jobs
@@ -52,9 +52,16 @@ def usage(user: UUID) -> bytes:
     return RecordUsage(user_id=user, upload=1, download=0).model_dump_json().encode()
 
 
-async def retry_row(pool: asyncpg.Pool, user: UUID, message_id: UUID, expires_in: float) -> None:
+async def retry_row(
+    pool: asyncpg.Pool,
+    user: UUID,
+    message_id: UUID,
+    expires_in: float,
+    group: UUID | None = None,
+) -> None:
     """User's pending retry of `message_id` (first published by PUBLISHER) on the usage route,
-    its TTL running out then."""
+    its TTL running out then; a member of `group` (a retry keeps its group's mark) if given."""
+    marks = {H_GROUP: str(group)} if group is not None else {}
     async with pool.acquire() as conn:
         await outbox.enqueue(
             conn,
@@ -66,7 +73,7 @@ async def retry_row(pool: asyncpg.Pool, user: UUID, message_id: UUID, expires_in
                     body=usage(user),
                     user_id=user,
                     message_id=message_id,
-                    headers={H_ATTEMPT: 2, H_PUBLISHER: PUBLISHER},
+                    headers={H_ATTEMPT: 2, H_PUBLISHER: PUBLISHER, **marks},
                     expires_at=datetime.now(UTC) + timedelta(seconds=expires_in),
                     cancel_key=outbox.retry_key(CONSUMER, blocker_key(message_id, user, PUBLISHER)),
                     dedup_key=f"retry:{CONSUMER}:{message_id}:{user}",
@@ -169,7 +176,8 @@ async def test_cancelling_a_group_whose_member_has_another_users_blocker_id_leav
     a = uuid4()
     await hold(pool, a, m, publisher=PUBLISHER)
     await hold(pool, b, m, publisher=PUBLISHER)
-    await retry_row(pool, b, m, expires_in=3600)  # B's member failed once: its retry waits
+    # B's member failed once: its retry waits
+    await retry_row(pool, b, m, expires_in=3600, group=group.group_id)
     async with pool.acquire() as conn, conn.transaction():
         cancelled = await groups.cancel_group(conn, group.group_id, "ops")
     assert cancelled is not None
@@ -178,3 +186,24 @@ async def test_cancelling_a_group_whose_member_has_another_users_blocker_id_leav
         (CONSUMER, a): (m, "buried"),
         (CONSUMER, b): (None, "releasing"),
     }
+
+
+async def test_cancelling_a_group_withdraws_no_other_users_retry_under_a_members_id(
+    pool: asyncpg.Pool,
+) -> None:
+    """C's message under the id of B's member (another user's, so another message) waits for
+    its retry: the group's cancel withdraws only what carries the group's mark, B's member."""
+    b, c = uuid4(), uuid4()
+    group = await Jobs(pool).publish_group(
+        USAGE_RECORD, [RecordUsage(user_id=b, upload=1, download=0)], name="g", delay=3600
+    )
+    (m,) = group.message_ids
+    await hold_row(pool, CONSUMER, c, m, "retrying", publisher=PUBLISHER)
+    await retry_row(pool, c, m, expires_in=3600)  # no group mark: not the group's
+    async with pool.acquire() as conn, conn.transaction():
+        cancelled = await groups.cancel_group(conn, group.group_id, "ops")
+    assert cancelled is not None
+    assert cancelled.withdrawn == 1  # B's member
+    assert await holds_now(pool) == {(CONSUMER, c): (m, "retrying")}  # still held, by its own
+    left = await fetch(pool, "SELECT user_id FROM telecom.outbox WHERE message_id = $1", m)
+    assert [r["user_id"] for r in left] == [c]  # C's retry is still on its way

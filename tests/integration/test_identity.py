@@ -545,3 +545,46 @@ async def test_a_message_applied_after_its_burial_is_never_applied_again_after_t
         Fate.DUPLICATE
     ]
     assert await unbilled(pool, user) == 5  # once
+
+
+async def test_an_outsiders_parked_copy_that_no_longer_decodes_takes_no_one_elses_parked_message(
+    pool: asyncpg.Pool,
+) -> None:
+    """The honest M2 waits parked behind its user's buried blocker; an outsider's copy of M2's
+    id waits behind another user's. The copy's row stops decoding (as after an upgrade that
+    reads it otherwise): drained, it is buried, and only its own row leaves the lot."""
+    honest_user, other_user = uuid4(), uuid4()
+    x, y, m2 = uuid4(), uuid4(), uuid4()
+    failing = {x, y}
+    pipe = flaky_usage(pool, failing)
+    await pipe.process_batch([usage_delivery(honest_user, x, 1), usage_delivery(other_user, y, 1)])
+    copy = usage_delivery(other_user, m2, 4)
+    copy = RawDelivery(
+        copy.body, copy.message_id, copy.message_type, copy.content_type, None, copy.headers,
+        publisher="mallory",
+    )  # fmt: skip
+    fates = await pipe.process_batch([usage_delivery(honest_user, m2, 2), copy])
+    assert [r.fate for r in fates] == [Fate.PARKED, Fate.PARKED]
+    await fetch(
+        pool, "UPDATE telecom.parked SET body = 'no longer json' WHERE user_id = $1 RETURNING 1",
+        other_user,
+    )  # fmt: skip
+    failing.clear()
+    (y_letter,) = await fetch(
+        pool, "SELECT id FROM telecom.dead_letters WHERE message_id = $1", str(y)
+    )
+    async with pool.acquire() as conn, conn.transaction():
+        await dead_letters.discard(conn, [y_letter["id"]], "olga")  # the other user goes on
+    pipe._polled_at = -1e9
+    await pipe.drain_parked()
+    still = await fetch(pool, "SELECT user_id, sent_as FROM telecom.parked")
+    assert [(r["user_id"], r["sent_as"]) for r in still] == [(honest_user, m2)]
+    (x_letter,) = await fetch(
+        pool, "SELECT id FROM telecom.dead_letters WHERE message_id = $1", str(x)
+    )
+    async with pool.acquire() as conn, conn.transaction():
+        await dead_letters.discard(conn, [x_letter["id"]], "olga")
+    pipe._polled_at = -1e9
+    await pipe.drain_parked()
+    assert await unbilled(pool, honest_user) == 2  # M2, applied once
+    assert not await fetch(pool, "SELECT 1 FROM telecom.parked")

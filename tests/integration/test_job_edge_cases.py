@@ -10,6 +10,7 @@ import asyncpg
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
+from events.envelope import H_ADDRESS, H_CLAIMED
 from events.identity import message_key
 from events.models import AdjustQuota
 from events.routes import QUOTA_ADJUST, USAGE_RECORD
@@ -26,7 +27,7 @@ from tests.conformance.jobs_support import (
     recording_pipeline,
     usage,
 )
-from tests.support.dead_letters import consumer_dead_letter
+from tests.support.dead_letters import buried, consumer_dead_letter
 from tests.support.in_process import InProcess, StartApp
 from tests.support.observing import eventually, fetch
 
@@ -299,3 +300,47 @@ async def test_duplicate_deliveries_of_group_members_and_addressed_messages_coun
     assert sorted(recorder.applied) == sorted([*group.message_ids, addressed.message_id])
     assert len(tap.on(QUOTA_ADJUST.name)) == 1  # the end message, once
     assert state.state == "done"
+
+
+async def test_replaying_an_outsiders_letter_under_a_jobs_id_requeues_no_address(
+    pool: asyncpg.Pool,
+) -> None:
+    """A job's address failed with its message M. Another publisher's letter under M's id
+    (its address mark kept only as a claim) is replayed: the job's address stays failed, so
+    `pkgq wait` is not left waiting on something nothing will finish. Replaying the job's own
+    letter queues the address again."""
+    m, user = uuid4(), uuid4()
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "INSERT INTO telecom.addresses (address, route, message_id, state, error) "
+            "VALUES ('bill:7', $1, $2, 'failed', 'boom')",
+            USAGE_RECORD.name,
+            m,
+        )
+    body = usage(user, 1).model_dump_json().encode()
+    outsiders = await buried(
+        pool,
+        message_id=str(m),
+        user_id=user,
+        body=body,
+        publisher="mallory",
+        headers={"x-schema-version": 1, H_CLAIMED: {H_ADDRESS: "bill:7"}},
+    )
+    own = await buried(
+        pool,
+        message_id=str(m),
+        user_id=user,
+        body=body + b" ",  # other bytes: a letter of its own
+        publisher="pkgq",
+        headers={"x-schema-version": 1, H_ADDRESS: "bill:7"},
+    )
+    async with pool.acquire() as conn, conn.transaction():
+        (result,) = await replay.replay(conn, [outsiders], "olga", pkgq_user="pkgq")
+    assert result.replayed
+    (state,) = await fetch(pool, "SELECT state FROM telecom.addresses")
+    assert state["state"] == "failed"
+    async with pool.acquire() as conn, conn.transaction():
+        (result,) = await replay.replay(conn, [own], "olga", pkgq_user="pkgq")
+    assert result.replayed
+    (state,) = await fetch(pool, "SELECT state FROM telecom.addresses")
+    assert state["state"] == "queued"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
+from decimal import Decimal
 from uuid import uuid4
 
 import pytest
@@ -18,6 +20,7 @@ from events.envelope import (
     H_SEQ,
     H_TRACEPARENT,
     H_USER_ID,
+    jsonable,
 )
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
@@ -121,3 +124,23 @@ def test_a_600_deep_schema_version_header_is_refused_with_a_short_reason() -> No
         decode(USAGE_RECORD, raw(headers=headers), max_body_bytes=1024)
     assert refused.value.reason == "invalid_header"
     assert "a dict" in refused.value.detail
+
+
+@pytest.mark.parametrize(
+    "claimed", [Decimal("1.5"), datetime(2026, 1, 1, tzinfo=UTC), str(uuid4()).encode()]
+)
+def test_a_user_header_decodes_alike_at_the_door_and_from_the_parking_lot(claimed: object) -> None:
+    """The parking lot keeps a delivery's headers as JSON (events.envelope.jsonable): a user
+    header that is no text at the door (a decimal, a time) is read as that JSON text there too,
+    so a copy that names another user is refused at once, never parked to fail on its drain."""
+    headers = {H_SCHEMA_VERSION: 1, H_USER_ID: claimed}
+    at_the_door = raw(headers=headers)
+    parked = raw(headers=jsonable(headers))
+    outcomes = []
+    for delivery in (at_the_door, parked):
+        try:
+            decode(USAGE_RECORD, delivery, max_body_bytes=1024)
+            outcomes.append("decoded")
+        except BadMessageError as refused:
+            outcomes.append(refused.reason)
+    assert outcomes == ["schema_invalid", "schema_invalid"]

@@ -49,9 +49,10 @@ RETURN CASE
     ELSE telecom.message_key(
         p_blocker,
         coalesce(
+            -- its latest retry, published or not (a published one is still on its way)
             (SELECT o.headers ->> 'x-pkgq-publisher' FROM telecom.outbox o
              WHERE o.message_id = p_blocker AND o.user_id = p_user_id
-               AND o.route = 'telecom.' || p_consumer AND o.published_at IS NULL
+               AND o.route = 'telecom.' || p_consumer AND o.cancel_key LIKE 'retry:%'
              ORDER BY o.id DESC LIMIT 1),
             (SELECT d.publisher FROM telecom.dead_letters d
              WHERE d.consumer = p_consumer AND d.user_id = p_user_id
