@@ -3,12 +3,12 @@ to pause its consumption (MassTransit's kill switch). The consumers feed it each
 the runner pauses the route when it trips (consumers/breaker.py).
 
 A failure is a delivery that was retried, dead-lettered, undecided or expired because the
-handler could not apply it (a handler error, a TTR, a data error, an outage). What pkgq refused
-before or without the handler's fault (bad input, an untrusted publisher, a broken domain rule,
-an unknown version, a message past its TTL) is left out by the caller: it says nothing of the
-route, and anyone who can publish could otherwise pause it for everyone. Duplicates, repeats,
-parked and cancelled messages are neither a failure nor a success (nothing was tried), and a
-give-back is neither (it comes back)."""
+handler could not apply it (a handler error, a TTR, an outage). What pkgq refused before or
+without the handler's fault (bad input, an untrusted publisher, a broken domain rule, a data
+error its own values cause, an unknown version, a message past its TTL) is left out by the
+caller: it says nothing of the route, and anyone who can publish could otherwise pause it for
+everyone. Duplicates, repeats, parked and cancelled messages are neither a failure nor a
+success (nothing was tried), and a give-back is neither (it comes back)."""
 
 from __future__ import annotations
 

@@ -160,18 +160,19 @@ class Decision:
 
     @property
     def counts_against_route(self) -> bool:
-        """A failure of the route's own: a handler error, a TTR, a data error Postgres refused,
-        a failure that could not even be recorded (an outage). What a circuit breaker judges a
-        route by. What pkgq refuses before, or without, any fault of the handler's (bad input,
-        an untrusted publisher, a broken domain rule, an unknown version, a message past its
-        TTL) never counts: anyone who can publish could otherwise pause a route for all."""
+        """A failure of the route's own: a handler error, a TTR, a failure that could not even
+        be recorded (an outage). What a circuit breaker judges a route by. What pkgq refuses
+        before, or without, any fault of the handler's (bad input, an untrusted publisher, a
+        broken domain rule, a data error Postgres refuses every time, which the message's own
+        values cause, an unknown version, a message past its TTL) never counts: anyone who can
+        publish could otherwise pause a route for all."""
         if self.fate is Fate.UNDECIDED:
             return True
         failure = self.failure
         return (
             self.fate in (Fate.RETRY, Fate.BURIED, Fate.EXPIRED)
             and failure is not None
-            and failure.kind in (ErrorKind.HANDLER, ErrorKind.TTR, ErrorKind.PERMANENT)
+            and failure.kind in (ErrorKind.HANDLER, ErrorKind.TTR)
         )
 
     @property

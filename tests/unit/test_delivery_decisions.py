@@ -9,12 +9,13 @@ from datetime import UTC, datetime, timedelta
 from uuid import uuid4
 
 import asyncpg
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from consumers.delivery.errors import failure_of
 from consumers.handler_errors import Bury, Retry, TTRExceededError
-from domain.delivery import DONE, ErrorKind, Facts, Failure, Fate, Gate, Hold, Source
+from domain.delivery import DONE, Decision, ErrorKind, Facts, Failure, Fate, Gate, Hold, Source
 from domain.errors import NegativeUsageError
 from events.decoding import BadMessageError
 
@@ -197,3 +198,16 @@ def test_errors_are_sorted_by_kind() -> None:
     assert (retry.kind, retry.delay) == (ErrorKind.HANDLER, 5)
     assert failure_of(asyncpg.exceptions.UniqueViolationError("dup")).kind is ErrorKind.HANDLER
     assert failure_of(RuntimeError("boom")).kind is ErrorKind.HANDLER
+
+
+@pytest.mark.parametrize("kind", list(ErrorKind))
+def test_only_a_handlers_own_failure_counts_against_its_route(kind: ErrorKind) -> None:
+    """What a circuit breaker judges a route by: a handler error or a TTR (retried, buried at
+    its last attempt), never what the message itself brought (bad input, a domain rule, a data
+    error its values cause, an unknown version, its TTL)."""
+    facts = Facts(0, uuid4(), uuid4())
+    failure = Failure(kind, "why", "Error", "x", limit=0 if kind is ErrorKind.NEWER else None)
+    decision = Gate(NOW, Source.QUEUE, set(), {}).decide(facts, failure, backoff)
+    assert decision.counts_against_route is (kind in (ErrorKind.HANDLER, ErrorKind.TTR))
+    assert Decision(Fate.UNDECIDED).counts_against_route  # not even recorded: an outage
+    assert not Decision(Fate.APPLIED).counts_against_route
