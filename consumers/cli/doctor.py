@@ -18,6 +18,7 @@ from consumers.cli.options import JsonOpt
 from consumers.cli.output import Column, console, say, show, table, text
 from consumers.cli.running import load_settings, on_database
 from infra.postgres import invariants
+from infra.postgres.check_base import EVER
 from infra.postgres.invariants import HOLD_WITHOUT_WAY_OUT, Result
 
 NEXT_STEP = {
@@ -88,7 +89,7 @@ def doctor_cmd(as_json: JsonOpt = False) -> None:
     dated in order), one SQL statement each; name the rows that break them. Exit 8 if any does
     not hold."""
     settings = load_settings()
-    graces = invariants.Graces(attempts_bound=settings.attempts_bound())
+    graces = invariants.Graces(attempts_bound=settings.attempts_bound(), activations_s=EVER)
     results = on_database(settings, lambda conn: invariants.check_and_store(conn, graces=graces))
     show(results, as_json, _render, data=_as_data(results))
     if any(not r.ok for r in results):

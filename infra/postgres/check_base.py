@@ -18,6 +18,10 @@ STATEMENT_TIMEOUT_S = 30.0
 """What one check may take: a check must never hang the relay's housekeeping."""
 
 
+ACTIVATIONS_S = 86400.0
+"""A day of activations: what the relay's periodic check of their times looks at."""
+EVER = 100 * 365 * 86400.0
+"""All of them: what `pkgq doctor` looks at."""
 ATTEMPTS_BOUND = 240
 """The most attempts (or deferrals of a newer version) any hold's blocker is allowed by default:
 the largest of the routes' `max_attempts` and PKGQ_NEWER_VERSION_DEFERRALS."""
@@ -29,6 +33,10 @@ class Graces:
     attempts_s: float = ATTEMPT_GRACE_S
     attempts_bound: int = ATTEMPTS_BOUND
     """A hold whose blocker was tried more often than this has outrun every bound pkgq sets."""
+    activations_s: float = ACTIVATIONS_S
+    """`activation_times` looks at the activations of this many seconds back (an index range):
+    the relay's periodic check sees every activation while it is recent; `pkgq doctor` looks
+    at all of them (EVER)."""
 
 
 GRACES = Graces()

@@ -39,6 +39,10 @@ The checks:
   dated by its batch's clock read under the user's lock and never before what the user's
   queue already holds (domain/queue.py: `_moment`), so per user the activation times follow
   that order. Each row names the user, the item, the rule broken and the times that break it.
+  The relay looks at the last day's activations (`Graces.activations_s`, index
+  `package_queue_activated`, migration 0025), each against the one before it, so every
+  activation is checked while it is recent at the cost of an index range; `pkgq doctor` looks
+  at all of them.
 """
 
 from __future__ import annotations
@@ -210,16 +214,25 @@ ACTIVATION_TIMES = Check(
            count(*) OVER () AS total
     FROM (
         SELECT q.user_id, q.id AS item_id, q.created_at, q.activated_at,
-               lag(q.id) OVER w AS previous_item_id,
-               lag(q.activated_at) OVER w AS previous_activated_at
+               previous.id AS previous_item_id, previous.activated_at AS previous_activated_at
         FROM telecom.package_queue q
-        WHERE q.activated_at IS NOT NULL
-        WINDOW w AS (PARTITION BY q.user_id ORDER BY q.created_at, q.id)
+        -- the item its user activated before it: the one before it in queue order
+        LEFT JOIN LATERAL (
+            SELECT p.id, p.activated_at FROM telecom.package_queue p
+            WHERE p.user_id = q.user_id AND p.activated_at IS NOT NULL
+              AND (p.created_at, p.id) < (q.created_at, q.id)
+            ORDER BY p.created_at DESC, p.id DESC
+            LIMIT 1
+        ) previous ON true
+        -- activations of the window only (index package_queue_activated): every one is
+        -- checked while it is recent; `pkgq doctor` looks at all of them
+        WHERE q.activated_at > now() - make_interval(secs => $2::float8)
     ) AS activations
     WHERE activated_at < created_at OR activated_at < previous_activated_at
     ORDER BY user_id, item_id
     LIMIT $1
     """,
+    lambda g: (g.activations_s,),
 )
 
 CHECKS: tuple[Check, ...] = (

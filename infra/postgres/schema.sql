@@ -770,6 +770,8 @@ CREATE INDEX outbox_unpublished_route ON telecom.outbox USING btree (route, avai
 
 CREATE INDEX outbox_user ON telecom.outbox USING btree (user_id, created_at, id) WHERE (user_id IS NOT NULL);
 
+CREATE INDEX package_queue_activated ON telecom.package_queue USING btree (activated_at) WHERE (activated_at IS NOT NULL);
+
 CREATE INDEX package_queue_active_expiry ON telecom.package_queue USING btree (expire_at) WHERE ((status = 'active'::telecom.package_status) AND (expire_at IS NOT NULL));
 
 CREATE UNIQUE INDEX package_queue_one_active ON telecom.package_queue USING btree (user_id) WHERE (status = 'active'::telecom.package_status);
