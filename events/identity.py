@@ -30,9 +30,9 @@ def message_key(message_id: UUID, publisher: str | None, user_id: UUID | None) -
     """The key of the message `message_id` first published by `publisher` (None: nobody
     vouched for it) for `user_id` (None: no user)."""
     who = UNVERIFIED if publisher is None else publisher
-    user = "" if user_id is None else str(user_id)
-    digest = hashlib.md5(f"{message_id}|{who}|{user}".encode(), usedforsecurity=False)
-    return UUID(digest.hexdigest())
+    user = "" if user_id is None else user_id.hex
+    digest = hashlib.md5(f"{message_id.hex}|{who}|{user}".encode(), usedforsecurity=False)
+    return UUID(bytes=digest.digest())
 
 
 def body_user(body: bytes) -> UUID | None:

@@ -8,7 +8,7 @@ the batch's read still counts it (infra/postgres/batch_read.py)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 from uuid import UUID
 
 from infra.postgres.compound import Part
@@ -35,8 +35,7 @@ async def claim(
     return bool(inserted)
 
 
-@dataclass(frozen=True, slots=True)
-class Claim:
+class Claim(NamedTuple):
     """A message recorded as applied: its key (events/identity.py), the message_id people
     see, and the user its body names."""
 

@@ -20,7 +20,7 @@ CREATE TYPE telecom.package_status AS ENUM (
 
 CREATE FUNCTION telecom.message_key(message_id uuid, publisher text, user_id uuid) RETURNS uuid
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    RETURN (md5((((((message_id)::text || '|'::text) || COALESCE(publisher, 'unverified'::text)) || '|'::text) || COALESCE((user_id)::text, ''::text))))::uuid;
+    RETURN (md5(((((replace((message_id)::text, '-'::text, ''::text) || '|'::text) || COALESCE(publisher, 'unverified'::text)) || '|'::text) || COALESCE(replace((user_id)::text, '-'::text, ''::text), ''::text))))::uuid;
 
 CREATE TABLE telecom.dead_letters (
     id bigint NOT NULL,

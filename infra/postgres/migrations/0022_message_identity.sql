@@ -22,8 +22,8 @@
 -- - A dead letter gains `message_key`. Pending retries are given cancel keys that name it.
 CREATE FUNCTION telecom.message_key(message_id uuid, publisher text, user_id uuid)
 RETURNS uuid LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN md5(message_id::text || '|' || coalesce(publisher, 'unverified') || '|'
-           || coalesce(user_id::text, ''))::uuid;
+RETURN md5(replace(message_id::text, '-', '') || '|' || coalesce(publisher, 'unverified') || '|'
+           || coalesce(replace(user_id::text, '-', ''), ''))::uuid;
 
 ALTER TABLE telecom.inbox ADD COLUMN sent_as uuid;
 ALTER TABLE telecom.attempts ADD COLUMN sent_as uuid;
