@@ -43,12 +43,13 @@ class Settings(BaseSettings):
     idle_in_transaction_timeout: float = Field(default=60.0, ge=0)
     """Seconds a session may sit idle inside a transaction before Postgres ends it (0: never),
     so a frozen process cannot hold its row locks and leases indefinitely."""
-    tcp_keepalives_idle: int = Field(default=30, ge=0)
+    tcp_keepalives_idle: int = Field(default=3, ge=0)
     """Seconds of silence before the server probes a client's TCP connection (0: the OS
     default); with the interval and count below, a vanished peer's backend ends within about
-    idle + interval * count seconds instead of the OS's two hours."""
-    tcp_keepalives_interval: int = Field(default=10, ge=0)
-    tcp_keepalives_count: int = Field(default=3, ge=0)
+    idle + interval * count seconds (5 by default, PKGQ_DEAD_PEER_TIMEOUT's) instead of the
+    OS's two hours, and with it the row locks its open transaction held."""
+    tcp_keepalives_interval: int = Field(default=1, ge=0)
+    tcp_keepalives_count: int = Field(default=2, ge=0)
     dead_peer_timeout: float = Field(default=5.0, ge=1, le=600)
     """Seconds after which this process takes a PostgreSQL or RabbitMQ connection whose peer
     stopped answering for dead: closes it and connects again, on a short capped backoff, so
@@ -423,6 +424,9 @@ class Settings(BaseSettings):
             "tcp_keepalives_idle": str(self.tcp_keepalives_idle),
             "tcp_keepalives_interval": str(self.tcp_keepalives_interval),
             "tcp_keepalives_count": str(self.tcp_keepalives_count),
+            # the server's side of TCP_USER_TIMEOUT: a backend whose replies a dead or cut-off
+            # client stops acknowledging ends within the bound, its locks with it
+            "tcp_user_timeout": str(round(self.dead_peer_timeout * 1000)),
         }
 
     def child_env(self) -> dict[str, str]:

@@ -63,10 +63,13 @@ PROBE_INTERVAL = 0.5
 
 
 def heartbeat_for(dead_peer_timeout: float) -> int:
-    """The AMQP heartbeat (whole seconds) asked of the broker: a heartbeat frame each way every
-    half of it, so there is always data for TCP_USER_TIMEOUT to time, and the broker closes
-    its side of a connection that went silent after about two of them."""
-    return max(2, round(dead_peer_timeout))
+    """The AMQP heartbeat (whole seconds) asked of the broker: half the dead-peer bound, at
+    least 2. A heartbeat frame goes each way every half of it, so there is always data for
+    TCP_USER_TIMEOUT to time; and the broker closes its side of a connection that went silent
+    after about two heartbeats, so within the bound too: until it does, it keeps that dead
+    connection's unacknowledged deliveries, which a reconnected consumer would wait for after a
+    fault of about the bound's length."""
+    return max(2, round(dead_peer_timeout / 2))
 
 
 def with_heartbeat(url: URL, dead_peer_timeout: float) -> URL:

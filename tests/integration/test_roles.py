@@ -137,7 +137,7 @@ async def test_a_backend_the_runtime_role_may_not_end_is_left_and_the_reap_still
         await superuser.close()
 
 
-async def test_processes_connect_with_the_idle_in_transaction_timeout_and_tcp_keepalives(
+async def test_processes_connect_with_the_idle_in_transaction_timeout_tcp_keepalives_and_timeout(
     settings: Settings,
 ) -> None:
     tuned = settings.model_copy(
@@ -149,15 +149,17 @@ async def test_processes_connect_with_the_idle_in_transaction_timeout_and_tcp_ke
             " current_setting('idle_in_transaction_session_timeout') AS idle,"
             " current_setting('tcp_keepalives_idle') AS ka_idle,"
             " current_setting('tcp_keepalives_interval') AS ka_interval,"
-            " current_setting('tcp_keepalives_count') AS ka_count"
+            " current_setting('tcp_keepalives_count') AS ka_count,"
+            " current_setting('tcp_user_timeout') AS user_timeout"
         )
     assert found is not None
     assert dict(found) == {
         "who": pg_roles.RUNTIME,
         "idle": "45s",
-        "ka_idle": "30",
-        "ka_interval": "10",
-        "ka_count": "3",
+        "ka_idle": "3",
+        "ka_interval": "1",
+        "ka_count": "2",
+        "user_timeout": "5000",  # ms: PKGQ_DEAD_PEER_TIMEOUT, the server ends a cut-off backend
     }
 
 
