@@ -127,7 +127,9 @@ def test_a_600_deep_schema_version_header_is_refused_with_a_short_reason() -> No
 
 
 @pytest.mark.parametrize(
-    "claimed", [Decimal("1.5"), datetime(2026, 1, 1, tzinfo=UTC), str(uuid4()).encode()]
+    "claimed",
+    [Decimal("1.5"), datetime(2026, 1, 1, tzinfo=UTC), b"0f6a3c1e-53a4-4c9b-9a55-6c1f3b7d2e10"],
+    ids=["decimal", "time", "bytes"],
 )
 def test_a_user_header_decodes_alike_at_the_door_and_from_the_parking_lot(claimed: object) -> None:
     """The parking lot keeps a delivery's headers as JSON (events.envelope.jsonable): a user
