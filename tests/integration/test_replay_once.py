@@ -122,11 +122,12 @@ async def _refusing_pipeline(pool: asyncpg.Pool, refusing: dict[str, bool]) -> D
     )
 
 
-async def test_a_replayed_or_discarded_dead_letter_once_applied_is_never_forced_again(
+async def test_a_replayed_dead_letter_once_applied_is_never_forced_again_and_a_discard_stands(
     pool: asyncpg.Pool,
 ) -> None:
-    """Replayed and applied; or discarded, then a resend applied: after the inbox's retention a
-    forced replay would send either again, and bill it twice."""
+    """Replayed and applied: after the inbox's retention a forced replay would send it again,
+    and bill it twice; it is refused. Discarded, then sent again: the operator's discard stands
+    (the same message is a duplicate of its discarded letter), before and after the retention."""
     refusing = {"on": True}
     pipeline = await _refusing_pipeline(pool, refusing)
     replayed_user, discarded_user = uuid4(), uuid4()
@@ -145,18 +146,22 @@ async def test_a_replayed_or_discarded_dead_letter_once_applied_is_never_forced_
         assert sent.replayed
         await operations.discard_batch(conn, [ids[discarded_user]], "ops")
     refusing["on"] = False
-    # The replay's copy is applied; the resend waits behind the discarded one's lifted hold
-    # (parked) and is drained and applied in the same call.
-    assert await pipeline(raws[replayed_user]) == Fate.APPLIED
-    assert await pipeline(raws[discarded_user]) == Fate.PARKED
-    statuses = await fetch(pool, "SELECT status::text FROM telecom.dead_letters")
-    assert [r["status"] for r in statuses] == ["superseded", "superseded"]
+    assert await pipeline(raws[replayed_user]) == Fate.APPLIED  # the replay's copy
+    assert await pipeline(raws[discarded_user]) == Fate.DUPLICATE  # the discard stands
+    statuses = await fetch(pool, "SELECT user_id, status::text FROM telecom.dead_letters")
+    assert {r["user_id"]: r["status"] for r in statuses} == {
+        replayed_user: "superseded",
+        discarded_user: "discarded",
+    }
     await fetch(pool, "DELETE FROM telecom.inbox RETURNING 1")  # retention forgot them
     async with pool.acquire() as conn, conn.transaction():
-        forced = await replay.replay(conn, list(ids.values()), "ops", pkgq_user="pkgq", force=True)
-    assert [(r.replayed, r.detail) for r in forced] == [(False, replay.SUPERSEDED)] * 2
-    for user in raws:
-        assert await _billed(pool, user) == 7
+        forced = await replay.replay(
+            conn, [ids[replayed_user]], "ops", pkgq_user="pkgq", force=True
+        )
+    assert [(r.replayed, r.detail) for r in forced] == [(False, replay.SUPERSEDED)]
+    assert await pipeline(raws[discarded_user]) == Fate.DUPLICATE  # still, after retention
+    assert await _billed(pool, replayed_user) == 7
+    assert await _billed(pool, discarded_user) == 0
 
 
 async def test_another_users_message_under_the_same_id_supersedes_nothing_of_this_user(
