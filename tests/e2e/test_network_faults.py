@@ -78,12 +78,17 @@ async def _run_fault(
             await asyncio.sleep(0.05)
         took = loop.time() - ended
         _report(name, took)
+
+        def tails() -> str:
+            return "\n".join(
+                f"--- pkgq {p.args[0]}\n" + p.logs()[-6000:] for p in (consumers, relay)
+            )
+
         try:
             await workload.wait_end_state(pool, within=1)  # the diff, if it never got there
         except AssertionError as exc:
-            tails = [f"--- pkgq {p.args[0]}\n" + p.logs()[-6000:] for p in (consumers, relay)]
-            raise AssertionError(f"{exc}\n" + "\n".join(tails)) from None
-        assert took <= RESUME_BOUND_S + SLACK_S, f"{name}: resumed {took:.1f}s after the fault"
+            raise AssertionError(f"{exc}\n{tails()}") from None
+        assert took <= RESUME_BOUND_S + SLACK_S, f"{name}: resumed {took:.1f}s after\n{tails()}"
         assert relay.proc.poll() is None, relay.logs()
         assert consumers.proc.poll() is None, consumers.logs()
         for dependency in warned:
