@@ -196,9 +196,12 @@ def transient_retrying(attempts: int = 5, max_wait: float = 2.0) -> AsyncRetryin
 log = structlog.get_logger(__name__)
 
 BLOCKED_ALERT_AFTER_S = 300.0
+LOUD_REPEAT_S = 10.0
+"""An outage worth an error is said again every ten seconds at most."""
 OUTAGE_FIRST_PAUSE_S = 1.0
-OUTAGE_LONGEST_PAUSE_S = 30.0
-"""until_done's pauses: the first, doubled after each failure up to the longest."""
+OUTAGE_LONGEST_PAUSE_S = 2.0
+"""until_done's pauses: the first, doubled after each failure up to the longest (short: once
+the network is back, work resumes within it, whether or not the probe noticed first)."""
 PROBE_INTERVAL_S = 0.5
 """How often the process's one probe tries the database while an outage is waited out."""
 PROBE_TIMEOUT_S = 2.0
@@ -395,6 +398,7 @@ async def until_done(
     `route`: what waits)."""
     pauses = OutagePauses(OUTAGE_FIRST_PAUSE_S, OUTAGE_LONGEST_PAUSE_S)
     blocked_since = time.monotonic()
+    said_loudly = -LOUD_REPEAT_S
     stalled: str | None = None
     while True:
         try:
@@ -417,7 +421,14 @@ async def until_done(
             # never migrated), and every later message on the route waits behind it. A missing
             # grant is one from the start: it never clears by itself.
             loud = blocked_for > BLOCKED_ALERT_AFTER_S or needs_operator(exc)
-            level = log.error if loud else log.warning
+            # The first failure is a warning; the tries after it come every few seconds, so
+            # the dependency report says how it goes on (at a slowing rate), and an error is
+            # repeated every LOUD_REPEAT_S at most.
+            now = time.monotonic()
+            if loud and now - said_loudly >= LOUD_REPEAT_S:
+                level, said_loudly = log.error, now
+            else:
+                level = log.warning if pauses.current <= OUTAGE_FIRST_PAUSE_S else log.debug
             level(
                 "infrastructure_unavailable",
                 error=repr(exc),

@@ -84,6 +84,9 @@ from infra.transient import (
 
 log = structlog.get_logger(__name__)
 
+FIRST_ROUND_PAUSE_S = 0.5
+"""The pause after a failed round; it doubles while the failure lasts, up to 2 s."""
+
 ROUNDS_IN_FLIGHT = 2
 """Rounds one relay runs at once while there is a backlog. Each round holds its own leases."""
 LEASE_LIMIT = outbox.PARTITIONS // ROUNDS_IN_FLIGHT
@@ -179,7 +182,8 @@ class Relay:
         coming; otherwise one, then a wait for a NOTIFY or the poll interval."""
         in_flight: list[asyncio.Task[RoundResult]] = []
         more = False
-        pauses = OutagePauses(0.5, 30.0)
+        # capped short: once the network is back the next round comes within 2 s
+        pauses = OutagePauses(FIRST_ROUND_PAUSE_S, 2.0)
         try:
             while not stop.is_set():
                 if not in_flight:
@@ -315,7 +319,11 @@ class Relay:
         if needs_operator(error):  # a missing grant: rows wait, and someone must know
             log.error("relay_round_failed", error=repr(error), retry_in_s=retry_in_s)
         elif is_transient(error):
-            log.warning("relay_round_failed", error=repr(error), retry_in_s=retry_in_s)
+            # the first of an outage; then the dependency report warns at a slowing rate
+            first = retry_in_s <= FIRST_ROUND_PAUSE_S
+            (log.warning if first else log.debug)(
+                "relay_round_failed", error=repr(error), retry_in_s=retry_in_s
+            )
         else:
             log.error("relay_round_error", exc_info=error, retry_in_s=retry_in_s)
 
