@@ -22,7 +22,7 @@ handlers run in memory) -> writes.py (the decisions as rows, pure)
 - an outage leaves the loop: the consumer waits it out (infra/transient.until_done) and runs
   the batch again, so nothing is recorded as a failure of a message; one that shows the server
   no longer takes writes (a demoted primary) first drops the pool's connections (`_connection`);
-- TTR (seed 001): a handler that runs past the route's TTR rolls the transaction back, a strike
+- TTR: a handler that runs past the route's TTR rolls the transaction back, a strike
   is counted, the deliveries before it are decided again, and it and the ones after it are
   given back unacknowledged, so they keep their places (the queue [A, B, C] with A taken and
   timed out while B was taken and done elsewhere is [A, C], not [C, A]); after max_attempts

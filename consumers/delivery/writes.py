@@ -312,7 +312,7 @@ def _moves(route: str, decided: Sequence[Decided], source: Source) -> dict[tuple
     taken = len(fates) if source is Source.QUEUE else 0
     acked = sum(1 for f in fates if f is Fate.APPLIED or f in REPEATS)
     retried = sum(1 for f in fates if f is Fate.RETRY)
-    # seed 004's "release": a taken message put back to wait (here: a retry scheduled)
+    # a "release": a taken message put back to wait (here: a retry scheduled)
     return {(route, "take"): taken, (route, "ack"): acked, (route, "release"): retried}
 
 

@@ -1,4 +1,4 @@
-"""Cheap statistics (issue 22): the status refresh of every process and the console's overview
+"""Cheap statistics: the status refresh of every process and the console's overview
 read no growing table row by row, and what they show stays meaningful: counters exact, counts
 exact up to stats.EXACT_UP_TO, estimates past it marked as such (infra/postgres/stats.py)."""
 

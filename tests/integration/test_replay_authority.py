@@ -1,4 +1,4 @@
-"""Who published, kept (issue 22), on the real broker: a dead letter keeps the publisher RabbitMQ
+"""Who published, kept, on the real broker: a dead letter keeps the publisher RabbitMQ
 verified, so an operator's replay cannot launder an outsider's lifecycle event into pkgq's own,
 from the CLI or from the console; pkgq's copy of an outsider's message is buried by its consumer
 whatever sent it; and the item audit and PackageCancelledEvent say who published a cancel (the

@@ -1,4 +1,4 @@
-"""Trends (issue 26): the per-minute snapshots the relays take and the buckets the overview's
+"""Trends: the per-minute snapshots the relays take and the buckets the overview's
 charts draw from them (infra/postgres/trends.py): counts land in their minute and route, quiet
 minutes are zeros, the day's window sums 5-minute buckets, retention keeps a day at least, and
 with a million outbox rows (PKGQ_BIG_ROWS) every read goes through an index."""
