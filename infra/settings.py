@@ -57,6 +57,11 @@ class Settings(BaseSettings):
     keepalive on every socket, the AMQP heartbeat, connect timeouts:
     docs/how-to/network-faults.md). Lower finds a silent fault sooner; on a link whose round
     trips or losses can exceed it, raise it."""
+    wire_accelerator: bool = True
+    """Read and write AMQP frames through pkgq's wire accelerator (infra/rabbit/wire/): chunked
+    frame reads, a delivery's frames decoded without pamqp's generic decoder, deliveries handed
+    over in the channel's reader task, publishes coalesced into one write. false: aiormq's own
+    code paths, the same bytes on the wire (slower)."""
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
     """The broker, or the nodes of a cluster as a comma-separated list of URLs
     (`amqp://u:p@rabbit-1:5672/,amqp://u:p@rabbit-2:5672/`): pkgq connects to the first that

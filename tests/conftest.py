@@ -19,6 +19,7 @@ from hypothesis import settings as hypothesis_settings
 
 from infra.postgres.migrate import migrate
 from infra.postgres.pool import create_pool
+from infra.rabbit import wire
 from infra.rabbit.connection import connect
 from infra.rabbit.tap import Tap
 from infra.rabbit.topology import declare_all
@@ -78,6 +79,14 @@ async def _drop_template() -> None:
 
 _NAMESPACES: set[str] = set()
 """The namespaces this session's tests used (this worker's, under xdist)."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def wire_accelerator() -> bool:
+    """PKGQ_WIRE_ACCELERATOR decides, once per process, whether aiormq runs with pkgq's wire
+    accelerator (infra/rabbit/wire/): decided here, before any test connects, so a run with
+    it set to false (run-suite.sh runs the delivery tests that way too) never installs it."""
+    return wire.install(Settings().wire_accelerator)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -19,7 +19,7 @@ from aiormq.exceptions import AMQPConnectionError
 from yarl import URL
 
 from infra.dependencies import RABBITMQ, dependencies
-from infra.rabbit import frames
+from infra.rabbit import wire
 from infra.settings import Settings, mask_url, split_urls
 from infra.sockets import DEFAULT_DEAD_PEER_TIMEOUT_S, tune_transport
 from infra.tls import TlsTarget, TlsVerifyError, amqp_context, explain
@@ -225,6 +225,7 @@ async def open_amqp(settings: Settings, name: str) -> AbstractRobustConnection:
         tls_context(settings),
         settings.amqp_ca_file,
         dead_peer_timeout=settings.dead_peer_timeout,
+        accelerate=settings.wire_accelerator,
     )
 
 
@@ -235,6 +236,7 @@ async def connect(
     ca_file: str | None = None,
     *,
     dead_peer_timeout: float = DEFAULT_DEAD_PEER_TIMEOUT_S,
+    accelerate: bool = True,
 ) -> AbstractRobustConnection:
     """A robust connection named `name` (shown by the broker). `url` may list several nodes,
     comma-separated: they are tried in order and the first that accepts wins (NodeListConnection
@@ -242,9 +244,10 @@ async def connect(
     if given (`ca_file` is what it trusts, for the error message), else against the system's
     CAs. A certificate that is not accepted raises TlsVerifyError, whose text says in one line
     what to check. `dead_peer_timeout`: PKGQ_DEAD_PEER_TIMEOUT (the heartbeat it asks for, and
-    DeadPeerTransports)."""
+    DeadPeerTransports). `accelerate`: PKGQ_WIRE_ACCELERATOR (infra/rabbit/wire/: the first
+    connection of a process decides for it)."""
     allow_deep_headers()
-    frames.install()
+    wire.install(accelerate)
     nodes = split_urls(url)
     parsed = URL(nodes[0])
     if parsed.scheme.lower() == "amqps" and context is None:

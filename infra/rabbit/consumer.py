@@ -33,12 +33,11 @@ from events.partitioning import route_of_key
 from infra import faults
 from infra.observability import IN_FLIGHT, MESSAGES
 from infra.rabbit import settle
-from infra.rabbit.deliveries import AmqpDelivery, channel_open
-from infra.rabbit.in_hand import InHand
+from infra.rabbit.deliveries import Ahead, AmqpDelivery, InHand, channel_open
 from infra.rabbit.last_resort import copy_to_dead_letters
 from infra.rabbit.outcomes import Processor, Result, Settle, settle_of
 from infra.rabbit.publisher import Publisher
-from infra.rabbit.subscription import Ahead, Declare, Subscription
+from infra.rabbit.subscription import Declare, Subscription
 from infra.settings import Settings
 from infra.transient import StoppingError, until_done
 

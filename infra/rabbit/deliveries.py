@@ -1,16 +1,33 @@
-"""AMQP deliveries as the consumer loop holds them and the processors see them, and whether one
-can still be settled."""
+"""Receiving: a delivery handed over by aiormq, as the consumer loop holds it and the processors
+see it, and whether it can still be settled.
+
+`Handover` is the consumer callback of every subscription (infra/rabbit/subscription.py): it
+turns aiormq's DeliveredMessage into an `AmqpDelivery` (its `raw`: the RawDelivery the
+processors read), puts it into the consumer's buffer and tells the processor, which takes it
+ahead of its batch (consumers/delivery/decode.py). The consumer loop takes it from the buffer
+next (infra/rabbit/consumer.py). `InHand` counts the batches taken from the buffer and not yet
+settled, which a pause waits for.
+"""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import Any
 
 import aiormq.abc
+import structlog
 from aiormq.exceptions import ChannelInvalidStateError
 
 from events.decoding import RawDelivery
 from events.envelope import H_MESSAGE_ID, H_MESSAGE_TYPE, header_text
+
+log = structlog.get_logger(__name__)
+
+Ahead = Callable[[RawDelivery], None]
+"""Told of each delivery as it arrives, in the channel's reader task (QueueConsumer's `ahead`)."""
 
 
 class AmqpDelivery:
@@ -89,3 +106,85 @@ def channel_open(message: AmqpDelivery) -> bool:
         return not message.channel.is_closed
     except ChannelInvalidStateError:
         return False
+
+
+class Handover:
+    """The consumer callback: each delivery into the buffer, and told to `ahead`, without
+    awaiting (the processor decodes it ahead of its batch, without any I/O). With the wire
+    accelerator (infra/rabbit/wire/) it is called in the channel's reader task, in delivery
+    order, without a Task of its own (`called_inline`); without it, from aiormq's Task.
+
+    If a handover fails, nothing after it is handed over, and the channel is closed: the broker
+    then gives that delivery and every later one back, in order. (Handing over the later ones
+    would let an ack with `multiple` take the failed one along unprocessed.)"""
+
+    __slots__ = ("_ahead", "_buffer", "_failed")
+    called_inline = True
+
+    def __init__(self, buffer: asyncio.Queue[AmqpDelivery], ahead: Ahead | None) -> None:
+        self._buffer = buffer
+        self._ahead = ahead
+        self._failed = False
+
+    def __call__(self, message: aiormq.abc.DeliveredMessage) -> None:
+        if self._failed:
+            return  # left unacknowledged: given back when the channel closes
+        try:
+            delivery = AmqpDelivery(message)
+            self._buffer.put_nowait(delivery)
+            if self._ahead is not None:
+                self._ahead(delivery.raw)
+        except Exception as exc:
+            self._failed = True
+            log.exception("inline_consumer_failed", delivery_tag=message.delivery_tag)
+            _close_soon(message.channel, exc)
+
+
+def _handover_failed(exc: Exception) -> ChannelInvalidStateError:
+    """What the channel is closed with (and its waiting futures fail with): a channel error,
+    not the consumer's own exception, which callers could take for their own failure."""
+    error = ChannelInvalidStateError(f"a delivery could not be handed over: {exc!r}")
+    error.__cause__ = exc
+    return error
+
+
+_closing: set[asyncio.Task[object]] = set()
+"""Channel closes under way (a reference, so that they are not collected half done)."""
+
+
+def _close_soon(channel: aiormq.abc.AbstractChannel, exc: Exception) -> None:
+    """Close a channel from its own reader task's callback (the close waits for that reader)."""
+    task: asyncio.Task[object] = asyncio.get_running_loop().create_task(
+        channel.close(_handover_failed(exc))
+    )
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
+
+
+class InHand:
+    """A count of batches in hand (being processed or settled), taken with `with in_hand:`
+    around one batch, which a pause waits for. The count is the one fact; the event that
+    `emptied` waits on is set from it, here and nowhere else."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._none = asyncio.Event()
+        self._none.set()
+
+    def __enter__(self) -> None:
+        self._count += 1
+        self._none.clear()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._count -= 1
+        if self._count == 0:
+            self._none.set()
+
+    async def emptied(self) -> None:
+        """Return once no batch is in hand (at once if none is)."""
+        await self._none.wait()

@@ -16,7 +16,7 @@ from aiormq.exceptions import ChannelInvalidStateError, DeliveryError, PublishEr
 from pamqp.commands import Basic
 
 from events.envelope import CONTENT_TYPE
-from infra.rabbit import coalesce
+from infra.rabbit import wire
 
 
 class PublishFailedError(Exception):
@@ -106,7 +106,7 @@ class Publisher:
         self._exchange = exchange
         self._user_id = user_id
         self._confirm_timeout = confirm_timeout
-        self._coalescer: coalesce.Coalescer | None = None
+        self._publishing = wire.Publishing()
 
     @property
     def user_id(self) -> str | None:
@@ -149,27 +149,9 @@ class Publisher:
         if self._user_id is not None:
             properties.user_id = self._user_id
         try:
-            if coalesce.usable():
-                # Publishes begun together go to the writer as one frame (coalesce.py).
-                coalescer = self._coalescer
-                if coalescer is None or coalescer.channel is not channel:
-                    coalescer = self._coalescer = coalesce.Coalescer(channel)
-                async with asyncio.timeout(self._confirm_timeout):
-                    confirmation = await coalescer.publish(
-                        body, self._exchange.name, routing_key, properties
-                    )
-            else:
-                # aiormq's own publish, not aio-pika's Exchange.publish, for `wait=False`: the
-                # lock is not held until the frames reach the socket.
-                confirmation = await channel.basic_publish(
-                    body,
-                    exchange=self._exchange.name,
-                    routing_key=routing_key,
-                    properties=properties,
-                    mandatory=True,
-                    timeout=self._confirm_timeout,
-                    wait=False,
-                )
+            confirmation = await self._publishing.publish(
+                channel, body, self._exchange.name, routing_key, properties, self._confirm_timeout
+            )
         except DeliveryError as exc:
             raise PublishFailedError(
                 properties.message_id or "?",

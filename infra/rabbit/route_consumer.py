@@ -6,9 +6,9 @@ from aio_pika.abc import AbstractChannel, AbstractQueue, AbstractRobustConnectio
 
 from events.routes import Route
 from infra.rabbit.consumer import Idle, QueueConsumer
+from infra.rabbit.deliveries import Ahead
 from infra.rabbit.outcomes import Processor
 from infra.rabbit.publisher import Publisher
-from infra.rabbit.subscription import Ahead
 from infra.rabbit.topology import declare_exchanges, declare_route_queue, route_queues
 from infra.settings import Settings
 

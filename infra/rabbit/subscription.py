@@ -13,16 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, cast
+from typing import Any
 
 import aiormq.abc
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractQueue, AbstractRobustConnection
 
-from events.decoding import RawDelivery
-from infra.rabbit.deliveries import AmqpDelivery, channel_open
-from infra.rabbit.frames import InlineConsumer
-from infra.rabbit.in_hand import InHand
+from infra.rabbit.deliveries import Ahead, AmqpDelivery, Handover, InHand, channel_open
 from infra.rabbit.setting_up import lost_with_connection, through_outages
 from infra.settings import Settings
 from infra.transient import StoppingError, is_transient
@@ -30,8 +27,6 @@ from infra.transient import StoppingError, is_transient
 log = structlog.get_logger(__name__)
 
 Declare = Callable[[AbstractChannel], Awaitable[AbstractQueue]]
-Ahead = Callable[[RawDelivery], None]
-"""Told of each delivery as it arrives, in the channel's reader task (QueueConsumer's `ahead`)."""
 
 
 class Subscription:
@@ -201,18 +196,8 @@ class Subscription:
         directly (infra/rabbit/deliveries.AmqpDelivery)."""
         underlay: aiormq.abc.AbstractChannel = await self._channel.get_underlay_channel()
         underlay.on_consumer_cancel_callbacks.add(self._cancelled_by_broker)
-        buffer = self._buffer
-        ahead = self._ahead
-
-        def on_delivery(message: aiormq.abc.DeliveredMessage) -> None:
-            delivery = AmqpDelivery(message)
-            buffer.put_nowait(delivery)
-            if ahead is not None:
-                ahead(delivery.raw)
-
-        # Called in the channel's reader task, in delivery order (infra/rabbit/frames.py).
-        inline = cast(aiormq.abc.ConsumerCallback, InlineConsumer(on_delivery))  # aiormq wraps it
-        ok = await underlay.basic_consume(self._queue.name, inline)
+        handover = Handover(self._buffer, self._ahead)
+        ok = await underlay.basic_consume(self._queue.name, handover)  # type: ignore[arg-type]
         self._consumer_tag = ok.consumer_tag
 
     async def _consume_again(self, *_: object) -> None:

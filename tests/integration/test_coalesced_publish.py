@@ -1,4 +1,4 @@
-"""Publishes begun together go to aiormq's writer as one frame (infra/rabbit/coalesce.py), and
+"""Publishes begun together go to aiormq's writer as one frame (infra/rabbit/wire/coalesce.py), and
 the broker's answer for each settles that publish alone: a return or a nack between two
 confirmed messages fails only its own, a publish cancelled before the write is never sent, and
 a connection the broker closes fails what waits for a confirm instead of leaving it waiting."""
@@ -61,7 +61,7 @@ async def test_publishes_begun_together_go_to_the_writer_as_one_frame_in_order_e
 ) -> None:
     ok, _ = queues
     await asyncio.gather(*(_publish(publisher, f"m{i}", "ok") for i in range(40)))
-    coalescer = publisher._coalescer
+    coalescer = publisher._publishing._coalescer
     assert coalescer is not None
     assert coalescer.writes == 1
     await asyncio.gather(*(_publish(publisher, f"n{i}", "ok") for i in range(3)))

@@ -18,7 +18,7 @@ from events.decoding import RawDelivery
 from events.envelope import H_DEAD_REASON
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
-from infra.rabbit import subscription
+from infra.rabbit import deliveries
 from infra.rabbit.connection import connect
 from infra.rabbit.consumer import Processor, QueueConsumer, Result
 from infra.rabbit.deliveries import AmqpDelivery
@@ -316,7 +316,7 @@ async def test_a_consumer_that_cannot_subscribe_again_after_a_reconnection_fails
 async def test_a_delivery_failing_to_reach_the_buffer_comes_back_and_all_are_processed_in_order(
     settings: Settings, amqp: AbstractRobustConnection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A failed handover (infra/rabbit/frames.InlineConsumer) closes the channel: the failed
+    """A failed handover (infra/rabbit/deliveries.Handover) closes the channel: the failed
     delivery and everything after it come back on the reopened channel, in order, and the
     consumer goes on; nothing is lost."""
     handed = 0
@@ -328,7 +328,7 @@ async def test_a_delivery_failing_to_reach_the_buffer_comes_back_and_all_are_pro
             raise RuntimeError("a handover that fails")
         return AmqpDelivery(message)
 
-    monkeypatch.setattr(subscription, "AmqpDelivery", fails_once)
+    monkeypatch.setattr(deliveries, "AmqpDelivery", fails_once)
     connection = await connect(settings.amqp_url, f"pkgq-test-handover-{uuid4().hex[:8]}")
     seen: list[UUID] = []
 

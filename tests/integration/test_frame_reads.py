@@ -1,5 +1,6 @@
-"""pkgq's connections read and write frames in chunks (infra/rabbit/frames.py): against the real
-broker, empty bodies, small ones and bodies larger than a frame arrive whole and in order, and
+"""pkgq's connections read and write frames in chunks (infra/rabbit/wire/frames.py):
+against the real broker, empty bodies, small ones and bodies larger than a frame arrive whole
+and in order, and
 concurrent confirmed publishes, merged into fewer writes, arrive once each in order; an inline
 consumer is called in the channel's reader task, in order, and a failed handover closes the
 channel so that the broker gives everything from it on back, in order."""
@@ -17,13 +18,14 @@ import pytest
 from aio_pika.abc import AbstractQueue, AbstractRobustChannel, AbstractRobustConnection
 from aiormq.abc import ChannelFrame
 
-from infra.rabbit.frames import (
+from events.decoding import RawDelivery
+from infra.rabbit.deliveries import AmqpDelivery, Handover
+from infra.rabbit.publisher import Publisher, build_message
+from infra.rabbit.wire.frames import (
     BufferedFrameReceiver,
     CoalescingFrameGenerator,
-    InlineConsumer,
     InlineDeliveryChannel,
 )
-from infra.rabbit.publisher import Publisher, build_message
 from infra.settings import Settings
 from tests.support.deliveries import consume_numbers
 
@@ -101,14 +103,15 @@ async def test_an_inline_consumer_gets_every_delivery_in_order_in_the_channels_o
     tasks: set[asyncio.Task[Any] | None] = set()
     done = asyncio.Event()
 
-    def deliver(message: aiormq.abc.DeliveredMessage) -> None:
+    def deliver(message: RawDelivery) -> None:
         tasks.add(asyncio.current_task())
         got.append(int(message.body))
         if len(got) == 200:
             done.set()
 
     await underlay.basic_qos(prefetch_count=300)
-    inline = cast(aiormq.abc.ConsumerCallback, InlineConsumer(deliver))
+    buffer: asyncio.Queue[AmqpDelivery] = asyncio.Queue()
+    inline = cast(aiormq.abc.ConsumerCallback, Handover(buffer, deliver))
     await underlay.basic_consume(queue.name, inline, no_ack=True)
     await asyncio.wait_for(done.wait(), 10)
     assert got == list(range(200))
@@ -125,13 +128,14 @@ async def test_a_failed_inline_handover_hands_nothing_more_and_the_broker_gives_
     consuming = await robust.get_underlay_channel()
     got: list[int] = []
 
-    def deliver(message: aiormq.abc.DeliveredMessage) -> None:
+    def deliver(message: RawDelivery) -> None:
         if int(message.body) == 7:
             raise RuntimeError("a consumer's bug")
         got.append(int(message.body))
 
     await consuming.basic_qos(prefetch_count=100)
-    inline = cast(aiormq.abc.ConsumerCallback, InlineConsumer(deliver))
+    buffer: asyncio.Queue[AmqpDelivery] = asyncio.Queue()
+    inline = cast(aiormq.abc.ConsumerCallback, Handover(buffer, deliver))
     await consuming.basic_consume(queue.name, inline)
     await asyncio.wait([consuming.closing], timeout=10)
     assert consuming.is_closed  # closed by the failed handover

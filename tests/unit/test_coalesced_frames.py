@@ -1,4 +1,4 @@
-"""Publishes sent together (infra/rabbit/coalesce.py) put on the wire the bytes aiormq's own
+"""Publishes sent together (infra/rabbit/wire/coalesce.py) put on the wire the bytes aiormq's own
 publish puts there, one after another, large bodies split at the channel's frame size."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pamqp.body import ContentBody
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
-from infra.rabbit.coalesce import publish_frames
 from infra.rabbit.publisher import build_properties
+from infra.rabbit.wire.coalesce import publish_frames
 
 FRAME_BODY = 4096 - 8
 

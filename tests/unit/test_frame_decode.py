@@ -1,5 +1,6 @@
-"""A delivery's frames decoded by infra/rabbit/frame_decode.py are what pamqp decodes from the same
-bytes, attribute for attribute; what it cannot read exactly as pamqp (other frames, other
+"""A delivery's frames decoded by infra/rabbit/wire/frame_decode.py are what pamqp
+decodes from the same bytes, attribute for attribute; what it cannot read exactly as pamqp
+(other frames, other
 header types, damaged bytes) it leaves to pamqp."""
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from hypothesis import strategies as st
 from pamqp import body, commands, header, heartbeat
 from pamqp.exceptions import PAMQPException
 
-from infra.rabbit import frame_decode, frames
-from infra.rabbit.frames import split_frames
+from infra.rabbit.wire import frame_decode, frames
+from infra.rabbit.wire.frames import split_frames
 
 _SHORT = st.text(max_size=40).filter(lambda s: len(s.encode()) <= 255)
 _PLAIN_VALUES = st.one_of(
@@ -245,7 +246,7 @@ def test_split_frames_hands_over_the_same_frames_with_or_without_the_fast_path(
         )
     )
     fast = [(n, c, _fields(f)) for n, c, f in split_frames(bytearray(stream))]
-    monkeypatch.setattr("infra.rabbit.frames._fast", None)
+    monkeypatch.setattr("infra.rabbit.wire.frames._fast", None)
     slow = [(n, c, _fields(f)) for n, c, f in split_frames(bytearray(stream))]
     assert fast == slow
     assert len(fast) == 4

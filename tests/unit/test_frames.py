@@ -1,5 +1,5 @@
-"""AMQP frames cut from chunked reads (infra/rabbit/frames.py) are aiormq's frames, whatever the
-chunks; a broken stream is a connection error, as with aiormq's own receiver."""
+"""AMQP frames cut from chunked reads (infra/rabbit/wire/frames.py) are aiormq's frames,
+whatever the chunks; a broken stream is a connection error, as with aiormq's own receiver."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from aiormq.exceptions import AMQPConnectionError, InvalidFrameError
 from pamqp import body as content
 from pamqp import commands, header, heartbeat
 
-from infra.rabbit import frames
-from infra.rabbit.frames import (
+from infra.rabbit.wire import frames
+from infra.rabbit.wire.frames import (
     BufferedFrameReceiver,
     CoalescingFrameGenerator,
     InlineDeliveryChannel,

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from infra.rabbit.in_hand import InHand
+from infra.rabbit.deliveries import InHand
 
 
 async def test_with_no_batch_in_hand_emptied_returns_at_once() -> None:

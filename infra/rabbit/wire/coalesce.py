@@ -3,7 +3,7 @@
 The relay publishes every user's chain at once, so a round begins a dozen or more publishes
 together. aiormq's `basic_publish` takes each on its own: the channel's lock (the publishes
 queue for it, one task turn each), the frames marshalled, a put on the connection's write
-queue. The writer then merges what is queued when it runs (infra/rabbit/frames.py,
+queue. The writer then merges what is queued when it runs (infra/rabbit/wire/frames.py,
 CoalescingFrameGenerator), but publishes that trickle in through the lock often reach it one
 by one. `Coalescer` gathers the publishes begun before its flush runs (the next turn of the
 loop), and under one hold of the channel's lock gives them their delivery tags in the order
@@ -14,7 +14,7 @@ reader settles each tag as before).
 
 It uses what aiormq's own `basic_publish` uses of the channel (its lock, delivery tag,
 confirmation and message-id maps, write queue, frame size): only with the aiormq versions
-infra/rabbit/frames.py was checked against (`usable`); with another, publishes go through
+infra/rabbit/wire/frames.py was checked against (`usable`); with another, publishes go through
 `basic_publish` one by one (infra/rabbit/publisher.py).
 """
 
@@ -35,7 +35,7 @@ from pamqp.body import ContentBody
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
-from infra.rabbit.frames import TESTED_AIORMQ
+from infra.rabbit.wire.frames import TESTED_AIORMQ
 
 
 @cache

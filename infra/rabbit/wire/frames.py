@@ -4,7 +4,7 @@ Reading. aiormq (7.2) reads every frame with three `readexactly` calls under a l
 BytesIO, and a delivery is three frames (method, content header, body). On a consumer draining
 a backlog that was about a quarter of `pkgq run`'s CPU (py-spy). `BufferedFrameReceiver` reads
 what the socket has (up to READ_SIZE bytes) and cuts every whole frame out of it, decoding each
-to the pamqp objects aiormq expects (a delivery's three frames by infra/rabbit/frame_decode.py,
+to the pamqp objects aiormq expects (a delivery's three frames by infra/rabbit/wire/frame_decode.py,
 at about a third of pamqp's cost; any other frame by pamqp itself); a partial frame waits in the
 buffer for the next read.
 
@@ -25,11 +25,11 @@ concurrent confirmed publishes: 104 -> 85 CPU µs per message in the publisher, 
 RabbitMQ (fewer, larger reads).
 
 Delivering. aiormq's channel starts a Task for every delivery to run the consumer's callback
-(about 8% of a draining consumer's CPU). A callback wrapped in `InlineConsumer` (pkgq's
+(about 8% of a draining consumer's CPU). A callback marked `called_inline` (pkgq's
 consumers put the delivery into their buffer and have it taken ahead of its batch: decoded,
 without any I/O) is called by `InlineDeliveryChannel` in the
 channel's reader task itself, in delivery order; any other callback gets its Task as before,
-and without the channel class installed an InlineConsumer is called from that Task.
+and without the channel class installed it is called from that Task.
 
 `install()` makes aiormq build its connections and channels with all of these; `connect` calls
 it, once per process (infra/rabbit/connection.py). The pinned aiormq is the one they were
@@ -52,11 +52,11 @@ import aiormq.connection
 import pamqp.frame
 import structlog
 from aiormq.abc import ChannelFrame
-from aiormq.exceptions import AMQPConnectionError, ChannelInvalidStateError
+from aiormq.exceptions import AMQPConnectionError
 from pamqp import commands as spec
 from pamqp.exceptions import PAMQPException
 
-from infra.rabbit import frame_decode
+from infra.rabbit.wire import frame_decode
 
 log = structlog.get_logger(__name__)
 
@@ -160,66 +160,20 @@ def _decoded(pending: bytearray, start: int, end: int) -> aiormq.connection.Rece
         raise aiormq.exceptions.InvalidFrameError(str(exc)) from exc
 
 
-class InlineConsumer:
-    """A consumer callback that hands a delivery over without awaiting (it may work on it, as
-    pkgq's consumers decode it ahead of its batch, but does no I/O): called in the channel's
-    reader task, without a Task of its own (see InlineDeliveryChannel).
-
-    If a handover fails, nothing after it is handed over, and the channel is closed: the broker
-    then gives that delivery and every later one back, in order. (Handing over the later ones
-    would let an ack with `multiple` take the failed one along unprocessed.)"""
-
-    __slots__ = ("_deliver", "_failed")
-
-    def __init__(self, deliver: Callable[[aiormq.abc.DeliveredMessage], None]) -> None:
-        self._deliver = deliver
-        self._failed = False
-
-    def __call__(self, message: aiormq.abc.DeliveredMessage) -> None:
-        if self._failed:
-            return  # left unacknowledged: given back when the channel closes
-        try:
-            self._deliver(message)
-        except Exception as exc:
-            self._failed = True
-            log.exception("inline_consumer_failed", delivery_tag=message.delivery_tag)
-            _close_soon(message.channel, exc)
-
-
-def _handover_failed(exc: Exception) -> ChannelInvalidStateError:
-    """What the channel is closed with (and its waiting futures fail with): a channel error,
-    not the consumer's own exception, which callers could take for their own failure."""
-    error = ChannelInvalidStateError(f"a delivery could not be handed over: {exc!r}")
-    error.__cause__ = exc
-    return error
-
-
-_closing: set[asyncio.Task[object]] = set()
-"""Channel closes under way (a reference, so that they are not collected half done)."""
-
-
-def _close_soon(channel: aiormq.abc.AbstractChannel, exc: Exception) -> None:
-    """Close a channel from its own reader task's callback (the close waits for that reader)."""
-    task: asyncio.Task[object] = asyncio.get_running_loop().create_task(
-        channel.close(_handover_failed(exc))
-    )
-    _closing.add(task)
-    task.add_done_callback(_closing.discard)
-
-
 class InlineDeliveryChannel(aiormq.Channel):
-    """aiormq's Channel that calls an InlineConsumer in its reader task."""
+    """aiormq's Channel that calls a consumer callback marked `called_inline` (pkgq's
+    infra/rabbit/deliveries.Handover) in its reader task, without a Task of its own."""
 
     async def _on_deliver_frame(self, frame: spec.Basic.Deliver) -> None:
         tag = frame.consumer_tag
         consumer = self.consumers.get(tag) if tag is not None else None
         # basic_consume keeps a synchronous callback wrapped (aiormq.tools.awaitable).
         inline = getattr(consumer, "__wrapped__", None)
-        if not isinstance(inline, InlineConsumer):
+        if not getattr(inline, "called_inline", False):
             await super()._on_deliver_frame(frame)
             return
         header = await self._Channel__get_content_header()  # type: ignore[attr-defined]
-        inline(await self._read_content(frame, header))
+        inline(await self._read_content(frame, header))  # type: ignore[misc]
 
 
 class CoalescingFrameGenerator(aiormq.connection.FrameGenerator):
