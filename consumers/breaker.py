@@ -20,7 +20,7 @@ from domain.breaker import FAILURES, BreakerRule, FailureWindow, Reading
 from events.decoding import RawDelivery
 from infra.observability import BREAKER_TRIPS
 from infra.postgres import consumer_pauses
-from infra.rabbit.outcomes import Processor, Result
+from infra.rabbit.consumer import Decided, Processor
 from infra.route_config import BreakerSettings
 
 log = structlog.get_logger(__name__)
@@ -44,19 +44,20 @@ class Breaker:
     def wrap(self, processor: Processor) -> Processor:
         """`processor`, whose batches' fates the breaker watches."""
 
-        async def watched(raws: Sequence[RawDelivery]) -> list[Result]:
+        async def watched(raws: Sequence[RawDelivery]) -> list[Decided]:
             results = await processor(raws)
             self.observe(results)
             return results
 
         return watched
 
-    def observe(self, results: Sequence[Result]) -> None:
+    def observe(self, results: Sequence[Decided]) -> None:
         now = time.monotonic()
         # What pkgq refused (bad input, an untrusted publisher, a domain rule, an unknown
         # version, an expired message) is no failure of the route: it is left out entirely.
+        decisions = [r.decision for r in results]
         self._window.add(
-            now, (r.fate for r in results if r.route_failure or r.fate not in FAILURES)
+            now, (d.fate for d in decisions if d.counts_against_route or d.fate not in FAILURES)
         )
         reading = self._window.reading(now)
         if self._tripping is None and reading.trips(self._rule):

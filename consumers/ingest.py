@@ -46,7 +46,7 @@ from events.partitioning import route_of_key
 from events.routes import ROUTES, UNTRUSTED_PUBLISHER
 from infra.postgres import dead_letters, holds, job_state
 from infra.postgres.pool import Conn, forget_if_demoted
-from infra.rabbit.consumer import Processor, QueueConsumer, Result
+from infra.rabbit.consumer import Decided, Processor, QueueConsumer
 from infra.rabbit.topology import declare_exchanges
 from infra.settings import Settings
 from infra.transient import is_outage, is_transient, transient_retrying
@@ -276,8 +276,8 @@ def safe_form(raw: RawDelivery, why: str) -> dead_letters.NewDeadLetter:
 def make_ingester(
     pool: asyncpg.Pool, trusted_publisher: str | None = None, main_exchange: str | None = None
 ) -> Processor:
-    async def ingest_all(raws: Sequence[RawDelivery]) -> list[Result]:
-        return [Result(await ingest(raw)) for raw in raws]
+    async def ingest_all(raws: Sequence[RawDelivery]) -> list[Decided]:
+        return [Decided.of(i, raw, await ingest(raw)) for i, raw in enumerate(raws)]
 
     async def ingest(raw: RawDelivery) -> Fate:
         dead = to_dead_letter(raw, trusted_publisher, main_exchange)
@@ -310,7 +310,7 @@ def make_ingester(
             reason=dead.reason,
             dead_route=dead.route,
         )
-        return Fate.BURIED
+        return Fate.DEAD_LETTERED
 
     async def store(
         raw: RawDelivery, dead: dead_letters.NewDeadLetter, *, finish: bool

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from domain.delivery import Fate
 
-FAILURES = frozenset({Fate.RETRY, Fate.BURIED, Fate.UNDECIDED, Fate.EXPIRED})
-COUNTED = FAILURES | {Fate.APPLIED}
+FAILURES = frozenset({Fate.RETRIED, Fate.DEAD_LETTERED, Fate.UNDECIDED, Fate.EXPIRED})
+COUNTED = FAILURES | {Fate.ACKED}
 """What the rate is taken over: what was tried, and either applied or not."""
 
 

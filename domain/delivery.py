@@ -32,9 +32,11 @@ from domain.records import record
 
 
 class Fate(enum.StrEnum):
-    """What became of a delivery (also the `outcome` label of pkgq's metrics and log lines)."""
+    """What became of a delivery: each name is its value, the `outcome` label of pkgq's metrics
+    and log lines."""
 
-    APPLIED = "acked"
+    ACKED = "acked"
+    """Applied: its handler's changes committed, the message acknowledged."""
     DUPLICATE = "duplicate"
     """The same message (its key: message_id, publisher, user) again: the consumer applied it
     before; nothing was run."""
@@ -49,9 +51,11 @@ class Fate(enum.StrEnum):
     """Taken after its TTL (or its next attempt would come after it): buried as `expired`."""
     PARKED = "parked"
     """Kept behind its user's blocker, to be applied in order once the blocker is done."""
-    RETRY = "retried"
+    RETRIED = "retried"
     """Failed; scheduled again at `retry_at`, its user's later messages held behind it."""
-    BURIED = "dead_lettered"
+    DEAD_LETTERED = "dead_lettered"
+    """Buried: filed as a dead letter with its reason (`pkgq dlq`), to be replayed or
+    discarded by an operator."""
     GIVEN_BACK = "given_back"
     """Not decided in this run (the handler of it or of an earlier delivery ran past the
     route's TTR): back to the queue in its place, or left parked."""
@@ -64,7 +68,7 @@ class Fate(enum.StrEnum):
 REPEATS = frozenset({Fate.DUPLICATE_ORDER, Fate.DUPLICATE_USAGE})
 """Applied as nothing: a business key (an order, a billing record id) seen before under another
 message_id. Recorded in the inbox and acknowledged like an applied message."""
-DONE = frozenset({Fate.APPLIED, Fate.DUPLICATE, Fate.CANCELLED, Fate.EXPIRED, *REPEATS})
+DONE = frozenset({Fate.ACKED, Fate.DUPLICATE, Fate.CANCELLED, Fate.EXPIRED, *REPEATS})
 """Fates after which the message is finished with and never blocks anyone."""
 
 
@@ -144,7 +148,7 @@ class Facts:
 class Decision:
     fate: Fate
     reason: str | None = None
-    """Why it was buried (BURIED, EXPIRED)."""
+    """Why it was buried (DEAD_LETTERED, EXPIRED)."""
     failure: Failure | None = None
     attempt: int = 0
     """Its failures counted so far, this one included (0: this run counted none)."""
@@ -170,7 +174,7 @@ class Decision:
             return True
         failure = self.failure
         return (
-            self.fate in (Fate.RETRY, Fate.BURIED, Fate.EXPIRED)
+            self.fate in (Fate.RETRIED, Fate.DEAD_LETTERED, Fate.EXPIRED)
             and failure is not None
             and failure.kind in (ErrorKind.HANDLER, ErrorKind.TTR)
         )
@@ -178,7 +182,7 @@ class Decision:
     @property
     def claims(self) -> bool:
         """Recorded in the inbox as applied (a later copy is a duplicate)."""
-        return self.fate in (Fate.APPLIED, Fate.CANCELLED) or self.fate in REPEATS
+        return self.fate in (Fate.ACKED, Fate.CANCELLED) or self.fate in REPEATS
 
 
 Backoff = Callable[[int], float | None]
@@ -233,20 +237,24 @@ class Gate:
         if failure is None:
             if repeat is not None and repeat not in REPEATS:
                 raise ValueError(f"{repeat} is not a repeat")
-            return Decision(repeat or Fate.APPLIED, lifts=lifts)
+            return Decision(repeat or Fate.ACKED, lifts=lifts)
         if failure.kind is ErrorKind.NEWER:
             return self._deferred(facts, failure)
         attempt = self.attempts.get(facts.key, 0) + 1
         held = "buried" if facts.user_id is not None else None
         if failure.kind is ErrorKind.RULE:
             return Decision(
-                Fate.BURIED, failure.reason, failure, attempt, lifts=lifts, counted=True
+                Fate.DEAD_LETTERED, failure.reason, failure, attempt, lifts=lifts, counted=True
             )
         if failure.kind in (ErrorKind.PERMANENT, ErrorKind.TTR):
-            return Decision(Fate.BURIED, failure.reason, failure, attempt, holds=held, counted=True)
+            return Decision(
+                Fate.DEAD_LETTERED, failure.reason, failure, attempt, holds=held, counted=True
+            )
         wait = backoff(attempt)
         if wait is None:
-            return Decision(Fate.BURIED, "max_attempts", failure, attempt, holds=held, counted=True)
+            return Decision(
+                Fate.DEAD_LETTERED, "max_attempts", failure, attempt, holds=held, counted=True
+            )
         if failure.delay is not None:
             wait = failure.delay
         retry_at = self.now + timedelta(seconds=wait)
@@ -254,7 +262,7 @@ class Gate:
             # Its next attempt would come after its TTL: it will never be taken in time.
             return Decision(Fate.EXPIRED, "expired", failure, attempt, lifts=lifts, counted=True)
         return Decision(
-            Fate.RETRY,
+            Fate.RETRIED,
             failure=failure,
             attempt=attempt,
             retry_at=retry_at,
@@ -271,13 +279,13 @@ class Gate:
         if failure.limit is not None and attempt > failure.limit:
             held = "buried" if facts.user_id is not None else None
             return Decision(
-                Fate.BURIED, "unknown_version", failure, attempt, holds=held, counted=True
+                Fate.DEAD_LETTERED, "unknown_version", failure, attempt, holds=held, counted=True
             )
         retry_at = self.now + timedelta(seconds=failure.delay or 0.0)
         if facts.expires_at is not None and retry_at >= facts.expires_at:
             return Decision(Fate.EXPIRED, "expired", failure, attempt, lifts=lifts, counted=True)
         return Decision(
-            Fate.RETRY,
+            Fate.RETRIED,
             failure=failure,
             attempt=attempt,
             retry_at=retry_at,

@@ -295,3 +295,21 @@ class Envelope:
         if self.expires_at is not None:
             headers[H_EXPIRES_AT] = self.expires_at.isoformat()
         return headers
+
+
+def priority_of(headers: Mapping[str, Any]) -> int:
+    """A message's priority header (0, 1 or 2; anything else: 0)."""
+    value = headers.get(H_PRIORITY, 0)
+    return value if isinstance(value, int) and 0 <= value <= 2 else 0
+
+
+def first_failed_at(headers: Mapping[str, Any]) -> datetime | None:
+    """When a message first failed, as its retries carry it (None: unreadable or absent)."""
+    value = headers.get(H_FIRST_FAILED_AT)
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)

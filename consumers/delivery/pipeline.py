@@ -44,44 +44,34 @@ import asyncio
 import contextlib
 import dataclasses
 import random
-import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from uuid import UUID
 
 import asyncpg
 import structlog
 
-from consumers.delivery import snapshot, writer
-from consumers.delivery.decode import (
-    BadDelivery,
-    Delivery,
-    Taken,
-    decode_all,
-    decode_one,
-    sort_taken,
-)
+from consumers.delivery import decide, writer
+from consumers.delivery.decide import Executor, Failures, TimedOutError, refused
+from consumers.delivery.decode import BadDelivery, Delivery, Taken, decode_one, sort_taken
+from consumers.delivery.drain import Draining
 from consumers.delivery.errors import failure_of
-from consumers.delivery.executor import Decided, Executor, Known, TimedOutError, refused
-from consumers.delivery.report import report
-from consumers.delivery.writes import writes_of
+from consumers.delivery.writer import writes_of
 from consumers.registry import needs_of
 from consumers.retry_policy import RetryPolicy
 from consumers.unit_of_work import Handler, NeedsOf
 from domain.delivery import Decision, Fate, Source
 from events.decoding import RawDelivery
-from events.envelope import CONTENT_TYPE
+from events.envelope import bounded_text
 from events.routes import Route
-from infra.postgres import holds, queue_repo, strikes, transitions
+from infra.postgres import strikes, transitions
 from infra.postgres.pool import Conn, forget_if_demoted
-from infra.rabbit.outcomes import Result
+from infra.rabbit.consumer import Decided
 from infra.transient import is_outage, is_transient
 
 log = structlog.get_logger(__name__)
 
 BLIP_RETRIES = 3
 """How often a transaction that met a blip is run again before the blip counts as a failure."""
-DRAIN_PER_USER = 100
-"""Parked messages of one user taken into one drain transaction."""
 AHEAD_LIMIT = 4096
 """Deliveries taken ahead (`take_ahead`) and not yet batched that a pipeline keeps by default:
 beyond that the oldest is forgotten (taken again if its batch comes). A delivery the consumer
@@ -97,10 +87,49 @@ def undecided(item: Item, exc: Exception) -> Decided:
     return Decided(item.index, item.raw, decoded, Decision(Fate.UNDECIDED, failure=failure))
 
 
-def _error(decision: Decision) -> str | None:
-    if decision.fate is not Fate.UNDECIDED or decision.failure is None:
-        return None
-    return decision.failure.summary
+NEWS = frozenset({Fate.RETRIED, Fate.DEAD_LETTERED, Fate.EXPIRED, Fate.UNDECIDED, Fate.PARKED})
+"""The fates worth a line of their own (an applied message gets settle's `processed`)."""
+
+
+def report(route: Route, decided: Sequence[Decided]) -> None:
+    for d in decided:
+        decision, failure = d.decision, d.decision.failure
+        if decision.fate not in NEWS:
+            continue
+        if d.decoded is not None:
+            envelope = d.decoded.envelope
+            message_id = str(envelope.message_id)
+            user_id = str(envelope.user_id) if envelope.user_id is not None else None
+        else:
+            message_id, user_id = bounded_text(str(d.raw.message_id), 64), None
+        fields = {"route": route.name, "message_id": message_id, "user_id": user_id}
+        error = failure.summary if failure is not None else None
+        if decision.fate is Fate.RETRIED:
+            assert failure is not None
+            log.warning(
+                "retry_scheduled",
+                **fields,
+                attempt=decision.attempt,
+                retry_at=decision.retry_at.isoformat() if decision.retry_at else None,
+                error=error,
+                at=failure.location,
+            )
+        elif decision.fate is Fate.DEAD_LETTERED:
+            level = log.error if decision.holds is not None else log.warning
+            level(
+                "dead_lettered",
+                **fields,
+                reason=decision.reason,
+                attempts=decision.attempt,
+                holds_user=decision.holds is not None,
+                error=error,
+            )
+        elif decision.fate is Fate.EXPIRED:
+            log.warning("expired", **fields, error=error)
+        elif decision.fate is Fate.UNDECIDED:
+            log.error("undecided_to_last_resort", **fields, error=error)
+        elif decision.fate is Fate.PARKED:
+            log.info("parked", **fields, behind=str(decision.behind) if decision.behind else None)
 
 
 class DatabaseUnavailableError(ConnectionError):
@@ -110,7 +139,7 @@ class DatabaseUnavailableError(ConnectionError):
 Item = Delivery | BadDelivery
 
 
-class DeliveryPipeline:
+class DeliveryPipeline(Draining):
     """The processor of one route's consumer (see infra/rabbit/consumer.py)."""
 
     def __init__(
@@ -157,7 +186,7 @@ class DeliveryPipeline:
 
     async def __call__(self, raw: RawDelivery) -> Fate:
         (result,) = await self.process_batch([raw])
-        return result.fate
+        return result.decision.fate
 
     def take_ahead(self, raw: RawDelivery) -> None:
         """Take a delivery (its trust check, its pkgq marks, its decoding: `_take`) before its
@@ -191,22 +220,16 @@ class DeliveryPipeline:
         entry = self._ahead.pop(id(raw), None)
         return entry[1] if entry is not None else self._take(raw)
 
-    async def process_batch(self, raws: Sequence[RawDelivery]) -> list[Result]:
-        """Decide the fate of deliveries; a result per delivery, in delivery order."""
+    async def process_batch(self, raws: Sequence[RawDelivery]) -> list[Decided]:
+        """Decide the fate of deliveries; a `Decided` per delivery, in delivery order (one
+        without a decision in this run is given back)."""
         ready, bad = sort_taken([self._taken(raw) for raw in raws])
         decided, drain = await self._decide_all([*ready, *bad], Source.QUEUE)
-        await self._drain(drain)
+        if drain:
+            await self._drain(drain)
         return [
-            Result(
-                d.decision.fate,
-                d.seconds,
-                d.trace_id,
-                _error(d.decision),
-                d.decision.counts_against_route,
-            )
-            if (d := decided.get(i))
-            else Result(Fate.GIVEN_BACK)
-            for i in range(len(raws))
+            decided.get(i) or Decided(i, raw, None, Decision(Fate.GIVEN_BACK), seconds=None)
+            for i, raw in enumerate(raws)
         ]
 
     async def _decide_all(
@@ -217,7 +240,7 @@ class DeliveryPipeline:
         `parked`: from the parking lot, each delivery's parked row (by index)."""
         decided: dict[int, Decided] = {}
         drain: set[UUID] = set()
-        known = Known()
+        known: Failures = {}
         end = len(items) and max(i.index for i in items) + 1
         split = False
         blips = 0
@@ -245,14 +268,14 @@ class DeliveryPipeline:
                     split = True
                     continue
                 item = scope[0]
-                if item.index in known.failures:
+                if item.index in known:
                     # Recording its failure failed too: the consumer's last resort takes it;
                     # what the batch decided and committed before stays decided.
                     decided[item.index] = undecided(item, exc)
                     report(self.route, [decided[item.index]])
                     continue
                 log.warning("delivery_failed_alone", index=item.index, error=repr(exc))
-                known.failures[item.index] = failure_of(exc)
+                known[item.index] = failure_of(exc)
                 continue
             blips = 0
             decided.update((d.index, d) for d in done)
@@ -261,19 +284,19 @@ class DeliveryPipeline:
         return decided, drain
 
     async def _transaction(
-        self, scope: Sequence[Item], source: Source, known: Known, parked: Mapping[int, int]
+        self, scope: Sequence[Item], source: Source, known: Failures, parked: Mapping[int, int]
     ) -> tuple[list[Decided], list[UUID]]:
         """Decide and write one scope of the batch in one transaction."""
         ready = [i for i in scope if isinstance(i, Delivery)]
         bad = [i for i in scope if isinstance(i, BadDelivery)]
         async with self._connection() as conn, conn.transaction():
-            loaded = await snapshot.load(
+            loaded = await decide.load(
                 conn,
                 self.consumer,
                 self._needs,
                 ready,
                 source,
-                settled=frozenset(known.failures),
+                failed_here=frozenset(known),
                 parked=parked,
             )
             done = refused(bad) + await self._executor.run(conn, loaded, ready, known)
@@ -293,7 +316,7 @@ class DeliveryPipeline:
         return done, lifted
 
     async def _timed_out(
-        self, items: Sequence[Item], timed_out: TimedOutError, known: Known, end: int
+        self, items: Sequence[Item], timed_out: TimedOutError, known: Failures, end: int
     ) -> int:
         """Count a TTR strike; returns where the batch now ends (the rest is given back, or,
         from the parking lot, stays parked)."""
@@ -304,7 +327,7 @@ class DeliveryPipeline:
             await transitions.count_one(conn, self.route.name, "ttr")
         if count >= self.policy.max_attempts:
             log.error("ttr_exhausted", strikes=count, error=str(timed_out.error))
-            known.failures[index] = failure_of(timed_out.error)  # run again: it is buried
+            known[index] = failure_of(timed_out.error)  # run again: it is buried
             return end
         log.warning(
             "ttr_exceeded_given_back",
@@ -312,79 +335,9 @@ class DeliveryPipeline:
             strikes=count,
             error=str(timed_out.error),
         )
-        for later in [i for i in known.failures if i >= index]:
-            del known.failures[later]
+        for later in [i for i in known if i >= index]:
+            del known[later]
         return index
-
-    async def _drain(self, users: set[UUID]) -> int:
-        """Apply the parked messages of users whose hold was lifted, in order, while it stays
-        lifted; a lifted hold with nothing left behind it is dropped. Returns how many were
-        decided. One user's trouble never holds the others back: a drain that fails for
-        several users is run again user by user, and only the failing one waits for the
-        release poll."""
-        total = 0
-        while users:
-            try:
-                async with self._connection() as conn:
-                    parked = await holds.first_parked(
-                        conn, self.consumer, sorted(users), DRAIN_PER_USER
-                    )
-                empty = users - {p.user_id for p in parked}
-                again = await self._settle(empty) if empty else []
-                if not parked:
-                    users = set(again)  # something was parked for them meanwhile
-                    continue
-                raws = [
-                    RawDelivery(
-                        body=p.body,
-                        message_id=str(p.message_id),
-                        message_type=p.message_type,
-                        content_type=CONTENT_TYPE,
-                        timestamp=None,
-                        headers=p.headers,
-                    )
-                    for p in parked
-                ]
-                # It decoded when parked; a newer pkgq may differ (then it is buried as bad).
-                ready, bad = decode_all(self.route, raws, max_body_bytes=self._max_body_bytes)
-                rows = {index: p.id for index, p in enumerate(parked)}
-                decided, lifted = await self._decide_all([*ready, *bad], Source.PARKING, rows)
-                users = set(lifted) | set(again)
-            except Exception as exc:  # noqa: BLE001  (logged; the release poll tries again)
-                if len(users) > 1:
-                    alone = [await self._drain({user}) for user in sorted(users)]
-                    return total + sum(alone)
-                log.warning("drain_deferred", users=sorted(map(str, users)), error=repr(exc))
-                with contextlib.suppress(Exception):
-                    async with self._connection() as conn:
-                        await holds.touch(conn, self.consumer, sorted(users))
-                return total
-            fates = [d.decision.fate for d in decided.values()]
-            total += sum(1 for f in fates if f not in (Fate.GIVEN_BACK, Fate.UNDECIDED))
-            if {Fate.GIVEN_BACK, Fate.UNDECIDED} & set(fates) or len(fates) < len(raws):
-                return total  # cut short (a TTR strike, a rival drain): the poll comes back
-        return total
-
-    async def _settle(self, users: set[UUID]) -> list[UUID]:
-        """Drop the lifted holds of these users that have nothing parked behind them (in the
-        lock order of a batch: the users' rows, then their holds). Returns the users that do
-        have something parked (it came meanwhile)."""
-        async with self._connection() as conn, conn.transaction():
-            await queue_repo.lock_users(conn, users)
-            held = await holds.lock_many(conn, self.consumer, sorted(users))
-            lifted = [user for user, hold in held.items() if hold.blocker is None]
-            return await holds.settle_lifted(conn, self.consumer, lifted)
-
-    async def drain_parked(self) -> int:
-        """The consumer's idle task: drain the users whose holds were lifted meanwhile (by an
-        operator's discard, or a drain a crash cut short). Every partition consumer of the
-        route calls this when idle; it looks at most once a second."""
-        if time.monotonic() - self._polled_at < 1.0:
-            return 0
-        self._polled_at = time.monotonic()
-        async with self._connection() as conn:
-            users = await holds.releasing_users(conn, self.consumer)
-        return await self._drain(set(users))
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[Conn]:

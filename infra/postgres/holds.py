@@ -99,7 +99,7 @@ async def hold_many(conn: Conn, consumer: str, holds: Sequence[NewHold]) -> None
     )
 
 
-async def settle_lifted(conn: Conn, consumer: str, user_ids: Sequence[UUID]) -> list[UUID]:
+async def drop_lifted(conn: Conn, consumer: str, user_ids: Sequence[UUID]) -> list[UUID]:
     """These users' holds are lifted: a hold with nothing parked behind it is dropped, the
     others wait for the drain (`releasing`). Returns the users whose parked messages may go."""
     if not user_ids:

@@ -1,54 +1,115 @@
-"""The consumer loop of one queue: hand deliveries to the processor, then settle them.
+"""The consumer loop of one queue: take deliveries in batches, have them decided, settle them.
+
+One message's way through the transport, in this file after infra/rabbit/deliveries.py:
+1. `_consume` takes a delivery from the buffer and `_collect` makes its batch (what is buffered,
+   then what arrives within the linger, up to the batch size);
+2. `_deliver` hands the batch to the processor (consumers/delivery/pipeline.py for a route,
+   consumers/ingest.py for the dead-letter queue) inside `until_done`, which waits out an
+   outage in place (infra/transient.py): never acked, never skipped, so the next message
+   cannot overtake it;
+3. the processor returns a `Decided` per delivery, and the loop settles them all here: the
+   transport's verdict (`Settle`) is derived from each decision's fate, and nowhere else; then
+   metrics and one `processed` line per message (`record`).
 
 Deliveries are taken in delivery order, one batch at a time per lane (prefetch only fills a local
 buffer), so one user's messages on a route are applied in the order the broker holds them.
-How they arrive in that buffer (the subscription, and what a reconnection, a broker-side cancel
-or a give-back does to it) is infra/rabbit/subscription.py.
-
-The processor (consumers/delivery/ for a route, consumers/ingest.py for the dead-letter queue)
-decides in Postgres what becomes of each message and returns a `Result` per delivery; the loop
-settles them all in one place (infra/rabbit/settle.py). What is left here:
-- an outage (see infra/transient.py): retried in place with growing pauses, never acked, never
-  skipped, so the next message cannot overtake it;
-- a blip: retried briefly with tenacity;
-- anything else (a bug in the failure path itself): a batch falls back to one delivery at a
-  time, and a single delivery gets the last resort (infra/rabbit/last_resort.py).
+The subscription (and what a reconnection, a broker-side cancel, a pause or a give-back does to
+the buffer) is infra/rabbit/subscription.py; what happens when the processor itself raises (a
+bug in the failure path) is infra/rabbit/fallback.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import collections
+import enum
+import logging
 import time
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import structlog
 from aio_pika.abc import AbstractRobustConnection
 
-from domain.delivery import Fate
-from events.envelope import H_USER_ID, header_text
+from domain.delivery import Decision, Fate
+from domain.records import record as frozen_record
+from events.decoding import Decoded, RawDelivery
+from events.envelope import H_TRACEPARENT, H_USER_ID, header_text, trace_id_of
 from events.partitioning import route_of_key
 from infra import faults
-from infra.observability import IN_FLIGHT, MESSAGES
-from infra.rabbit import settle
+from infra.observability import IN_FLIGHT, MESSAGES, PROCESSING
 from infra.rabbit.deliveries import Ahead, AmqpDelivery, InHand, channel_open
-from infra.rabbit.last_resort import copy_to_dead_letters
-from infra.rabbit.outcomes import Processor, Result, Settle, settle_of
+from infra.rabbit.fallback import Fallbacks
 from infra.rabbit.publisher import Publisher
-from infra.rabbit.subscription import Declare, Subscription
+from infra.rabbit.subscription import Declare, Idle, Subscription
 from infra.settings import Settings
 from infra.transient import StoppingError, until_done
 
 log = structlog.get_logger(__name__)
 
-Idle = Callable[[], Awaitable[object]]
-
-__all__ = ["Processor", "QueueConsumer", "Result"]
+__all__ = ["Decided", "Idle", "Processor", "QueueConsumer", "Settle", "settle_of"]
 
 
-class QueueConsumer(Subscription):
+@frozen_record
+class Decided:
+    """One delivery and its decision: what a processor returns for each delivery it was handed
+    (and what the delivery pipeline's writer and log lines read of it)."""
+
+    index: int
+    """Its place in the batch."""
+    raw: RawDelivery
+    decoded: Decoded | None
+    """None: bad input (it did not decode), or a processor that does not decode."""
+    decision: Decision
+    trace_id: str | None = None
+    """The trace it was applied in (one it started, when it came without a `traceparent`)."""
+    seconds: float | None = 0.0
+    """The message's own share of its batch's time (its log line's `ms`; None: not decided
+    in this run)."""
+
+    @classmethod
+    def of(cls, index: int, raw: RawDelivery, fate: Fate) -> Decided:
+        """A decision that is its fate alone (the dead-letter ingester's)."""
+        return cls(index, raw, None, Decision(fate))
+
+    @property
+    def fate(self) -> Fate:
+        return self.decision.fate
+
+    @property
+    def error(self) -> str | None:
+        """Why it is UNDECIDED (what its last-resort copy says)."""
+        failure = self.decision.failure
+        if self.decision.fate is not Fate.UNDECIDED or failure is None:
+            return None
+        return failure.summary
+
+
+Processor = Callable[[Sequence[RawDelivery]], Awaitable[list[Decided]]]
+"""Decides a batch of deliveries (often one): a `Decided` per delivery, in order."""
+
+
+class Settle(enum.Enum):
+    """What the transport does with a decided delivery: derived from its fate (`settle_of`)."""
+
+    ACK = "ack"
+    """Done with on the broker: applied, recorded, parked, scheduled again or buried."""
+    GIVE_BACK = "give_back"
+    """Back to the queue in its place: the channel is closed with it unacknowledged (a nack
+    with requeue would send it to the back of a quorum queue)."""
+    LAST_RESORT = "last_resort"
+    """A confirmed copy to the dead-letter exchange first (infra/rabbit/last_resort.py), then
+    the ack."""
+
+
+def settle_of(fate: Fate) -> Settle:
+    if fate is Fate.GIVEN_BACK:
+        return Settle.GIVE_BACK
+    return Settle.LAST_RESORT if fate is Fate.UNDECIDED else Settle.ACK
+
+
+class QueueConsumer(Subscription, Fallbacks):
     def __init__(
         self,
         name: str,
@@ -113,49 +174,6 @@ class QueueConsumer(Subscription):
         self._in_hand = InHand()
         """Batches being processed or settled (a pause waits for them)."""
         self.processed = 0
-
-    @property
-    def consuming(self) -> bool:
-        """Subscribed on an open channel, or paused on purpose, and not stopping (/readyz)."""
-        if self._stopping.is_set() or self.failed.is_set():
-            return False
-        return self._paused or (
-            self._consumer_tag is not None
-            and self._channel is not None
-            and not self._channel.is_closed
-        )
-
-    async def start(self, *, paused: bool = False) -> None:
-        """Subscribe and consume; `paused`: declare the queue only, until `resume`. A RabbitMQ
-        connection lost meanwhile is an outage it waits out (StoppingError if `stop` is called
-        meanwhile); only the broker's refusal (the queue declared with other arguments) raises."""
-        self._paused = paused
-        await self._set_up()  # a connection lost meanwhile is waited out
-        self._worker = asyncio.create_task(self._run(), name=f"consume:{self.name}")
-        self._worker.add_done_callback(self._worker_done)
-        log.info("consuming", route=self.name, queue=self._queue.name, paused=paused)
-
-    async def stop(self) -> None:
-        """Stop taking deliveries, finish the one in hand, leave the rest to be redelivered."""
-        self._stopping.set()
-        if self._channel is not None and self._consumer_tag is not None:
-            # Bounded: with the broker down, aio-pika would wait for a reconnect first.
-            with contextlib.suppress(Exception):
-                underlay = await asyncio.wait_for(self._channel.get_underlay_channel(), 2)
-                await asyncio.wait_for(underlay.basic_cancel(self._consumer_tag), timeout=2)
-        if self._worker is not None:
-            try:
-                await asyncio.wait_for(
-                    asyncio.shield(self._worker), timeout=self._settings.drain_timeout
-                )
-            except Exception:  # noqa: BLE001  (a timeout, or the worker's own death: logged)
-                log.warning("drain_timeout", route=self.name)
-                self._worker.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._worker
-        if self._channel is not None:
-            with contextlib.suppress(Exception):  # unacked buffered deliveries go back, in order
-                await asyncio.wait_for(self._channel.close(), timeout=2)
 
     async def _run(self) -> None:
         if self.lanes == 1:
@@ -271,7 +289,7 @@ class QueueConsumer(Subscription):
             in_flight.dec(len(messages))
             self.active -= len(messages)
         faults.hit(faults.CONSUMER_AFTER_COMMIT, route=route)
-        done, given_back = settle.done_and_given_back(messages, results)
+        done, given_back = done_and_given_back(messages, results)
         # A delivery whose failure could not be recorded gets the last resort; the rest of the
         # batch keeps what was decided (each copy is acked once it is made).
         copies = [
@@ -284,77 +302,77 @@ class QueueConsumer(Subscription):
             if not copied and self._stopping.is_set():
                 return False  # it and the rest stay unacked: redelivered in order
         done = [m for m in done if all(m is not c for c, _ in copies)]
-        await settle.ack(done, in_order=self.lanes == 1 and not alone and not copies)
+        await ack(done, in_order=self.lanes == 1 and not alone and not copies)
         if given_back:
             try:
                 await self._give_back_or_fail()
             except StoppingError:
                 return False
         self.processed += len(done)
-        settle.record(self.name, route, raws, results, started)
+        record(self.name, route, raws, results, started)
         return True
-
-    async def _undecided(self, messages: list[AmqpDelivery], exc: Exception) -> bool:
-        """The processor raised (a bug in its failure path): a batch falls back to one
-        delivery at a time, so whatever is wrong is isolated to the message that causes it;
-        a single delivery gets the last resort (a confirmed copy in the dead-letter queue)."""
-        if len(messages) > 1:
-            log.error("batch_failed_unexpectedly", size=len(messages), exc_info=exc)
-            for message in messages:
-                if self._stopping.is_set():
-                    return False  # the rest stays unacked: redelivered, in order
-                if not channel_open(message):
-                    return True  # given back: the rest went back with it, in order
-                with structlog.contextvars.bound_contextvars(message_id=message.message_id):
-                    if not await self._deliver([message], alone=True):
-                        return False
-            return True
-        message = messages[0]
-        log.error("processing_failed_unexpectedly", message_id=message.message_id, exc_info=exc)
-        if await self._last_resort(message, exc):
-            MESSAGES.labels(route=route_of_key(self.name), outcome=Fate.BURIED.value).inc()
-            return True
-        return not self._stopping.is_set()  # left unacked: redelivered
-
-    async def _last_resort(self, message: AmqpDelivery, exc: Exception) -> bool:
-        """A confirmed copy of one delivery in the dead-letter queue, then its ack. False: no
-        copy was made (stopping, its channel gone, or given back): it is redelivered."""
-        try:
-            copied = await copy_to_dead_letters(
-                message,
-                self._dead_letters,
-                queue_name=self.name,
-                consumer=self.consumer_name,
-                reason="handler_error",
-                exc=exc,
-                stopping=self._stopping,
-            )
-        except Exception:
-            log.exception("dead_letter_failed_unexpectedly")
-            # Give it back rather than leave it unacked on the channel, where the next
-            # batch's multiple-ack would take it along unprocessed.
-            with contextlib.suppress(Exception):
-                await message.nack(requeue=True)
-            return False
-        return copied
 
     def _enter(self, count: int) -> None:
         self.active += count
         self.max_active = max(self.max_active, self.active)
 
-    async def _run_idle(self) -> None:
-        if self._idle is None or self._paused:  # paused: the parked wait too
-            return
-        try:
-            await self._idle()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001  (housekeeping: the next round tries again)
-            log.warning("idle_task_failed", route=self.name, error=repr(exc))
 
-    def _worker_done(self, task: asyncio.Task[None]) -> None:
-        if self._stopping.is_set():
-            return
-        error = "cancelled" if task.cancelled() else repr(task.exception())
-        log.critical("consumer_worker_died", route=self.name, error=error)
-        self.failed.set()
+# Settling: the transport's part, derived from each decision.
+
+
+def done_and_given_back(
+    messages: Sequence[AmqpDelivery], results: Sequence[Decided]
+) -> tuple[list[AmqpDelivery], int]:
+    """The deliveries to ack, and how many go back to the queue (only a tail ever does)."""
+    given_back = sum(1 for r in results if settle_of(r.fate) is Settle.GIVE_BACK)
+    return list(messages[: len(messages) - given_back]), given_back
+
+
+async def ack(messages: Sequence[AmqpDelivery], *, in_order: bool) -> None:
+    """Ack the deliveries. `in_order`: every earlier tag on the channel is done too, so one
+    `multiple` ack covers them (with worker lanes, other lanes hold earlier tags)."""
+    if not messages:
+        return
+    try:
+        if in_order:
+            await messages[-1].ack(multiple=True)
+        else:
+            for message in messages:
+                await message.ack()
+    except Exception as exc:  # noqa: BLE001  (channel gone: the inbox absorbs the redelivery)
+        log.warning("ack_failed", error=repr(exc))
+
+
+def record(
+    queue_name: str,
+    route: str,
+    raws: Sequence[RawDelivery],
+    results: Sequence[Decided],
+    started: float,
+) -> None:
+    """Metrics and one `processed` line per message (its fields are only worked out when the
+    line is written: at level warning the batch costs a few counter increments)."""
+    elapsed = time.perf_counter() - started
+    share = elapsed / len(raws)
+    histogram = PROCESSING.labels(route=route)
+    for _ in raws:
+        histogram.observe(share)
+    for fate, count in collections.Counter(r.fate for r in results).items():
+        MESSAGES.labels(route=route, outcome=fate.value).inc(count)
+    if not log.is_enabled_for(logging.INFO):
+        return
+    batch_ms = round(elapsed * 1000, 2)
+    for raw, result in zip(raws, results, strict=True):
+        own = result.seconds
+        log.info(
+            "processed",
+            route=queue_name,
+            message_id=raw.message_id,
+            # Headers are an outsider's data: text only, bounded (never a table's repr).
+            user_id=header_text(raw.headers, H_USER_ID, 64),
+            trace_id=result.trace_id or trace_id_of(header_text(raw.headers, H_TRACEPARENT, 256)),
+            outcome=result.fate.value,
+            batch=len(raws),
+            ms=round(own * 1000, 2) if own is not None else None,
+            batch_ms=batch_ms,
+        )

@@ -94,5 +94,5 @@ async def copy_to_dead_letters(
         await message.ack()
     except Exception as ack_error:  # noqa: BLE001  (channel gone: the inbox absorbs it)
         log.warning("ack_failed", error=repr(ack_error))
-    log.warning("dead_lettered", outcome=Fate.BURIED.value, reason=reason, error=str(exc))
+    log.warning("dead_lettered", outcome=Fate.DEAD_LETTERED.value, reason=reason, error=str(exc))
     return True

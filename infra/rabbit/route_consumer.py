@@ -5,9 +5,8 @@ from __future__ import annotations
 from aio_pika.abc import AbstractChannel, AbstractQueue, AbstractRobustConnection
 
 from events.routes import Route
-from infra.rabbit.consumer import Idle, QueueConsumer
+from infra.rabbit.consumer import Idle, Processor, QueueConsumer
 from infra.rabbit.deliveries import Ahead
-from infra.rabbit.outcomes import Processor
 from infra.rabbit.publisher import Publisher
 from infra.rabbit.topology import declare_exchanges, declare_route_queue, route_queues
 from infra.settings import Settings

@@ -27,10 +27,12 @@ from infra.transient import StoppingError, is_transient
 log = structlog.get_logger(__name__)
 
 Declare = Callable[[AbstractChannel], Awaitable[AbstractQueue]]
+Idle = Callable[[], Awaitable[object]]
 
 
 class Subscription:
-    """The subscription half of infra/rabbit/consumer.QueueConsumer (which sets these)."""
+    """The subscription half of infra/rabbit/consumer.QueueConsumer (which sets these): its
+    start and stop, its pause, and its channel's ups and downs."""
 
     name: str
     _declare: Declare
@@ -50,6 +52,72 @@ class Subscription:
     _channel: Any
     _paused: bool
     _in_hand: InHand
+    _worker: asyncio.Task[None] | None
+    _idle: Idle | None
+
+    async def _run(self) -> None:
+        """The consumer loop (QueueConsumer's)."""
+        raise NotImplementedError
+
+    @property
+    def consuming(self) -> bool:
+        """Subscribed on an open channel, or paused on purpose, and not stopping (/readyz)."""
+        if self._stopping.is_set() or self.failed.is_set():
+            return False
+        return self._paused or (
+            self._consumer_tag is not None
+            and self._channel is not None
+            and not self._channel.is_closed
+        )
+
+    async def start(self, *, paused: bool = False) -> None:
+        """Subscribe and consume; `paused`: declare the queue only, until `resume`. A RabbitMQ
+        connection lost meanwhile is an outage it waits out (StoppingError if `stop` is called
+        meanwhile); only the broker's refusal (the queue declared with other arguments) raises."""
+        self._paused = paused
+        await self._set_up()  # a connection lost meanwhile is waited out
+        self._worker = asyncio.create_task(self._run(), name=f"consume:{self.name}")
+        self._worker.add_done_callback(self._worker_done)
+        log.info("consuming", route=self.name, queue=self._queue.name, paused=paused)
+
+    async def stop(self) -> None:
+        """Stop taking deliveries, finish the one in hand, leave the rest to be redelivered."""
+        self._stopping.set()
+        if self._channel is not None and self._consumer_tag is not None:
+            # Bounded: with the broker down, aio-pika would wait for a reconnect first.
+            with contextlib.suppress(Exception):
+                underlay = await asyncio.wait_for(self._channel.get_underlay_channel(), 2)
+                await asyncio.wait_for(underlay.basic_cancel(self._consumer_tag), timeout=2)
+        if self._worker is not None:
+            try:
+                await asyncio.wait_for(
+                    asyncio.shield(self._worker), timeout=self._settings.drain_timeout
+                )
+            except Exception:  # noqa: BLE001  (a timeout, or the worker's own death: logged)
+                log.warning("drain_timeout", route=self.name)
+                self._worker.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._worker
+        if self._channel is not None:
+            with contextlib.suppress(Exception):  # unacked buffered deliveries go back, in order
+                await asyncio.wait_for(self._channel.close(), timeout=2)
+
+    async def _run_idle(self) -> None:
+        if self._idle is None or self._paused:  # paused: the parked wait too
+            return
+        try:
+            await self._idle()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (housekeeping: the next round tries again)
+            log.warning("idle_task_failed", route=self.name, error=repr(exc))
+
+    def _worker_done(self, task: asyncio.Task[None]) -> None:
+        if self._stopping.is_set():
+            return
+        error = "cancelled" if task.cancelled() else repr(task.exception())
+        log.critical("consumer_worker_died", route=self.name, error=error)
+        self.failed.set()
 
     async def pause(self) -> None:
         """Stop consuming and keep the queue (`pkgq route pause`): cancel the subscription, let

@@ -15,7 +15,7 @@ from events.decoding import RawDelivery
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.rabbit.connection import connect
-from infra.rabbit.consumer import QueueConsumer, Result
+from infra.rabbit.consumer import Decided, QueueConsumer
 from infra.rabbit.publisher import Publisher
 from infra.rabbit.route_consumer import route_consumer
 from infra.settings import Settings
@@ -29,10 +29,10 @@ class Recorder:
     def __init__(self) -> None:
         self.batches: list[list[UUID]] = []
 
-    async def __call__(self, raws: Sequence[RawDelivery]) -> list[Result]:
+    async def __call__(self, raws: Sequence[RawDelivery]) -> list[Decided]:
         self.batches.append([UUID(str(r.message_id)) for r in raws])
         await asyncio.sleep(0.01)  # a commit's worth: deliveries pile up meanwhile
-        return [Result(Fate.APPLIED) for _ in raws]
+        return [Decided.of(i, raw, Fate.ACKED) for i, raw in enumerate(raws)]
 
     @property
     def seen(self) -> list[UUID]:

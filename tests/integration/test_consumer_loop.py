@@ -20,7 +20,7 @@ from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.rabbit import deliveries
 from infra.rabbit.connection import connect
-from infra.rabbit.consumer import Processor, QueueConsumer, Result
+from infra.rabbit.consumer import Decided, Processor, QueueConsumer
 from infra.rabbit.deliveries import AmqpDelivery
 from infra.rabbit.management import passive_figures
 from infra.rabbit.publisher import Publisher
@@ -43,7 +43,7 @@ async def test_buffered_deliveries_of_a_closed_connection_are_redelivered_and_al
     async def slow_processor(raw: RawDelivery) -> Fate:
         await asyncio.sleep(0.02)
         seen.append(UUID(str(raw.message_id)))
-        return Fate.APPLIED
+        return Fate.ACKED
 
     tuned = settings.model_copy(update={"prefetch": 10})  # deliveries wait in the buffer
     dead_letters = await Publisher.open(connection, settings.dlx)
@@ -75,8 +75,8 @@ async def test_buffered_deliveries_of_a_closed_connection_are_redelivered_and_al
 def one_at_a_time(processor: Callable[[RawDelivery], Awaitable[Fate]]) -> Processor:
     """A batch processor made of a single-delivery one (batches here are of one anyway)."""
 
-    async def run(raws: Sequence[RawDelivery]) -> list[Result]:
-        return [Result(await processor(raw)) for raw in raws]
+    async def run(raws: Sequence[RawDelivery]) -> list[Decided]:
+        return [Decided.of(i, raw, await processor(raw)) for i, raw in enumerate(raws)]
 
     return run
 
@@ -102,7 +102,7 @@ async def test_an_outage_is_waited_out_and_the_message_applied_once(
         calls.append(UUID(str(raw.message_id)))
         if len(calls) <= 7:  # more than tenacity's 5 quick attempts: the outage path
             raise ConnectionRefusedError(111, "Connect call failed")
-        return Fate.APPLIED
+        return Fate.ACKED
 
     consumer, connection = await _consume_with(settings, flaky)
     sent = await send(
@@ -131,7 +131,7 @@ async def test_a_bug_in_the_failure_path_itself_sends_a_confirmed_copy_to_the_dl
                 "the server expects 1 argument for this query, 2 were passed"
             )
         applied.append(UUID(str(raw.message_id)))
-        return Fate.APPLIED
+        return Fate.ACKED
 
     consumer, connection = await _consume_with(settings, buggy)
     body = RecordUsage(user_id=uuid4(), upload=1, download=1)
@@ -210,11 +210,11 @@ async def test_a_poison_message_whose_dead_letter_copy_fails_is_not_acked_with_i
     poison = uuid4()
     seen: list[UUID] = []
 
-    async def batch_breaks_on_poison(raws: Sequence[RawDelivery]) -> list[Result]:
+    async def batch_breaks_on_poison(raws: Sequence[RawDelivery]) -> list[Decided]:
         seen.extend(UUID(str(r.message_id)) for r in raws)
         if any(r.message_id == str(poison) for r in raws):
             raise RuntimeError("a bug in the failure path")
-        return [Result(Fate.APPLIED) for _ in raws]
+        return [Decided.of(i, raw, Fate.ACKED) for i, raw in enumerate(raws)]
 
     gone = f"{settings.exchange}.gone"
     channel = await amqp.channel()
@@ -255,7 +255,7 @@ async def test_a_consumer_whose_queue_is_deleted_under_it_subscribes_again_and_g
 
     async def record(raw: RawDelivery) -> Fate:
         seen.append(UUID(str(raw.message_id)))
-        return Fate.APPLIED
+        return Fate.ACKED
 
     consumer, connection = await _consume_with(settings, record)
     before = await send(
@@ -298,7 +298,7 @@ async def test_a_consumer_that_cannot_subscribe_again_after_a_reconnection_fails
     tests/integration/test_consumer_start_outage.py.)"""
 
     async def record(raw: RawDelivery) -> Fate:
-        return Fate.APPLIED
+        return Fate.ACKED
 
     consumer, connection = await _consume_with(settings, record)
 
@@ -334,7 +334,7 @@ async def test_a_delivery_failing_to_reach_the_buffer_comes_back_and_all_are_pro
 
     async def record(raw: RawDelivery) -> Fate:
         seen.append(UUID(str(raw.message_id)))
-        return Fate.APPLIED
+        return Fate.ACKED
 
     dead_letters = await Publisher.open(connection, settings.dlx)
     consumer = route_consumer(

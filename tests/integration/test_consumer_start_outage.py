@@ -22,7 +22,7 @@ from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.outbox.relay import Relay
 from infra.rabbit.connection import connect
-from infra.rabbit.consumer import QueueConsumer, Result
+from infra.rabbit.consumer import Decided, QueueConsumer
 from infra.rabbit.management import passive_figures
 from infra.rabbit.publisher import Publisher
 from infra.rabbit.topology import declare_exchanges, declare_route_queue, route_queues
@@ -71,9 +71,9 @@ async def _consume_through(
 
     seen: list[UUID] = []
 
-    async def processor(raws: Sequence[RawDelivery]) -> list[Result]:
+    async def processor(raws: Sequence[RawDelivery]) -> list[Decided]:
         seen.extend(UUID(str(raw.message_id)) for raw in raws)
-        return [Result(Fate.APPLIED) for _ in raws]
+        return [Decided.of(i, raw, Fate.ACKED) for i, raw in enumerate(raws)]
 
     dead_letters = await Publisher.open(amqp, settings.dlx)
     queue_name, key = route_queues(settings, USAGE_RECORD.name)[0]
@@ -113,8 +113,8 @@ async def test_a_queue_declared_with_other_arguments_still_fails_a_consumer_at_s
     async def declare(on: AbstractChannel) -> AbstractQueue:
         return await on.declare_queue(name, auto_delete=True, arguments={"x-max-length": 7})
 
-    async def processor(raws: Sequence[RawDelivery]) -> list[Result]:
-        return [Result(Fate.APPLIED) for _ in raws]
+    async def processor(raws: Sequence[RawDelivery]) -> list[Decided]:
+        return [Decided.of(i, raw, Fate.ACKED) for i, raw in enumerate(raws)]
 
     consumer = QueueConsumer(name, declare, settings, amqp, processor, None)
     try:
@@ -133,9 +133,9 @@ async def test_a_connection_lost_again_while_subscribing_after_a_reconnection_is
     connection = await connect(settings.amqp_url, f"pkgq-test-{uuid4().hex[:8]}")
     seen: list[UUID] = []
 
-    async def processor(raws: Sequence[RawDelivery]) -> list[Result]:
+    async def processor(raws: Sequence[RawDelivery]) -> list[Decided]:
         seen.extend(UUID(str(raw.message_id)) for raw in raws)
-        return [Result(Fate.APPLIED) for _ in raws]
+        return [Decided.of(i, raw, Fate.ACKED) for i, raw in enumerate(raws)]
 
     queue_name, key = route_queues(settings, USAGE_RECORD.name)[0]
 

@@ -15,7 +15,6 @@ from consumers import ingest
 from domain.delivery import Fate
 from events.models import AdjustQuota
 from events.routes import QUOTA_ADJUST
-from infra.rabbit.consumer import Result
 from infra.rabbit.deliveries import AmqpDelivery, raw_delivery
 from infra.rabbit.topology import declare_all, delete_all, routing_key_for
 from infra.settings import Settings
@@ -53,14 +52,14 @@ async def test_a_dead_letter_redelivered_by_a_quorum_queue_after_the_ingester_di
 
     taking = await amqp.channel()
     first = await _got(taking, quorum.dead_letter_queue)
-    assert await ingester([raw_delivery(first)]) == [Result(Fate.BURIED)]
+    assert [r.fate for r in await ingester([raw_delivery(first)])] == [Fate.DEAD_LETTERED]
     await taking.close()  # died before its ack: the queue gives the message again
 
     again_channel = await amqp.channel()
     again = await _got(again_channel, quorum.dead_letter_queue)
     assert again.message_id == message_id
     assert again.headers.get("x-delivery-count") == 1  # the copy differs from the first
-    assert await ingester([raw_delivery(again)]) == [Result(Fate.BURIED)]
+    assert [r.fate for r in await ingester([raw_delivery(again)])] == [Fate.DEAD_LETTERED]
     await again.ack()
     await again_channel.close()
 

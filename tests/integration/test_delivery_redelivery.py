@@ -24,7 +24,7 @@ from events.models import PackageQueuePushEvent, PurchasePackage, RecordUsage
 from events.routes import EXPIRY_DUE, PACKAGE_PURCHASE, PACKAGE_QUEUING, USAGE_RECORD, Route
 from infra.postgres import dead_letters, outbox
 from infra.postgres.pool import create_pool
-from infra.rabbit.consumer import Result
+from infra.rabbit.consumer import Decided
 from infra.settings import Settings
 from tests.support.deliveries import add_package, raw_for
 from tests.support.keys import attempts_counted, delivery_key
@@ -62,7 +62,7 @@ class Switchable:
         self.applied.append(body.upload)
 
 
-def outcomes_of(results: list[Result]) -> list[Fate]:
+def outcomes_of(results: list[Decided]) -> list[Fate]:
     return [r.fate for r in results]
 
 
@@ -78,8 +78,8 @@ async def test_a_failure_delivered_again_after_its_commit_counts_twice_and_keeps
     user = uuid4()
     process = pipeline(pool, Switchable(1), RetryPolicy(max_attempts=5, backoff=lambda _: 60.0))
     first = delivery(user, 1)
-    assert await process(first) == Fate.RETRY
-    assert await process(first) == Fate.RETRY  # the redelivery
+    assert await process(first) == Fate.RETRIED
+    assert await process(first) == Fate.RETRIED  # the redelivery
 
     retries = await fetch(
         pool,
@@ -99,8 +99,8 @@ async def test_a_buried_message_delivered_again_updates_its_dead_letter_instead_
 ) -> None:
     process = pipeline(pool, Switchable(1), RetryPolicy(max_attempts=1))
     poison = delivery(uuid4(), 1)
-    assert await process(poison) == Fate.BURIED
-    assert await process(poison) == Fate.BURIED
+    assert await process(poison) == Fate.DEAD_LETTERED
+    assert await process(poison) == Fate.DEAD_LETTERED
     dead = await fetch(pool, "SELECT message_id, status::text FROM telecom.dead_letters")
     assert [(r["message_id"], r["status"]) for r in dead] == [(poison.message_id, "buried")]
 
@@ -114,7 +114,7 @@ async def test_a_parked_message_delivered_twice_is_parked_once_and_applied_once_
     m1 = delivery(user, 1)
     m2 = delivery(user, 2)
     m3 = delivery(user, 3)
-    assert await process(m1) == Fate.RETRY
+    assert await process(m1) == Fate.RETRIED
     assert await process(m2) == Fate.PARKED
     assert await process(m2) == Fate.PARKED  # redelivered: keeps its first place
     assert await process(m3) == Fate.PARKED
@@ -123,7 +123,7 @@ async def test_a_parked_message_delivered_twice_is_parked_once_and_applied_once_
 
     handler.failing.clear()  # the cause goes away; the retry arrives
     retry = delivery(user, 1, message_id=UUID(m1.message_id), attempt=2)
-    assert await process(retry) == Fate.APPLIED
+    assert await process(retry) == Fate.ACKED
     assert handler.applied == [1, 2, 3]  # released in order, right after the blocker
     assert await process(m2) == Fate.DUPLICATE  # a late redelivery applies nothing
     assert await process(retry) == Fate.DUPLICATE
@@ -139,10 +139,10 @@ async def test_a_stale_earlier_attempt_of_the_blocker_arriving_after_its_retry_a
     handler = Switchable(1)
     process = pipeline(pool, handler, RetryPolicy(max_attempts=5, backoff=lambda _: 60.0))
     m1 = delivery(user, 1)
-    assert await process(m1) == Fate.RETRY
+    assert await process(m1) == Fate.RETRIED
     handler.failing.clear()
     retry = delivery(user, 1, message_id=UUID(m1.message_id), attempt=2)
-    assert await process(retry) == Fate.APPLIED
+    assert await process(retry) == Fate.ACKED
     assert await process(m1) == Fate.DUPLICATE  # attempt 1 redelivered late
     assert handler.applied == [1]
 
@@ -154,7 +154,7 @@ async def test_a_release_cut_short_by_a_crash_is_finished_by_the_release_poll(
     handler = Switchable(1)
     process = pipeline(pool, handler, RetryPolicy(max_attempts=1))
     m1 = delivery(user, 1)
-    assert await process(m1) == Fate.BURIED
+    assert await process(m1) == Fate.DEAD_LETTERED
     assert await process(delivery(user, 2)) == Fate.PARKED
     assert await process(delivery(user, 3)) == Fate.PARKED
     # What `pkgq dlq discard` commits, with the consumer gone before it could apply anything.
@@ -174,7 +174,7 @@ async def test_bad_input_claiming_a_held_user_is_buried_at_once_under_no_user_no
     user = uuid4()
     process = pipeline(pool, Switchable(1), RetryPolicy(max_attempts=5, backoff=lambda _: 60.0))
     first = delivery(user, 1)
-    assert await process(first) == Fate.RETRY
+    assert await process(first) == Fate.RETRIED
     bad = delivery(user, 2)
     broken = RawDelivery(
         body=b'{"user_id": ',
@@ -184,7 +184,7 @@ async def test_bad_input_claiming_a_held_user_is_buried_at_once_under_no_user_no
         timestamp=None,
         headers=bad.headers,
     )
-    assert await process(broken) == Fate.BURIED
+    assert await process(broken) == Fate.DEAD_LETTERED
     dead = await fetch(
         pool, "SELECT reason, user_id, headers->>'x-user-id' AS claim FROM telecom.dead_letters"
     )
@@ -211,7 +211,7 @@ async def test_a_message_without_a_user_header_is_buried_under_its_bodys_user_an
         timestamp=None,
         headers={H_SCHEMA_VERSION: USAGE_RECORD.schema_version},
     )
-    assert await process(headerless) == Fate.BURIED
+    assert await process(headerless) == Fate.DEAD_LETTERED
     assert await process(delivery(user, 2)) == Fate.PARKED
     (dead,) = await fetch(pool, "SELECT id, user_id, message_id FROM telecom.dead_letters")
     assert (dead["user_id"], dead["message_id"]) == (user, m1.message_id)
@@ -230,7 +230,7 @@ async def test_header_values_postgres_cannot_hold_do_not_break_the_failure_path(
     m1 = delivery(user, 1)
     odd = {**m1.headers, "x-note": "a\x00b", "x-ratio": float("nan")}
     first = RawDelivery(m1.body, m1.message_id, m1.message_type, m1.content_type, None, odd)
-    assert await process(first) == Fate.RETRY
+    assert await process(first) == Fate.RETRIED
     m2 = delivery(user, 2)
     second = RawDelivery(
         m2.body, m2.message_id, m2.message_type, m2.content_type, None, {**m2.headers, **odd}
@@ -253,7 +253,7 @@ async def test_two_copies_of_a_failing_message_in_one_batch_keep_the_user_held_b
     process = pipeline(pool, handler, RetryPolicy(max_attempts=5, backoff=lambda _: 60.0))
     m, n = delivery(user, 1), delivery(user, 2)
     outcomes = outcomes_of(await process.process_batch([m, m, n]))
-    assert outcomes == [Fate.RETRY, Fate.RETRY, Fate.PARKED]
+    assert outcomes == [Fate.RETRIED, Fate.RETRIED, Fate.PARKED]
     assert handler.applied == []  # N waits for M's retry
     holds = await fetch(pool, "SELECT blocker, state FROM telecom.holds WHERE user_id = $1", user)
     assert [(h["blocker"], h["state"]) for h in holds] == [(UUID(m.message_id), "retrying")]
@@ -271,9 +271,9 @@ async def test_a_redelivered_attempt_batched_with_its_own_retry_counts_each_and_
     a1 = delivery(user, 1, message_id=mid, attempt=1)
     a2 = delivery(user, 1, message_id=mid, attempt=2)
     n = delivery(user, 2)
-    assert outcomes_of(await process.process_batch([a1])) == [Fate.RETRY]
+    assert outcomes_of(await process.process_batch([a1])) == [Fate.RETRIED]
     outcomes = outcomes_of(await process.process_batch([a1, a2, n]))
-    assert outcomes == [Fate.RETRY, Fate.RETRY, Fate.PARKED]
+    assert outcomes == [Fate.RETRIED, Fate.RETRIED, Fate.PARKED]
     # Each copy's failure counts (3 in all); one retry is pending, the next attempt's.
     retries = await fetch(
         pool,
@@ -294,10 +294,10 @@ async def test_a_batch_applies_each_users_messages_in_order_and_isolates_a_failu
     batch = [delivery(a, 1), delivery(b, 10), delivery(a, 2), delivery(b, 3), delivery(b, 20)]
     outcomes = outcomes_of(await process.process_batch(batch))
     assert outcomes == [
-        Fate.APPLIED,
-        Fate.APPLIED,
-        Fate.APPLIED,
-        Fate.RETRY,  # b's upload 3 fails ...
+        Fate.ACKED,
+        Fate.ACKED,
+        Fate.ACKED,
+        Fate.RETRIED,  # b's upload 3 fails ...
         Fate.PARKED,  # ... and b's next message waits behind it
     ]
     # (The handler's own log is not transactional: the batch ran once unguarded, was rolled
@@ -327,7 +327,7 @@ async def test_a_timer_scheduled_and_withdrawn_within_one_batch_is_never_written
     async def user_with_first_item_active() -> tuple[UUID, list[int]]:
         user = uuid4()
         purchase = PurchasePackage(user_id=user, package_id=package, amount=3)
-        assert await run(PACKAGE_PURCHASE)(raw_for(PACKAGE_PURCHASE, purchase)) == Fate.APPLIED
+        assert await run(PACKAGE_PURCHASE)(raw_for(PACKAGE_PURCHASE, purchase)) == Fate.ACKED
         items = [
             r["id"]
             for r in await fetch(
@@ -337,7 +337,7 @@ async def test_a_timer_scheduled_and_withdrawn_within_one_batch_is_never_written
         push = PackageQueuePushEvent(
             user_id=user, item_ids=items, package_id=package, pushed_at=1_795_000_000
         )
-        assert await run(PACKAGE_QUEUING)(raw_for(PACKAGE_QUEUING, push)) == Fate.APPLIED
+        assert await run(PACKAGE_QUEUING)(raw_for(PACKAGE_QUEUING, push)) == Fate.ACKED
         return user, items
 
     async def pending_timers(items: list[int]) -> list[str]:
@@ -357,15 +357,15 @@ async def test_a_timer_scheduled_and_withdrawn_within_one_batch_is_never_written
     kept, kept_items = await user_with_first_item_active()
     batch = [usage(kept, 10), usage(kept, 5)]
     assert outcomes_of(await run(USAGE_RECORD).process_batch(batch)) == [
-        Fate.APPLIED,
-        Fate.APPLIED,
+        Fate.ACKED,
+        Fate.ACKED,
     ]
     assert await pending_timers(kept_items) == [f"expire:{kept_items[1]}"]
 
     # The same, then a third message uses item 2 up: its timer, still unwritten, must go.
     gone, gone_items = await user_with_first_item_active()
     batch = [usage(gone, 10), usage(gone, 5), usage(gone, 5)]
-    assert outcomes_of(await run(USAGE_RECORD).process_batch(batch)) == [Fate.APPLIED] * 3
+    assert outcomes_of(await run(USAGE_RECORD).process_batch(batch)) == [Fate.ACKED] * 3
     assert await pending_timers(gone_items) == []
 
 
@@ -379,12 +379,12 @@ async def test_a_parked_message_that_would_overflow_a_counter_is_buried_at_once_
     handler = Switchable(1)
     process = pipeline(pool, handler, RetryPolicy(max_attempts=5, backoff=lambda _: 60.0))
     m1 = delivery(user, 1)
-    assert await process(m1) == Fate.RETRY
+    assert await process(m1) == Fate.RETRIED
     big1, big2 = delivery(user, 2**62), delivery(user, 2**62)
     assert outcomes_of(await process.process_batch([big1, big2])) == [Fate.PARKED] * 2
     handler.failing.clear()
     retry = delivery(user, 1, message_id=UUID(m1.message_id), attempt=2)
-    assert await process(retry) == Fate.APPLIED  # lifts the hold and drains the lot
+    assert await process(retry) == Fate.ACKED  # lifts the hold and drains the lot
 
     assert handler.applied == [1, 2**62]
     (billed,) = await fetch(
@@ -423,7 +423,7 @@ async def test_a_user_row_locked_elsewhere_past_the_statement_timeout_is_the_mes
                 "SELECT 1 FROM telecom.queue_users WHERE user_id = $1 FOR UPDATE", user
             )
             process = pipeline(impatient, Switchable(), RetryPolicy(max_attempts=5))
-            assert await process(delivery(user, 7)) == Fate.RETRY
+            assert await process(delivery(user, 7)) == Fate.RETRIED
         holds = await fetch(impatient, "SELECT state FROM telecom.holds WHERE user_id = $1", user)
         assert [h["state"] for h in holds] == ["retrying"]
     finally:

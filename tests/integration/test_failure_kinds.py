@@ -100,7 +100,7 @@ async def test_a_data_error_postgres_refuses_is_buried_at_once_and_holds_its_use
         raw_for(USAGE_RECORD, RecordUsage(user_id=good, upload=4, download=0)),
     ]
     fates = [r.fate for r in await pipeline.process_batch(batch)]
-    assert fates == [Fate.APPLIED, Fate.BURIED, Fate.PARKED, Fate.APPLIED]
+    assert fates == [Fate.ACKED, Fate.DEAD_LETTERED, Fate.PARKED, Fate.ACKED]
     (dead,) = await fetch(
         pool,
         "SELECT reason, attempts, error_type FROM telecom.dead_letters WHERE user_id = $1",
@@ -146,7 +146,7 @@ async def test_a_blip_that_never_clears_is_tried_a_bounded_number_of_times_then_
         transactions = log.statements.count("BEGIN;")
     finally:
         await pool.close()
-    assert fates == [Fate.APPLIED, Fate.RETRY, Fate.APPLIED, Fate.APPLIED]
+    assert fates == [Fate.ACKED, Fate.RETRIED, Fate.ACKED, Fate.ACKED]
     # The written worst case: (R + 1) * (1 + 2B) transactions for a batch of B.
     assert transactions <= (BLIP_RETRIES + 1) * (1 + 2 * size)
     # The blip was met (R + 1) times in the batch and (R + 1) times alone, then recorded.
@@ -167,7 +167,7 @@ async def test_a_copy_of_its_message_id_for_another_user_never_withdraws_a_users
     pipeline = DeliveryPipeline(pool, USAGE_RECORD, refused, policy, max_body_bytes=2**20)
     for user in (mine, theirs):
         raw = raw_for(USAGE_RECORD, RecordUsage(user_id=user, upload=1, download=0))
-        assert await pipeline(dataclasses.replace(raw, message_id=str(mid))) == Fate.RETRY
+        assert await pipeline(dataclasses.replace(raw, message_id=str(mid))) == Fate.RETRIED
     pending = await fetch(
         pool,
         "SELECT user_id FROM telecom.outbox WHERE message_id = $1 AND published_at IS NULL",
@@ -189,7 +189,7 @@ async def test_a_handler_error_whose_text_postgres_cannot_store_is_still_retried
     user = uuid4()
     assert (
         await pipeline(raw_for(USAGE_RECORD, RecordUsage(user_id=user, upload=1, download=0)))
-        == Fate.RETRY
+        == Fate.RETRIED
     )
     (retry,) = await fetch(pool, "SELECT headers FROM telecom.outbox WHERE user_id = $1", user)
     assert "a\\0b" in retry["headers"]["x-pkgq-last-error"]

@@ -503,7 +503,9 @@ async def test_an_operators_discard_stands_after_the_inbox_forgot_and_the_messag
     user, m = uuid4(), uuid4()
     failing = {m}
     pipe = flaky_usage(pool, failing)
-    assert [r.fate for r in await pipe.process_batch([usage_delivery(user, m, 5)])] == [Fate.BURIED]
+    assert [r.fate for r in await pipe.process_batch([usage_delivery(user, m, 5)])] == [
+        Fate.DEAD_LETTERED
+    ]
     (letter,) = await fetch(
         pool, "SELECT id FROM telecom.dead_letters WHERE message_id = $1", str(m)
     )
@@ -536,7 +538,7 @@ async def test_a_message_applied_after_its_burial_is_never_applied_again_after_t
         again.body, again.message_id, again.message_type, again.content_type, None,
         {**dead_letters.as_dict(row["headers"])}, publisher="pkgq",
     )  # fmt: skip
-    assert [r.fate for r in await pipe.process_batch([resent])] == [Fate.APPLIED]
+    assert [r.fate for r in await pipe.process_batch([resent])] == [Fate.ACKED]
     assert await unbilled(pool, user) == 5
     (status,) = await fetch(pool, "SELECT status::text AS s FROM telecom.dead_letters")
     assert status["s"] == "superseded"

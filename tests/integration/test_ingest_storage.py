@@ -15,7 +15,6 @@ from consumers import ingest
 from domain.delivery import Fate
 from events.decoding import RawDelivery
 from events.envelope import CONTENT_TYPE
-from infra.rabbit.consumer import Result
 
 
 def dead_delivery(**headers: Any) -> RawDelivery:
@@ -46,7 +45,7 @@ async def test_the_ingester_keeps_a_message_whose_headers_postgres_refuses_as_te
     # through, the ingester must store the message anyway instead of requeueing it for ever.
     monkeypatch.setattr(ingest, "jsonable", lambda headers: headers)
     raw = dead_delivery(**{"x-note": "a\x00b"})
-    assert await ingest.make_ingester(pool)([raw]) == [Result(Fate.BURIED)]
+    assert [r.fate for r in await ingest.make_ingester(pool)([raw])] == [Fate.DEAD_LETTERED]
     (dead,) = await stored(pool)
     assert "x-pkgq-unstorable-headers" in dead["headers"]
     assert "filed without its headers" in dead["error_message"]
@@ -68,7 +67,7 @@ async def test_a_deadlock_while_filing_files_the_letter_again_in_full_not_in_its
 
     monkeypatch.setattr(ingest, "_finish", deadlocks_once)
     raw = dead_delivery(**{"x-note": "kept"})
-    assert await ingest.make_ingester(pool)([raw]) == [Result(Fate.BURIED)]
+    assert [r.fate for r in await ingest.make_ingester(pool)([raw])] == [Fate.DEAD_LETTERED]
     (dead,) = await stored(pool)  # one letter: the first try's row was rolled back
     assert calls == ["finish", "finish"]
     assert dead["reason"] == "expired"
@@ -89,7 +88,7 @@ async def test_a_filing_that_keeps_deadlocking_is_stored_in_full_without_finishi
 
     monkeypatch.setattr(ingest, "_finish", always_deadlocks)
     raw = dead_delivery(**{"x-note": "kept"})
-    assert await ingest.make_ingester(pool)([raw]) == [Result(Fate.BURIED)]
+    assert [r.fate for r in await ingest.make_ingester(pool)([raw])] == [Fate.DEAD_LETTERED]
     (dead,) = await stored(pool)
     assert len(calls) == 5  # transient_retrying's attempts, then filed without it
     assert dead["reason"] == "expired"
@@ -113,7 +112,7 @@ async def test_a_broker_dead_letter_sent_again_with_a_new_death_time_is_filed_on
     ]
     ingester = ingest.make_ingester(pool)
     for copy in copies:
-        assert await ingester([copy]) == [Result(Fate.BURIED)]
+        assert [r.fate for r in await ingester([copy])] == [Fate.DEAD_LETTERED]
     async with pool.acquire() as conn:
         rows = await conn.fetch(
             "SELECT repeats, reason FROM telecom.dead_letters WHERE message_id = $1",

@@ -18,7 +18,6 @@ from events.decoding import RawDelivery
 from events.envelope import CONTENT_TYPE, H_ADDRESS, H_DEAD_ERROR, H_DEAD_REASON
 from events.routes import USAGE_RECORD
 from infra.postgres import addresses
-from infra.rabbit.outcomes import Result
 
 PKGQ = "pkgq-runtime"
 
@@ -58,7 +57,7 @@ async def test_a_dead_letter_copy_from_another_publisher_is_untrusted_and_fails_
     ingester = ingest.make_ingester(pool, trusted_publisher=PKGQ)
 
     forged = copy("mallory", str(message_id), address)
-    assert await ingester([forged]) == [Result(Fate.BURIED)]
+    assert [r.fate for r in await ingester([forged])] == [Fate.DEAD_LETTERED]
     async with pool.acquire() as conn:
         state = await addresses.address_state(conn, address)
         filed = await conn.fetch("SELECT reason, source FROM telecom.dead_letters")
@@ -67,7 +66,7 @@ async def test_a_dead_letter_copy_from_another_publisher_is_untrusted_and_fails_
     assert [(r["reason"], r["source"]) for r in filed] == [("untrusted_publisher", "broker")]
 
     genuine = copy(PKGQ, str(message_id), address)
-    assert await ingester([genuine]) == [Result(Fate.BURIED)]
+    assert [r.fate for r in await ingester([genuine])] == [Fate.DEAD_LETTERED]
     async with pool.acquire() as conn:
         state = await addresses.address_state(conn, address)
         reasons = {r["reason"] for r in await conn.fetch("SELECT reason FROM telecom.dead_letters")}
@@ -93,7 +92,7 @@ async def test_an_outsiders_broker_dead_letter_is_filed_but_fails_no_address_it_
 
     for outsider in ("mallory", None):  # a user_id of its own, or none at all
         forged = broker_dead_letter(outsider, str(message_id), address)
-        assert await ingester([forged]) == [Result(Fate.BURIED)]
+        assert [r.fate for r in await ingester([forged])] == [Fate.DEAD_LETTERED]
     async with pool.acquire() as conn:
         state = await addresses.address_state(conn, address)
         filed = await conn.fetch("SELECT reason, source, headers FROM telecom.dead_letters")
@@ -104,7 +103,7 @@ async def test_an_outsiders_broker_dead_letter_is_filed_but_fails_no_address_it_
     assert all(H_ADDRESS not in r["headers"] for r in filed)
 
     genuine = broker_dead_letter(PKGQ, str(message_id), address)
-    assert await ingester([genuine]) == [Result(Fate.BURIED)]
+    assert [r.fate for r in await ingester([genuine])] == [Fate.DEAD_LETTERED]
     async with pool.acquire() as conn:
         state = await addresses.address_state(conn, address)
     assert state is not None

@@ -44,7 +44,7 @@ async def _bill(
         for u, up, down in usage
     ]
     results = await pipeline.process_batch(raws)
-    assert [r.fate for r in results] == [Fate.APPLIED] * len(raws)
+    assert [r.fate for r in results] == [Fate.ACKED] * len(raws)
     await log.settled()
     return list(log.statements)
 

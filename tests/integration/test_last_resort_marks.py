@@ -16,7 +16,7 @@ from events.envelope import H_DEAD_REASON, H_PUBLISHER, H_SCHEMA_VERSION, PKGQ_M
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.rabbit.connection import connect
-from infra.rabbit.outcomes import Result
+from infra.rabbit.consumer import Decided
 from infra.rabbit.publisher import Publisher, build_message
 from infra.rabbit.route_consumer import route_consumer
 from infra.rabbit.tap import Tap, Tapped
@@ -25,7 +25,7 @@ from infra.settings import Settings
 FORGED: dict[str, Any] = {name: f"forged {name}" for name in PKGQ_MARKS}
 
 
-async def _broken(raws: Sequence[RawDelivery]) -> list[Result]:
+async def _broken(raws: Sequence[RawDelivery]) -> list[Decided]:
     raise RuntimeError("a bug in the failure path")  # every delivery goes to the last resort
 
 

@@ -67,7 +67,7 @@ async def test_an_old_pod_holds_a_newer_message_counting_each_deferral_and_a_new
             [usage(user, first, 5, NEWER), usage(user, second, 7, USAGE_RECORD.schema_version)]
         )
     ]
-    assert fates == [Fate.RETRY, Fate.PARKED]
+    assert fates == [Fate.RETRIED, Fate.PARKED]
     assert await fetch(pool, "SELECT * FROM telecom.dead_letters") == []
     # each deferral is counted (after PKGQ_NEWER_VERSION_DEFERRALS it is buried)
     assert await attempts_counted(pool, USAGE_RECORD.short_name, key) == 1
@@ -84,7 +84,7 @@ async def test_an_old_pod_holds_a_newer_message_counting_each_deferral_and_a_new
 
     # The retry reaches an old pod again (a rolling update takes a while): held once more.
     again = await old.process_batch([usage(user, first, 5, NEWER)])
-    assert [r.fate for r in again] == [Fate.RETRY]
+    assert [r.fate for r in again] == [Fate.RETRIED]
     assert await fetch(pool, "SELECT * FROM telecom.dead_letters") == []
     assert await attempts_counted(pool, USAGE_RECORD.short_name, key) == 2
     # One pending retry of it at a time: the earlier one is replaced, not doubled.
@@ -97,9 +97,7 @@ async def test_an_old_pod_holds_a_newer_message_counting_each_deferral_and_a_new
 
     # Then a new pod: it applies the newer message, and the parked one after it.
     new = pod(pool, knows=NEWER)
-    assert [r.fate for r in await new.process_batch([usage(user, first, 5, NEWER)])] == [
-        Fate.APPLIED
-    ]
+    assert [r.fate for r in await new.process_batch([usage(user, first, 5, NEWER)])] == [Fate.ACKED]
     new._polled_at = -1e9
     await new.drain_parked()
     assert await fetch(pool, "SELECT * FROM telecom.parked") == []
@@ -117,7 +115,7 @@ async def test_the_previous_version_is_applied_beside_the_current_one_for_the_sa
 ) -> None:
     user = uuid4()
     batch = [usage(user, uuid4(), 1, 1), usage(user, uuid4(), 2, 2), usage(user, uuid4(), 4, 1)]
-    assert [r.fate for r in await pod(pool).process_batch(batch)] == [Fate.APPLIED] * 3
+    assert [r.fate for r in await pod(pool).process_batch(batch)] == [Fate.ACKED] * 3
     (billed,) = await fetch(
         pool, "SELECT unbilled_upload FROM telecom.queue_users WHERE user_id = $1", user
     )
@@ -129,6 +127,6 @@ async def test_a_version_older_than_the_previous_is_buried_as_unsupported(
 ) -> None:
     user, message = uuid4(), uuid4()
     results = await pod(pool).process_batch([usage(user, message, 1, 0)])
-    assert [r.fate for r in results] == [Fate.BURIED]
+    assert [r.fate for r in results] == [Fate.DEAD_LETTERED]
     (letter,) = await fetch(pool, "SELECT reason FROM telecom.dead_letters")
     assert letter["reason"] == "unsupported_version"

@@ -52,12 +52,10 @@ async def dead_letter_reasons(pool: asyncpg.Pool) -> list[str]:
 
 async def buy_and_activate(pool: asyncpg.Pool, user: UUID, package: int, amount: int) -> list[int]:
     purchase = PurchasePackage(user_id=user, package_id=package, amount=amount)
-    assert await run(pool, PACKAGE_PURCHASE, [raw_for(PACKAGE_PURCHASE, purchase)]) == [
-        Fate.APPLIED
-    ]
+    assert await run(pool, PACKAGE_PURCHASE, [raw_for(PACKAGE_PURCHASE, purchase)]) == [Fate.ACKED]
     ids = await item_ids(pool, user)
     push = PackageQueuePushEvent(user_id=user, item_ids=ids, package_id=package, pushed_at=1)
-    assert await run(pool, PACKAGE_QUEUING, [raw_for(PACKAGE_QUEUING, push)]) == [Fate.APPLIED]
+    assert await run(pool, PACKAGE_QUEUING, [raw_for(PACKAGE_QUEUING, push)]) == [Fate.ACKED]
     return ids
 
 
@@ -75,7 +73,7 @@ async def test_two_purchases_of_one_order_in_one_batch_queue_one_set_of_items(
         [raw_for(PACKAGE_PURCHASE, first), raw_for(PACKAGE_PURCHASE, resent)],
     )
 
-    assert outcomes == [Fate.APPLIED, Fate.DUPLICATE_ORDER]
+    assert outcomes == [Fate.ACKED, Fate.DUPLICATE_ORDER]
     ids = await item_ids(pool, user)
     assert len(ids) == 2
     async with pool.acquire() as conn:
@@ -94,7 +92,7 @@ async def test_a_resent_order_whose_items_have_left_the_queue_is_still_a_duplica
     package = await add_package(pool, 1000)
     user, order = uuid4(), uuid4()
     body = PurchasePackage(user_id=user, package_id=package, by_order=order)
-    assert await run(pool, PACKAGE_PURCHASE, [raw_for(PACKAGE_PURCHASE, body)]) == [Fate.APPLIED]
+    assert await run(pool, PACKAGE_PURCHASE, [raw_for(PACKAGE_PURCHASE, body)]) == [Fate.ACKED]
     async with pool.acquire() as conn:  # the item ran its course: no longer loaded as live
         await conn.execute("UPDATE telecom.package_queue SET status = 'consumed'")
     other_user = uuid4()
@@ -106,7 +104,7 @@ async def test_a_resent_order_whose_items_have_left_the_queue_is_still_a_duplica
         [raw_for(PACKAGE_PURCHASE, body), raw_for(PACKAGE_PURCHASE, same_order_elsewhere)],
     )
 
-    assert outcomes == [Fate.DUPLICATE_ORDER, Fate.APPLIED]  # orders are per user
+    assert outcomes == [Fate.DUPLICATE_ORDER, Fate.ACKED]  # orders are per user
     assert len(await item_ids(pool, user)) == 1
     assert len(await item_ids(pool, other_user)) == 1
 
@@ -123,7 +121,7 @@ async def test_a_retired_package_is_dead_lettered_as_a_domain_rule_and_bought_it
     late = PurchasePackage(user_id=user, package_id=package)
     outcomes = await run(pool, PACKAGE_PURCHASE, [raw_for(PACKAGE_PURCHASE, late)])
 
-    assert outcomes == [Fate.BURIED]
+    assert outcomes == [Fate.DEAD_LETTERED]
     assert await dead_letter_reasons(pool) == ["domain_rule"]
     async with pool.acquire() as conn:
         status = await conn.fetchval(
@@ -144,7 +142,7 @@ async def test_a_cancel_is_announced_through_the_outbox_and_audited_with_reason_
         CancelPackage(user_id=user, item_id=first, reason="refund 42", operator="ops@host"),
     )
 
-    assert await run(pool, PACKAGE_CANCEL, [cancel]) == [Fate.APPLIED]
+    assert await run(pool, PACKAGE_CANCEL, [cancel]) == [Fate.ACKED]
 
     async with pool.acquire() as conn:
         announced = await conn.fetch(
@@ -186,7 +184,7 @@ async def test_a_quota_adjustment_is_audited_and_a_refused_one_leaves_no_audit_r
         pool, QUOTA_ADJUST, [raw_for(QUOTA_ADJUST, adjust), raw_for(QUOTA_ADJUST, refused)]
     )
 
-    assert outcomes == [Fate.APPLIED, Fate.BURIED]
+    assert outcomes == [Fate.ACKED, Fate.DEAD_LETTERED]
     assert await dead_letter_reasons(pool) == ["domain_rule"]
     async with pool.acquire() as conn:
         audit = await conn.fetch("SELECT * FROM telecom.item_audit")

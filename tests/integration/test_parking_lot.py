@@ -74,7 +74,7 @@ async def test_a_blocker_that_comes_twice_in_one_batch_drains_what_it_held_back(
     process = pipeline(pool, {m1})
     batch = [usage(user, m1, 1), usage(user, m2, 2), usage(user, m1, 1)]
     fates = [r.fate for r in await process.process_batch(batch)]
-    assert fates == [Fate.RETRY, Fate.PARKED, Fate.APPLIED]
+    assert fates == [Fate.RETRIED, Fate.PARKED, Fate.ACKED]
     assert await fetch(pool, "SELECT * FROM telecom.parked") == []
     assert await fetch(pool, "SELECT * FROM telecom.holds") == []
     (billed,) = await fetch(
@@ -95,7 +95,7 @@ async def test_a_lifted_hold_with_nothing_behind_it_is_dropped_and_never_starves
         await conn.execute("UPDATE telecom.holds SET updated_at = now() - interval '1 hour'")
     user, m1, m2 = uuid4(), uuid4(), uuid4()
     process = pipeline(pool, {m1})
-    assert await process(usage(user, m1, 1)) == Fate.RETRY
+    assert await process(usage(user, m1, 1)) == Fate.RETRIED
     assert await process(usage(user, m2, 2)) == Fate.PARKED
     await fetch(
         pool,
@@ -115,8 +115,8 @@ async def test_a_drain_that_fails_for_one_user_still_drains_the_others(
     u1, u2, a1, a2, p1, p2 = (uuid4() for _ in range(6))
     process = pipeline(pool, {a1, a2}, outage={p1})
     assert [r.fate for r in await process.process_batch([usage(u1, a1, 1), usage(u2, a2, 1)])] == [
-        Fate.RETRY,
-        Fate.RETRY,
+        Fate.RETRIED,
+        Fate.RETRIED,
     ]
     assert await process(usage(u1, p1, 2)) == Fate.PARKED
     assert await process(usage(u2, p2, 4)) == Fate.PARKED

@@ -311,7 +311,7 @@ async def test_the_pipeline_waits_out_a_read_only_server_and_applies_on_a_fresh_
             assert not waiting.done()
             await promote()
             (result,) = await asyncio.wait_for(waiting, GUARD)
-            assert result.fate is Fate.APPLIED
+            assert result.fate is Fate.ACKED
             assert recovery().recoveries == 1
             async with demoted.acquire() as conn:
                 assert conn.get_server_pid() != before

@@ -81,9 +81,9 @@ async def test_in_one_batch_the_purchase_beyond_the_default_cap_of_1000_is_burie
         ],
     )
 
-    assert fates == [Fate.APPLIED, Fate.BURIED, Fate.APPLIED, Fate.APPLIED]
+    assert fates == [Fate.ACKED, Fate.DEAD_LETTERED, Fate.ACKED, Fate.ACKED]
     assert (await _live(pool, user), await _live(pool, neighbour)) == (1000, 700)
-    assert await _run(pool, [_purchase(user, package, 1)]) == [Fate.BURIED]
+    assert await _run(pool, [_purchase(user, package, 1)]) == [Fate.DEAD_LETTERED]
     assert await _live(pool, user) == 1000
     assert await _dead_letters(pool, user) == [("domain_rule", "QueueFullError", "buried")] * 2
     assert await _holds(pool, user) == 0  # a broken rule holds back nothing behind it

@@ -44,9 +44,9 @@ async def _buried_then_applied_by_a_resend(pool: asyncpg.Pool) -> tuple[UUID, in
     pipeline = DeliveryPipeline(pool, USAGE_RECORD, handler, policy, max_body_bytes=2**20)
     user = uuid4()
     raw = raw_for(USAGE_RECORD, RecordUsage(user_id=user, upload=7, download=0))
-    assert await pipeline(raw) == Fate.BURIED
+    assert await pipeline(raw) == Fate.DEAD_LETTERED
     refusing["on"] = False
-    assert await pipeline(raw) == Fate.APPLIED  # the resend: the blocker's own copy goes
+    assert await pipeline(raw) == Fate.ACKED  # the resend: the blocker's own copy goes
     (dead,) = await fetch(
         pool, "SELECT id, status::text FROM telecom.dead_letters WHERE user_id = $1", user
     )
@@ -136,7 +136,7 @@ async def test_a_replayed_dead_letter_once_applied_is_never_forced_again_and_a_d
         for u in (replayed_user, discarded_user)
     }
     for raw in raws.values():
-        assert await pipeline(raw) == Fate.BURIED
+        assert await pipeline(raw) == Fate.DEAD_LETTERED
     ids = {
         r["user_id"]: r["id"]
         for r in await fetch(pool, "SELECT id, user_id FROM telecom.dead_letters")
@@ -146,7 +146,7 @@ async def test_a_replayed_dead_letter_once_applied_is_never_forced_again_and_a_d
         assert sent.replayed
         await operations.discard_batch(conn, [ids[discarded_user]], "ops")
     refusing["on"] = False
-    assert await pipeline(raws[replayed_user]) == Fate.APPLIED  # the replay's copy
+    assert await pipeline(raws[replayed_user]) == Fate.ACKED  # the replay's copy
     assert await pipeline(raws[discarded_user]) == Fate.DUPLICATE  # the discard stands
     statuses = await fetch(pool, "SELECT user_id, status::text FROM telecom.dead_letters")
     assert {r["user_id"]: r["status"] for r in statuses} == {
@@ -171,11 +171,11 @@ async def test_another_users_message_under_the_same_id_supersedes_nothing_of_thi
     pipeline = await _refusing_pipeline(pool, refusing)
     mine, theirs = uuid4(), uuid4()
     raw = raw_for(USAGE_RECORD, RecordUsage(user_id=mine, upload=7, download=0))
-    assert await pipeline(raw) == Fate.BURIED
+    assert await pipeline(raw) == Fate.DEAD_LETTERED
     refusing["on"] = False
     body = RecordUsage(user_id=theirs, upload=1, download=0).model_dump_json().encode()
     copy = dataclasses.replace(raw, body=body, headers={**raw.headers, H_USER_ID: str(theirs)})
-    assert await pipeline(copy) == Fate.APPLIED
+    assert await pipeline(copy) == Fate.ACKED
     (dead,) = await fetch(
         pool, "SELECT status::text FROM telecom.dead_letters WHERE user_id = $1", mine
     )

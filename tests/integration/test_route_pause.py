@@ -28,7 +28,7 @@ from events.partitioning import route_of_key
 from events.routes import PACKAGE_PURCHASE, USAGE_RECORD
 from infra.postgres import consumer_pauses, operator_actions
 from infra.rabbit.connection import connect
-from infra.rabbit.consumer import QueueConsumer, Result
+from infra.rabbit.consumer import Decided, QueueConsumer
 from infra.rabbit.management import passive_figures
 from infra.rabbit.publisher import Publisher
 from infra.rabbit.route_consumer import route_consumer
@@ -51,11 +51,11 @@ class Recorder:
         self.gate.set()
         self.holding = asyncio.Event()
 
-    async def __call__(self, raws: Sequence[RawDelivery]) -> list[Result]:
+    async def __call__(self, raws: Sequence[RawDelivery]) -> list[Decided]:
         self.holding.set()
         await self.gate.wait()
         self.seen.extend(UUID(str(raw.message_id)) for raw in raws)
-        return [Result(Fate.APPLIED) for _ in raws]
+        return [Decided.of(i, raw, Fate.ACKED) for i, raw in enumerate(raws)]
 
 
 @pytest.fixture

@@ -321,7 +321,7 @@ async def test_a_batch_that_outlasts_the_drain_timeout_of_a_pause_goes_back_to_t
 
         await eventually(settled_twice)
     # each applied by the first batch, and dropped by the inbox when redelivered
-    assert all(seen == [Fate.APPLIED, Fate.DUPLICATE] for seen in outcomes().values())
+    assert all(seen == [Fate.ACKED, Fate.DUPLICATE] for seen in outcomes().values())
     assert recorder.started == sent  # the handler never ran again
     assert recorder.applied == sent
     assert await _inbox_count(pool, sent) == 3

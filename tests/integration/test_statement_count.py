@@ -85,7 +85,7 @@ async def _lifecycle(
         for u in users
     ]
     counts["purchase"], outcomes = await _run(pool, log, PACKAGE_PURCHASE, purchases)
-    assert outcomes == [Fate.APPLIED] * size
+    assert outcomes == [Fate.ACKED] * size
     async with pool.acquire() as conn:
         rows = await conn.fetch(
             "SELECT user_id, id FROM telecom.package_queue WHERE user_id = ANY($1::uuid[])", users
@@ -101,7 +101,7 @@ async def _lifecycle(
         for u in users
     ]
     counts["queuing"], outcomes = await _run(pool, log, PACKAGE_QUEUING, pushes)
-    assert outcomes == [Fate.APPLIED] * size
+    assert outcomes == [Fate.ACKED] * size
 
     grants = [
         raw_for(
@@ -112,11 +112,11 @@ async def _lifecycle(
         for u in users
     ]
     counts["activate"], outcomes = await _run(pool, log, PACKAGE_ACTIVATE, grants)
-    assert outcomes == [Fate.APPLIED] * size
+    assert outcomes == [Fate.ACKED] * size
 
     usage = [raw_for(USAGE_RECORD, RecordUsage(user_id=u, upload=1, download=0)) for u in users]
     counts["usage"], outcomes = await _run(pool, log, USAGE_RECORD, usage)
-    assert outcomes == [Fate.APPLIED] * size
+    assert outcomes == [Fate.ACKED] * size
 
     # Version 2, billed under the billing system's record id: each user's record twice in one
     # batch (a resend under a new message_id), then once more in the next (loaded as billed).
@@ -127,7 +127,7 @@ async def _lifecycle(
         ]
 
     counts["usage_v2"], outcomes = await _run(pool, log, USAGE_RECORD, records() + records())
-    assert outcomes == [Fate.APPLIED] * size + [Fate.DUPLICATE_USAGE] * size
+    assert outcomes == [Fate.ACKED] * size + [Fate.DUPLICATE_USAGE] * size
     counts["usage_v2_resent"], outcomes = await _run(pool, log, USAGE_RECORD, records())
     assert outcomes == [Fate.DUPLICATE_USAGE] * size
 
@@ -135,7 +135,7 @@ async def _lifecycle(
     # event written.
     usage = [raw_for(USAGE_RECORD, RecordUsage(user_id=u, upload=9, download=5)) for u in users]
     counts["usage_consuming"], outcomes = await _run(pool, log, USAGE_RECORD, usage)
-    assert outcomes == [Fate.APPLIED] * size
+    assert outcomes == [Fate.ACKED] * size
 
     expiring = [
         raw_for(
@@ -151,7 +151,7 @@ async def _lifecycle(
         for u in users
     ]
     counts["expiring"], outcomes = await _run(pool, log, PACKAGE_EXPIRING, expiring)
-    assert outcomes == [Fate.APPLIED] * size
+    assert outcomes == [Fate.ACKED] * size
 
     async with pool.acquire() as conn:
         billed = await conn.fetchval(
@@ -222,7 +222,7 @@ async def test_user_show_reads_a_users_summary_in_one_statement_whatever_its_ite
             _, outcomes = await _run(
                 pool, log, PACKAGE_PURCHASE, [raw_for(PACKAGE_PURCHASE, purchase)]
             )
-            assert outcomes == [Fate.APPLIED]
+            assert outcomes == [Fate.ACKED]
         async with pool.acquire() as conn:
             await log.settled()
             log.clear()
@@ -267,9 +267,9 @@ async def _failure_path(pool: asyncpg.Pool, log: StatementLog, size: int) -> tup
     await log.settled()
     log.clear()
     fates = [r.fate for r in await pipeline.process_batch([*raws, bad])]
-    failing = fates.count(Fate.RETRY)
+    failing = fates.count(Fate.RETRIED)
     assert failing == len(range(0, size, 3)) == fates.count(Fate.PARKED)
-    assert fates.count(Fate.BURIED) == len(range(1, size, 6)) + 1
+    assert fates.count(Fate.DEAD_LETTERED) == len(range(1, size, 6)) + 1
     first_batch = await log.settled()
 
     retries = [
@@ -280,7 +280,7 @@ async def _failure_path(pool: asyncpg.Pool, log: StatementLog, size: int) -> tup
         if first[u] == FAILS
     ]
     log.clear()
-    assert [r.fate for r in await pipeline.process_batch(retries)] == [Fate.APPLIED] * failing
+    assert [r.fate for r in await pipeline.process_batch(retries)] == [Fate.ACKED] * failing
     second_batch = await log.settled()
     async with pool.acquire() as conn:
         assert await conn.fetchval("SELECT count(*) FROM telecom.holds") == 0

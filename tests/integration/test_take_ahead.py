@@ -25,7 +25,7 @@ from events.envelope import H_GROUP
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD, Route
 from infra.rabbit.connection import connect
-from infra.rabbit.consumer import Result
+from infra.rabbit.consumer import Decided
 from infra.rabbit.publisher import Publisher
 from infra.rabbit.route_consumer import route_consumer
 from infra.settings import Settings
@@ -89,7 +89,7 @@ async def test_a_delivery_taken_ahead_is_applied_by_its_batch_without_being_deco
     pipeline.take_ahead(raw)
     assert len(decoded) == 1
     results = await pipeline.process_batch([raw])
-    assert [r.fate for r in results] == [Fate.APPLIED]
+    assert [r.fate for r in results] == [Fate.ACKED]
     assert len(decoded) == 1
     assert await item_counters(pool, [user]) == {user: ("active", 7, 3)}
 
@@ -107,7 +107,7 @@ async def test_a_delivery_not_taken_ahead_or_an_equal_copy_of_one_is_decoded_in_
     results = await pipeline.process_batch([copy, other])
     # Only the very object taken ahead is matched: the copy and the other are decoded again.
     assert [r is copy or r is other for r in decoded] == [False, True, True]
-    assert [r.fate for r in results] == [Fate.APPLIED, Fate.APPLIED]
+    assert [r.fate for r in results] == [Fate.ACKED, Fate.ACKED]
     assert await item_counters(pool, [user]) == {user: ("active", 3, 0)}
 
 
@@ -125,7 +125,7 @@ async def test_deliveries_dropped_unbatched_are_forgotten_oldest_first_and_the_r
         pipeline.take_ahead(raw)
     results = await pipeline.process_batch(kept)
     assert len(decoded) == 6  # the kept ones were not decoded again: the dropped ones went
-    assert [r.fate for r in results] == [Fate.APPLIED] * 3
+    assert [r.fate for r in results] == [Fate.ACKED] * 3
     await pipeline.process_batch(dropped[:1])  # had it come back as the same object after all
     assert decoded[6:] == dropped[:1]  # it was forgotten: taken again, and applied correctly
     assert await item_counters(pool, [user]) == {user: ("active", 103, 0)}
@@ -143,7 +143,7 @@ async def test_taking_ahead_never_raises_and_its_batch_takes_the_delivery_again(
     pipeline.take_ahead(raw)
     results = await pipeline.process_batch([raw])
     assert decoded == [raw, raw]
-    assert [r.fate for r in results] == [Fate.APPLIED]
+    assert [r.fate for r in results] == [Fate.ACKED]
     assert await item_counters(pool, [user]) == {user: ("active", 5, 5)}
 
 
@@ -169,7 +169,7 @@ async def test_bad_input_taken_ahead_is_buried_with_its_reason_and_an_outsiders_
     assert isinstance(taken[0][1], Decoded)
     assert taken[0][1].envelope.group_id is None
     results = await pipeline.process_batch([marked, bad])
-    assert [r.fate for r in results] == [Fate.APPLIED, Fate.BURIED]
+    assert [r.fate for r in results] == [Fate.ACKED, Fate.DEAD_LETTERED]
     async with pool.acquire() as conn:
         reason = await conn.fetchval(
             "SELECT reason FROM telecom.dead_letters WHERE message_uuid = $1",
@@ -191,7 +191,7 @@ async def test_a_redelivered_copy_of_a_delivery_taken_ahead_is_a_duplicate_and_b
     first = _usage(user, 6)
     again = dataclasses.replace(first)
     pipeline.take_ahead(first)
-    assert [r.fate for r in await pipeline.process_batch([first])] == [Fate.APPLIED]
+    assert [r.fate for r in await pipeline.process_batch([first])] == [Fate.ACKED]
     pipeline.take_ahead(again)
     twice = dataclasses.replace(first)
     pipeline.take_ahead(twice)
@@ -206,9 +206,9 @@ async def test_the_consumer_tells_ahead_of_each_delivery_before_handing_the_same
     told: list[RawDelivery] = []
     handed: list[tuple[RawDelivery, int]] = []
 
-    async def processor(raws: Sequence[RawDelivery]) -> list[Result]:
+    async def processor(raws: Sequence[RawDelivery]) -> list[Decided]:
         handed.extend((raw, len(told)) for raw in raws)
-        return [Result(Fate.APPLIED) for _ in raws]
+        return [Decided.of(i, raw, Fate.ACKED) for i, raw in enumerate(raws)]
 
     connection = await connect(settings.amqp_url, f"pkgq-test-ahead-{uuid4().hex[:8]}")
     dead_letters = await Publisher.open(connection, settings.dlx)
@@ -251,7 +251,7 @@ async def test_deliveries_taken_ahead_and_buffered_when_the_broker_closes_the_co
         taken.append(raw)
         pipeline.take_ahead(raw)
 
-    async def slow(raws: Sequence[RawDelivery]) -> list[Result]:
+    async def slow(raws: Sequence[RawDelivery]) -> list[Decided]:
         await asyncio.sleep(0.05)
         return await pipeline.process_batch(raws)
 

@@ -38,7 +38,7 @@ async def _apply(pool: asyncpg.Pool, route: Route, body: WireModel) -> None:
         pool, route, HANDLERS[route.name], RetryPolicy(), max_body_bytes=2**20
     )
     (result,) = await pipeline.process_batch([raw_for(route, body)])
-    assert result.fate is Fate.APPLIED
+    assert result.fate is Fate.ACKED
 
 
 async def test_an_activation_that_waited_for_its_users_lock_is_dated_after_the_wait(

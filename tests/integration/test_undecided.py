@@ -45,7 +45,7 @@ async def test_an_undecided_delivery_leaves_its_batchs_committed_decisions_as_th
         for u, up in zip(users, (1, 13, 2), strict=True)
     ]
     results = await pipeline(pool).process_batch(batch)
-    assert [r.fate for r in results] == [Fate.APPLIED, Fate.UNDECIDED, Fate.APPLIED]
+    assert [r.fate for r in results] == [Fate.ACKED, Fate.UNDECIDED, Fate.ACKED]
     assert results[1].error is not None
     assert "OverflowError" in results[1].error
     billed = await fetch(

@@ -50,7 +50,7 @@ async def test_a_record_id_is_kept_for_the_configured_days_and_pruned_only_after
 ) -> None:
     user = uuid4()
     process = pipeline(pool, days=3)
-    assert await process(record(user, "cdr-7", 5)) == Fate.APPLIED
+    assert await process(record(user, "cdr-7", 5)) == Fate.ACKED
     (row,) = await fetch(
         pool,
         "SELECT keep_until - billed_at AS window FROM telecom.usage_billed WHERE user_id = $1",
@@ -72,7 +72,7 @@ async def test_a_record_id_is_kept_for_the_configured_days_and_pruned_only_after
     )
     counts = await retention.prune(pool, 3600.0, batch_size=10)
     assert counts["usage_billed"] == 1
-    assert await process(record(user, "cdr-7", 5)) == Fate.APPLIED
+    assert await process(record(user, "cdr-7", 5)) == Fate.ACKED
     (billed,) = await fetch(
         pool, "SELECT unbilled_upload FROM telecom.queue_users WHERE user_id = $1", user
     )
@@ -99,11 +99,11 @@ async def test_a_record_that_failed_is_not_remembered_and_its_resend_waits_then_
         pool, USAGE_RECORD, handler, RetryPolicy(backoff=lambda _: 60.0), max_body_bytes=2**20
     )
     assert [r.fate for r in await process.process_batch([first, resend])] == [
-        Fate.RETRY,
+        Fate.RETRIED,
         Fate.PARKED,
     ]
     assert await fetch(pool, "SELECT * FROM telecom.usage_billed") == []
-    assert await process(first) == Fate.APPLIED  # its retry
+    assert await process(first) == Fate.ACKED  # its retry
     process._polled_at = -1e9
     await process.drain_parked()
     (row,) = await fetch(pool, "SELECT message_id FROM telecom.usage_billed")

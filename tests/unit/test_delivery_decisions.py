@@ -50,7 +50,7 @@ def test_every_failure_moves_the_count_by_one_or_buries_and_nothing_follows_the_
         decision = gate.admit(facts)
         if decision is not None and decision.fate is Fate.PARKED:
             # Only behind a lifted hold (a buried copy of it lifted by a later one): with
-            # nothing else parked, the writer drops it (holds.settle_lifted).
+            # nothing else parked, the writer drops it (holds.drop_lifted).
             assert gate.holds[user].blocker is None
             del gate.holds[user]
             decision = gate.admit(facts)
@@ -63,7 +63,7 @@ def test_every_failure_moves_the_count_by_one_or_buries_and_nothing_follows_the_
         decision = gate.decide(facts, failure(kind) if kind else None, backoff)
         gate.note(facts, decision)
         if kind is None:
-            assert decision.fate is Fate.APPLIED
+            assert decision.fate is Fate.ACKED
             assert not decision.counted
             ended = True
             continue
@@ -71,13 +71,13 @@ def test_every_failure_moves_the_count_by_one_or_buries_and_nothing_follows_the_
         assert decision.attempt == count + 1
         count += 1
         assert gate.attempts[message] == count
-        if decision.fate is Fate.RETRY:
+        if decision.fate is Fate.RETRIED:
             assert kind is ErrorKind.HANDLER
             assert count < MAX_ATTEMPTS
             assert decision.retry_at == NOW + timedelta(seconds=30)
             assert gate.holds[user] == Hold(message, "retrying")
         else:
-            assert decision.fate is Fate.BURIED
+            assert decision.fate is Fate.DEAD_LETTERED
             assert decision.reason == (
                 "max_attempts" if kind is ErrorKind.HANDLER else failure(kind).reason
             )
@@ -107,13 +107,13 @@ def test_a_newer_version_is_deferred_holding_its_user_then_buried_as_unknown_ver
         assert gate.admit(facts) is None
         decision = gate.decide(facts, newer(12.5, limit), backoff)
         gate.note(facts, decision)
-        assert decision.fate is Fate.RETRY
+        assert decision.fate is Fate.RETRIED
         assert decision.counted
         assert decision.attempt == deferral
         assert decision.retry_at == NOW + timedelta(seconds=12.5)
         assert gate.holds[user] == Hold(message, "retrying")
     last = gate.decide(facts, newer(12.5, limit), backoff)
-    assert (last.fate, last.reason, last.holds) == (Fate.BURIED, "unknown_version", "buried")
+    assert (last.fate, last.reason, last.holds) == (Fate.DEAD_LETTERED, "unknown_version", "buried")
     assert last.attempt == max(limit, before) + 1
     assert last.counted
 
@@ -128,7 +128,7 @@ def test_a_newer_version_whose_next_try_would_come_after_its_ttl_expires() -> No
 def test_a_newer_version_of_no_known_user_is_retried_without_holding_anyone() -> None:
     gate = Gate(NOW, Source.QUEUE, set(), {})
     decision = gate.decide(Facts(0, uuid4(), None), newer(), backoff)
-    assert decision.fate is Fate.RETRY
+    assert decision.fate is Fate.RETRIED
     assert decision.holds is None
 
 
@@ -210,4 +210,4 @@ def test_only_a_handlers_own_failure_counts_against_its_route(kind: ErrorKind) -
     decision = Gate(NOW, Source.QUEUE, set(), {}).decide(facts, failure, backoff)
     assert decision.counts_against_route is (kind in (ErrorKind.HANDLER, ErrorKind.TTR))
     assert Decision(Fate.UNDECIDED).counts_against_route  # not even recorded: an outage
-    assert not Decision(Fate.APPLIED).counts_against_route
+    assert not Decision(Fate.ACKED).counts_against_route

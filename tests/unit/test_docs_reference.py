@@ -30,7 +30,7 @@ def test_the_reason_scanner_finds_each_way_the_code_files_one() -> None:
 raise BadMessageError("a1", "detail")
 failure = replace(failure, reason="a2")
 kind, reason = ErrorKind.RULE, "a3"
-Decision(Fate.BURIED, "a4", failure)
+Decision(Fate.DEAD_LETTERED, "a4", failure)
 UNROUTABLE = "a5"
 log.info("x", other="not_a_reason")
 """

@@ -40,5 +40,5 @@ def test_assigning_a_records_field_is_a_type_error(tmp_path: Path) -> None:
     out, _, status = api.run(["--strict", "--no-incremental", str(snippet)])
     assert status == 1
     assert 'Property "x" defined in "Point" is read-only' in out
-    assert Decision(Fate.APPLIED).fate is Fate.APPLIED  # and the real ones are records
-    assert not hasattr(Decision(Fate.APPLIED), "__dict__")
+    assert Decision(Fate.ACKED).fate is Fate.ACKED  # and the real ones are records
+    assert not hasattr(Decision(Fate.ACKED), "__dict__")
