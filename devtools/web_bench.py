@@ -28,7 +28,8 @@ import httpx
 
 from consumers.web.auth import hash_password, new_token
 from devtools.bench.support import bench_settings, spawn, stop_processes
-from infra.postgres import catalog, web_bench_data
+from devtools.postgres import web_bench_data
+from infra.postgres import catalog
 from infra.postgres.migrate import ensure_database, migrate
 from infra.settings import Settings
 
