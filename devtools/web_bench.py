@@ -1,6 +1,7 @@
 """`pkgq web bench` (`make bench-web`): the read API under a real HTTP load tool.
 
-A real `pkgq web` process (uvicorn, the app's long-lived pool) serves, in one run, wrk's load on
+A process serving what `pkgq web` serves, as it serves it (uvicorn, the app's long-lived pool),
+with one route added (devtools/web_bench_app.py), takes, in one run, wrk's load on
 GET /api/v1/users/{id}/current (one statement per request, over users with a realistic queue)
 and on /api/v1/baseline: the same stack (auth, pool, JSON) around a bare one-row SELECT. The
 figures that matter are the ratios of the two, measured back to back on the same machine.
@@ -28,7 +29,8 @@ import httpx
 
 from consumers.web.auth import hash_password, new_token
 from devtools.bench.support import bench_settings, spawn, stop_processes
-from infra.postgres import catalog, web_bench_data
+from devtools.postgres import web_bench_data
+from infra.postgres import catalog
 from infra.postgres.migrate import ensure_database, migrate
 from infra.settings import Settings
 
@@ -133,7 +135,7 @@ async def _ready(port: int, process: subprocess.Popen[bytes], within: float = 60
     deadline = loop.time() + within
     while loop.time() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"pkgq web exited with status {process.returncode}")
+            raise RuntimeError(f"the web bench's app exited with status {process.returncode}")
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"GET /readyz HTTP/1.0\r\nHost: bench\r\n\r\n")
@@ -145,7 +147,7 @@ async def _ready(port: int, process: subprocess.Popen[bytes], within: float = 60
         except OSError:
             pass
         await asyncio.sleep(0.2)
-    raise RuntimeError(f"pkgq web was not ready on port {port} within {within} s")
+    raise RuntimeError(f"the web bench's app was not ready on port {port} within {within} s")
 
 
 def _wrk(url: str, script: Path, seconds: int, connections: int, threads: int) -> WrkResult:
@@ -206,7 +208,7 @@ async def run_web_bench(
         "PKGQ_WEB_PORT": str(port),
         "PKGQ_LOG_LEVEL": "warning",
     }
-    process = spawn(["web", "--baseline-endpoint"], {**os.environ, **env})
+    process = spawn([], {**os.environ, **env}, module="devtools.web_bench_app")
     try:
         await _ready(port, process)
         sample = random.sample(ids, min(len(ids), 2000))

@@ -9,7 +9,7 @@ import getpass
 import json
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Annotated, Any
 
 import structlog
@@ -21,6 +21,9 @@ from consumers.web.config import WebSettings
 
 if TYPE_CHECKING:
     import uvicorn
+    from fastapi import FastAPI
+
+    from infra.settings import Settings
 
 web_app = typer.Typer(
     help="The operator console and the read API (one ASGI process on PKGQ_WEB_PORT).",
@@ -35,22 +38,27 @@ def serve(
     host: Annotated[
         str | None, typer.Option(help="Bind address (PKGQ_WEB_HOST, 127.0.0.1).")
     ] = None,
-    baseline: Annotated[
-        bool,
-        typer.Option(
-            "--baseline-endpoint",
-            hidden=True,
-            help="Also serve /api/v1/baseline (one-row SELECT) for `make bench-web`.",
-        ),
-    ] = False,
 ) -> None:
     """Serve the console and the API until SIGTERM/SIGINT (without a subcommand)."""
     if ctx.invoked_subcommand is not None:
         return
+    from consumers.web.app import create_app
+
+    serve_app(create_app, host=host, port=port)
+
+
+def serve_app(
+    app_of: Callable[[Settings, WebSettings], FastAPI],
+    *,
+    host: str | None = None,
+    port: int | None = None,
+) -> None:
+    """Load the settings (a bad PKGQ_WEB_* one exits 2), build the app with `app_of` and serve
+    it until SIGTERM/SIGINT: what `pkgq web` does with the console's app (consumers/web/app.py),
+    and `pkgq web bench` with that app and its yardstick route added."""
     import uvicorn
 
     from consumers.cli.running import load_settings, run
-    from consumers.web.app import create_app
 
     settings = load_settings(logs_to_stdout=True)
     try:
@@ -60,7 +68,7 @@ def serve(
     problems = web.problems()
     if problems:
         exit_codes.fail(exit_codes.USAGE, "; ".join(problems))
-    app = create_app(settings, web, baseline=baseline)
+    app = app_of(settings, web)
     if web.access_log:  # its lines are info, and libraries only log warnings (infra/logging.py)
         logging.getLogger("uvicorn.access").setLevel(logging.INFO)
     structlog.get_logger(__name__).info(

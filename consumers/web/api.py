@@ -202,14 +202,6 @@ async def get_access(user_id: UserId, request: Request, who: ApiViewer) -> Any:
 
 
 router.include_router(api)
-baseline = APIRouter(include_in_schema=False)
-
-
-@baseline.get("/api/v1/baseline")
-async def select_one(request: Request, who: ApiViewer) -> JSONResponse:
-    """The benchmark's yardstick: the same auth, pool and JSON path, one trivial statement."""
-    async with pool_of(request).acquire() as conn:
-        return _json({"one": await read_api.select_one(conn)})
 
 
 @router.get("/healthz", include_in_schema=False, response_class=PlainTextResponse)

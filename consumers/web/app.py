@@ -55,13 +55,9 @@ def create_app(
     settings: Settings,
     web: WebSettings,
     pool: asyncpg.Pool | None = None,
-    *,
-    baseline: bool = False,
 ) -> FastAPI:
     """The console and the API. `pool`: an open pool to use (tests); by default the app opens
-    its own at startup, PKGQ_WEB_POOL_MAX_SIZE connections at most, and closes it at shutdown.
-    `baseline`: also serve /api/v1/baseline, a one-row SELECT behind the same auth and pool,
-    that `make bench-web` compares /current with."""
+    its own at startup, PKGQ_WEB_POOL_MAX_SIZE connections at most, and closes it at shutdown."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -119,8 +115,6 @@ def create_app(
         )
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     app.include_router(api.router)
-    if baseline:
-        app.include_router(api.baseline)
     app.include_router(pages.router)
     app.include_router(dlq_pages.router)
     app.include_router(hold_pages.router)

@@ -52,13 +52,14 @@ from devtools.bench.support import (
     statement_kinds,
     stop_processes,
 )
+from devtools.postgres import bench_data
+from devtools.postgres.statements import StatementLog
 from events.decoding import RawDelivery
 from events.envelope import CONTENT_TYPE, H_ATTEMPT, H_SCHEMA_VERSION, H_USER_ID
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
-from infra.postgres import bench_data, catalog
+from infra.postgres import catalog
 from infra.postgres.pool import create_pool
-from infra.postgres.statements import StatementLog
 from infra.rabbit.management import passive_figures
 from infra.rabbit.topology import route_queues
 

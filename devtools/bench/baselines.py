@@ -27,9 +27,9 @@ from faststream.security import BaseSecurity
 from pydantic import BaseModel
 
 from devtools.bench.support import message
+from devtools.postgres import bench_data
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
-from infra.postgres import bench_data
 from infra.rabbit.connection import tls_context
 from infra.settings import Settings, split_urls
 

@@ -45,9 +45,10 @@ from devtools.bench.support import (
     status_port_env,
     stop_processes,
 )
+from devtools.postgres import bench_data
 from events.models import PurchasePackage, RecordUsage, WireModel
 from events.routes import ALL_EXPIRED, PACKAGE_PURCHASE, USAGE_RECORD, Route
-from infra.postgres import bench_data, catalog
+from infra.postgres import catalog
 from infra.postgres.migrate import ensure_database, migrate
 from infra.postgres.pool import clock
 from infra.rabbit.connection import open_amqp

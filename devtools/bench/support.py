@@ -168,9 +168,12 @@ def status_port_env(env: dict[str, str], offset: int) -> dict[str, str]:
     return {**env, "PKGQ_HTTP_PORT": str(int(base) + offset), "PKGQ_HTTP_HOST": "127.0.0.1"}
 
 
-def spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+def spawn(
+    args: list[str], env: dict[str, str], module: str = "consumers"
+) -> subprocess.Popen[bytes]:
+    """`python -m module args`: `pkgq` by default."""
     return subprocess.Popen(  # noqa: S603  (our own entry point)
-        [sys.executable, "-m", "consumers", *args], env=env, stdout=subprocess.DEVNULL
+        [sys.executable, "-m", module, *args], env=env, stdout=subprocess.DEVNULL
     )
 
 

@@ -25,8 +25,7 @@ says which of its rows are past retention, retention.py runs the batched deletes
 own no table call the owners, or only read: job_state (finishing a message: its address, its
 group member, an expired outbox row), replay (dead letters sent again), retention and pruning,
 overdue (the sweep's reads), stats (the figures the status ports and the console's overview
-show, read through indexes and counters: its docstring says how, figure by figure), statements,
-pool, read_api and console (the web's reads). The benchmarks' seeding (bench_data,
-web_bench_data) and big_tables (a million rows per growing table, for the proof that stats reads
-them through indexes) write only in their own databases.
+show, read through indexes and counters: its docstring says how, figure by figure), pool,
+read_api and console (the web's reads). The benchmarks' data is devtools/postgres' and the
+tests' fixtures are tests/support's: nothing here serves only a bench or a test.
 """

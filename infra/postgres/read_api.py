@@ -231,8 +231,3 @@ async def access(conn: Conn, user_id: UUID) -> tuple[datetime, bool, Access | No
     )
     assert row is not None
     return row["now"], row["known"], _access(row)
-
-
-async def select_one(conn: Conn) -> int:
-    """The benchmark's baseline: the cheapest one-row statement, through the same pool."""
-    return int(await conn.fetchval("SELECT 1"))

@@ -9,8 +9,8 @@ import asyncpg
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
+from devtools.postgres.statements import StatementLog
 from infra.postgres.pool import create_pool
-from infra.postgres.statements import StatementLog
 from infra.settings import Settings
 from tests.support.in_process import InProcess, StartApp
 

@@ -9,11 +9,11 @@ from uuid import uuid4
 import asyncpg
 import pytest
 
+from devtools.postgres.statements import StatementLog
 from domain.delivery import Hold
 from domain.model import ItemStatus
 from infra.postgres import attempts, batch_read, holds, inbox
 from infra.postgres.compound import run
-from infra.postgres.statements import StatementLog
 from tests.support.queue_items import queue_of
 
 CONSUMER = "telecom.usage_record"

@@ -21,9 +21,10 @@ from consumers.job_stats import route_stats
 from consumers.runtime import start_status_server
 from consumers.worker import Services
 from events.routes import ROUTES
-from infra.postgres import big_tables, stats, transitions
+from infra.postgres import stats, transitions
 from infra.postgres.pool import create_pool
 from infra.settings import Settings
+from tests.support import big_tables
 from tests.support.dead_letters import buried
 from tests.support.observing import eventually
 from tests.support.processes import free_port, http_get

@@ -9,8 +9,8 @@ from uuid import uuid4
 import asyncpg
 import pytest
 
+from devtools.postgres.statements import StatementLog
 from infra.postgres import access, compound, inbox
-from infra.postgres.statements import StatementLog
 from infra.settings import Settings
 
 

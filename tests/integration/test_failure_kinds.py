@@ -23,12 +23,12 @@ from consumers.delivery.pipeline import BLIP_RETRIES
 from consumers.handlers import usage_record
 from consumers.retry_policy import RetryPolicy
 from consumers.unit_of_work import HandlerContext
+from devtools.postgres.statements import StatementLog
 from domain.delivery import Fate
 from events.envelope import H_ATTEMPT, H_SCHEMA_VERSION, H_USER_ID
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
 from infra.postgres.pool import create_pool
-from infra.postgres.statements import StatementLog
 from infra.settings import Settings
 from tests.support.deliveries import raw_for, send_raw
 from tests.support.in_process import InProcess

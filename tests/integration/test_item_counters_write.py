@@ -13,10 +13,10 @@ import asyncpg
 from consumers.delivery import DeliveryPipeline
 from consumers.registry import HANDLERS
 from consumers.retry_policy import RetryPolicy
+from devtools.postgres.statements import StatementLog
 from domain.delivery import Fate
 from events.models import RecordUsage
 from events.routes import USAGE_RECORD
-from infra.postgres.statements import StatementLog
 from tests.support.deliveries import raw_for
 from tests.support.queue_items import active_users, item_counters
 

@@ -15,9 +15,8 @@ import asyncpg
 import pytest
 
 from infra.postgres import migrate as migrations
-from infra.postgres import schema_catalog
 from infra.settings import Settings
-from tests.support import pg_roles, releases
+from tests.support import pg_roles, releases, schema_catalog
 
 PG_SERVER = "postgresql://postgres@127.0.0.1:5432"
 

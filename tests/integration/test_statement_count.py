@@ -21,6 +21,7 @@ from consumers.handlers import usage_record
 from consumers.registry import HANDLERS
 from consumers.retry_policy import RetryPolicy
 from consumers.unit_of_work import HandlerContext
+from devtools.postgres.statements import StatementLog
 from domain.delivery import Fate
 from domain.model import ExpiryReason
 from events.decoding import RawDelivery
@@ -39,7 +40,6 @@ from events.routes import (
     USAGE_RECORD,
     Route,
 )
-from infra.postgres.statements import StatementLog
 from tests.support.deliveries import add_package, raw_for
 
 SIZES = (8, 32, 128)

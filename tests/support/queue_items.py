@@ -9,7 +9,7 @@ from uuid import UUID, uuid4
 
 import asyncpg
 
-from infra.postgres import bench_data
+from devtools.postgres import bench_data
 from tests.support.deliveries import add_package
 
 BOUGHT_AT = datetime(2024, 1, 1, 12, 0, tzinfo=UTC)

@@ -77,6 +77,29 @@ def test_sql_inside_infra_postgres_and_in_tests_passes(tmp_path: Path) -> None:
     assert check(tmp_path) == []
 
 
+def test_bench_data_in_devtools_postgres_passes_and_sql_elsewhere_in_devtools_is_flagged(
+    tmp_path: Path,
+) -> None:
+    plant(tmp_path, "devtools/postgres/bench_data.py", 'Q = "TRUNCATE telecom.inbox"\n')
+    plant(tmp_path, "devtools/bench/scenario.py", 'Q = "SELECT count(*) FROM telecom.inbox"\n')
+
+    assert [f.path for f in check(tmp_path)] == ["devtools/bench/scenario.py"]
+
+
+@pytest.mark.parametrize("package", ["domain", "events", "infra", "consumers"])
+def test_a_tests_or_devtools_folder_inside_production_code_is_no_home_for_sql(
+    tmp_path: Path, package: str
+) -> None:
+    query = 'Q = "DELETE FROM telecom.inbox WHERE true"\n'
+    plant(tmp_path, f"{package}/devtools/postgres/x.py", query)
+    plant(tmp_path, f"{package}/tests/x.py", query)
+
+    assert [f.path for f in check(tmp_path)] == [
+        f"{package}/devtools/postgres/x.py",
+        f"{package}/tests/x.py",
+    ]
+
+
 def test_an_allow_listed_module_is_not_read(tmp_path: Path) -> None:
     plant(tmp_path, "consumers/bench.py", 'Q = "SELECT count(*) FROM telecom.inbox"\n')
 

@@ -16,9 +16,8 @@ SESSION_STATE = re.compile(
     r"|\bPREPARE\b|\bDECLARE\b[^;]*\bWITH\s+HOLD\b|CREATE\s+TEMP(ORARY)?\b",
     re.IGNORECASE,
 )
-OWN_CONNECTION = {"migrate.py", "big_tables.py"}
-"""Modules whose statements run on a connection of their own, never a pooled one (migrations;
-a test's filling of big tables as a superuser)."""
+OWN_CONNECTION = {"migrate.py"}
+"""Modules whose statements run on a connection of their own, never a pooled one (migrations)."""
 
 
 def strings_of(path: Path) -> list[tuple[int, str]]:

@@ -1,6 +1,7 @@
 """Data for `pkgq web bench` (the read API's and the console's benchmark), in its own
 database: users with an active package, more queued behind it, some finished, and their access
-rows; and a history for some of them (outbox, inbox, usage, dead letters, operator actions)."""
+rows; and a history for some of them (outbox, inbox, usage, dead letters, operator actions).
+And the one statement of the bench's yardstick route (/api/v1/baseline: select_one)."""
 
 from __future__ import annotations
 
@@ -127,3 +128,9 @@ async def seed_history(conn: Conn, users: Sequence[UUID], outbox_rows: int) -> N
         "ANALYZE telecom.outbox, telecom.inbox, telecom.usage_billed, telecom.dead_letters, "
         "telecom.operator_actions, telecom.item_audit"
     )
+
+
+async def select_one(conn: Conn) -> int:
+    """The baseline endpoint's statement (devtools/web_bench_app.py): the cheapest one-row
+    statement, through the app's own pool."""
+    return int(await conn.fetchval("SELECT 1"))
