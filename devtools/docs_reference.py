@@ -240,27 +240,52 @@ def settings_page() -> str:
         "(dicts, lists) are JSON.\n\n",
     ]
     for model, source in (
-        (Settings, "infra/settings.py `Settings`"),
+        (Settings, "infra/settings/ `Settings`"),
         (WebSettings, "consumers/web/config.py `WebSettings`: `pkgq web` only"),
     ):
         prefix = str(model.model_config.get("env_prefix", ""))
         docs = attribute_docstrings(model)
-        rows = []
-        for name, field in model.model_fields.items():
-            meaning = _one_line(docs.get(name) or field.description or UNDOCUMENTED.get(name))
-            meaning = meaning or "(no docstring yet)"
-            bounds = _bounds(field)
-            rows.append(
-                (
-                    f"`{prefix}{name.upper()}`",
-                    _code(_type_name(field.annotation)),
-                    _default(field),
-                    meaning + (f" ({bounds})" if bounds else ""),
-                )
-            )
         out.append(f"## From {source}\n\n")
-        out.append(_table(("variable", "type", "default", "meaning"), rows) + "\n")
+        for title, names in _concerns(model):
+            if title:
+                out.append(f"### {title}\n\n")
+            rows = []
+            for name in names:
+                field = model.model_fields[name]
+                meaning = _one_line(docs.get(name) or field.description or UNDOCUMENTED.get(name))
+                meaning = meaning or "(no docstring yet)"
+                bounds = _bounds(field)
+                rows.append(
+                    (
+                        f"`{prefix}{name.upper()}`",
+                        _code(_type_name(field.annotation)),
+                        _default(field),
+                        meaning + (f" ({bounds})" if bounds else ""),
+                    )
+                )
+            out.append(_table(("variable", "type", "default", "meaning"), rows) + "\n")
     return "".join(out).rstrip() + "\n"
+
+
+def _concerns(model: type[BaseModel]) -> list[tuple[str, list[str]]]:
+    """The model's fields grouped by the concern (a base model of its own) that declares them,
+    in the model's method resolution order, each titled by its class docstring's first line and
+    its module; the fields the model declares itself come untitled."""
+    groups: list[tuple[str, list[str]]] = []
+    seen: set[str] = set()
+    for cls in model.__mro__:
+        if cls is BaseModel or not issubclass(cls, BaseModel):
+            continue
+        declared = inspect.get_annotations(cls)
+        names = [n for n in declared if n in model.model_fields and n not in seen]
+        seen.update(names)
+        if names and cls is model:
+            groups.append(("", names))
+        elif names:
+            doc = inspect.cleandoc(cls.__doc__ or cls.__name__).split("\n")[0].rstrip(".")
+            module = cls.__module__.replace(".", "/") + ".py"
+            groups.append((f"{doc} ({module} `{cls.__name__}`)", names))
+    return groups
 
 
 # -- the command line -------------------------------------------------------------------------

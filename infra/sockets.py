@@ -22,7 +22,7 @@ import socket
 from typing import Any
 
 DEFAULT_DEAD_PEER_TIMEOUT_S = 5.0
-"""PKGQ_DEAD_PEER_TIMEOUT's default (infra/settings.py)."""
+"""PKGQ_DEAD_PEER_TIMEOUT's default (infra/settings/network.py)."""
 
 
 def options(timeout: float) -> list[tuple[int, int, int]]:

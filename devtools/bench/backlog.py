@@ -22,11 +22,9 @@ against (devtools/bench/baselines.py).
 from __future__ import annotations
 
 import asyncio
-import math
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from uuid import UUID, uuid4
 
@@ -42,6 +40,7 @@ from devtools.bench.baselines import (
     simple_consumer,
     usage_bodies,
 )
+from devtools.bench.drain import POLL, DrainResult, exited, next_check_in, records_per_s
 from devtools.bench.support import (
     backlog_rounds,
     child_env,
@@ -71,46 +70,6 @@ LIMIT = 10**15
 UPLOAD = 1000
 DOWNLOAD = 500
 STATEMENT_BATCH = 32
-POLL = 0.02
-"""Seconds between progress checks near the end of a drain: the timing's resolution."""
-POLL_FAR = 0.25
-"""The longest pause between checks while the route's queues still hold messages."""
-
-
-def next_check_in(waiting: int, fastest: float) -> float:
-    """Seconds until the next progress check of a drain. Each check costs the bench's process
-    CPU, which the consumer under test shares (checked every POLL: 35-38 µs per record of a
-    20,000-record drain beside `pkgq run`'s 215). While `waiting` messages are still in the
-    queues the drain cannot end: the pause is half the time they would take at the `fastest`
-    rate seen between two checks so far (records/s; 0: none yet), between POLL and POLL_FAR.
-    Once none waits, POLL. So a check comes before the queues are empty unless the drain more
-    than doubles its fastest rate (a stall only lowers the latest rate, not the fastest), and
-    from then on every POLL, as before."""
-    if not waiting or fastest <= 0:
-        return POLL
-    return min(POLL_FAR, max(POLL, waiting / fastest / 2))
-
-
-@dataclass(frozen=True)
-class DrainResult:
-    label: str
-    records: int
-    seconds: float
-    rss_mb: float = float("nan")
-    cpu_seconds: float = float("nan")
-    """CPU the consumer under test used while timed (pkgq run's process; the broker
-    baseline's client, the bench process)."""
-
-    @property
-    def records_per_s(self) -> float:
-        return self.records / self.seconds if self.seconds > 0 else 0.0
-
-    def cpu(self) -> str:
-        """Its CPU per record and its share of one core, for the progress lines."""
-        if math.isnan(self.cpu_seconds) or self.seconds <= 0 or self.records <= 0:
-            return "CPU unknown"
-        per_record = self.cpu_seconds / self.records * 1e6
-        return f"CPU {per_record:.0f} µs/record, {self.cpu_seconds / self.seconds:.0%} of a core"
 
 
 class BacklogBench:
@@ -278,7 +237,7 @@ class BacklogBench:
         try:
             await self.wait_subscribed(process)
             started, cpu_started = time.perf_counter(), cpu_seconds(process.pid)
-            await self.wait_applied(lambda: _exited(process))
+            await self.wait_applied(lambda: exited(process))
             seconds = time.perf_counter() - started
             cpu = cpu_seconds(process.pid) - cpu_started
             rss = peak_rss_mb(process.pid)
@@ -295,7 +254,7 @@ class BacklogBench:
             figures = await passive_figures(self.amqp, queues)
             if all(f is not None and f[1] for f in figures.values()):
                 return
-            if (why := _exited(process)) is not None:
+            if (why := exited(process)) is not None:
                 raise RuntimeError(why)
             await asyncio.sleep(POLL / 2)
         raise TimeoutError("pkgq run did not subscribe within 60 s")
@@ -351,15 +310,6 @@ def _raw(user: UUID) -> RawDelivery:
     )
 
 
-def _records_per_s(result: DrainResult) -> float:
-    return result.records_per_s
-
-
-def _exited(process: subprocess.Popen[bytes]) -> str | None:
-    code = process.poll()
-    return None if code is None else f"pkgq run exited with status {code}"
-
-
 BACKLOG_PHASES = 4
 
 
@@ -385,8 +335,8 @@ async def backlog_phases(bench: Bench, say: Callable[[str], None]) -> dict[str, 
         f"{backlog.prefetch}, no database)"
     )
     pkgqs, brokers = await in_turns(scenario.repeat, backlog.drain_pkgq, backlog.drain_broker)
-    pkgq = max(pkgqs, key=_records_per_s)
-    broker = max(brokers, key=_records_per_s)
+    pkgq = max(pkgqs, key=records_per_s)
+    broker = max(brokers, key=records_per_s)
     say(
         f"  {pkgq.records_per_s:,.0f} records/s ({pkgq.seconds:.1f} s), rss {pkgq.rss_mb:.0f} MB, "
         f"{pkgq.cpu()}"
@@ -402,7 +352,7 @@ async def backlog_phases(bench: Bench, say: Callable[[str], None]) -> dict[str, 
     return {
         "ratio_vs_simple_consumer": round(pkgq.records_per_s / simple.records_per_s, 2),
         "ratio_vs_faststream": round(pkgq.records_per_s / faststream.records_per_s, 2),
-        "faststream_records_per_s": round(faststream.records_per_s, 1),
+        "faststreamrecords_per_s": round(faststream.records_per_s, 1),
         "ratio_usage_vs_broker_consume": round(pkgq.records_per_s / broker.records_per_s, 3),
         "broker_consume_ack_per_s": round(broker.records_per_s, 1),
         "statements_per_batch": statements,

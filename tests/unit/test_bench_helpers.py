@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from devtools.bench.backlog import POLL, POLL_FAR, DrainResult, next_check_in
+from devtools.bench.drain import POLL, POLL_FAR, DrainResult, next_check_in
 from devtools.bench.support import backlog_rounds, cpu_seconds, statement_kinds
 
 

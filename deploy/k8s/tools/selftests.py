@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from memory_budget import memory_errors
-from rules import replication_errors, rule_errors
+from replication import replication_errors
+from rules import rule_errors
 from schemas import Checker
 
 Doc = dict[str, Any]

@@ -6,11 +6,11 @@ in the project's own. Offline. Three layers, every one of which fails the run:
 1. Schemas, strict (schemas.py): built-in kinds against Kubernetes' OpenAPI schemas, KEDA's
    ScaledObject and TriggerAuthentication against schemas generated from KEDA's CRDs, the
    RabbitmqCluster and CloudNativePG Cluster against their operators' CRD schemas (crds/).
-2. pkgq's own rules (rules.py): hardened pods, least privilege, one workload per route queue
-   in the overlay's rabbitmq-definitions.json (a StatefulSet per partitioned route),
-   autoscaling only where pods add throughput; in prod (REPLICATED), the replicated broker and
-   database and quorum queues; and every pod's memory limit holds its in-flight message
-   bodies (memory_budget.py).
+2. pkgq's own rules (rules.py, pods.py, replication.py, connections.py): hardened pods, least
+   privilege, one workload per route queue in the overlay's rabbitmq-definitions.json (a
+   StatefulSet per partitioned route), autoscaling only where pods add throughput; in prod
+   (REPLICATED), the replicated broker and database and quorum queues; and every pod's memory
+   limit holds its in-flight message bodies (memory_budget.py).
 3. Self-tests (selftests.py): deliberately broken copies of rendered documents must be
    rejected by 1 and 2.
 
@@ -29,7 +29,8 @@ from typing import Any
 import yaml
 from dockerfile import dockerfile_errors
 from memory_budget import broker_max_message_size, memory_errors
-from rules import commands, rabbitmq_conf, replication_errors, rule_errors
+from replication import rabbitmq_conf, replication_errors
+from rules import commands, rule_errors
 from schemas import KEDA_GROUP, Checker
 from selftests import SELF_TESTS, Overlay, self_tests
 from workloads import non_exclusive_queues, route_partitions
