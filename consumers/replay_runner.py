@@ -223,16 +223,21 @@ class _Run:
                     waited_s=self._options.verdict_wait_s,
                     **self.progress().fields(),
                 )
-            async with self._connect() as conn:
-                ids = await replay_runs.pending(conn, self.id, size)
-            if not ids:
-                await self.look()  # the last word on what became of them, for the record
-                return await self.finish("done", None)
-            wait = self.pacer.wait_before(time.monotonic())
+            # The window's last batch ends at its edge: the run judges exactly its first K.
+            room = self.limits.check_first - self.leg_sent
+            wanted = min(size, room) if room > 0 else size
+            wait = self.pacer.wait_before(time.monotonic(), wanted)
             if wait > 0:
                 await asyncio.sleep(min(wait, CHECK_EVERY_S))  # and look meanwhile, when due
                 continue
+            async with self._connect() as conn:
+                ids = await replay_runs.pending(conn, self.id, wanted)
+            if not ids:
+                await self.look()  # the last word on what became of them, for the record
+                return await self.finish("done", None)
             await self.send(ids)
+            if room > 0 and self.leg_sent >= self.limits.check_first:
+                next_look = 0.0  # its window is sent: look at it before going on
             self._on_progress(self.progress())
 
 

@@ -29,19 +29,19 @@ def batch_size(rate: float | None, largest: int = BATCH) -> int:
 
 @dataclass(slots=True)
 class Pacer:
-    """When the next batch is due: the n-th message of a leg at `rate` a second is due
-    n / rate seconds after the leg started (the first batch at once)."""
+    """When the next batch is due: a batch that takes the leg's count of messages to n at
+    `rate` a second is due n / rate seconds after the leg started (no burst at the start)."""
 
     rate: float | None
     started: float
     """The leg's start on a monotonic clock."""
     sent: int = 0
 
-    def wait_before(self, now: float) -> float:
-        """Seconds to wait before the next batch (0: now)."""
+    def wait_before(self, now: float, count: int) -> float:
+        """Seconds to wait before the next batch, of `count` messages (0: now)."""
         if self.rate is None:
             return 0.0
-        return max(0.0, self.started + self.sent / self.rate - now)
+        return max(0.0, self.started + (self.sent + count) / self.rate - now)
 
     def record(self, count: int) -> None:
         self.sent += count
