@@ -128,7 +128,7 @@ class Reporter:
         if self._display is not None:
             eta = progress.eta_seconds
             shown: dict[str, Any] = {
-                **fields,
+                **{k: v for k, v in fields.items() if k != "total"},
                 "eta": "?" if eta is None else f"{eta:.0f} s",
             }
             if self._task is None:

@@ -8,8 +8,13 @@ scale it up)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
+import shlex
+import subprocess
+import sys
 import time
 from uuid import uuid4
 
@@ -26,7 +31,7 @@ from tests.integration.failure_helpers import until, usage_pipeline
 from tests.support.dead_letters import buried
 from tests.support.in_process import InProcess
 from tests.support.observing import eventually, fetch
-from tests.support.processes import cli
+from tests.support.processes import cli, settings_env
 
 SCALE = int(os.environ.get("PKGQ_REPLAY_SCALE", "500"))
 
@@ -173,3 +178,31 @@ async def test_a_replay_without_a_terminal_logs_its_progress_fields_every_few_se
     assert progress[-1]["state"] == "done"
     assert (progress[-1]["sent"], progress[-1]["left"]) == (30, 0)
     assert any(0 < line["sent"] < 30 for line in progress)  # said while it ran
+
+
+async def test_a_replay_on_a_terminal_shows_a_live_display_of_its_progress(
+    fast: Settings, pool: asyncpg.Pool
+) -> None:
+    await _bury_usage(pool, 30)
+    command = shlex.join(
+        [sys.executable, "-m", "consumers", "dlq", "replay", "--rate", "30", "--check-first", "100"]
+    )
+    env = {**settings_env(fast), "COLUMNS": "160", "TERM": "xterm"}
+    # `script` gives the command a terminal and keeps what it wrote to it
+    shown = await asyncio.to_thread(
+        subprocess.run,
+        ["script", "-qefc", command, "/dev/null"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    screen = shown.stdout
+    assert "replay run 1" in screen
+    assert "30/30 sent" in screen
+    assert "0 failed again" in screen
+    assert "0 left" in screen
+    assert re.search(r"[0-9.]+/s", screen)
+    assert "replayed 30 dead letter(s) through the outbox (replay run 1)" in screen
+    assert '"replay_progress"' not in screen  # a display, not log lines
