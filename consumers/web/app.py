@@ -25,6 +25,7 @@ from consumers.web import (
     dlq_pages,
     hold_pages,
     pages,
+    replay_pages,
     route_pages,
     sessions,
     timeline_pages,
@@ -122,6 +123,7 @@ def create_app(
     if baseline:
         app.include_router(api.baseline)
     app.include_router(pages.router)
+    app.include_router(replay_pages.router)
     app.include_router(dlq_pages.router)
     app.include_router(hold_pages.router)
     app.include_router(route_pages.router)

@@ -42,7 +42,8 @@ def test_a_run_stops_only_once_enough_are_decided_and_too_many_of_them_failed_ag
     assert failing(Window(sent=20, applied=3, failed=3), limits) is None  # 50% is not > 50%
     # fewer sent than min_decided: judged once all of them are decided
     reason = failing(Window(sent=2, applied=0, failed=2), limits)
-    assert reason is not None and "2 of the first 2" in reason
+    assert reason is not None
+    assert "2 of the first 2" in reason
 
 
 def test_a_run_holds_back_after_its_window_until_every_one_of_it_is_decided() -> None:
