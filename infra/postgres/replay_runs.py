@@ -199,7 +199,8 @@ class Outcomes:
 
 async def outcomes(conn: Conn, run_id: int) -> Outcomes:
     """Read what became of the run's sent messages (one statement), and keep the counts in
-    the run's record (the console reads them there)."""
+    the run's record (the console reads them there); a running run's heartbeat with them (its
+    runner looks every second, waiting for a verdict too)."""
     row = await conn.fetchrow(
         f"""
         WITH r AS (SELECT leg, check_first FROM telecom.replay_runs WHERE id = $1),
@@ -209,7 +210,8 @@ async def outcomes(conn: Conn, run_id: int) -> Outcomes:
         kept AS (
             UPDATE telecom.replay_runs SET
                 failed_again = (SELECT count(*) FROM o WHERE failed),
-                applied = (SELECT count(*) FROM o WHERE applied AND NOT failed)
+                applied = (SELECT count(*) FROM o WHERE applied AND NOT failed),
+                heartbeat_at = CASE WHEN state = 'running' THEN now() ELSE heartbeat_at END
             WHERE id = $1
         )
         SELECT (SELECT count(*) FROM o WHERE applied AND NOT failed) AS applied,
