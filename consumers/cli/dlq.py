@@ -1,5 +1,5 @@
-"""`pkgq dlq …` that reads: list, show, groups and holds (the changes are in dlq_changes.py),
-and `pkgq dlq ingest`.
+"""`pkgq dlq …` that reads: list, show, groups and holds (the changes are in dlq_changes.py,
+the replay runs in dlq_replay.py), and `pkgq dlq ingest`.
 
 Everything taken from a message (type, route, error text, traceback, headers, body) is printed
 as literal text (output.text): never as rich markup, never with terminal control characters.
@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from consumers.cli import dlq_changes, exit_codes
+from consumers.cli import dlq_changes, dlq_replay, exit_codes
 from consumers.cli.dlq_changes import ErrorOpt, GroupOpt, RouteOpt, SinceOpt
 from consumers.cli.options import JsonOpt
 from consumers.cli.output import Column, console, field, moment, short, show, show_table, text
@@ -162,3 +162,4 @@ def ingest_cmd() -> None:
 
 
 dlq_changes.register(dlq_app)
+dlq_replay.register(dlq_app)

@@ -1,6 +1,6 @@
-"""`pkgq dlq …` that changes dead letters: dig, plow and replay (through the outbox), discard
-and purge; and release-hold, for a hold whose blocker has no way out. Bulk discards and purges
-ask first (`--yes`, `--dry-run`).
+"""`pkgq dlq …` that changes dead letters: dig (one, through the outbox), discard and purge;
+and release-hold, for a hold whose blocker has no way out. Bulk discards and purges ask first
+(`--yes`, `--dry-run`). Replays of many (`replay`, `plow`) run as replay runs: dlq_replay.py.
 
 A replay writes each message to the outbox in the transaction that marks its dead letter
 `replayed`, in batches of BATCH, so a bulk replay interrupted half-way and run again sends each
@@ -187,39 +187,6 @@ def dig_cmd(
     _replay(settings, rows, by=by, force=force, as_json=as_json)
 
 
-def plow_cmd(count: int, by: ByOpt = None, as_json: JsonOpt = False) -> None:
-    """Replay the COUNT oldest buried dead letters through the outbox."""
-    settings = load_settings()
-    rows = _find(settings, dead_letters.Filter(status="buried", limit=count))
-    _replay(settings, rows, by=by, as_json=as_json, transition="plow")
-
-
-def replay_cmd(
-    route: RouteOpt = None,
-    error: ErrorOpt = None,
-    group: GroupOpt = None,
-    since: SinceOpt = None,
-    ids: Annotated[list[int] | None, typer.Option("--id", help="These ids (repeatable).")] = None,
-    limit: Annotated[int | None, typer.Option("--limit", min=1, help="At most N.")] = None,
-    dry_run: DryRunOpt = False,
-    by: ByOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Replay every buried dead letter that matches, oldest first, once each."""
-    settings = load_settings()
-    rows = _find(settings, matching(route, error, group, since, ids=ids, limit=limit))
-    if dry_run:
-        show(
-            [{"id": r["id"], "route": r["route"], "would_replay": True} for r in rows],
-            as_json,
-            lambda found: say(
-                f"would replay {len(found)} dead letter(s): {[r['id'] for r in found]}"
-            ),
-        )
-        return
-    _replay(settings, rows, by=by, as_json=as_json)
-
-
 def discard_cmd(
     ids: Annotated[list[int] | None, typer.Argument(help="Dead letter ids.")] = None,
     route: RouteOpt = None,
@@ -353,8 +320,6 @@ def release_hold_cmd(
 def register(app: typer.Typer) -> None:
     """Add the commands that change dead letters to the `dlq` group."""
     app.command("dig")(dig_cmd)
-    app.command("plow")(plow_cmd)
-    app.command("replay")(replay_cmd)
     app.command("discard")(discard_cmd)
     app.command("purge")(purge_cmd)
     app.command("release-hold")(release_hold_cmd)

@@ -25,6 +25,7 @@ from consumers.web import (
     dlq_pages,
     hold_pages,
     pages,
+    replay_pages,
     route_pages,
     sessions,
     timeline_pages,
@@ -116,6 +117,7 @@ def create_app(
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     app.include_router(api.router)
     app.include_router(pages.router)
+    app.include_router(replay_pages.router)
     app.include_router(dlq_pages.router)
     app.include_router(hold_pages.router)
     app.include_router(route_pages.router)

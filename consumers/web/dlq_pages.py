@@ -15,7 +15,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
 
 from consumers import dead_letter_filter, operations
-from consumers.web import auth
+from consumers.web import auth, replay_pages
 from consumers.web.dependencies import Operator, Viewer, pool_of, render
 from events.identity import claimed_user
 from events.routes import ROUTES
@@ -130,6 +130,10 @@ async def act(request: Request, who: Operator) -> Response:
         raise HTTPException(422, "ids must be numbers") from None
     if action not in ("replay", "discard"):
         raise HTTPException(422, "action must be replay or discard")
+    rate = replay_pages.read_rate(form.get("rate")) if action == "replay" else None
+    if rate is not None and ids:  # paced: a replay run in the background, and its page
+        url = await replay_pages.start(request, ids, who.actor, rate)
+        return RedirectResponse(url, status_code=303)
     async with pool_of(request).acquire() as conn:
         if action == "replay":
             result = await operations.replay_ids(

@@ -1,4 +1,4 @@
-"""Replaying dead letters (seed 004's dig and plow, `pkgq dlq replay`): each goes back through
+"""Replaying dead letters (`pkgq dlq dig`, `plow` and `replay`): each goes back through
 the outbox as the same message, with a fresh attempt count, in the transaction that marks it
 replayed. Dead letters that must never be sent again (a forgery, a message someone other than
 pkgq published on a route only pkgq publishes, a body kept only in part, a message_id that is
@@ -116,7 +116,7 @@ def replay_message(
         user_id=user_id,
         seq=_natural(seq, 2**53),
         message_id=message_id,
-        # Revived without its old TTL (seed 004's dig sets a new one, or none).
+        # Revived without its old TTL (a dig sets a new one, or none).
         headers={
             k: v
             for k, v in republished_headers(
@@ -182,7 +182,7 @@ async def replay(
         replayed.append(row["id"])
         results.append(ReplayResult(row["id"], row["message_id"], True, f"to {message.route}"))
     await outbox.enqueue(conn, messages)
-    # Seed 004's dig (one) or plow (the N oldest): counted per route, and an addressed message
+    # A dig (one) or a plow (the N oldest): counted per route, and an addressed message
     # is queued again for its waiters.
     moves = Counter((m.route, transition) for m in messages)
     await transitions.count(conn, moves)

@@ -467,6 +467,56 @@ CREATE TABLE telecom.queue_users (
 )
 WITH (fillfactor='80');
 
+CREATE TABLE telecom.replay_run_letters (
+    run_id bigint NOT NULL,
+    "position" integer NOT NULL,
+    dead_letter_id bigint NOT NULL,
+    state text DEFAULT 'pending'::text NOT NULL,
+    leg integer,
+    sent_at timestamp with time zone,
+    detail text,
+    CONSTRAINT replay_run_letters_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'sent'::text, 'skipped'::text])))
+);
+
+CREATE TABLE telecom.replay_runs (
+    id bigint NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_by text NOT NULL,
+    description text DEFAULT ''::text NOT NULL,
+    transition text DEFAULT 'dig'::text NOT NULL,
+    routes text[] DEFAULT '{}'::text[] NOT NULL,
+    rate double precision,
+    check_first integer NOT NULL,
+    max_failed double precision NOT NULL,
+    min_decided integer NOT NULL,
+    state text DEFAULT 'running'::text NOT NULL,
+    reason text,
+    total integer NOT NULL,
+    sent integer DEFAULT 0 NOT NULL,
+    skipped integer DEFAULT 0 NOT NULL,
+    failed_again integer DEFAULT 0 NOT NULL,
+    applied integer DEFAULT 0 NOT NULL,
+    leg integer DEFAULT 1 NOT NULL,
+    leg_started_at timestamp with time zone DEFAULT now() NOT NULL,
+    leg_sent integer DEFAULT 0 NOT NULL,
+    heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    CONSTRAINT replay_runs_check_first_check CHECK ((check_first > 0)),
+    CONSTRAINT replay_runs_max_failed_check CHECK (((max_failed >= (0)::double precision) AND (max_failed <= (1)::double precision))),
+    CONSTRAINT replay_runs_min_decided_check CHECK ((min_decided > 0)),
+    CONSTRAINT replay_runs_rate_check CHECK (((rate IS NULL) OR (rate > (0)::double precision))),
+    CONSTRAINT replay_runs_state_check CHECK ((state = ANY (ARRAY['running'::text, 'stopped_failing'::text, 'stopped_breaker'::text, 'done'::text, 'cancelled'::text])))
+);
+
+ALTER TABLE telecom.replay_runs ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME telecom.replay_runs_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
 CREATE TABLE telecom.route_minutes (
     minute timestamp with time zone NOT NULL,
     route text NOT NULL,
@@ -669,6 +719,12 @@ ALTER TABLE ONLY telecom.parked
 ALTER TABLE ONLY telecom.queue_users
     ADD CONSTRAINT queue_users_pkey PRIMARY KEY (user_id);
 
+ALTER TABLE ONLY telecom.replay_run_letters
+    ADD CONSTRAINT replay_run_letters_pkey PRIMARY KEY (run_id, "position");
+
+ALTER TABLE ONLY telecom.replay_runs
+    ADD CONSTRAINT replay_runs_pkey PRIMARY KEY (id);
+
 ALTER TABLE ONLY telecom.route_minutes
     ADD CONSTRAINT route_minutes_pkey PRIMARY KEY (minute, route);
 
@@ -790,6 +846,8 @@ CREATE INDEX parked_user ON telecom.parked USING btree (consumer, user_id, id);
 
 CREATE INDEX parked_user_time ON telecom.parked USING btree (user_id, parked_at);
 
+CREATE INDEX replay_run_letters_pending ON telecom.replay_run_letters USING btree (run_id, "position") WHERE (state = 'pending'::text);
+
 CREATE INDEX unique_keys_expires ON telecom.unique_keys USING btree (expires_at);
 
 CREATE INDEX usage_billed_keep_until ON telecom.usage_billed USING btree (keep_until);
@@ -825,4 +883,7 @@ ALTER TABLE ONLY telecom.group_members
 
 ALTER TABLE ONLY telecom.package_queue
     ADD CONSTRAINT package_queue_package_id_fkey FOREIGN KEY (package_id) REFERENCES telecom.packages(id);
+
+ALTER TABLE ONLY telecom.replay_run_letters
+    ADD CONSTRAINT replay_run_letters_run_id_fkey FOREIGN KEY (run_id) REFERENCES telecom.replay_runs(id) ON DELETE CASCADE;
 
