@@ -44,7 +44,8 @@ log.info("x", other="not_a_reason")
 
 
 def test_the_layout_page_lists_every_package_and_module_of_the_code() -> None:
-    from devtools.reference.layout_page import PACKAGES, ROOT, layout_page
+    from devtools.reference.common import ROOT
+    from devtools.reference.layout_page import PACKAGES, layout_page
 
     page = layout_page()
     modules = [path for name in PACKAGES for path in (ROOT / name).rglob("*.py")]
