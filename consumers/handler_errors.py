@@ -1,4 +1,4 @@
-"""What a handler may raise to steer its message (seed 004's release and bury, from inside).
+"""What a handler may raise to steer its message (xqueue's release and bury, from inside).
 
     raise Retry(delay=30)          # not now: deliver it again in 30 s (counts as an attempt)
     raise Bury("needs a human")    # give up on it at once: into the dead-letter store

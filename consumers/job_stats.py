@@ -1,4 +1,5 @@
-"""Seed 004's stats: how many messages each route holds in each state, and the transitions.
+"""The job-queue stats: how many messages each route holds in each state (xqueue's states),
+and the transitions.
 
 States (a message is in one of them at a time):
 - R ready: due in the outbox but not yet published, or ready on the broker;

@@ -14,7 +14,8 @@ Backoff = Callable[[int], float]
 
 
 def seed003_backoff(attempt: int, rand: Callable[[int], int] = random.randrange) -> float:
-    """Seed 003's schedule: attempt^4 + 15 + rand(10) * (attempt + 1) seconds (16 s to ~4.5 d)."""
+    """The worker queue's schedule: attempt^4 + 15 + rand(10) * (attempt + 1) seconds (16 s to
+    ~4.5 d)."""
     return float(attempt**4 + 15 + rand(10) * (attempt + 1))
 
 

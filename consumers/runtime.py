@@ -1,6 +1,6 @@
 """Start-up and shutdown shared by the long-running processes (`pkgq run`, `pkgq relay`).
 
-Every such process is a registered worker (seed 002's permits, infra/postgres/workers.py): it
+Every such process is a registered worker (rsqueue's permits, infra/postgres/workers.py): it
 has a row in telecom.workers, its Postgres connections carry `application_name = 'pkgq:<id>'`,
 and a background task heartbeats that row and reaps stale peers.
 """

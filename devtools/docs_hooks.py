@@ -4,6 +4,8 @@
   each with an anchor (`#test_replay_once`, `#test_replay_once.test_name`) that the pages naming
   a guarantee link to, so `mkdocs build --strict` fails when a linked proof is renamed or gone.
   It is made at build time, never committed: a new test needs no regeneration.
+- architecture.md: the repository's ARCHITECTURE.md as a page of the site, its links to
+  `docs/...` made relative to the site (the file at the root is the one copy of that text).
 - screenshots/*.png: the console's screenshots that the browser tests took into
   build/screenshots/ (tests/web/stack.py `shoot`), copied into the site. A page's image of one
   that is not there (a clean clone, before the browser tests ran) becomes a note that says how to
@@ -27,6 +29,23 @@ SHOT = re.compile(r"!\[([^\]]*)\]\((?:\.\./)*screenshots/([\w.-]+\.png)\)")
 PROOF = re.compile(r"(?<!\[)`(tests/[\w/]+/(test_\w+)\.py)((?:::[\w.\[\]-]+)*)`")
 """A test named in a page's text as code (`tests/x/test_y.py`, `...::test_z`)."""
 FENCE = re.compile(r"^(```|~~~)", re.MULTILINE)
+ARCHITECTURE = ROOT / "ARCHITECTURE.md"
+REPO_LINK = re.compile(r"\[([^\]]+)\]\((?!https?://|#)([^)\s]+)\)")
+"""A relative link of a Markdown file at the repository's root."""
+
+
+def page_of_architecture(text: str) -> str:
+    """ARCHITECTURE.md as the site's `architecture.md`: a link into docs/ loses its `docs/`; a
+    link to any other file of the repository becomes its text and the path as code, since the
+    site does not hold that file."""
+
+    def site_link(match: re.Match[str]) -> str:
+        words, target = match.groups()
+        if target.startswith("docs/"):
+            return f"[{words}]({target.removeprefix('docs/')})"
+        return f"{words} (`{target}`)"
+
+    return REPO_LINK.sub(site_link, text)
 
 
 def _first_paragraph(doc: str | None) -> str:
@@ -85,6 +104,8 @@ def page_of_tests(tests: Path) -> str:
 
 def on_files(files: Files, config: Any) -> Files:
     files.append(File.generated(config, "reference/tests.md", content=page_of_tests(TESTS)))
+    architecture = page_of_architecture(ARCHITECTURE.read_text())
+    files.append(File.generated(config, "architecture.md", content=architecture))
     if SCREENSHOTS.is_dir():
         for png in sorted(SCREENSHOTS.glob("*.png")):
             files.append(File.generated(config, f"screenshots/{png.name}", abs_src_path=str(png)))

@@ -60,7 +60,7 @@ class Package:
 
 @dataclass(slots=True)
 class QueueItem:
-    """One purchased package in a user's queue (the seed's PackageQueueItem plus expire_at)."""
+    """One purchased package in a user's queue (a PackageQueueItem, plus expire_at)."""
 
     id: int
     user_id: UUID

@@ -39,7 +39,7 @@ H_LAST_ERROR = "x-pkgq-last-error"
 H_REPLAY_OF = "x-pkgq-replay-of"
 H_REPLAY_GENERATION = "x-pkgq-replay-generation"
 """How many times the message was replayed: each replay has retries of its own."""
-# Job-queue options (seeds 001-004), set by the publishing API (infra/jobs.py).
+# Job-queue options (docs/explanation/job-queue.md), set by the publishing API (infra/jobs.py).
 H_ADDRESS = "x-pkgq-address"
 """Addressed work: at most one queued-or-in-flight message per address; `pkgq wait` on it."""
 H_GROUP = "x-pkgq-group"

@@ -1,7 +1,8 @@
 """Message bodies on the wire: JSON, strictly validated, unknown fields refused.
 
-Field names and meanings follow seed 000; timestamps are unix seconds. Commands are named in the
-imperative (they ask for a change), events in the past tense or with the seed's names.
+Field names and meanings are the package queue's own; timestamps are unix seconds. Commands are
+named in the imperative (they ask for a change), events in the past tense or by their long-standing
+names (PackageQueuePushEvent, AllPackageExpiredEvent).
 """
 
 from __future__ import annotations

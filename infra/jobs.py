@@ -1,4 +1,4 @@
-"""The job-queue publishing API: put messages on a route with seeds 001-004's options.
+"""The job-queue publishing API: put messages on a route with the job-queue options.
 
     jobs = Jobs(pool)
     result = await jobs.publish("usage_record", body, priority=2, delay=60, ttl=3600,
@@ -9,7 +9,7 @@ Every put is an outbox row written in one Postgres transaction with its bookkeep
 unique window, group membership), so it survives restarts of everything and is published by
 the relay with confirms:
 - priority 0-2, higher is more urgent, FIFO within a priority (relay claim order, and the AMQP
-  priority on classic queues). Seed 002 ranks the other way (0 is most urgent): not here.
+  priority on classic queues). rsqueue ranks the other way (0 is most urgent): not here.
 - delay: not published before `delay` seconds have passed;
 - ttl: not delivered after `ttl` seconds from the put; recorded as expired in the dead-letter
   store (by the relay, the broker's per-message expiration, or the consumer, whichever sees it);
@@ -42,7 +42,7 @@ from infra.postgres.pool import Conn, clock
 from infra.transient import transient_retrying
 
 
-class DuplicateAddress(Exception):  # noqa: N818  (seed 002's name for it)
+class DuplicateAddress(Exception):  # noqa: N818  (rsqueue's name for it)
     """A message with this address is already queued or in flight."""
 
     def __init__(self, address: str, holder: UUID) -> None:

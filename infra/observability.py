@@ -63,7 +63,7 @@ OUTBOX_OLDEST = Gauge(
 DEAD_LETTERS = Gauge("pkgq_dead_letters", "Buried dead letters, by route.", ["route"])
 JOB_STATES = Gauge(
     "pkgq_job_messages",
-    "Messages by route and seed-004 state, from Postgres: ready (due in the outbox), waiting "
+    "Messages by route and job state, from Postgres: ready (due in the outbox), waiting "
     "(scheduled or parked), buried, expired, zombie (processed records kept), done (acks).",
     ["route", "state"],
 )

@@ -69,7 +69,7 @@ class RouteSettings(BaseModel):
     retry: RetrySettings | None = None
     ttr: float | None = Field(default=None, gt=0, le=86400)
     """Seconds a handler may run on one message before it is cancelled and the message is given
-    back to the queue in its place (seed 001's reservation timeout)."""
+    back to the queue in its place (the Fn queue's reservation timeout)."""
     queue_type: Literal["classic", "quorum"] | None = None
     breaker: BreakerSettings | None = None
 

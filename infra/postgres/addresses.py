@@ -1,5 +1,6 @@
-"""Addresses (seed 002): `telecom.addresses`, one row per address, `queued` until its message is
-done or failed. A finished address is claimed again by the next message sent to it."""
+"""Addresses (rsqueue's addressed work): `telecom.addresses`, one row per address, `queued` until
+its message is done or failed. A finished address is claimed again by the next message sent to
+it."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from infra.postgres.pool import Conn
 
 
 async def addresses(conn: Conn, state: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
-    """Addressed work (seed 002), newest first; `state`: queued, done or failed."""
+    """Addressed work, newest first; `state`: queued, done or failed."""
     rows = await conn.fetch(
         """
         SELECT address, route, message_id, state, error, created_at, finished_at

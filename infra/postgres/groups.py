@@ -1,4 +1,4 @@
-"""Groups (seed 003): `telecom.job_groups` and `telecom.group_members`, a group's members and
+"""Groups (rsqueue's): `telecom.job_groups` and `telecom.group_members`, a group's members and
 counters. The transaction that finishes the last member publishes the group's end message; the
 row lock on the group makes that happen exactly once however many members finish at the same
 time.

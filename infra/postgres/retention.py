@@ -1,4 +1,4 @@
-"""Retention (seed 004's zombie delay): records kept for audit and dedup, then pruned.
+"""Retention (xqueue's zombie delay): records kept for audit and dedup, then pruned.
 
 What goes, once it is older than the retention period:
 - inbox rows (processed messages): counted as the `delete` transition of their route;

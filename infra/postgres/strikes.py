@@ -1,4 +1,4 @@
-"""TTR strikes: how many times a message ran past its route's TTR (seed 001's timed-out
+"""TTR strikes: how many times a message ran past its route's TTR (the Fn queue's timed-out
 reservations). The count survives the rollback of the run that timed out, because it is
 written in a transaction of its own."""
 

@@ -1,4 +1,4 @@
-"""Transition counters (seed 004's stats): how many messages made each move, per route.
+"""Transition counters (the job-queue stats): how many messages made each move, per route.
 
 put and bury/ttl are counted by triggers (migration 0004); the rest where they happen, in the
 transaction that makes the move, so a rolled-back move is not counted. The statement that counts

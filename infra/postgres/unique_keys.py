@@ -1,4 +1,4 @@
-"""Unique windows (seed 002's `unique_for`): `telecom.unique_keys`, route + sha256(arguments),
+"""Unique windows (`unique_for`): `telecom.unique_keys`, route + sha256(arguments),
 taken by one message for a window; a repeat within it is dropped."""
 
 from __future__ import annotations

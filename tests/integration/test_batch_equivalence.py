@@ -1,16 +1,17 @@
 """A batch is as good as its messages one at a time: the same state, the same outbox.
 
-DESIGN.md ("One batch, one transaction, a fixed number of statements") applies a batch in one
-transaction: per user in delivery order, in memory, then written back set-based. This property
-drives the real handlers through `DeliveryPipeline.process_batch` (no RabbitMQ) in two databases
-copied from the same template. A generated scenario is a list of steps, each one route and 1-6
-messages for up to 3 users (a purchase may name a package not in the catalog, a quota change may
-overflow the item's column, and a step may end with redeliveries of its own messages). The test's
-own database takes each step as one batch, every delivery taken ahead of it as a consumer does as
-they arrive (DeliveryPipeline.take_ahead); the second takes each delivery of the step as a batch of
-its own, in delivery order, with the same message ids. After every step both must agree, per user,
-on the items (in queue order), the user row, the access read model, dead letters, holds, parked
-messages and the outbox rows (in id order), on the inbox, and on every delivery's outcome.
+The delivery pipeline (docs/explanation/delivery.md, "One batch, one transaction, a fixed number of
+statements") applies a batch in one transaction: per user in delivery order, in memory, then written
+back set-based. This property drives the real handlers through `DeliveryPipeline.process_batch` (no
+RabbitMQ) in two databases copied from the same template. A generated scenario is a list of steps,
+each one route and 1-6 messages for up to 3 users (a purchase may name a package not in the catalog,
+a quota change may overflow the item's column, and a step may end with redeliveries of its own
+messages). The test's own database takes each step as one batch, every delivery taken ahead of it as
+a consumer does as they arrive (DeliveryPipeline.take_ahead); the second takes each delivery of the
+step as a batch of its own, in delivery order, with the same message ids. After every step both must
+agree, per user, on the items (in queue order), the user row, the access read model, dead letters,
+holds, parked messages and the outbox rows (in id order), on the inbox, and on every delivery's
+outcome.
 
 Item ids differ between the runs (a batch takes its ids in user order, not delivery order), so a
 message names "its user's k-th item in queue order", resolved in each database just before the

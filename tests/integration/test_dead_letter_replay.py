@@ -1,5 +1,5 @@
-"""Replaying dead letters (infra/postgres/replay.py) against real Postgres and RabbitMQ: seed
-004's dig and plow, a bulk replay interrupted and run again, and a replay that fails again.
+"""Replaying dead letters (infra/postgres/replay.py) against real Postgres and RabbitMQ:
+dig and plow, a bulk replay interrupted and run again, and a replay that fails again.
 
 The retry policy is injected (short, fixed delays); operator commands run as real `pkgq dlq …`
 processes.

@@ -2,8 +2,8 @@
 store (what pkgq buries, what the broker dead-letters, the last-resort copy), and per-user order
 that survives a failure. Replays: test_dead_letter_replay.py.
 
-The retry policy is injected (short, fixed delays), so no test waits for seed 003's minutes.
-Operator commands run as real `pkgq dlq …` processes.
+The retry policy is injected (short, fixed delays), so no test waits for the default backoff's
+minutes. Operator commands run as real `pkgq dlq …` processes.
 """
 
 from __future__ import annotations

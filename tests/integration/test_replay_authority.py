@@ -53,9 +53,9 @@ from tests.support.processes import cli
 from tests.web.client import client, csrf_of, form_value, sign_in
 
 FROZEN_SEQ = 2**52
-"""The forgery's x-seq, as in the issue: applied, it would make later revokes look stale (a
-replay keeps an x-seq below 2**53; on 77667a3 the replayed forgery grants the victim access
-at this seq)."""
+"""The forgery's x-seq, as in the case this test was written for: applied, it would make later
+revokes look stale (a replay keeps an x-seq below 2**53; on 77667a3 the replayed forgery grants
+the victim access at this seq)."""
 
 
 def never_replayed(dead_id: int, outsider: str) -> str:

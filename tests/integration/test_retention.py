@@ -1,4 +1,4 @@
-"""Retention (seed 004's zombie delay): what is past retention is pruned in bounded batches,
+"""Retention (the zombie delay): what is past retention is pruned in bounded batches,
 what is recent stays, dead letters are never touched, and a dry run deletes nothing."""
 
 from __future__ import annotations

@@ -48,7 +48,9 @@ async def test_partial_unique_index_allows_one_active_item_per_user_and_many_con
     assert count == 5
 
 
-async def test_seed_indexes_exist_on_package_queue(pool: asyncpg.Pool) -> None:
+async def test_package_queue_has_its_lookup_indexes_and_one_active_item_per_user(
+    pool: asyncpg.Pool,
+) -> None:
     async with pool.acquire() as conn:
         rows = await conn.fetch(
             "SELECT indexdef FROM pg_indexes WHERE schemaname = 'telecom' "

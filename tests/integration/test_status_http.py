@@ -140,7 +140,7 @@ async def test_a_consumer_process_reports_messages_by_outcome_and_job_states_and
     assert await acked_usage(port) == before + 2
     await send_raw(served, amqp, USAGE_RECORD, b"{not json")  # buried: invalid_json
 
-    # Seed 004's states and transitions are read from Postgres on a refresh of their own: wait
+    # The job states and transitions are read from Postgres on a refresh of their own: wait
     # for the bury to show there too.
     async def buried_counted() -> bool:
         _, text = await http_get(port, "/metrics")

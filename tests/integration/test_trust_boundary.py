@@ -56,8 +56,8 @@ from tests.support.in_process import InProcess
 from tests.support.observing import eventually
 
 FROZEN_SEQ = 2**62
-"""The x-seq of the forgery in the issue: taken on trust, it would make every later genuine
-event look older and freeze the user's access row."""
+"""The x-seq of the forgery docs/explanation/trust.md describes: taken on trust, it would make
+every later genuine event look older and freeze the user's access row."""
 publish_as = partial(publish_as_outsider, seq=FROZEN_SEQ)
 """Every forgery here carries the frozen x-seq unless it says otherwise."""
 

@@ -1,4 +1,4 @@
-"""Workers with heartbeats (seed 002's permits), their reaping, and singleton-job leases."""
+"""Workers with heartbeats (permits), their reaping, and singleton-job leases."""
 
 from __future__ import annotations
 

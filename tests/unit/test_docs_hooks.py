@@ -3,7 +3,7 @@ anchor, and a test named as code in a page's text becomes a link to it (outside 
 
 from __future__ import annotations
 
-from devtools.docs_hooks import TESTS, link_proofs, page_of_tests
+from devtools.docs_hooks import TESTS, link_proofs, page_of_architecture, page_of_tests
 
 
 def test_the_tests_page_anchors_every_module_and_test_function() -> None:
@@ -33,4 +33,14 @@ def test_a_test_named_as_code_links_to_its_entry_except_in_code_blocks() -> None
     assert "Already [`tests/unit/test_replay.py`](elsewhere.md)" in linked
     assert link_proofs("`tests/unit/test_replay.py`", "index.md").endswith(
         "(reference/tests.md#test_replay)"
+    )
+
+
+def test_the_architecture_page_links_into_the_site_and_names_other_files_as_code() -> None:
+    text = "See [delivery](docs/explanation/delivery.md#a), [the README](README.md), [x](https://x.org)."
+
+    page = page_of_architecture(text)
+
+    assert page == (
+        "See [delivery](explanation/delivery.md#a), the README (`README.md`), [x](https://x.org)."
     )

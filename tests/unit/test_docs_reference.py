@@ -1,7 +1,12 @@
-"""docs/reference/*.md are what devtools/docs_reference.py makes from this checkout's code, and
-the dead-letter reasons it documents are every reason the code can file."""
+"""docs/reference/*.md are what devtools/docs_reference.py makes from this checkout's code, the
+dead-letter reasons it documents are every reason the code can file, and the layout page lists
+every package and module of the code."""
 
 from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
 
 from devtools import docs_reference
 
@@ -36,3 +41,48 @@ log.info("x", other="not_a_reason")
 """
     found = set(docs_reference._reason_literals(ast.parse(source)))
     assert found == {"a1", "a2", "a3", "a4", "a5"}
+
+
+def test_the_layout_page_lists_every_package_and_module_of_the_code() -> None:
+    from devtools.reference.common import ROOT
+    from devtools.reference.layout_page import PACKAGES, layout_page
+
+    page = layout_page()
+    modules = [path for name in PACKAGES for path in (ROOT / name).rglob("*.py")]
+    assert len(modules) > 100, "found too few modules: is ROOT the checkout?"
+    missing = [
+        path.relative_to(ROOT).as_posix()
+        for path in modules
+        if path.name != "__init__.py" and f"`{path.relative_to(ROOT).as_posix()}`" not in page
+    ]
+    assert missing == []
+    packages = {path.parent.relative_to(ROOT).as_posix() for path in modules}
+    assert [p for p in sorted(packages) if f"### `{p}/`" not in page] == []
+
+
+def test_a_module_without_a_docstring_stops_the_layout_page(tmp_path: Path) -> None:
+    from devtools.reference.layout_page import package_section
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text('"""A package. More words."""\n')
+    (tmp_path / "pkg" / "quiet.py").write_text("x = 1\n")
+
+    with pytest.raises(ValueError, match=r"quiet\.py has no docstring"):
+        package_section(tmp_path / "pkg", root=tmp_path)
+
+
+def test_a_module_is_listed_with_the_first_sentence_of_its_docstring(tmp_path: Path) -> None:
+    from devtools.reference.layout_page import package_section
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text('"""A package. More words."""\n')
+    (tmp_path / "pkg" / "one.py").write_text(
+        '"""Holds one thing, wrapped\nover lines. Then more."""\n'
+    )
+
+    section = package_section(tmp_path / "pkg", root=tmp_path)
+
+    assert section == (
+        "### `pkg/`\n\nA package.\n\n| module | what it holds |\n|---|---|\n"
+        "| `pkg/one.py` | Holds one thing, wrapped over lines. |\n\n"
+    )

@@ -1,4 +1,4 @@
-"""consumers/retry_policy.py: the retry schedules (seed 003's backoff, exponential, fixed), the
+"""consumers/retry_policy.py: the retry schedules (the default backoff, exponential, fixed), the
 clamps, and the policy each route gets from the settings."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ CREATE TABLE telecom.packages (
     created_at    timestamptz NOT NULL DEFAULT now()
 );
 
--- Seed 000's PackageQueueItem, plus expire_at.
+-- A PackageQueueItem, plus expire_at.
 CREATE TABLE telecom.package_queue (
     id           bigserial PRIMARY KEY,
     user_id      uuid                   NOT NULL,
@@ -26,7 +26,7 @@ CREATE TABLE telecom.package_queue (
     adjust_quota bigint                 NOT NULL DEFAULT 0,
     expire_at    timestamptz
 );
--- The seed's three indexes.
+-- The queue's three lookup indexes.
 CREATE INDEX package_queue_user_status ON telecom.package_queue (user_id, status);
 CREATE INDEX package_queue_user_status_created ON telecom.package_queue (user_id, status, created_at);
 CREATE INDEX package_queue_package ON telecom.package_queue (package_id);

@@ -1,4 +1,4 @@
--- pkgq 0004: job-queue semantics (seeds 001-004): priority, TTL, addressed work, unique windows,
+-- pkgq 0004: job-queue semantics: priority, TTL, addressed work, unique windows,
 -- groups, workers with heartbeats, leases for singleton jobs, and transition counters.
 
 -- Retention prunes processed-message records by age.
@@ -16,7 +16,7 @@ ALTER TABLE telecom.dead_letters DROP CONSTRAINT dead_letters_source_check;
 ALTER TABLE telecom.dead_letters ADD CONSTRAINT dead_letters_source_check
     CHECK (source IN ('consumer', 'broker', 'relay'));
 
--- Addressed work (seed 002): at most one queued-or-in-flight message per address. A finished
+-- Addressed work: at most one queued-or-in-flight message per address. A finished
 -- address (done or failed) may be used again.
 CREATE TABLE telecom.addresses (
     address     text PRIMARY KEY,
@@ -30,7 +30,7 @@ CREATE TABLE telecom.addresses (
 CREATE INDEX addresses_message ON telecom.addresses (message_id);
 CREATE INDEX addresses_finished ON telecom.addresses (finished_at) WHERE finished_at IS NOT NULL;
 
--- Unique windows (seed 003): route + sha256 of the arguments, taken until expires_at.
+-- Unique windows: route + sha256 of the arguments, taken until expires_at.
 CREATE TABLE telecom.unique_keys (
     unique_key text PRIMARY KEY,
     message_id uuid        NOT NULL,
@@ -38,7 +38,7 @@ CREATE TABLE telecom.unique_keys (
 );
 CREATE INDEX unique_keys_expires ON telecom.unique_keys (expires_at);
 
--- Groups (seed 002): members, and an end message published once every member has finished,
+-- Groups: members, and an end message published once every member has finished,
 -- or an abort message once a cancelled group is empty.
 CREATE TABLE telecom.job_groups (
     id              uuid PRIMARY KEY,
@@ -66,7 +66,7 @@ CREATE TABLE telecom.group_members (
 );
 CREATE INDEX group_members_group ON telecom.group_members (group_id, state);
 
--- Workers (seed 002's permits): every long-running process registers and heartbeats. Its
+-- Workers (permits): every long-running process registers and heartbeats. Its
 -- Postgres connections carry application_name 'pkgq:<id>', so a stale worker's connections (and
 -- with them its advisory leases and open transactions) can be terminated by the others.
 CREATE TABLE telecom.workers (
@@ -100,7 +100,7 @@ CREATE TABLE telecom.ttr_strikes (
     PRIMARY KEY (consumer, message_id)
 );
 
--- Transition counters (seed 004's stats): per route and transition, spread over 8 slots so that
+-- Transition counters (the job-queue stats): per route and transition, spread over 8 slots so that
 -- concurrent transactions rarely wait on one counter row. Read with sum(count).
 CREATE TABLE telecom.transition_counts (
     route      text     NOT NULL,

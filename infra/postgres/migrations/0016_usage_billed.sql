@@ -1,4 +1,4 @@
--- pkgq 0016: RecordUsage version 2 (issue 25). Expand only: one new table, nothing changed or
+-- pkgq 0016: RecordUsage version 2. Expand only: one new table, nothing changed or
 -- dropped, so the previous release runs unchanged against this schema during a rolling update.
 
 -- Usage records billed under their billing system's own record id: a record naming one of

@@ -1,4 +1,4 @@
--- pkgq 0018: trends (issue 26). Expand only: one new table, nothing changed or dropped.
+-- pkgq 0018: trends. Expand only: one new table, nothing changed or dropped.
 
 -- One snapshot per route and minute of the figures the overview's charts draw, taken by the
 -- relays' housekeeping at the start of each minute (infra/postgres/trends.py `snapshot`: one

@@ -1,5 +1,5 @@
 -- pkgq: no-transaction
--- pkgq 0019: a user's timeline (issue 26). Expand only: one nullable column and indexes built
+-- pkgq 0019: a user's timeline. Expand only: one nullable column and indexes built
 -- CONCURRENTLY, so the previous release runs unchanged against this schema during a rolling
 -- update (it leaves the new column NULL: those messages are missing from the timeline).
 

@@ -1,4 +1,4 @@
-"""Seed 002 (rsqueue), its permits, in its own words, checked on the real services: "A permit
+"""rsqueue's permits, in its own words, checked on the real services: "A permit
 has a heartbeat value that must be updated periodically. If a permit's heartbeat becomes stale,
 the permit will be canceled, and any work associated with the permit will become available for
 another worker to claim."

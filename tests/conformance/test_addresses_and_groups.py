@@ -1,4 +1,4 @@
-"""Seed 002 (rsqueue): addresses and groups, in its own words, checked on the real services.
+"""rsqueue's addresses and groups, its contract in its own words, checked on the real services.
 
 - Addressed work: "If you attempt to push work with a duplicate address into the queue, you'll
   receive the error queue.ErrDuplicateAddressedPut." "PollAddress … when the addressed work item
@@ -11,7 +11,7 @@
 
 In pkgq an address is `publish(address=…)` and `wait()` / `pkgq wait`; a group is
 `publish_group(…, on_complete=…, on_abort=…)`, `pkgq group cancel` and `pkgq grant`.
-Permits (heartbeats, takeover) are in test_seed_002_permits.py.
+Permits (heartbeats, takeover) are in test_worker_permits.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Seed 004 (xqueue, a Tarantool queue), its contract in its own words, checked on the real
+"""xqueue (a Tarantool queue): its contract in its own words, checked on the real
 services through `pkgq stats`.
 
 - "R - ready - task is ready to be taken … deleted after ttl if ttl is enabled"

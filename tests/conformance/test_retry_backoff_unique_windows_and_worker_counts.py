@@ -1,4 +1,4 @@
-"""Seed 003 (a Redis-backed worker queue), its contract in its own words, checked on the real
+"""A Redis-backed worker queue: its contract in its own words, checked on the real
 services.
 
 - "Retry delay time is calculated using an exponential backoff strategy: count^4 + 15 + random
@@ -47,7 +47,7 @@ def test_the_backoff_is_count4_plus_15_plus_rand10_times_count_plus_1() -> None:
         assert (drawn - count**4 - 15) % (count + 1) == 0  # a whole rand(10) step
 
 
-async def test_a_failed_message_is_scheduled_again_by_the_seed_003_formula(
+async def test_a_failed_message_is_scheduled_again_by_the_default_backoff_formula(
     in_process: StartApp, settings: Settings, pool: asyncpg.Pool, amqp: AbstractRobustConnection
 ) -> None:
     async def failing(ctx: HandlerContext, body: RecordUsage) -> None:
@@ -57,7 +57,7 @@ async def test_a_failed_message_is_scheduled_again_by_the_seed_003_formula(
         pool,
         USAGE_RECORD,
         failing,
-        policy_for(settings, USAGE_RECORD.name),  # the default policy: seed 003's
+        policy_for(settings, USAGE_RECORD.name),  # the default policy: that formula
         max_body_bytes=2**20,
     )
     app = in_process(settings, pool, amqp)

@@ -1,4 +1,4 @@
-"""Seed 001 (the Fn message queue), its contract in its own words, checked on the real services.
+"""The Fn message queue: its contract in its own words, checked on the real services.
 
 - "Priorities are currently 0-2 … call with higher priority always get pulled off the queue
   first. Within the same priority, jobs should be available in FIFO order."
