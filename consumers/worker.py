@@ -1,4 +1,4 @@
-"""This process as a registered worker (seed 002's permits, infra/postgres/workers.py): the
+"""This process as a registered worker (a permit, infra/postgres/workers.py): the
 services it runs on, and the heartbeat that keeps its row in telecom.workers alive and reaps
 stale peers."""
 

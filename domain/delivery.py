@@ -82,7 +82,7 @@ class Source(enum.Enum):
 
 
 class ErrorKind(enum.Enum):
-    """How a failure is treated (see DESIGN.md, "the failure path")."""
+    """How a failure is treated (docs/explanation/failures.md)."""
 
     RULE = "rule"
     """A broken domain rule or a `Bury` from the handler: buried at once, holding nothing."""

@@ -1,4 +1,4 @@
-"""Workers (seed 002's permits): every long-running pkgq process registers and heartbeats.
+"""Workers (permits): every long-running pkgq process registers and heartbeats.
 
 A worker's Postgres connections carry `application_name = 'pkgq:<worker id>'`
 (`application_name()`). When its heartbeat goes stale, any other process may reap it: the row is

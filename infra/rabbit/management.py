@@ -2,7 +2,7 @@
 what plain AMQP can tell (ready messages and consumers, by passive declares).
 
 AMQP tells a client only a queue's ready count; how many deliveries consumers hold unacknowledged
-(seed 004's "taken") is known to the broker's management API. Unreachable or disabled: None,
+(the job queue's "taken") is known to the broker's management API. Unreachable or disabled: None,
 and callers show the figure as unknown.
 """
 

@@ -19,7 +19,7 @@ from infra.settings import Settings
 log = structlog.get_logger(__name__)
 
 MAX_PRIORITY = 2
-"""Message priorities are 0-2 (seed 001), higher is more urgent."""
+"""Message priorities are 0-2, higher is more urgent."""
 SUBSCRIBER_QUEUE_MAX_LENGTH = 100_000
 """Messages a subscriber route's own queue keeps (the newest; older ones are dropped)."""
 
