@@ -29,9 +29,9 @@ from domain.records import record
 from events.envelope import Envelope
 from events.models import AdjustQuota, CancelPackage
 from events.outgoing import Outgoing, expiry_key, outgoing
-from infra.postgres import access, audit, outbox, usage_billed
+from infra.postgres import audit, batch_write, outbox
+from infra.postgres.batch_read import LoadedQueue
 from infra.postgres.pool import Conn
-from infra.postgres.queue_repo import LoadedQueue
 
 _LEAVES_NOTHING = (PackageExpired, PackageCancelled)
 """Events after which an item has no traffic left (a tuple: read for every event)."""
@@ -67,7 +67,7 @@ class UnitOfWork:
 
     now: datetime
     """The batch's clock: the database's, read once every user of the batch was locked
-    (queue_repo.lock_users), so a transition is dated when it happens, not when the
+    (batch_read.lock_users), so a transition is dated when it happens, not when the
     transaction began to wait for its user. The relay schedules by the same database clock."""
     queues: dict[UUID, LoadedQueue]
     packages: dict[int, Package] = field(default_factory=dict)
@@ -78,7 +78,7 @@ class UnitOfWork:
     """Follow-up rows in the order they were made (append-only: a rollback cuts the tail)."""
     withdrawn: list[tuple[str, int]] = field(default_factory=list)
     """Timers withdrawn: (cancel key, how many outbox rows had been made by then)."""
-    access_changes: dict[UUID, access.Change] = field(default_factory=dict)
+    access_changes: dict[UUID, batch_write.Change] = field(default_factory=dict)
     remaining: dict[UUID, dict[int, int | None]] = field(default_factory=dict)
     """Remaining traffic per user and item, for node management (None: unlimited)."""
     audit: list[audit.Entry] = field(default_factory=list)
@@ -140,7 +140,7 @@ class UnitOfWork:
             if row.cancel_key is None or index >= cut.get(row.cancel_key, 0)
         ]
 
-    def billings_to_write(self) -> list[usage_billed.NewBilling]:
+    def billings_to_write(self) -> list[batch_write.NewBilling]:
         """The usage records billed under a record id in this batch, as usage_billed keeps them."""
         found = []
         for user_id, loaded in self.queues.items():
@@ -150,7 +150,7 @@ class UnitOfWork:
             for usage_id, billed in usages.items():
                 if usage_id not in loaded.usages_before:
                     message_id = self.billed_by[(user_id, usage_id)]
-                    found.append(usage_billed.NewBilling(user_id, usage_id, message_id, billed))
+                    found.append(batch_write.NewBilling(user_id, usage_id, message_id, billed))
         return found
 
     def remaining_to_write(self) -> dict[tuple[UUID, int], int | None]:
@@ -201,7 +201,7 @@ class UnitOfWork:
         for out, seq in zip(messages, loaded.take_seqs(len(messages)), strict=True):
             self.outbox_rows.append(outbox.from_outgoing(out, seq=seq, traceparent=trace))
 
-    def change_access(self, change: access.Change) -> None:
+    def change_access(self, change: batch_write.Change) -> None:
         """Of a user's grants and revokes in a batch, only the newest (highest seq) can stick."""
         current = self.access_changes.get(change.user_id)
         if current is None or change.seq > current.seq:
@@ -217,7 +217,7 @@ class Savepoint:
     outbox_len: int
     withdrawn_len: int
     audit_len: int
-    access_change: access.Change | None
+    access_change: batch_write.Change | None
     remaining: dict[int, int | None]
 
 
@@ -267,7 +267,7 @@ class HandlerContext:
         # None: unlimited traffic (the read model's remaining is NULL for it)
         remaining = item.remaining if item.status is ItemStatus.ACTIVE else 0
         self.work.change_access(
-            access.Change(
+            batch_write.Change(
                 user_id, self.envelope.seq or 0, item.id, item.package_id, remaining, item.expire_at
             )
         )
@@ -291,7 +291,7 @@ class HandlerContext:
 
     def revoke(self, user_id: UUID) -> None:
         self.work.queue(user_id)  # the user is locked like any other
-        self.work.change_access(access.Change(user_id, self.envelope.seq or 0))
+        self.work.change_access(batch_write.Change(user_id, self.envelope.seq or 0))
 
 
 Handler = Callable[[HandlerContext, Any], Awaitable[None]]

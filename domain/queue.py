@@ -6,10 +6,8 @@ it was asked about: a purchase names an order once, and a repeat of it queues no
 method is a pure transition: it mutates the aggregate in memory and returns the domain events
 it caused. The caller persists the new state and the events in one transaction.
 
-Counters (traffic, unbilled usage, quota adjustments) are stored as Postgres bigint. A usage
-record or quota change that would take one beyond a bigint, on its own or summed with what is
-stored, raises CounterOverflowError before anything changes (see `counters`).
-Every command dates what it does by `_moment(now)`, which never goes back (see there).
+A change that would take a counter beyond a Postgres bigint raises CounterOverflowError before
+anything changes (domain/counters.py). Commands are dated by `_moment(now)`, never going back.
 """
 
 from __future__ import annotations
@@ -62,8 +60,8 @@ class UserQueue:
     """Usage records billed, by their billing record id (`usage_id`): those the caller loaded
     (the ones its records name) plus those billed since."""
     clock: datetime | None = field(default=None, compare=False)
-    """The latest moment a command was dated since the queue was made (None: none yet). Time
-    passing is not a change: two queues that hold the same are equal whatever their clocks."""
+    """The latest moment a command was dated (None: none yet); not compared: time passing is
+    no change."""
 
     def copy(self) -> UserQueue:
         """A copy to change apart from this one: its items copied, its orders too."""
@@ -344,15 +342,6 @@ class UserQueue:
         if item.time_exhausted(now):
             return self._consume(item, ExpiryReason.TIME, now)
         return self._after_quota_change(item, now)
-
-    # -- counters -------------------------------------------------------------------------
-
-    def counters(self) -> dict[str, int]:
-        """Every number of this queue that Postgres stores as a bigint, or that pkgq adds up
-        from them, by name (domain/counters.py)."""
-        return counters.of(self)
-
-    # -- helpers --------------------------------------------------------------------------
 
     def _moment(self, now: datetime) -> datetime:
         """When a transition the clock dates `now` happens: never before the queue's clock, or

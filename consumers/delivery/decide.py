@@ -38,7 +38,7 @@ from domain.delivery import Decision, ErrorKind, Facts, Failure, Fate, Gate, Hol
 from events.envelope import trace_id_of
 from events.routes import Route
 from infra import log_context, tracing
-from infra.postgres import batch_read, catalog, groups, holds, queue_repo, usage_billed
+from infra.postgres import batch_read, catalog, holds, queue_repo
 from infra.postgres.pool import Conn
 from infra.rabbit.consumer import Decided
 from infra.transient import is_transient
@@ -79,7 +79,7 @@ async def load(
     (their run only records it): their users' rows are not locked, so a row that someone else
     keeps locked past the statement timeout does not fail the recording too. `parked`: from
     the parking lot, each delivery's parked row by index (a parked message is its row)."""
-    rows, now = await queue_repo.lock_users(
+    rows, now = await batch_read.lock_users(
         conn, {d.user_id for d in ready if d.user_id is not None and d.index not in failed_here}
     )
     # What each message needs is asked of all of them, applied before or not (the items a
@@ -103,12 +103,12 @@ async def load(
     needs = [asked[d.index] for d in ready if d.index in asked and d.key not in seen]
     # Orders are looked up by (user, by_order), not found among the loaded items: an old
     # order's items may all be consumed and so not loaded.
-    orders = await queue_repo.load_orders(conn, [o for n in needs for o in n.orders])
-    billed = await usage_billed.load(conn, [u for n in needs for u in n.usages])
+    orders = await batch_read.load_orders(conn, [o for n in needs for o in n.orders])
+    billed = await batch_read.load_billed(conn, [u for n in needs for u in n.usages])
     work = UnitOfWork(
         now,
         {
-            u: queue_repo.loaded_queue(row, items.get(u, []), orders.get(u), billed.get(u))
+            u: batch_read.loaded_queue(row, items.get(u, []), orders.get(u), billed.get(u))
             for u, row in rows.items()
         },
     )
@@ -120,7 +120,7 @@ async def load(
         work.new_ids, work.created_at = await queue_repo.allocate_item_ids(conn, new_items)
     # A group member's row is locked until commit: a cancel waits for this batch, or this
     # batch sees the cancel.
-    members = await groups.lock_members(
+    members = await batch_read.lock_members(
         conn, [d.message_id for d in ready if d.decoded.envelope.group_id is not None]
     )
     facts = {

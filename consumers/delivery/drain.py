@@ -19,7 +19,7 @@ from domain.delivery import Fate, Source
 from events.decoding import RawDelivery
 from events.envelope import CONTENT_TYPE
 from events.routes import Route
-from infra.postgres import holds, queue_repo
+from infra.postgres import batch_read, holds
 from infra.postgres.pool import Conn
 from infra.rabbit.consumer import Decided
 
@@ -102,7 +102,7 @@ class Draining:
         lock order of a batch: the users' rows, then their holds). Returns the users that do
         have something parked (it came meanwhile)."""
         async with self._connection() as conn, conn.transaction():
-            await queue_repo.lock_users(conn, users)
+            await batch_read.lock_users(conn, users)
             held = await holds.lock_many(conn, self.consumer, sorted(users))
             lifted = [user for user, hold in held.items() if hold.blocker is None]
             return await holds.drop_lifted(conn, self.consumer, lifted)

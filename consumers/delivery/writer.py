@@ -1,21 +1,12 @@
-"""The one writer: a batch's decisions become rows (`writes_of`, pure), and the rows become
-statements (`write`), inside the batch's transaction.
+"""The one writer: a batch's decisions become rows, table by table (`writes_of`, pure: `Writes`),
+and the rows become statements (`write`), inside the batch's transaction.
 
-**Rows**, table by table, before any statement is sent: the next attempt of each message
-decided RETRIED (through the outbox), superseded retries to withdraw, inbox claims, addresses
-and groups finished, dead letters, failed attempts counted, parked and unparked messages,
-holds made and lifted, and the transition counts.
-
-**Statements**, in this order (the batch's snapshot locked the users, then their holds:
-consumers/delivery/decide.py; nothing here locks anything else first): inbox claims; items and
-user rows; usage records billed under a record id; access; timers and superseded retries
-withdrawn; follow-up events and retries; the operators' audit; addresses and groups finished;
-dead letters; failed attempts counted; parked messages parked or unparked; holds made; holds
-lifted; counters. Each table's write is one part (infra/postgres/batch_write.py), and the parts
-go out as few statements as keeps their order (infra/postgres/compound.py); the failure path's
-writes (finished jobs, dead letters, parking and holds) go as statements of their own between
-them. A part with nothing to write is not sent, so a batch costs at most a fixed number of
-statements, whatever its size and however many of its messages fail.
+Statements, in this order (decide.py locked the users, then their holds; nothing here locks
+anything else first): inbox claims; items and user rows; usage billed; access (these parts:
+infra/postgres/batch_write.py); retries withdrawn; follow-ups and retries; the audit; addresses
+and groups finished; dead letters; attempts counted; parking; holds made and lifted; counters.
+Consecutive parts share a statement unless they touch the same table (compound.py); the
+failure path's go alone. A table with nothing to write sends nothing: a fixed statement count.
 
 What it guarantees (checked in production by `pkgq doctor`): every hold it makes has a way out
 written in the same transaction (a retry in the outbox, or the blocker's buried dead letter);
@@ -52,24 +43,19 @@ from events.identity import body_user, message_key
 from events.routes import UNTRUSTED_PUBLISHER, Route
 from infra import faults
 from infra.postgres import (
-    access,
     attempts,
     audit,
+    batch_write,
     compound,
     dead_letters,
     holds,
-    inbox,
     job_state,
     outbox,
-    queue_repo,
-    transitions,
-    usage_billed,
 )
 from infra.postgres.pool import Conn
 from infra.rabbit.consumer import Decided
 
-USAGE_DEDUP_DAYS = 35
-"""The default of PKGQ_USAGE_DEDUP_DAYS."""
+USAGE_DEDUP_DAYS = 35  # the default of PKGQ_USAGE_DEDUP_DAYS
 
 log = structlog.get_logger(__name__)
 
@@ -78,7 +64,7 @@ log = structlog.get_logger(__name__)
 class Writes:
     """A batch's rows, table by table (an empty one sends no statement)."""
 
-    claims: dict[UUID, inbox.Claim]
+    claims: dict[UUID, batch_write.Claim]
     """Messages recorded in the inbox as applied, by key (events/identity.py)."""
     withdrawn: list[str]
     """Cancel keys of retries no longer wanted (the message was decided again)."""
@@ -113,7 +99,9 @@ def writes_of(
     made, lifted = _holds(decided, holds_before, holds_after, source)
     return Writes(
         claims={
-            d.decoded.key: inbox.Claim(d.decoded.envelope.message_id, d.decoded.envelope.user_id)
+            d.decoded.key: batch_write.Claim(
+                d.decoded.envelope.message_id, d.decoded.envelope.user_id
+            )
             for d in decided
             if d.decoded and d.decision.claims
         },
@@ -345,19 +333,17 @@ def _holds(
 
 
 def _moves(route: str, decided: Sequence[Decided], source: Source) -> dict[tuple[str, str], int]:
-    """Transition counts (bury and ttl are counted by a trigger on the dead-letter store). A
-    parked message was counted as taken when it was parked."""
+    """Transition counts (bury and ttl are counted by a trigger on the dead-letter store; a
+    retry scheduled is a "release"). A parked message was counted as taken when parked."""
     fates = [d.decision.fate for d in decided if d.decision.fate is not Fate.GIVEN_BACK]
     taken = len(fates) if source is Source.QUEUE else 0
     acked = sum(1 for f in fates if f is Fate.ACKED or f in REPEATS)
     retried = sum(1 for f in fates if f is Fate.RETRIED)
-    # a "release": a taken message put back to wait (here: a retry scheduled)
     return {(route, "take"): taken, (route, "ack"): acked, (route, "release"): retried}
 
 
 class ClaimRaceError(Exception):
-    """A message applied in memory was claimed in the inbox by someone else meanwhile: the
-    batch is rolled back and run again (it is then a duplicate)."""
+    """A message applied here was claimed in the inbox meanwhile: the batch runs again."""
 
 
 async def write(
@@ -372,22 +358,29 @@ async def write(
     `usage_dedup_days`: how long a billing record id billed now is remembered."""
     consumer = route.short_name
     batch = compound.Batch(conn)
-    claimed = await batch.add(inbox.claim_many(consumer, writes.claims))
-    for part in queue_repo.save(work.queues.values()):
+    claimed = await batch.add(batch_write.claim_many(consumer, writes.claims))
+    for part in batch_write.save_queues(work.queues.values()):
         await batch.add(part)
-    await batch.add(usage_billed.write(work.billings_to_write(), usage_dedup_days))
-    changes, remaining = access.write(work.access_changes, work.remaining_to_write())
+    await batch.add(batch_write.bill_usages(work.billings_to_write(), usage_dedup_days))
+    changes, remaining = batch_write.write_access(work.access_changes, work.remaining_to_write())
     applied = await batch.add(changes)
     await batch.add(remaining)
-    await batch.add(outbox.withdraw_part([key for key, _ in work.withdrawn] + writes.withdrawn))
-    await batch.add(outbox.enqueue_part(work.rows_to_write() + writes.retries))
-    await batch.add(audit.write(work.audit))
+    # A table with nothing to write is not asked for a part (none would be sent).
+    withdrawn = [key for key, _ in work.withdrawn] + writes.withdrawn
+    if withdrawn:
+        await batch.add(outbox.withdraw_part(withdrawn))
+    sent = work.rows_to_write() + writes.retries
+    if sent:
+        await batch.add(outbox.enqueue_part(sent))
+    if work.audit:
+        await batch.add(audit.write(work.audit))
     # The failure path's statements go one by one, in this order, after what came before.
     if writes.finished or writes.buried:
         await batch.send()
         await job_state.finish(conn, writes.finished)
         await dead_letters.bury_many(conn, writes.buried)
-    await batch.add(attempts.add_many(consumer, writes.counted))
+    if writes.counted:
+        await batch.add(attempts.add_many(consumer, writes.counted))
     drain: list[UUID] = []
     if writes.parked or writes.unparked or writes.made or writes.lifted:
         await batch.send()
@@ -395,7 +388,7 @@ async def write(
         await holds.unpark(conn, consumer, writes.unparked)
         await holds.hold_many(conn, consumer, writes.made)
         drain = await holds.drop_lifted(conn, consumer, writes.lifted)
-    await batch.add(transitions.count_part(writes.moves))
+    await batch.add(batch_write.count_moves(writes.moves))
     await batch.send()
     if writes.claims and claimed.get() != len(writes.claims):
         raise ClaimRaceError(f"{len(writes.claims) - claimed.get()} claimed meanwhile")

@@ -30,6 +30,18 @@ make=${MAKE:-make}
 unset PYTHONDONTWRITEBYTECODE
 workers=${PKGQ_TEST_WORKERS:-4}  # 4 on 2 cores: the tests mostly wait on services and processes
 lab=deploy/local/ha/lab.sh
+# The tests of one message's way from the socket to the ack, run with and without the wire
+# accelerator.
+delivery_tests=(
+    tests/integration/test_message_path.py
+    tests/integration/test_consumer_loop.py
+    tests/integration/test_take_ahead.py
+    tests/integration/test_delivery_redelivery.py
+    tests/integration/test_batch_equivalence.py
+    tests/integration/test_adaptive_batches.py
+    tests/integration/test_failure_kinds.py
+    tests/integration/test_bad_input.py
+)
 
 scratch=$(mktemp -d -t pkgq-suite.XXXXXX)
 lab_log=$scratch/lab.log
@@ -90,6 +102,13 @@ chaos_pid=$!
 started=$SECONDS
 "$bin/pytest" -n "$workers" -m "not serial and not chaos" "$@"
 parallel=$?
+# The delivery tests again without the wire accelerator (infra/rabbit/wire/): aiormq's own
+# frame paths must give the same results.
+if [ "$parallel" -eq 0 ] && [ $# -eq 0 ]; then
+    PKGQ_WIRE_ACCELERATOR=false "$bin/pytest" -n "$workers" -m "not serial and not chaos" \
+        "${delivery_tests[@]}"
+    parallel=$?
+fi
 parallel_s=$((SECONDS - started))
 wait "$chaos_pid"
 chaos=$?

@@ -85,19 +85,6 @@ async def create_group(
         await _complete_if_done(conn, [group_id])
 
 
-async def lock_members(conn: Conn, message_ids: Sequence[UUID]) -> dict[UUID, str]:
-    """Lock the group-member rows of these messages (in message_id order, the lock order a
-    cancel takes them in) and return their states; messages that are no members are left out."""
-    if not message_ids:
-        return {}
-    rows = await conn.fetch(
-        "SELECT message_id, state FROM telecom.group_members WHERE message_id = ANY($1::uuid[]) "
-        "ORDER BY message_id FOR UPDATE",
-        sorted(set(message_ids)),
-    )
-    return {r["message_id"]: r["state"] for r in rows}
-
-
 async def member_state(conn: Conn, message_id: UUID) -> str | None:
     """Lock a group member's row and return its state (None: not a member)."""
     state: str | None = await conn.fetchval(

@@ -12,8 +12,8 @@ from typing import Any
 from uuid import UUID
 
 from domain.model import QueueItem
+from infra.postgres.batch_read import ITEM_COLUMNS, item_of
 from infra.postgres.pool import Conn
-from infra.postgres.queue_repo import ITEM_COLUMNS, item_of
 
 _ACCESS_COLUMNS = """
     a.granted AS a_granted, a.item_id AS a_item_id, a.package_id AS a_package_id,

@@ -10,73 +10,19 @@ route and move (`last_minute`), never from the inbox.
 
 from __future__ import annotations
 
-import random
 from collections import Counter
 from collections.abc import Mapping
 
-from infra.postgres.compound import Part, run
+from infra.postgres.batch_write import count_moves
+from infra.postgres.compound import run
 from infra.postgres.pool import Conn
 
 TRANSITIONS = ("put", "take", "ack", "release", "bury", "dig", "plow", "ttl", "ttr", "delete")
-SLOTS = 8
 
 
 async def count(conn: Conn, moves: Mapping[tuple[str, str], int]) -> None:
     """Add to the counters: `moves` maps (route, transition) to how many."""
-    await run(conn, count_part(moves))
-
-
-def count_part(moves: Mapping[tuple[str, str], int]) -> Part[None] | None:
-    """`count` as a part of a batch's write statement (infra/postgres/compound.py): the
-    totals, and this second's bucket of the ring. A bucket still holding an older second starts
-    again; a move counted late for a second already taken over by a later one is past the
-    minute, and left out of the ring."""
-    items = [(route, move, n) for (route, move), n in moves.items() if n]
-    if not items:
-        return None
-    return Part(
-        (
-            (
-                "moves_given",
-                """
-                SELECT route, move, n FROM unnest($1::text[], $2::text[], $3::bigint[])
-                    AS m(route, move, n)
-                """,
-            ),
-            (
-                "moves_totalled",
-                """
-                INSERT INTO telecom.transition_counts AS c (route, transition, slot, count)
-                SELECT route, move, $4, n FROM moves_given
-                ON CONFLICT (route, transition, slot) DO UPDATE SET count = c.count + excluded.count
-                """,
-            ),
-            (
-                "moves_timed",
-                """
-                INSERT INTO telecom.transition_seconds AS s
-                    (transition, route, second, slot, at, count)
-                SELECT move, route, (t.at % 60)::smallint, $4, t.at, n
-                FROM moves_given,
-                     (SELECT floor(extract(epoch FROM statement_timestamp()))::bigint AS at) t
-                ON CONFLICT (transition, route, second, slot) DO UPDATE SET
-                    count = CASE WHEN s.at = excluded.at THEN s.count + excluded.count
-                                 WHEN s.at < excluded.at THEN excluded.count
-                                 ELSE s.count END,
-                    at = greatest(s.at, excluded.at)
-                """,
-            ),
-        ),
-        (
-            [i[0] for i in items],
-            [i[1] for i in items],
-            [i[2] for i in items],
-            random.randrange(SLOTS),  # spread writers (in containers every pid is 1)
-        ),
-        # The outbox's trigger adds 'put' rows to transition_counts, never counted here, and
-        # after the statement: a part that adds outbox rows may share it.
-        frozenset({"transition_counts", "transition_seconds"}),
-    )
+    await run(conn, count_moves(moves))
 
 
 async def count_one(conn: Conn, route: str, move: str, n: int = 1) -> None:

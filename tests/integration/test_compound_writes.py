@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 
 from devtools.postgres.statements import StatementLog
-from infra.postgres import access, compound, inbox
+from infra.postgres import batch_write, compound
 from infra.settings import Settings
 
 
@@ -30,11 +30,11 @@ async def test_parts_on_different_tables_go_as_one_statement_and_each_gives_its_
         await log.settled()
         log.clear()
         batch = compound.Batch(conn)
-        granted_part, _ = access.write(
-            {user: access.Change(user, seq=1, item_id=7, package_id=1)}, {}
+        granted_part, _ = batch_write.write_access(
+            {user: batch_write.Change(user, seq=1, item_id=7, package_id=1)}, {}
         )
         claimed = await batch.add(
-            inbox.claim_many("usage_record", {message: inbox.Claim(message, user)})
+            batch_write.claim_many("usage_record", {message: batch_write.Claim(message, user)})
         )
         granted = await batch.add(granted_part)
         await batch.send()
@@ -64,8 +64,8 @@ async def test_a_part_on_a_table_an_earlier_part_wrote_goes_after_it_and_sees_th
         batch = compound.Batch(conn)
         # A grant and the traffic then billed on the granted item, in one batch: in one
         # statement the update would not see the row the grant inserts and would change nothing.
-        grant, remaining = access.write(
-            {user: access.Change(user, seq=1, item_id=7, package_id=1, remaining=100)},
+        grant, remaining = batch_write.write_access(
+            {user: batch_write.Change(user, seq=1, item_id=7, package_id=1, remaining=100)},
             {(user, 7): 60},
         )
         await batch.add(grant)
@@ -86,7 +86,9 @@ async def test_a_failing_part_fails_its_statement_and_undoes_the_parts_sent_with
     try:
         user, message = uuid4(), uuid4()
         batch = compound.Batch(conn)  # no transaction: the statement alone is atomic
-        await batch.add(inbox.claim_many("usage_record", {message: inbox.Claim(message, user)}))
+        await batch.add(
+            batch_write.claim_many("usage_record", {message: batch_write.Claim(message, user)})
+        )
         await batch.add(
             compound.part_of(
                 "INSERT INTO telecom.access (user_id, granted, seq) VALUES ($1, NULL, 1)",

@@ -41,6 +41,11 @@ STAGES_AT_MOST = 12
 """The files holding the path's own steps (stages), support modules aside (`SUPPORT`)."""
 SUPPORT = {
     "domain/records.py": "the record decorator",
+    "domain/model.py": "the domain's records (items, terms)",
+    "domain/counters.py": "the domain's bigint bounds",
+    "events/decoding.py": "the wire contract: decoding a body",
+    "events/partitioning.py": "the wire contract: partition keys",
+    "infra/transient.py": "the outage wait around every batch",
     "events/envelope.py": "the wire contract: headers",
     "events/models.py": "the wire contract: bodies",
     "events/routes.py": "the wire contract: routes",

@@ -9,7 +9,7 @@ from uuid import uuid4
 import asyncpg
 import pytest
 
-from infra.postgres import catalog, queue_repo
+from infra.postgres import batch_read, catalog, queue_repo
 from infra.postgres.migrate import migrate
 from infra.settings import Settings
 
@@ -54,7 +54,7 @@ async def test_migrating_a_filled_version_4_database_keeps_terms_and_orders(
         await catalog.edit_package(conn, monthly, "monthly v2", 10, timedelta(hours=1))
         await catalog.retire_package(conn, untimed)
         items = {i.id: i for i in await queue_repo.load_user_items(conn, user)}
-        orders = await queue_repo.load_orders(conn, [(user, order), (user, resent)])
+        orders = await batch_read.load_orders(conn, [(user, order), (user, resent)])
     finally:
         await conn.close()
 

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from domain import counters
 from domain.errors import MAX_COUNTER, MIN_COUNTER, CounterOverflowError, DomainError
 from domain.events import UsageRemaining
 from domain.model import ItemStatus, Package, QueueItem, Terms
@@ -215,7 +216,7 @@ def queues(draw: st.DrawFn) -> UserQueue:
 
 
 def assert_every_counter_fits(queue: UserQueue) -> None:
-    for counter, value in queue.counters().items():
+    for counter, value in counters.of(queue).items():
         assert MIN_COUNTER <= value <= MAX_COUNTER, f"{counter} = {value}"
     traffic = [queue.unbilled_upload, queue.unbilled_download]
     traffic += [n for item in queue.items for n in (item.upload, item.download)]
@@ -223,7 +224,7 @@ def assert_every_counter_fits(queue: UserQueue) -> None:
 
 
 def overflows(queue: UserQueue) -> bool:
-    return any(not MIN_COUNTER <= v <= MAX_COUNTER for v in queue.counters().values())
+    return any(not MIN_COUNTER <= v <= MAX_COUNTER for v in counters.of(queue).values())
 
 
 @PROPERTY_SETTINGS

@@ -9,8 +9,8 @@ from uuid import UUID
 from consumers.unit_of_work import HandlerContext, UnitOfWork, transition
 from domain.model import BilledUsage, ItemStatus, Package, QueueItem
 from events.envelope import Envelope
-from infra.postgres import access
-from infra.postgres.queue_repo import UserRow, loaded_queue
+from infra.postgres import batch_write
+from infra.postgres.batch_read import UserRow, loaded_queue
 
 A = UUID("00000000-0000-4000-8000-00000000000a")
 B = UUID("00000000-0000-4000-8000-00000000000b")
@@ -81,7 +81,7 @@ async def test_of_a_users_grants_and_revokes_in_one_batch_the_highest_seq_sticks
     context(work, A, seq=7).revoke(A)
     context(work, A, seq=6).grant(A, item)
     change = work.access_changes[A]
-    assert change == access.Change(A, 7)
+    assert change == batch_write.Change(A, 7)
     assert not change.granted
 
 
