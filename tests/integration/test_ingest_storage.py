@@ -16,6 +16,7 @@ from consumers import dead_letter_forms, ingest
 from domain.delivery import Fate
 from events.decoding import RawDelivery
 from events.envelope import CONTENT_TYPE
+from infra.postgres import dead_letters
 from infra.rabbit.consumer import Result
 from infra.transient import is_transient
 
@@ -121,7 +122,7 @@ async def test_a_blip_in_the_filing_without_its_job_is_raised_as_no_loops_to_ret
     # After the tries in full, the filing without its job is tried once; a blip there is not
     # handed to the consumer's loop as a blip (it would run all the tries again).
     calls: list[bool] = []
-    real_bury = ingest.dead_letters.bury
+    real_bury = dead_letters.bury
 
     async def always_deadlocks(*args: Any, **kwargs: Any) -> None:
         raise asyncpg.DeadlockDetectedError("deadlock detected")
@@ -133,7 +134,7 @@ async def test_a_blip_in_the_filing_without_its_job_is_raised_as_no_loops_to_ret
         return int(await real_bury(conn, dead))
 
     monkeypatch.setattr(ingest, "_finish", always_deadlocks)
-    monkeypatch.setattr(ingest.dead_letters, "bury", bury_then_deadlock_without_finishing)
+    monkeypatch.setattr(dead_letters, "bury", bury_then_deadlock_without_finishing)
     with pytest.raises(ingest.FilingFailedError) as raised:
         await ingest.make_ingester(pool)([dead_delivery()])
     assert isinstance(raised.value.__cause__, asyncpg.DeadlockDetectedError)
