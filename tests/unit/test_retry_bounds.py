@@ -10,7 +10,7 @@ the same pauses until stopped."""
 from __future__ import annotations
 
 import asyncio
-import itertools
+from itertools import pairwise
 from typing import Any
 
 import asyncpg
@@ -116,13 +116,17 @@ async def test_an_outage_only_an_operator_ends_is_an_error_again_every_ten_s_at_
     grant = asyncpg.InsufficientPrivilegeError("permission denied for table package_queue")
     with capture_logs() as logs, pytest.raises(StoppingError):
         await until_done(failing(grant, []), stopping, wait=driven.wait, clock=driven.clock)
-    lines = [e for e in logs if e["event"] == "infrastructure_unavailable"]
-    assert len(lines) == len(driven.outage_at) == 20  # one line before each outage pause
-    loud = [at for e, at in zip(lines, driven.outage_at, strict=True) if e["log_level"] == "error"]
-    assert lines[0]["log_level"] == "error"
+    # Debug lines may be filtered out by the logging set up before: the errors are what counts.
+    loud = [
+        e["blocked_for_s"]
+        for e in logs
+        if e["event"] == "infrastructure_unavailable" and e["log_level"] == "error"
+    ]
+    assert loud[0] == 0  # at once
     assert len(loud) >= 3  # about 40 s of outage
-    assert all(b - a >= LOUD_REPEAT_S for a, b in itertools.pairwise(loud))
-    assert all(b - a < LOUD_REPEAT_S + 3 for a, b in itertools.pairwise(loud))
+    # blocked_for_s is rounded to the second: LOUD_REPEAT_S apart at least, and said again
+    # within one more pause and its quick tries
+    assert all(LOUD_REPEAT_S - 1 <= b - a <= LOUD_REPEAT_S + 3 for a, b in pairwise(loud))
 
 
 class Refusing:
@@ -181,6 +185,6 @@ async def test_the_last_resort_retries_its_copy_on_the_outage_pauses_until_stopp
     assert not message.acked
     assert driven.outage == [1.0, *[2.0] * 7]
     assert publisher.tries == 9  # one before each pause, and the one that finds it stopping
-    failed = [e["log_level"] for e in logs if e["event"] == "dead_letter_publish_failed"]
-    assert len(failed) == 9
-    assert failed.count("error") == 2  # at 0 s and at 11 s: 15 s of refusals
+    failed = [e for e in logs if e["event"] == "dead_letter_publish_failed"]
+    assert [e["log_level"] for e in failed if e["log_level"] == "error"] == ["error"] * 2
+    # at 0 s and at 11 s, of 15 s of refusals; the lines between are debug lines
