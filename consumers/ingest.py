@@ -1,276 +1,84 @@
-"""The dead-letter ingester: files what reaches `telecom.dlx` in the dead-letter store.
+"""The dead-letter ingester: files what reaches `telecom.dlx` in the dead-letter store, in the
+form consumers/dead_letter_forms.py gives it (three kinds of message arrive there: the broker's
+dead letters, pkgq's last-resort copies, and unroutable commands). Each is stored in one
+statement and then acked; a redelivery updates the same row (never its body). Headers are data:
+whatever their type, size or depth, a dead letter is filed, in a safe form (no headers) if
+Postgres refuses it as it is, and acked. The ingester never requeues a message because of what
+it carries.
 
-Three kinds of message arrive on the dead-letter queue:
-- messages the broker dead-lettered on its own (rejected, TTL expired, a queue length limit, a
-  quorum queue's delivery limit): the reason and the queue come from the `x-death` header;
-- last-resort copies a pkgq consumer made when even its failure path broke (see
-  infra/rabbit/consumer.py): the reason and error come from the `x-pkgq-dead-*` headers;
-- commands published to the main exchange with a key no queue is bound for (the plain key of
-  a partitioned route, a stale partition map), which its alternate exchange passes on
-  (infra/rabbit/topology.py, unroutable_keys): filed as `unroutable`, whatever their headers
-  say, to be replayed (`pkgq dlq replay` routes by the current partition map).
-Each is stored in one statement and then acked; a redelivery updates the same row (never its
-body). Headers are data: whatever their type, size or depth, a dead letter is filed, in a safe
-form (no headers) if Postgres refuses it as it is, and acked. The ingester never requeues a
-message because of what it carries.
+Failures while filing (docs/explanation/retries.md):
+- an outage (Postgres unreachable, no pooled connection within 10 s) is raised at once: the
+  consumer's one loop (infra/transient.until_done) tries the delivery again and waits the
+  outage out, and it is filed as it is afterwards;
+- a blip while filing a letter in full (finishing its job too: a deadlock with a worker
+  finishing the same job, a serialization failure) runs the whole filing again: FILING_TRIES
+  tries at most, after the same short jittered pauses as until_done's quick tries (at most
+  0.75 s in all). That loop is the ingester's own and means something else: when it runs out
+  (a job row locked for good), or on any other error there, the letter is filed without
+  finishing its job, never requeued for ever;
+- that filing is tried once: a blip there too raises FilingFailedError, which no loop retries
+  in place (until_done raises it at once): the dead-letter queue's consumer gives the delivery
+  back after a pause (infra/rabbit/last_resort.py) and it is filed when it comes again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
-import json
 from collections.abc import Sequence
-from typing import Any
 from uuid import UUID
 
 import asyncpg
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractQueue, AbstractRobustConnection
 
-from domain.delivery import Fate
-from events.decoding import RawDelivery, message_uuid
-from events.envelope import (
-    H_DEAD_CONSUMER,
-    H_DEAD_ERROR,
-    H_DEAD_REASON,
-    H_DEAD_TRACEBACK,
-    bounded_text,
-    job_marks,
-    jsonable,
-    publisher_of,
-    without_pkgq_marks,
+from consumers.dead_letter_forms import (
+    BROKER_REASONS,
+    UNROUTABLE,
+    first_publisher,
+    safe_form,
+    to_dead_letter,
 )
-from events.identity import body_user, message_key
-from events.partitioning import route_of_key
-from events.routes import ROUTES, UNTRUSTED_PUBLISHER
+from domain.delivery import Fate
+from events.decoding import RawDelivery
+from events.envelope import job_marks, without_pkgq_marks
+from events.routes import UNTRUSTED_PUBLISHER
 from infra.postgres import dead_letters, holds, job_state
 from infra.postgres.pool import Conn, forget_if_demoted
 from infra.rabbit.consumer import Decided, Processor, QueueConsumer
 from infra.rabbit.topology import declare_exchanges
 from infra.settings import Settings
-from infra.transient import is_outage, is_transient, transient_retrying
+from infra.transient import is_outage, is_transient, quick_pause_s
+
+__all__ = [
+    "BROKER_REASONS",
+    "FILING_TRIES",
+    "UNROUTABLE",
+    "DeadLetterStoreUnavailableError",
+    "FilingFailedError",
+    "first_publisher",
+    "ingester",
+    "make_ingester",
+    "safe_form",
+    "to_dead_letter",
+]
 
 log = structlog.get_logger(__name__)
 
-
-def _consumer_of(route: str, queue: str | None) -> str:
-    if route in ROUTES:
-        return ROUTES[route].short_name
-    return queue or route
+FILING_TRIES = 5
+"""Tries of a dead letter's filing in full (its job finished too) while each meets a blip;
+then it is filed without finishing its job (see the module docstring)."""
 
 
-def _text(value: Any, limit: int = 500) -> str:
-    """A header field that should be text, as text: whatever type it came as, bounded."""
-    if isinstance(value, str):
-        return bounded_text(value, limit)
-    return bounded_text(json.dumps(value), limit)  # already jsonable: no deep walk left
+class FilingFailedError(RuntimeError):
+    """A dead letter could not be filed even without finishing its job (a blip there too): not
+    transient, so no loop retries it in place; the delivery is given back and filed again."""
 
 
-UNROUTABLE = "unroutable"
-
-
-def to_dead_letter(
-    raw: RawDelivery, trusted_publisher: str | None = None, main_exchange: str | None = None
-) -> dead_letters.NewDeadLetter:
-    """What to file for a delivery on the dead-letter queue, with who published the message
-    first (`first_publisher`); see `_classified`."""
-    dead = _classified(raw, trusted_publisher, main_exchange)
-    publisher = first_publisher(raw, trusted_publisher)
-    uuid = message_uuid(dead.message_id)
-    return dataclasses.replace(
-        dead,
-        publisher=publisher,
-        # Its key (events/identity.py), so that what it is matched on (a hold, a retry, the
-        # inbox) is this message's only, never another publisher's or user's copy's.
-        message_key=message_key(uuid, publisher, dead.user_id) if uuid is not None else None,
-    )
-
-
-def first_publisher(raw: RawDelivery, trusted_publisher: str | None) -> str:
-    """Who published the message on the dead-letter queue first, as the broker verified it.
-    RabbitMQ keeps a message's properties, its user_id included, when it dead-letters it: the
-    delivery's user_id is its publisher's. A message pkgq published (a last-resort copy, an
-    expired retry or replay) names its first publisher in H_PUBLISHER, believed from pkgq's
-    user only: an outsider's header of pkgq's is ignored."""
-    if trusted_publisher is not None and raw.publisher != trusted_publisher:
-        return publisher_of({}, raw.publisher)
-    return publisher_of(raw.headers, raw.publisher)
-
-
-def _classified(
-    raw: RawDelivery, trusted_publisher: str | None, main_exchange: str | None
-) -> dead_letters.NewDeadLetter:
-    """What to file for a delivery on the dead-letter queue. Total: any header, of any type,
-    size or depth, gives a bounded, storable dead letter (the ingester must never loop).
-
-    The `x-pkgq-dead-*` headers are believed only on a message the broker did not dead-letter
-    (no `x-death`): pkgq's last-resort copy goes straight to the dead-letter exchange, so on a
-    broker dead letter they are whatever its original publisher wrote. With
-    `trusted_publisher` (pkgq's AMQP user), they are believed only from a message that user
-    published (the broker validates the `user_id` property): a copy someone else published
-    with death headers (pkgq's, or `x-death` / `x-first-death-*` not in the broker's shape)
-    is filed, in the safe form, as `untrusted_publisher`. A death header in the broker's shape
-    cannot be told from the broker's own: it is filed as a broker dead letter, under one of
-    the reasons the broker gives, and says nothing about pkgq's jobs.
-
-    With `main_exchange`, a message published there (caught by its alternate exchange) is
-    filed as `unroutable`."""
-    if main_exchange is not None and raw.exchange == main_exchange:
-        try:
-            return _unroutable(raw, main_exchange)
-        except Exception as exc:  # noqa: BLE001  (a bug here must not requeue it for ever)
-            log.error("dead_letter_unreadable", error=repr(exc)[:500])  # noqa: TRY400
-            return safe_form(raw, f"its headers could not be read ({type(exc).__name__})")
-    try:
-        if trusted_publisher not in (None, raw.publisher) and _claims_a_death(raw.headers):
-            return dataclasses.replace(
-                safe_form(raw, "dead-letter headers from a publisher that is not pkgq"),
-                reason=UNTRUSTED_PUBLISHER,
-            )
-        return _to_dead_letter(raw)
-    except Exception as exc:  # noqa: BLE001  (a bug here must not requeue it for ever)
-        log.error("dead_letter_unreadable", error=repr(exc)[:500])  # noqa: TRY400
-        return safe_form(raw, f"its headers could not be read ({type(exc).__name__})")
-
-
-def _to_dead_letter(raw: RawDelivery) -> dead_letters.NewDeadLetter:
-    headers = jsonable(dict(raw.headers))
-    route = route_of_key(bounded_text(raw.routing_key or "", 255))
-    deaths = headers.get("x-death")
-    if H_DEAD_REASON in headers and deaths is None:
-        error = _text(headers.get(H_DEAD_ERROR) or "", 4000)
-        error_type, _, message = error.partition(": ")
-        consumer = headers.get(H_DEAD_CONSUMER)
-        return _filed(
-            raw,
-            headers,
-            source="consumer",
-            route=route,
-            consumer=_text(consumer, 255) if consumer else _consumer_of(route, None),
-            reason=_text(headers[H_DEAD_REASON], 100),
-            error_type=error_type[:500] or "Error",
-            error_message=message or error_type or error or "(no message)",
-            error_location="consumer failure path",
-            traceback=_text(headers[H_DEAD_TRACEBACK], 16000)
-            if headers.get(H_DEAD_TRACEBACK) is not None
-            else None,
-        )
-    death = _broker_death(headers) or {}
-    first_reason = headers.get("x-first-death-reason")
-    if death:
-        reason = death["reason"]
-    elif _is_broker_reason(first_reason):
-        reason = first_reason
-    else:
-        reason = "unknown"
-    queue = _text(death.get("queue") or headers.get("x-first-death-queue") or "", 255)
-    keys = death.get("routing-keys")
-    if isinstance(keys, list) and keys:
-        route = route_of_key(_text(keys[0], 255))
-    count = death.get("count", 1)
-    return _filed(
-        raw,
-        headers,
-        source="broker",
-        route=route,
-        consumer=_consumer_of(route, queue),
-        reason=reason,
-        error_type="BrokerDeadLetter",
-        error_message=f"RabbitMQ dead-lettered it from queue {queue!r}: {reason}",
-        error_location=f"queue {queue}",
-        attempts=count if isinstance(count, int) and not isinstance(count, bool) else 1,
-    )
-
-
-BROKER_REASONS = frozenset({"rejected", "expired", "maxlen", "delivery_limit"})
-"""Why RabbitMQ dead-letters a message: the only reasons a broker dead letter is filed under."""
-
-
-def _is_broker_reason(value: Any) -> bool:
-    return isinstance(value, str) and value in BROKER_REASONS
-
-
-def _broker_death(headers: Any) -> dict[str, Any] | None:
-    """The newest `x-death` entry when it has the broker's shape (a table whose reason is one
-    the broker gives), else None: a mangled `x-death` names no reason. Total: any value."""
-    deaths = headers.get("x-death")
-    if not (isinstance(deaths, list) and deaths and isinstance(deaths[0], dict)):
-        return None
-    death: dict[str, Any] = deaths[0]
-    return death if _is_broker_reason(death.get("reason")) else None
-
-
-def _claims_a_death(headers: Any) -> bool:
-    """Whether an outsider's copy carries death headers not in the broker's shape: pkgq's own
-    (a last-resort copy's), or `x-death` / `x-first-death-reason` the broker did not write."""
-    if H_DEAD_REASON in headers:
-        return "x-death" not in headers or _broker_death(headers) is None
-    if "x-death" in headers:
-        return _broker_death(headers) is None
-    return "x-first-death-reason" in headers
-
-
-def _unroutable(raw: RawDelivery, exchange: str) -> dead_letters.NewDeadLetter:
-    headers = jsonable(dict(raw.headers))
-    key = bounded_text(raw.routing_key or "", 255)
-    route = route_of_key(key)
-    return _filed(
-        raw,
-        headers,
-        source="broker",
-        route=route,
-        consumer=_consumer_of(route, None),
-        reason=UNROUTABLE,
-        error_type="UnroutableMessage",
-        error_message=f"no queue is bound for routing key {key!r} on exchange {exchange!r}: "
-        "a partitioned route takes `<route>.p<k>` keys only (docs/publishing.md); check the "
-        "publisher's partition map against PKGQ_PARTITIONS",
-        error_location=f"exchange {exchange}",
-    )
-
-
-def _filed(raw: RawDelivery, headers: dict[str, Any], **why: Any) -> dead_letters.NewDeadLetter:
-    """`raw` filed as it came (its id, type, content type and body, bounded) with `headers`
-    (JSON-ready), its user from its body unless `why` gives `user_id`, and `why`: source,
-    route, consumer, reason and the error fields."""
-    user_id = why.pop("user_id") if "user_id" in why else body_user(raw.body)
-    return dead_letters.NewDeadLetter(
-        message_id=_optional(raw.message_id),
-        user_id=user_id,
-        message_type=_optional(raw.message_type),
-        content_type=_optional(raw.content_type),
-        body=raw.body,
-        headers=headers,
-        **why,
-    )
-
-
-def _optional(value: Any) -> str | None:
-    return bounded_text(value, 255) if isinstance(value, str) else None
-
-
-def safe_form(raw: RawDelivery, why: str) -> dead_letters.NewDeadLetter:
-    """The last form a dead letter is filed in: its body (bounded by the store) and plain text
-    only, none of its headers. Stored under a key of its own (source `broker`, hashed), so it
-    can never replace another row."""
-    # The message_id keeps two refused messages with the same body apart (the key hashes it).
-    headers = {
-        "x-pkgq-unstorable-headers": bounded_text(why, 500),
-        "message_id": _optional(raw.message_id),
-    }
-    return _filed(
-        raw,
-        headers,
-        user_id=None,
-        source="broker",
-        route=route_of_key(bounded_text(raw.routing_key or "", 255)),
-        consumer="dead_letters",
-        reason="unstorable",
-        error_type="UnstorableDeadLetter",
-        error_message=f"filed without its headers: {why}",
-        error_location="dead-letter ingester",
-    )
+class DeadLetterStoreUnavailableError(ConnectionError):
+    """No pooled connection within 10 s: an outage (the pool exhausted or the server hangs),
+    waited out by the consumer, as a route's pipeline does."""
 
 
 def make_ingester(
@@ -287,21 +95,7 @@ def make_ingester(
             stripped = without_pkgq_marks(dead.headers)
             if stripped is not None:
                 dead = dataclasses.replace(dead, headers=stripped)
-        # A blip (a deadlock with a finishing job, a serialization failure) runs the whole
-        # filing again: the letter keeps its full form, and its address and group still hear.
-        try:
-            async for attempt in transient_retrying():
-                with attempt:
-                    dead_id, filed = await store(raw, dead, finish=True)
-        except Exception as exc:
-            if is_outage(exc):
-                raise  # waited out by the consumer, then filed as it is
-            # Still failing after the retries (a job row locked for good, a statement timeout):
-            # filed without telling its address and group, rather than requeued for ever.
-            log.error(  # noqa: TRY400  (the error is the news, not its traceback)
-                "dead_letter_filed_without_finishing_its_job", error=repr(exc)[:500]
-            )
-            dead_id, filed = await store(raw, dead, finish=False)
+        dead_id, filed = await file(raw, dead)
         dead = filed
         log.warning(
             "dead_letter_ingested",
@@ -311,6 +105,33 @@ def make_ingester(
             dead_route=dead.route,
         )
         return Fate.DEAD_LETTERED
+
+    async def file(
+        raw: RawDelivery, dead: dead_letters.NewDeadLetter
+    ) -> tuple[int, dead_letters.NewDeadLetter]:
+        """File it in full, running the whole filing again on a blip (FILING_TRIES tries at
+        most): the letter keeps its full form, and its address and group still hear. Then
+        without finishing its job. An outage is raised at once (see the module docstring)."""
+        for tries in range(1, FILING_TRIES + 1):
+            if tries > 1:
+                await asyncio.sleep(quick_pause_s(tries - 1))
+            try:
+                return await store(raw, dead, finish=True)
+            except Exception as exc:
+                if is_outage(exc):
+                    raise  # waited out by the consumer, then filed as it is
+                error = exc
+                if not is_transient(exc):
+                    break
+        # Still failing after the tries (a job row locked for good, a statement timeout):
+        # filed without telling its address and group, rather than requeued for ever.
+        log.error("dead_letter_filed_without_finishing_its_job", error=repr(error)[:500])
+        try:
+            return await store(raw, dead, finish=False)
+        except Exception as exc:
+            if is_transient(exc) and not is_outage(exc):
+                raise FilingFailedError(f"filing without its job met a blip: {exc!r}") from exc
+            raise
 
     async def store(
         raw: RawDelivery, dead: dead_letters.NewDeadLetter, *, finish: bool
@@ -324,28 +145,40 @@ def make_ingester(
     async def _store(
         raw: RawDelivery, dead: dead_letters.NewDeadLetter, *, finish: bool
     ) -> tuple[int, dead_letters.NewDeadLetter]:
-        async with pool.acquire(timeout=10) as conn, conn.transaction():
-            try:
-                async with conn.transaction():  # a savepoint: the fallback below can follow
-                    dead_id = await dead_letters.bury(conn, dead)
-                    # Addressed and grouped messages failed for good: waiters and groups hear
-                    # (not from a forgery: its headers say nothing true about pkgq's jobs).
-                    if finish and dead.reason != UNTRUSTED_PUBLISHER:
-                        trusted = trusted_publisher in (None, raw.publisher)
-                        # An outsider's unroutable message names no job of pkgq's at all.
-                        if trusted or dead.reason != UNROUTABLE:
-                            await _finish(conn, raw, dead, marks_believed=trusted)
-            except Exception as exc:
-                if is_outage(exc) or (finish and is_transient(exc)):
-                    raise  # a blip is retried above; an outage is waited out by the consumer
-                # Something in it Postgres will not store as given: keep the message anyway,
-                # in its safe form, rather than send it round the queue for ever.
-                log.error("dead_letter_stored_degraded", error=repr(exc)[:500])  # noqa: TRY400
-                dead = dataclasses.replace(
-                    safe_form(raw, f"Postgres refused it: {type(exc).__name__}"),
-                    publisher=dead.publisher,
-                )
+        try:
+            conn = await pool.acquire(timeout=10)
+        except TimeoutError as exc:
+            raise DeadLetterStoreUnavailableError("no Postgres connection within 10 s") from exc
+        try:
+            async with conn.transaction():
+                return await _store_on(conn, raw, dead, finish=finish)
+        finally:
+            await pool.release(conn)
+
+    async def _store_on(
+        conn: Conn, raw: RawDelivery, dead: dead_letters.NewDeadLetter, *, finish: bool
+    ) -> tuple[int, dead_letters.NewDeadLetter]:
+        try:
+            async with conn.transaction():  # a savepoint: the fallback below can follow
                 dead_id = await dead_letters.bury(conn, dead)
+                # Addressed and grouped messages failed for good: waiters and groups hear
+                # (not from a forgery: its headers say nothing true about pkgq's jobs).
+                if finish and dead.reason != UNTRUSTED_PUBLISHER:
+                    trusted = trusted_publisher in (None, raw.publisher)
+                    # An outsider's unroutable message names no job of pkgq's at all.
+                    if trusted or dead.reason != UNROUTABLE:
+                        await _finish(conn, raw, dead, marks_believed=trusted)
+        except Exception as exc:
+            if is_outage(exc) or (finish and is_transient(exc)):
+                raise  # a blip is retried in `file`; an outage is waited out by the consumer
+            # Something in it Postgres will not store as given: keep the message anyway,
+            # in its safe form, rather than send it round the queue for ever.
+            log.error("dead_letter_stored_degraded", error=repr(exc)[:500])  # noqa: TRY400
+            dead = dataclasses.replace(
+                safe_form(raw, f"Postgres refused it: {type(exc).__name__}"),
+                publisher=dead.publisher,
+            )
+            dead_id = await dead_letters.bury(conn, dead)
         return dead_id, dead
 
     return ingest_all

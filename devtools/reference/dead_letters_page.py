@@ -103,7 +103,7 @@ NOT_REASONS = frozenset({"server_not_writable", "exited"})
 
 def _reason_literals(tree: ast.AST) -> Iterator[str]:
     """String literals the code files as a reason: BadMessageError("r", ...), Bury-like
-    `reason="r"`, `reason = "r"`, `kind, reason = K, "r"`, Decision(Fate.BURIED, "r", ...),
+    `reason="r"`, `reason = "r"`, `kind, reason = K, "r"`, Decision(Fate.DEAD_LETTERED, "r"),
     and module constants assigned in ALL_CAPS from a reason-looking name (UNROUTABLE = ...)."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):

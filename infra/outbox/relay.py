@@ -19,19 +19,7 @@ consumers' inbox absorbs the duplicates. Rows of one user share a partition, and
 has one holder at a time (two rounds of one relay are two transactions, like two relays), so
 nothing ever interleaves one user's events.
 
-Why a user's next row waits for the previous row's confirm, rather than being sent right behind
-it: a publish can fail on its own while a later one on the same channel succeeds. The broker
-returns an unroutable message (`mandatory`) but routes the next one if its route has a queue; a
-queue nacks one message (internal error, a `reject-publish` length limit) and accepts the next
-once it has room; a broker crash can lose an unconfirmed message on one queue but not a later
-one on another. Had the later row been sent, it would be in its queue, consumed and applied
-before the failed row's retry: a user's events applied out of order, which re-sending the later
-row (the inbox drops it) cannot undo. Waiting for the confirm means a row is on the broker,
-durably, before anything after it is sent. The throughput cost is one confirm round trip per
-row of a user (about 1 ms locally); different users' chains, and overlapping rounds, keep the
-channel busy meanwhile. The publishes begun together (each chain's first row, and rows whose
-confirms came together) are handed to the connection's writer as one frame
-(infra/rabbit/coalesce.py).
+Why a user's next row waits for the previous row's confirm: infra/outbox/chains.py.
 
 A channel that failed a publish is never used again (a partitioned node can leave a channel
 open that confirms nothing, for ever): a confirm that does not come within
@@ -41,6 +29,12 @@ balancer: infra/rabbit/connection.py). So while the broker is healthy no row wai
 one confirm timeout plus a reconnect. A watchdog counts the relay stalled after
 PKGQ_RELAY_STALL_AFTER seconds without a healthy round (metric, /readyz, an error log) and
 reconnects it.
+
+A round that fails (Postgres or the broker away, a bug) leaves its rows due, and the next
+round comes after a pause: FIRST_ROUND_PAUSE_S, doubling up to 2 s (OUTAGE_LONGEST_PAUSE_S),
+cut short when the process's probe finds the database back or `stop` is set; for as long as
+rounds fail (the rows are pkgq's own data: there is nothing to set aside). A channel that
+cannot be renewed yet is tried again after renewal.RENEW_RETRY_PAUSES (0.25 s to 2 s).
 """
 
 from __future__ import annotations
@@ -48,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -58,23 +51,22 @@ import asyncpg
 import structlog
 from aio_pika.abc import AbstractRobustConnection
 
-from events.envelope import H_TRACEPARENT
-from infra import faults, tracing
 from infra.dependencies import POSTGRES, RABBITMQ, dependencies
-from infra.observability import RELAY_LAG, RELAY_RENEWALS, RELAY_STALLED, RELAYED
-from infra.outbox import renewal
+from infra.observability import RELAY_RENEWALS, RELAY_STALLED, RELAYED
+from infra.outbox import chains, renewal
 from infra.outbox.housekeeping import housekeeping_forever
 from infra.outbox.listener import OutboxListener
 from infra.postgres import job_state, outbox
 from infra.postgres.outbox import ClaimedRow
 from infra.postgres.pool import forget_if_demoted
 from infra.rabbit.connection import reconnect
-from infra.rabbit.publisher import Publisher, build_properties
+from infra.rabbit.publisher import Publisher
 from infra.rabbit.setting_up import through_outages
-from infra.rabbit.topology import declare_all, routing_key_for
+from infra.rabbit.topology import declare_all
 from infra.settings import Settings
 from infra.systemd_notify import Notifier
 from infra.transient import (
+    OUTAGE_LONGEST_PAUSE_S,
     OutagePauses,
     StoppingError,
     dependency_of,
@@ -183,7 +175,7 @@ class Relay:
         in_flight: list[asyncio.Task[RoundResult]] = []
         more = False
         # capped short: once the network is back the next round comes within 2 s
-        pauses = OutagePauses(FIRST_ROUND_PAUSE_S, 2.0)
+        pauses = OutagePauses(FIRST_ROUND_PAUSE_S, OUTAGE_LONGEST_PAUSE_S)
         try:
             while not stop.is_set():
                 if not in_flight:
@@ -359,54 +351,15 @@ class Relay:
         return RoundResult(len(done), more=full and not failed)
 
     async def _publish(self, rows: list[ClaimedRow]) -> tuple[list[int], list[int], str]:
-        chains: dict[UUID | None, list[ClaimedRow]] = defaultdict(list)
-        for row in rows:
-            chains[row.user_id].append(row)
-        done: list[int] = []
-        failed: list[int] = []
-        errors: list[str] = []
+        """Publish a round's rows, each user's chain in order (infra/outbox/chains.py)."""
+        return await chains.publish_in_chains(
+            rows, self._send, lambda: self._renew is not None, self._publish_failed
+        )
 
-        async def send_chain(chain: list[ClaimedRow]) -> None:
-            for row in chain:
-                if self._renew is not None:
-                    failed.append(row.id)  # another chain's publish failed: not on this channel
-                    return
-                try:
-                    await self._send(row)
-                except Exception as exc:  # noqa: BLE001  (the row stays pending: retried)
-                    failed.append(row.id)
-                    errors.append(repr(exc))
-                    self._renew = renewal.renewal_for(exc, self._renew)
-                    log.warning("publish_failed", message_id=str(row.message_id), error=repr(exc))
-                    return  # the rest of the chain stays unsent, so nothing overtakes this row
-                done.append(row.id)
-                if row.available_at is not None:
-                    RELAY_LAG.observe(max(0.0, time.time() - row.available_at.timestamp()))
-                faults.hit(faults.RELAY_AFTER_CONFIRM, route=row.route)
-
-        await asyncio.gather(*(send_chain(c) for c in chains.values()))
-        return done, failed, "; ".join(errors[:3])
+    def _publish_failed(self, exc: BaseException) -> None:
+        self._renew = renewal.renewal_for(exc, self._renew)
 
     async def _send(self, row: ClaimedRow) -> None:
         """Publish one row and return once it is confirmed (raise if it is not)."""
         assert self._publisher is not None
-        incoming = row.headers.get(H_TRACEPARENT)
-        with tracing.publishing(
-            row.route,
-            row.message_id,
-            incoming if isinstance(incoming, str) else None,
-            row.available_at,
-        ) as traceparent:
-            headers = row.headers
-            if traceparent is not None and traceparent != incoming:
-                headers = {**row.headers, H_TRACEPARENT: traceparent}
-            properties = build_properties(
-                message_id=row.message_id,
-                message_type=row.message_type,
-                headers=headers,
-                priority=row.priority,
-                expiration_ms=row.ttl_ms if row.expires_at is not None else None,
-            )
-            await self._publisher.publish_properties(
-                row.body, properties, routing_key_for(self._settings, row.route, row.user_id)
-            )
+        await chains.send_row(self._publisher, self._settings, row)

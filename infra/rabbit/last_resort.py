@@ -1,13 +1,21 @@
 """The last resort for a delivery its processor could not decide (a bug in the failure path
 itself): copy it to the dead-letter exchange with the error in headers, confirmed, then ack it;
 the dead-letter ingester files the copy in the store. If the copy cannot be made, the delivery
-stays unacked and the copy is retried: it is never rejected into a DLX that might drop it."""
+stays unacked and the copy is retried: it is never rejected into a DLX that might drop it.
+
+The copy's retries are an outage's pauses (infra/transient.OutagePauses, not probed: the
+failure is the broker's): 1 s, doubling up to OUTAGE_LONGEST_PAUSE_S (2 s), every failure of
+any kind tried again, until the copy is confirmed, `stopping` is set, or the delivery's
+channel closes (then it is redelivered and taken again). The failure is an error the first
+time and again every LOUD_REPEAT_S at most (the tries between are debug lines)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import traceback
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import structlog
@@ -26,6 +34,13 @@ from events.envelope import (
 )
 from infra.rabbit.deliveries import AmqpDelivery, channel_open
 from infra.rabbit.publisher import Publisher, build_message
+from infra.transient import (
+    LOUD_REPEAT_S,
+    OUTAGE_FIRST_PAUSE_S,
+    OUTAGE_LONGEST_PAUSE_S,
+    OutagePauses,
+    Wait,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -39,9 +54,12 @@ async def copy_to_dead_letters(
     reason: str,
     exc: BaseException,
     stopping: asyncio.Event,
+    wait: Wait | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> bool:
     """True once the confirmed copy is made and the delivery acked; False if it was left
-    unacked (shutdown, or its channel closed): it is redelivered and dead-lettered then."""
+    unacked (shutdown, or its channel closed): it is redelivered and dead-lettered then.
+    `wait` and `clock`: the pauses and the time as tests drive them."""
     if publisher is None:
         # The dead-letter queue's own consumer: give it back, after a pause, to try again.
         log.error("requeued_after_failure", error=repr(exc))
@@ -74,7 +92,8 @@ async def copy_to_dead_letters(
         content_type=message.content_type,
         timestamp=message.timestamp,
     )
-    pause = 1.0
+    pauses = OutagePauses(OUTAGE_FIRST_PAUSE_S, OUTAGE_LONGEST_PAUSE_S, probed=False, wait=wait)
+    said_at: float | None = None
     while True:
         try:
             await publisher.publish(copy, queue_name)
@@ -82,14 +101,16 @@ async def copy_to_dead_letters(
         except Exception as publish_error:  # noqa: BLE001  (kept unacked, retried)
             # Never reject or ack a message that has no confirmed copy in the dead-letter
             # queue: if the DLX is unroutable the broker would drop it.
-            log.error(  # noqa: TRY400  (expected and retried: no traceback wanted)
-                "dead_letter_publish_failed", error=repr(publish_error), retry_in_s=pause
+            now = clock()
+            loud = said_at is None or now - said_at >= LOUD_REPEAT_S
+            if loud:
+                said_at = now
+            (log.error if loud else log.debug)(
+                "dead_letter_publish_failed", error=repr(publish_error), retry_in_s=pauses.current
             )
             if stopping.is_set() or not channel_open(message):
                 return False  # unacked: redelivered, and dead-lettered again then
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), timeout=pause)
-            pause = min(pause * 2, 30.0)
+            await pauses.wait(publish_error, stopping)
     try:
         await message.ack()
     except Exception as ack_error:  # noqa: BLE001  (channel gone: the inbox absorbs it)

@@ -1,5 +1,6 @@
 """consumers/ingest.py against Postgres: a dead letter is always stored, in its full form when
-Postgres can take it (a blip runs the filing again), in its safe form when it cannot."""
+Postgres can take it (a blip runs the filing again), in its safe form when it cannot; an outage
+is left to the consumer's loop, and no failure is retried by two loops at once."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from uuid import uuid4
 import asyncpg
 import pytest
 
-from consumers import ingest
+from consumers import dead_letter_forms, ingest
 from domain.delivery import Fate
 from events.decoding import RawDelivery
 from events.envelope import CONTENT_TYPE
+from infra.postgres import dead_letters
+from infra.transient import is_transient
 
 
 def dead_delivery(**headers: Any) -> RawDelivery:
@@ -43,7 +46,7 @@ async def test_the_ingester_keeps_a_message_whose_headers_postgres_refuses_as_te
 ) -> None:
     # Headers are made storable before they reach Postgres; should something still slip
     # through, the ingester must store the message anyway instead of requeueing it for ever.
-    monkeypatch.setattr(ingest, "jsonable", lambda headers: headers)
+    monkeypatch.setattr(dead_letter_forms, "jsonable", lambda headers: headers)
     raw = dead_delivery(**{"x-note": "a\x00b"})
     assert [r.fate for r in await ingest.make_ingester(pool)([raw])] == [Fate.DEAD_LETTERED]
     (dead,) = await stored(pool)
@@ -90,9 +93,53 @@ async def test_a_filing_that_keeps_deadlocking_is_stored_in_full_without_finishi
     raw = dead_delivery(**{"x-note": "kept"})
     assert [r.fate for r in await ingest.make_ingester(pool)([raw])] == [Fate.DEAD_LETTERED]
     (dead,) = await stored(pool)
-    assert len(calls) == 5  # transient_retrying's attempts, then filed without it
+    assert len(calls) == 5  # FILING_TRIES tries in full, then filed without its job
     assert dead["reason"] == "expired"
     assert "kept" in dead["headers"]
+
+
+async def test_an_outage_while_filing_is_raised_at_once_for_the_consumers_loop_to_wait_out(
+    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The ingester does not retry an outage itself: the consumer's until_done does, once.
+    calls: list[str] = []
+
+    async def unreachable(*args: Any, **kwargs: Any) -> None:
+        calls.append("finish")
+        raise ConnectionRefusedError(111, "Connect call failed")
+
+    monkeypatch.setattr(ingest, "_finish", unreachable)
+    with pytest.raises(ConnectionRefusedError):
+        await ingest.make_ingester(pool)([dead_delivery()])
+    assert calls == ["finish"]
+    assert await stored(pool) == []
+
+
+async def test_a_blip_in_the_filing_without_its_job_is_raised_as_no_loops_to_retry(
+    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # After the tries in full, the filing without its job is tried once; a blip there is not
+    # handed to the consumer's loop as a blip (it would run all the tries again).
+    calls: list[bool] = []
+    real_bury = dead_letters.bury
+
+    async def always_deadlocks(*args: Any, **kwargs: Any) -> None:
+        raise asyncpg.DeadlockDetectedError("deadlock detected")
+
+    async def bury_then_deadlock_without_finishing(conn: Any, dead: Any) -> int:
+        calls.append(True)
+        if len(calls) > ingest.FILING_TRIES:
+            raise asyncpg.DeadlockDetectedError("deadlock detected")
+        return int(await real_bury(conn, dead))
+
+    monkeypatch.setattr(ingest, "_finish", always_deadlocks)
+    monkeypatch.setattr(dead_letters, "bury", bury_then_deadlock_without_finishing)
+    with pytest.raises(ingest.FilingFailedError) as raised:
+        await ingest.make_ingester(pool)([dead_delivery()])
+    assert isinstance(raised.value.__cause__, asyncpg.DeadlockDetectedError)
+    # the tries in full, then once without its job, and that once more in its safe form
+    assert len(calls) == ingest.FILING_TRIES + 2
+    assert not is_transient(raised.value)
 
 
 async def test_a_broker_dead_letter_sent_again_with_a_new_death_time_is_filed_once(

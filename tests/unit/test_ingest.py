@@ -1,4 +1,4 @@
-"""consumers/ingest.py: what a message that reaches the dead-letter queue is filed as."""
+"""consumers/dead_letter_forms.py: what a message that reaches the dead-letter queue is filed as."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from uuid import uuid4
 
 import pytest
 
-from consumers import ingest
+from consumers import dead_letter_forms
 from consumers.ingest import to_dead_letter
 from events.decoding import RawDelivery
 from events.envelope import (
@@ -184,7 +184,7 @@ def test_a_dead_letter_whose_headers_cannot_be_read_is_filed_in_its_safe_form(
     def unreadable(*_: object) -> object:
         raise RecursionError("deeper than anything expected")
 
-    monkeypatch.setattr(ingest, "jsonable", unreadable)
+    monkeypatch.setattr(dead_letter_forms, "jsonable", unreadable)
     first = to_dead_letter(delivery({"x": 1}, message_id="m-1"))
     second = to_dead_letter(delivery({"x": 1}, message_id="m-2"))
     assert (first.reason, first.source, first.body) == ("unstorable", "broker", b'{"x": 1}')

@@ -1,5 +1,5 @@
 """Waiting out an outage ends when the database is back, not when the pause does: one probe per
-process (infra/transient.Recovery) wakes every waiter; no probe runs while nothing waits; an
+process (infra/recovery.Recovery) wakes every waiter; no probe runs while nothing waits; an
 outage a probe cannot see the end of is waited out on the timer alone; and a retry loop the
 probe wakes in vain stops listening to it. A demoted primary is told apart by its errors.
 
@@ -14,6 +14,7 @@ import asyncpg
 import pytest
 from aiormq.exceptions import AMQPConnectionError
 
+from infra import recovery as recovery_module
 from infra import transient
 from infra.postgres.pool import ServerNotWritableError
 from infra.transient import (
@@ -45,7 +46,7 @@ class Switch:
 
 @pytest.fixture(autouse=True)
 def fast_probe(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(transient, "PROBE_INTERVAL_S", 0.01)
+    monkeypatch.setattr(recovery_module, "PROBE_INTERVAL_S", 0.01)
 
 
 async def _until(condition: object, what: str) -> None:
@@ -154,7 +155,7 @@ async def test_until_done_resumes_on_the_probe_not_on_its_back_off(
 
     done = asyncio.create_task(until_done(write, asyncio.Event()))
     await _until(lambda: switch.calls >= 1, "a probe")
-    tried = calls  # the first try and its brief retries (tenacity)
+    tried = calls  # the first try and its quick tries
     await _until(lambda: switch.calls >= 4, "more probes")
     assert calls == tried  # waiting: the probe tries the database, not the work
     switch.on = True
