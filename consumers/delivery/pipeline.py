@@ -1,14 +1,16 @@
-"""The delivery pipeline of one route: decide, then write.
+"""The delivery pipeline of one route: decide, then write, one transaction at a time.
 
-One usage record, from the socket to the ack, reads one way through these files:
-infra/rabbit/consumer.py (takes a batch) -> pipeline.py (this loop) -> decode.py (bad input is
-refused; done for each delivery as it arrives, before its batch: `take_ahead`) -> snapshot.py
-(locks and loads, fixed statements) -> executor.py (the gate of domain/delivery.py decides;
-handlers run in memory) -> writes.py (the decisions as rows, pure)
--> writer.py (one part per table, gathered into few statements: infra/postgres/compound.py)
--> back to the consumer, which derives ack or give-back from each `Fate` (infra/rabbit/settle.py).
+One message's way, in these stages (ARCHITECTURE.md draws them):
+infra/rabbit/deliveries.py (handed over) -> consumers/delivery/decode.py (the trust gate and
+decoding, done as it arrives: `take_ahead`) -> infra/rabbit/consumer.py (a batch) ->
+pipeline.py (this loop) -> decide.py (the snapshot under the users' locks, from
+infra/postgres/batch_read.py; the gate of domain/delivery.py decides; the handler runs in
+memory on domain/queue.py through consumers/unit_of_work.py) -> writer.py (the decisions as
+rows, then statements through infra/postgres/batch_write.py) -> back to the consumer, which
+derives ack or give-back from each decision's fate.
 
-**The one retry loop** (`_decide_all`) takes a batch through one transaction at a time:
+**The batch's transaction loop** (`_decide_all`; docs/explanation/retries.md lists it with
+pkgq's other loops) takes a batch through one transaction at a time:
 - the whole batch in one transaction; if it fails on something that is not a blip (a write-back
   a constraint refuses, a bug), the batch is split and each delivery goes alone, so the failure
   is pinned on the message that causes it and its neighbours commit;
@@ -34,8 +36,8 @@ at most 0.05 * k s (k = 1..R), so at most (1 + 2B) * 0.3 s of pauses; plus one t
 TTR strike (at most max_attempts per delivery). A blip that never clears proves the bound in
 tests/integration/test_failure_kinds.py.
 
-After the commit, users whose hold was lifted have their parked messages drained: the same
-loop over the parking lot (Source.PARKING) until none is left or one fails again.
+After the commit, users whose hold was lifted have their parked messages drained (drain.py): the
+same loop over the parking lot (Source.PARKING) until none is left or one fails again.
 """
 
 from __future__ import annotations
@@ -235,7 +237,7 @@ class DeliveryPipeline(Draining):
     async def _decide_all(
         self, items: Sequence[Item], source: Source, parked: Mapping[int, int] | None = None
     ) -> tuple[dict[int, Decided], set[UUID]]:
-        """The one retry loop (see the module docstring). Returns the decisions by index (a
+        """The batch's transaction loop (see the module docstring). Returns the decisions by index (a
         delivery without one is given back) and the users whose parked messages may go.
         `parked`: from the parking lot, each delivery's parked row (by index)."""
         decided: dict[int, Decided] = {}

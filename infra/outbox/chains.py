@@ -14,7 +14,7 @@ durably, before anything after it is sent. The throughput cost is one confirm ro
 row of a user (about 1 ms locally); different users' chains, and overlapping rounds, keep the
 channel busy meanwhile. The publishes begun together (each chain's first row, and rows whose
 confirms came together) are handed to the connection's writer as one frame
-(infra/rabbit/coalesce.py).
+(infra/rabbit/wire/coalesce.py).
 """
 
 from __future__ import annotations
