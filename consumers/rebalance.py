@@ -171,6 +171,11 @@ class Rebalancer:
         async def moving() -> None:
             try:
                 await work
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("partition_move_failed", route=key[0], partition=key[1])
+                self.failed.set()
             finally:
                 self._moving.pop(key, None)
                 if not self._moving:

@@ -8,7 +8,7 @@ import contextlib
 import functools
 import os
 import socket
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import structlog
@@ -115,22 +115,17 @@ async def run_consumers(
                 resume_after[route.name] = breaker.resume_after_s
         partitions = settings.partitions_for(route.name)
         if rebalance and settings.replica is None and partitions > 1:
-            elastic.append(
-                ElasticRoute(
-                    route.name,
-                    partitions,
-                    functools.partial(
-                        route_consumer,
-                        route,
-                        settings,
-                        svc.amqp,
-                        processor,
-                        dead_letters,
-                        idle=pipeline.drain_parked,
-                        ahead=pipeline.take_ahead,
-                    ),
-                )
+            make = functools.partial(
+                route_consumer,
+                route,
+                settings,
+                svc.amqp,
+                processor,
+                dead_letters,
+                idle=pipeline.drain_parked,
+                ahead=pipeline.take_ahead,
             )
+            elastic.append(ElasticRoute(route.name, partitions, _by_partition(make)))
             continue
         for partition in range(partitions):
             consumer = route_consumer(
@@ -241,6 +236,11 @@ async def run_consumers(
         if status is not None:
             await status.stop()
         await systemd.stop_watchdog()
+
+
+def _by_partition(make: Callable[..., QueueConsumer]) -> Callable[[int], QueueConsumer]:
+    """`make(partition=k)`, called as `f(k)`."""
+    return lambda partition: make(partition=partition)
 
 
 async def _first_rebalance(rebalancer: Rebalancer, rebalancing: asyncio.Task[None]) -> None:
