@@ -8,7 +8,8 @@ import contextlib
 import functools
 import os
 import socket
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 import structlog
 
@@ -16,6 +17,7 @@ from consumers.breaker import Breaker
 from consumers.delivery import DeliveryPipeline
 from consumers.handlers import package_purchase
 from consumers.ingest import ingester
+from consumers.rebalance import ElasticRoute, Rebalancer
 from consumers.registry import HANDLERS
 from consumers.retry_policy import RetryPolicy, policy_for
 from consumers.route_pauses import PauseWatch
@@ -77,10 +79,13 @@ async def run_consumers(
     *,
     ingest: bool = True,
     pipelines: dict[str, DeliveryPipeline] | None = None,
+    rebalance: bool = True,
 ) -> int:
     """Consume until `stop` is set (exit code 0) or a consumer's worker dies (exit code 1).
 
     `ingest`: also run the dead-letter ingester. `pipelines`: per-route overrides (tests).
+    `rebalance`: a partitioned route's partitions are shared with the route's other live
+    replicas (consumers/rebalance.py), unless this replica is pinned (`--replica I/N`).
     """
     try:
         # A RabbitMQ connection lost during start-up is waited out, as once running: only a
@@ -98,6 +103,7 @@ async def run_consumers(
     standby: list[QueueConsumer] = []
     resume_after: dict[str, float] = {}
     """Routes whose breaker resumes them by itself: after how many seconds."""
+    elastic: list[ElasticRoute] = []
     for route in routes:
         pipeline = (pipelines or {}).get(route.name) or pipeline_for(settings, svc, route)
         processor: Processor = pipeline.process_batch
@@ -107,7 +113,21 @@ async def run_consumers(
             processor = Breaker(svc.pool, route.name, breaker, worker).wrap(processor)
             if breaker.resume_after_s is not None:
                 resume_after[route.name] = breaker.resume_after_s
-        for partition in range(settings.partitions_for(route.name)):
+        partitions = settings.partitions_for(route.name)
+        if rebalance and settings.replica is None and partitions > 1:
+            make = functools.partial(
+                route_consumer,
+                route,
+                settings,
+                svc.amqp,
+                processor,
+                dead_letters,
+                idle=pipeline.drain_parked,
+                ahead=pipeline.take_ahead,
+            )
+            elastic.append(ElasticRoute(route.name, partitions, _by_partition(make)))
+            continue
+        for partition in range(partitions):
             consumer = route_consumer(
                 route,
                 settings,
@@ -127,10 +147,22 @@ async def run_consumers(
     if not await _first_read(pauses, stop):  # a paused route's consumers start paused
         await dead_letters.close()
         return 0
+    fixed: list[str] = []
+    """The queues this process consumes whatever the other replicas do."""
+
+    async def record(keys: list[str]) -> None:
+        await svc.set_routes([*fixed, *keys])
+
+    rebalancer = Rebalancer(svc.pool, svc.worker_id, elastic, started, pauses, record=record)
+    rebalancing: asyncio.Task[None] | None = None
 
     def ready() -> bool:
         """Consuming from every assigned queue (the status port adds that Postgres answers)."""
-        return len(started) == len(consumers) and all(c.consuming for c in started)
+        return (
+            all(c in started for c in consumers)
+            and all(c.consuming for c in started)
+            and (not elastic or rebalancer.ready())
+        )
 
     status = await start_status_server(settings, ready, svc)
     watch: asyncio.Task[None] | None = None
@@ -146,8 +178,19 @@ async def run_consumers(
         if not await _unless_stopped(start_all(), stop):
             return 0
         watch = asyncio.create_task(pauses.run(), name="pause-watch")
-        log.info("ready", routes=[c.name for c in consumers], paused=sorted(pauses.paused))
-        await svc.set_routes(c.name for c in consumers)
+        fixed.extend(c.name for c in consumers)
+        if elastic:
+            rebalancing = asyncio.create_task(rebalancer.run(stop), name="rebalance")
+            if not await _unless_stopped(_first_rebalance(rebalancer, rebalancing), stop):
+                return 0
+        log.info(
+            "ready",
+            routes=[c.name for c in consumers],
+            elastic=[r.name for r in elastic],
+            partitions=rebalancer.keys(),
+            paused=sorted(pauses.paused),
+        )
+        await record(rebalancer.keys())
         systemd.ready(f"consuming {len(consumers)} queue(s)")
         if standby:
             # Single-active-consumer makes the first subscriber of a queue its consumer: the
@@ -165,8 +208,13 @@ async def run_consumers(
                 consumers.append(consumer)
                 started.append(consumer)
             log.info("standing_by", routes=[c.name for c in standby])
-        waiters = [asyncio.ensure_future(stop.wait())]
+        waiters: list[asyncio.Future[Any]] = [
+            asyncio.ensure_future(stop.wait()),
+            asyncio.ensure_future(rebalancer.failed.wait()),
+        ]
         waiters += [asyncio.ensure_future(c.failed.wait()) for c in consumers]
+        if rebalancing is not None:
+            waiters.append(rebalancing)
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         for waiter in waiters:
             waiter.cancel()
@@ -174,16 +222,35 @@ async def run_consumers(
     finally:
         if watch is not None:
             watch.cancel()
+        if rebalancing is not None:
+            rebalancing.cancel()
         systemd.stopping()
         if status is not None:
             status.draining = True
-        await asyncio.gather(*(c.stop() for c in consumers), return_exceptions=True)
+        await asyncio.gather(
+            rebalancer.close(), *(c.stop() for c in consumers), return_exceptions=True
+        )
         with contextlib.suppress(Exception):  # bounded: the broker may be down
             await asyncio.wait_for(dead_letters.close(), timeout=2)
         log.info("stopped", processed={c.name: c.processed for c in consumers})
         if status is not None:
             await status.stop()
         await systemd.stop_watchdog()
+
+
+def _by_partition(make: Callable[..., QueueConsumer]) -> Callable[[int], QueueConsumer]:
+    """`make(partition=k)`, called as `f(k)`."""
+    return lambda partition: make(partition=partition)
+
+
+async def _first_rebalance(rebalancer: Rebalancer, rebalancing: asyncio.Task[None]) -> None:
+    """Wait until the rebalance loop has read the live replicas once and subscribed to this
+    replica's partitions (however long an outage makes that take), or has ended."""
+    assigned = asyncio.ensure_future(rebalancer.assigned.wait())
+    try:
+        await asyncio.wait({assigned, rebalancing}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        assigned.cancel()
 
 
 async def _declare(settings: Settings, svc: Services) -> None:

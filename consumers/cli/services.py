@@ -62,6 +62,16 @@ def run_cmd(
             "(PKGQ_REPLICA).",
         ),
     ] = None,
+    rebalance: Annotated[
+        bool,
+        typer.Option(
+            "--rebalance/--no-rebalance",
+            help="Share each partitioned route's partitions with its other live `pkgq run` "
+            "replicas, moving them as replicas join and leave (not with --replica: that pins "
+            "them). --no-rebalance: subscribe to every partition, the first subscriber of each "
+            "consuming it.",
+        ),
+    ] = True,
     concurrency: Annotated[
         int | None,
         typer.Option(
@@ -87,7 +97,9 @@ def run_cmd(
         stop = stop_on_signals()
         async with services(settings, "run") as svc:
             tune_for_throughput()  # started (infra/gc_tuning.py)
-            return await run_consumers(settings, svc, selected, stop, ingest=with_ingester)
+            return await run_consumers(
+                settings, svc, selected, stop, ingest=with_ingester, rebalance=rebalance
+            )
 
     raise typer.Exit(run(go()))
 

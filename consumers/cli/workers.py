@@ -10,7 +10,7 @@ import typer
 from consumers.cli.options import DryRunOpt, JsonOpt
 from consumers.cli.output import Column, console, say, show, table, text
 from consumers.cli.running import load_settings, on_database
-from infra.postgres import retention, workers
+from infra.postgres import partition_owners, retention, workers
 from infra.postgres.pool import Conn
 from infra.settings import Settings
 
@@ -36,6 +36,14 @@ _COLUMNS: list[Column] = [
 ]
 
 
+_OWNER_COLUMNS: list[Column] = [
+    ("route", lambda o: text(o["route"].removeprefix("telecom."))),
+    ("partition", lambda o: str(o["partition"])),
+    ("owner", lambda o: text(o["worker"], style="" if o["owner_alive"] else "dim")),
+    ("since", lambda o: o["since"][:19].replace("T", " ")),
+]
+
+
 def workers_cmd(
     include_stopped: Annotated[
         bool, typer.Option("--all", help="Also list stopped (and reaped) workers.")
@@ -43,18 +51,31 @@ def workers_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """The registered pkgq processes: role, host, pid, routes, last heartbeat and state
-    (alive; stale: no heartbeat for PKGQ_WORKER_STALE_AFTER s; or stopped, with the reason)."""
+    (alive; stale: no heartbeat for PKGQ_WORKER_STALE_AFTER s; or stopped, with the reason).
+    Then which replica owns which partition of a partitioned route, and since when (in JSON:
+    each worker's `partitions`)."""
     settings = load_settings()
+    owned: list[dict[str, Any]] = []
 
     async def find(conn: Conn) -> list[dict[str, Any]]:
         found = await workers.list_workers(conn, include_stopped)
-        return [w.as_dict(settings.worker_stale_after) for w in found]
+        owned.extend(o.as_dict() for o in await partition_owners.owners(conn))
+        rows = [w.as_dict(settings.worker_stale_after) for w in found]
+        for row in rows:
+            row["partitions"] = [
+                {"route": o["route"], "partition": o["partition"], "since": o["since"]}
+                for o in owned
+                if o["worker_id"] == row["id"]
+            ]
+        return rows
 
     def render(rows: list[dict[str, Any]]) -> None:
         if rows:
             console().print(table(rows, _COLUMNS))
         else:
             say("no workers" + ("" if include_stopped else " running"))
+        if owned:
+            console().print(table(owned, _OWNER_COLUMNS))
 
     show(on_database(settings, find), as_json, render)
 

@@ -28,6 +28,7 @@ from infra.postgres import (
     holds,
     invariants,
     operator_actions,
+    partition_owners,
     queue_repo,
     read_api,
     stats,
@@ -299,6 +300,7 @@ async def workers_page(request: Request, who: Viewer) -> Response:
     settings: Settings = request.app.state.settings
     async with pool_of(request).acquire() as conn:
         found, total = await workers.first_workers(conn, WORKERS_SHOWN)
+        owners = await partition_owners.owners(conn)
         found_groups = await groups.list_groups(conn, 100)
         addresses = await console.addresses(conn, limit=100)
     return render(
@@ -307,6 +309,7 @@ async def workers_page(request: Request, who: Viewer) -> Response:
         {
             "workers": [w.as_dict(settings.worker_stale_after) for w in found],
             "workers_total": total,
+            "owners": [o.as_dict() for o in owners],
             "groups": found_groups,
             "addresses": addresses,
         },

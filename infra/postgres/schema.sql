@@ -455,6 +455,14 @@ CREATE SEQUENCE telecom.parked_id_seq
 
 ALTER SEQUENCE telecom.parked_id_seq OWNED BY telecom.parked.id;
 
+CREATE TABLE telecom.partition_owners (
+    route text NOT NULL,
+    partition integer NOT NULL,
+    worker_id uuid NOT NULL,
+    since timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT partition_owners_partition_check CHECK ((partition >= 0))
+);
+
 CREATE TABLE telecom.queue_users (
     user_id uuid NOT NULL,
     seq bigint DEFAULT 0 NOT NULL,
@@ -545,6 +553,12 @@ CREATE TABLE telecom.route_pauses (
     route text NOT NULL,
     paused_at timestamp with time zone DEFAULT now() NOT NULL,
     paused_by text NOT NULL
+);
+
+CREATE TABLE telecom.route_replicas (
+    route text NOT NULL,
+    worker_id uuid NOT NULL,
+    joined_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
 CREATE TABLE telecom.schema_migrations (
@@ -716,6 +730,9 @@ ALTER TABLE ONLY telecom.parked
 ALTER TABLE ONLY telecom.parked
     ADD CONSTRAINT parked_pkey PRIMARY KEY (id);
 
+ALTER TABLE ONLY telecom.partition_owners
+    ADD CONSTRAINT partition_owners_pkey PRIMARY KEY (route, partition);
+
 ALTER TABLE ONLY telecom.queue_users
     ADD CONSTRAINT queue_users_pkey PRIMARY KEY (user_id);
 
@@ -730,6 +747,9 @@ ALTER TABLE ONLY telecom.route_minutes
 
 ALTER TABLE ONLY telecom.route_pauses
     ADD CONSTRAINT route_pauses_pkey PRIMARY KEY (route);
+
+ALTER TABLE ONLY telecom.route_replicas
+    ADD CONSTRAINT route_replicas_pkey PRIMARY KEY (route, worker_id);
 
 ALTER TABLE ONLY telecom.schema_migrations
     ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
@@ -846,7 +866,11 @@ CREATE INDEX parked_user ON telecom.parked USING btree (consumer, user_id, id);
 
 CREATE INDEX parked_user_time ON telecom.parked USING btree (user_id, parked_at);
 
+CREATE INDEX partition_owners_worker_id ON telecom.partition_owners USING btree (worker_id);
+
 CREATE INDEX replay_run_letters_pending ON telecom.replay_run_letters USING btree (run_id, "position") WHERE (state = 'pending'::text);
+
+CREATE INDEX route_replicas_worker_id ON telecom.route_replicas USING btree (worker_id);
 
 CREATE INDEX unique_keys_expires ON telecom.unique_keys USING btree (expires_at);
 
@@ -884,6 +908,12 @@ ALTER TABLE ONLY telecom.group_members
 ALTER TABLE ONLY telecom.package_queue
     ADD CONSTRAINT package_queue_package_id_fkey FOREIGN KEY (package_id) REFERENCES telecom.packages(id);
 
+ALTER TABLE ONLY telecom.partition_owners
+    ADD CONSTRAINT partition_owners_worker_id_fkey FOREIGN KEY (worker_id) REFERENCES telecom.workers(id) ON DELETE CASCADE;
+
 ALTER TABLE ONLY telecom.replay_run_letters
     ADD CONSTRAINT replay_run_letters_run_id_fkey FOREIGN KEY (run_id) REFERENCES telecom.replay_runs(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY telecom.route_replicas
+    ADD CONSTRAINT route_replicas_worker_id_fkey FOREIGN KEY (worker_id) REFERENCES telecom.workers(id) ON DELETE CASCADE;
 

@@ -80,10 +80,15 @@ class Subscription:
         self._worker.add_done_callback(self._worker_done)
         log.info("consuming", route=self.name, queue=self._queue.name, paused=paused)
 
-    async def stop(self) -> None:
-        """Stop taking deliveries, finish the one in hand, leave the rest to be redelivered."""
+    async def stop(self, *, hand_over: bool = False) -> None:
+        """Stop taking deliveries, finish the one in hand, leave the rest to be redelivered.
+
+        `hand_over`: another process's consumer waits on this queue (single-active-consumer)
+        to take it over. Then no cancel comes first, which would make that one active while
+        this one still holds deliveries: the batch in hand is settled first, and the channel's
+        close gives the rest back in place and ends the subscription in one step."""
         self._stopping.set()
-        if self._channel is not None and self._consumer_tag is not None:
+        if not hand_over and self._channel is not None and self._consumer_tag is not None:
             # Bounded: with the broker down, aio-pika would wait for a reconnect first.
             with contextlib.suppress(Exception):
                 underlay = await asyncio.wait_for(self._channel.get_underlay_channel(), 2)

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
+from uuid import uuid4
 
 import asyncpg
 import httpx
 import pytest
 
 from consumers.web.pages import WORKERS_SHOWN
+from infra.postgres import partition_owners, workers
 from infra.settings import Settings
 from tests.web.client import VIEWER_PASSWORD, client, sign_in
 
@@ -62,3 +64,19 @@ async def test_the_workers_page_says_nothing_of_a_cut_when_every_worker_is_shown
     assert page.status_code == 200
     assert len(_names(page)) == 12
     assert "showing" not in page.text
+
+
+async def test_the_workers_page_shows_which_replica_owns_which_partition_since_when(
+    http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    owner = uuid4()
+    async with pool.acquire() as conn:
+        await workers.register(conn, owner, "pkgq-run@pod-7:1", "run", "pod-7", 1)
+        await partition_owners.claim(conn, owner, "telecom.usage_record", [11])
+        since = await conn.fetchval("SELECT since FROM telecom.partition_owners")
+    page = await http.get("/workers")
+    assert page.status_code == 200
+    row = re.search(r"<tr><td>usage_record</td><td class=\"num\">11</td>.*?</tr>", page.text, re.S)
+    assert row is not None, page.text
+    assert "pkgq-run@pod-7:1" in row.group(0)
+    assert since.isoformat()[:19].replace("T", " ") in row.group(0)
