@@ -237,8 +237,8 @@ class DeliveryPipeline(Draining):
     async def _decide_all(
         self, items: Sequence[Item], source: Source, parked: Mapping[int, int] | None = None
     ) -> tuple[dict[int, Decided], set[UUID]]:
-        """The batch's transaction loop (see the module docstring). Returns the decisions by index (a
-        delivery without one is given back) and the users whose parked messages may go.
+        """The batch's transaction loop (see the module docstring). Returns the decisions by
+        index (a delivery without one is given back) and the users whose parked messages may go.
         `parked`: from the parking lot, each delivery's parked row (by index)."""
         decided: dict[int, Decided] = {}
         drain: set[UUID] = set()

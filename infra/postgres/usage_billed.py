@@ -1,6 +1,6 @@
-"""Usage records billed under their billing system's record id (RecordUsage version 2): what a
-batch loads to find repeats, and what it writes for the records it billed. One statement each,
-whatever the batch's size; both run under the users' row locks (infra/postgres/batch_read.py, batch_write.py)."""
+"""Usage records billed under their billing system's record id (RecordUsage version 2): their
+retention. A batch loads the ones its records name (infra/postgres/batch_read.py `load_billed`)
+and writes the ones it billed (batch_write.py `bill_usages`), under the users' row locks."""
 
 from __future__ import annotations
 

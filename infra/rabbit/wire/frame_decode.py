@@ -25,7 +25,8 @@ from pamqp import body, commands, header
 
 TESTED_PAMQP = ("4.0.1",)
 """The pamqp versions whose objects (Basic.Deliver's and Basic.Properties' slots, their flags)
-this builds were checked against; with another, infra/rabbit/wire/frames.install leaves it unused."""
+this builds were checked against; with another, infra/rabbit/wire/frames.install leaves it
+unused."""
 _FRAME = struct.Struct(">BHI")
 _METHOD_INDEX = struct.Struct(">I")
 _LONGLONG = struct.Struct(">q")
