@@ -90,7 +90,7 @@ def undecided(item: Item, exc: Exception) -> Decided:
 
 
 NEWS = frozenset({Fate.RETRIED, Fate.DEAD_LETTERED, Fate.EXPIRED, Fate.UNDECIDED, Fate.PARKED})
-"""The fates worth a line of their own (an applied message gets settle's `processed`)."""
+"""The fates worth a line of their own (an applied message gets the consumer's `processed`)."""
 
 
 def report(route: Route, decided: Sequence[Decided]) -> None:

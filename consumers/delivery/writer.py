@@ -293,7 +293,7 @@ def _holds(
     source: Source,
 ) -> tuple[list[holds.NewHold], list[UUID]]:
     """The holds the batch made (a new blocker) and the users whose hold it lifted. From the
-    parking lot, every user it drained is settled (dropped when nothing is left parked)."""
+    parking lot, every user it drained has its lifted hold dropped when nothing is left parked."""
     last: dict[UUID, Decision] = {}
     blocker_ids: dict[UUID, UUID] = {}
     parked: set[UUID] = set()

@@ -194,9 +194,9 @@ class Relay:
                 claimed.cancel()  # still pending only if the round failed before its claim
                 if full and len(in_flight) < ROUNDS_IN_FLIGHT:
                     continue  # a backlog: lease the next partitions while this round publishes
-                # With the newest round busy on a full claim, settle only the oldest.
-                settle, in_flight = (in_flight[:1], in_flight[1:]) if full else (in_flight, [])
-                results = await asyncio.gather(*settle, return_exceptions=True)
+                # With the newest round busy on a full claim, wait for the oldest only.
+                awaited, in_flight = (in_flight[:1], in_flight[1:]) if full else (in_flight, [])
+                results = await asyncio.gather(*awaited, return_exceptions=True)
                 errors = [r for r in results if isinstance(r, BaseException)]
                 more = more or any(isinstance(r, RoundResult) and r.more for r in results)
                 if errors:
