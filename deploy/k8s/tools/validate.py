@@ -6,13 +6,15 @@ in the project's own. Offline. Three layers, every one of which fails the run:
 1. Schemas, strict (schemas.py): built-in kinds against Kubernetes' OpenAPI schemas, KEDA's
    ScaledObject and TriggerAuthentication against schemas generated from KEDA's CRDs, the
    RabbitmqCluster and CloudNativePG Cluster against their operators' CRD schemas (crds/).
-2. pkgq's own rules (rules.py, pods.py, replication.py, connections.py): hardened pods, least
-   privilege, one workload per route queue in the overlay's rabbitmq-definitions.json (a
-   StatefulSet per partitioned route), autoscaling only where pods add throughput; in prod
+2. pkgq's own rules (rules.py, pods.py, scaling.py, replication.py, connections.py): hardened
+   pods, least privilege, one workload per route in the overlay's rabbitmq-definitions.json (a
+   partitioned route's elastic or pinned), autoscaling only where pods add throughput (the
+   ingester, a partitioned route's elastic pods up to one per partition); in prod
    (REPLICATED), the replicated broker and database and quorum queues; and every pod's memory
    limit holds its in-flight message bodies (memory_budget.py).
-3. Self-tests (selftests.py): deliberately broken copies of rendered documents must be
-   rejected by 1 and 2.
+3. Self-tests (selftests.py, scaling_selftests.py): deliberately broken copies of rendered
+   documents must be rejected by 1 and 2, and the pinned StatefulSet that no overlay renders
+   (base/partitioned/) must pass them.
 
 Also checks the Dockerfile and .dockerignore statically (dockerfile.py).
 """
