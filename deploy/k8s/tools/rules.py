@@ -6,12 +6,15 @@
 - Least privilege: every long-running pod has PKGQ_DECLARE_TOPOLOGY=false (the topology comes
   from the definitions); the migrate Job connects with PKGQ_MIGRATE_DSN (the owner) and no
   other process does; KEDA authenticates as the autoscaler user, with a Secret key no pod uses.
-- Routes: a plain route is one Deployment with a fixed count running `pkgq run ROUTE`; a
-  partitioned route is one StatefulSet whose `replicas` is its PKGQ_REPLICA_COUNT (at most the
-  partition count), its index from the pod-index label; the ConfigMap's PKGQ_PARTITIONS is the
-  definitions' partition map. The relay, the dead-letter ingester and migrate run once each.
-- Autoscaling only where pods add throughput: a ScaledObject may target only a Deployment that
-  consumes a queue that is not single-active-consumer (the dead-letter ingester).
+- Routes: one workload per route running `pkgq run ROUTE --no-ingest`: a plain route a
+  Deployment with a fixed count; a partitioned route an elastic Deployment or StatefulSet (its
+  pods share the partitions; 1..P pods, a fixed count or KEDA's) or a pinned StatefulSet
+  (replica I of PKGQ_REPLICA_COUNT from the pod ordinal), scaling.py says which exactly; the
+  ConfigMap's PKGQ_PARTITIONS is the definitions' partition map. The relay, the dead-letter
+  ingester and migrate run once each.
+- Autoscaling only where pods add throughput (scaling.py): a ScaledObject may target a workload
+  that consumes a queue that is not single-active-consumer (the dead-letter ingester), or a
+  partitioned route's elastic workload, on its partition queues, 1..P pods.
 - References resolve: ConfigMaps, the Secret's keys, PodDisruptionBudgets (one per workload,
   and one per RabbitmqCluster, whose operator makes none), the TriggerAuthentication.
 - Replicated services (replication.py, for prod): one RabbitmqCluster of 3+ nodes, one
@@ -28,14 +31,13 @@ from typing import Any
 
 from pods import pod_errors, privilege_errors
 from replication import operator_pods
+from scaling import keda_errors, partitioned_errors, route_run, scaled_targets
 from workloads import (
-    POD_INDEX,
     SECRET_NAME,
     WORKLOADS,
     args_of,
     by_kind,
     containers,
-    env_entry,
     pod_spec,
     selects,
     settings_of,
@@ -44,9 +46,11 @@ from workloads import (
 Doc = dict[str, Any]
 
 
-def rule_errors(docs: list[Doc], routes: dict[str, int], shared_queues: set[str]) -> list[str]:
-    """`routes`: route -> partition count, from the definitions; `shared_queues`: the queues
-    that are not single-active-consumer."""
+def rule_errors(
+    docs: list[Doc], routes: dict[str, list[str]], shared_queues: set[str]
+) -> list[str]:
+    """`routes`: route -> its queues in the definitions (one, or its partition queues);
+    `shared_queues`: the queues that are not single-active-consumer."""
     kinds = by_kind(docs)
     errors: list[str] = []
     secret_keys: set[str] = set()
@@ -70,7 +74,7 @@ def rule_errors(docs: list[Doc], routes: dict[str, int], shared_queues: set[str]
         for key in sorted(secret_keys - set(data)):
             errors.append(f"Secret/{SECRET_NAME}: no key {key!r}, which is referenced")
     errors += pdb_errors(workloads, kinds.get("PodDisruptionBudget", {}), operator_pods(docs))
-    errors += keda_errors(workloads, kinds, shared_queues)
+    errors += keda_errors(workloads, kinds, shared_queues, routes)
     errors += route_errors(workloads, kinds, routes)
     return errors
 
@@ -100,77 +104,34 @@ def pdb_errors(
     return errors
 
 
-def keda_errors(
-    workloads: dict[str, Doc], kinds: dict[str, dict[str, Doc]], shared_queues: set[str]
-) -> list[str]:
-    errors: list[str] = []
-    auths = kinds.get("TriggerAuthentication", {})
-    deployments = kinds.get("Deployment", {})
-    for name, doc in kinds.get("ScaledObject", {}).items():
-        spec = doc["spec"]
-        target = spec["scaleTargetRef"]
-        scaled = deployments.get(target["name"])
-        if target.get("kind", "Deployment") != "Deployment" or scaled is None:
-            errors.append(f"ScaledObject/{name}: target {target['name']!r} is not a Deployment")
-        elif args_of(scaled)[:1] == ["run"]:
-            errors.append(
-                f"ScaledObject/{name}: scales {target['name']}, a route consumer: its queues are "
-                "single-active-consumer, where an added pod only stands by"
-            )
-        elif scaled["spec"].get("replicas") is not None:
-            errors.append(f"Deployment/{target['name']}: sets replicas, but KEDA scales it")
-        for trigger in spec["triggers"]:
-            meta = trigger["metadata"]
-            if trigger["type"] != "rabbitmq" or meta.get("mode") != "QueueLength":
-                errors.append(f"ScaledObject/{name}: trigger must be rabbitmq, mode QueueLength")
-            if "host" in meta or "hostFromEnv" in meta:
-                errors.append(f"ScaledObject/{name}: the broker URL belongs in the auth ref")
-            if meta.get("queueName") not in shared_queues:
-                errors.append(
-                    f"ScaledObject/{name}: trigger on {meta.get('queueName')!r}, not a queue "
-                    f"whose consumers share the work ({sorted(shared_queues)})"
-                )
-            auth = trigger.get("authenticationRef", {})
-            if auth.get("kind", "TriggerAuthentication") != "TriggerAuthentication" or (
-                auth.get("name") not in auths
-            ):
-                errors.append(f"ScaledObject/{name}: authenticationRef does not resolve")
-        if spec.get("minReplicaCount", 0) < 1:
-            errors.append(f"ScaledObject/{name}: minReplicaCount must keep a consumer running")
-    scaled_names = {
-        d["spec"]["scaleTargetRef"]["name"] for d in kinds.get("ScaledObject", {}).values()
-    }
-    for name, doc in workloads.items():
-        replicas = doc["spec"].get("replicas")
-        fixed = isinstance(replicas, int) and replicas >= 1
-        if doc["kind"] == "Deployment" and name not in scaled_names and not fixed:
-            errors.append(f"Deployment/{name}: not autoscaled, so it must set replicas >= 1")
-    return errors
-
-
 def route_errors(
-    workloads: dict[str, Doc], kinds: dict[str, dict[str, Doc]], routes: dict[str, int]
+    workloads: dict[str, Doc], kinds: dict[str, dict[str, Doc]], routes: dict[str, list[str]]
 ) -> list[str]:
     errors: list[str] = []
     configmaps = kinds.get("ConfigMap", {})
+    scaled = scaled_targets(kinds)
     runners: dict[str, list[Doc]] = {}
     for doc in workloads.values():
-        args = args_of(doc)
-        if args[:1] == ["run"] and len(args) == 3 and args[2] == "--no-ingest":
-            runners.setdefault(f"telecom.{args[1]}", []).append(doc)
+        route = route_run(doc)
+        if route is not None:
+            runners.setdefault(route, []).append(doc)
     for route in sorted(set(runners) - set(routes)):
         errors.append(
             f"{route}: run by {[d['metadata']['name'] for d in runners[route]]}, "
             "but the definitions have no queue for it"
         )
-    for route, partitions in sorted(routes.items()):
+    for route, queues in sorted(routes.items()):
+        partitions = len(queues)
         found = runners.get(route, [])
-        want = "StatefulSet" if partitions > 1 else "Deployment"
-        if [d["kind"] for d in found] != [want]:
+        kinds_found = [d["kind"] for d in found]
+        wanted = ["Deployment"] if partitions == 1 else ["Deployment", "StatefulSet"]
+        if len(found) != 1 or kinds_found[0] not in wanted:
             errors.append(
-                f"{route} ({partitions} partition(s)): needs exactly one {want} running "
+                f"{route} ({partitions} partition(s)): needs exactly one "
+                f"{' or '.join(wanted)} running "
                 f"`pkgq run {route.removeprefix('telecom.')} --no-ingest`, found "
                 f"{[d['kind'] + '/' + d['metadata']['name'] for d in found]}"
+                + ("" if found else f": no consumer for {queues}")
             )
             continue
         doc = found[0]
@@ -182,35 +143,15 @@ def route_errors(
                 f"{route}: PKGQ_PARTITIONS says {mapped} partition(s), the definitions have "
                 f"{partitions} queue(s): regenerate deploy/k8s/rabbitmq-definitions.json"
             )
-        if want == "StatefulSet":
-            errors += _replica_errors(doc, container, settings, partitions)
+        if partitions > 1:
+            on = (doc["kind"], doc["metadata"]["name"]) in scaled
+            errors += partitioned_errors(doc, configmaps, partitions, on)
     for needed in (["relay"], ["dlq", "ingest"]):
         if sum(1 for d in workloads.values() if args_of(d) == needed) != 1:
             errors.append(f"need exactly one workload running `pkgq {' '.join(needed)}`")
     migrate = [n for n, d in kinds.get("Job", {}).items() if args_of(d) == ["migrate"]]
     if len(migrate) != 1:
         errors.append("need exactly one Job running `pkgq migrate`")
-    return errors
-
-
-def _replica_errors(
-    doc: Doc, container: Doc, settings: dict[str, str], partitions: int
-) -> list[str]:
-    errors: list[str] = []
-    where = f"StatefulSet/{doc['metadata']['name']}"
-    replicas = doc["spec"].get("replicas")
-    if settings.get("PKGQ_REPLICA_COUNT") != str(replicas):
-        errors.append(
-            f"{where}: PKGQ_REPLICA_COUNT {settings.get('PKGQ_REPLICA_COUNT')!r} must equal "
-            f"replicas {replicas} (pod I is replica I of that count)"
-        )
-    if not isinstance(replicas, int) or not 1 <= replicas <= partitions:
-        errors.append(f"{where}: replicas {replicas} must be 1..{partitions} (the partitions)")
-    index = env_entry(container, "PKGQ_REPLICA_INDEX") or {}
-    if index.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") != POD_INDEX:
-        errors.append(f"{where}: PKGQ_REPLICA_INDEX must come from {POD_INDEX}")
-    if doc["spec"].get("podManagementPolicy") != "Parallel":
-        errors.append(f"{where}: podManagementPolicy must be Parallel (all take their own first)")
     return errors
 
 

@@ -10,17 +10,18 @@ from typing import Any, NamedTuple
 from memory_budget import memory_errors
 from replication import replication_errors
 from rules import rule_errors
+from scaling_selftests import SCALING_SELF_TESTS, route_workload, scaling_self_tests
 from schemas import Checker
 
 Doc = dict[str, Any]
 
-SELF_TESTS = 33
+SELF_TESTS = 30 + SCALING_SELF_TESTS
 
 
 class Overlay(NamedTuple):
     docs: list[Doc]
-    routes: dict[str, int]
-    """route -> partition count, from the overlay's definitions"""
+    routes: dict[str, list[str]]
+    """route -> its queues in the overlay's definitions (its partition queues, or one)"""
     shared: set[str]
     """the queues that are not single-active-consumer"""
 
@@ -44,10 +45,12 @@ def self_tests(
     max_message_size: int,
     pkgq: Doc,
     advanced: str,
+    pinned_template: Doc,
 ) -> Iterator[str]:
     """Yield a description of each of the SELF_TESTS deliberately broken documents that the
-    checks failed to reject: copies of dev's documents, and of prod's for its replicated
-    services."""
+    checks failed to reject: copies of dev's documents (scaling_selftests.py for a partitioned
+    route's consumers, elastic and pinned: `pinned_template` is base/partitioned's
+    StatefulSet), and of prod's for its replicated services."""
     docs, routes, shared = overlays["dev"]
 
     def rules_reject(kind: str, pick: str, breaks: Callable[[Doc], None], needle: str) -> bool:
@@ -56,7 +59,9 @@ def self_tests(
         found = rule_errors([*docs[:i], doc, *docs[i + 1 :]], routes, shared)
         return any(needle in e for e in found)
 
-    i, doc = _first(docs, "StatefulSet", "usage-record")
+    route = next(r for r, queues in sorted(routes.items()) if len(queues) > 1)
+    i, doc = route_workload(docs, route)
+    doc = copy.deepcopy(doc)
     _container(doc)["resources"]["limits"]["memory"] = "256Mi"
     if not memory_errors([*docs[:i], doc, *docs[i + 1 :]], max_message_size, pkgq):
         yield "a partitioned consumer with no room for all its partitions passed the memory check"
@@ -76,10 +81,6 @@ def self_tests(
     _container(doc)["livenessProbes"] = {}
     if not checker.schema_errors(doc):
         yield "Deployment with a container's livenessProbes passed the Kubernetes schema"
-    i, doc = _first(docs, "StatefulSet")
-    doc["spec"]["podManagementPolicyy"] = "Parallel"
-    if not checker.schema_errors(doc):
-        yield "StatefulSet with spec.podManagementPolicyy passed the Kubernetes schema"
     i, doc = _first(docs, "PodDisruptionBudget")
     doc["spec"]["maxUnavailabel"] = 1
     if not checker.schema_errors(doc):
@@ -104,20 +105,10 @@ def self_tests(
     def wrong_queue(doc: Doc) -> None:
         doc["spec"]["triggers"][0]["metadata"]["queueName"] = "pkgq.telecom.usage_record.p0"
 
-    if not rules_reject("ScaledObject", "", wrong_queue, "not a queue whose consumers share"):
-        yield "a ScaledObject on a single-active-consumer partition queue passed pkgq's rules"
-
-    def scales_a_route(doc: Doc) -> None:
-        doc["spec"]["scaleTargetRef"]["name"] = "pkgq-package-purchase"
-
-    if not rules_reject("ScaledObject", "", scales_a_route, "a route consumer"):
-        yield "a ScaledObject scaling a route consumer passed pkgq's rules"
-
-    def count_differs(doc: Doc) -> None:
-        doc["spec"]["replicas"] = int(doc["spec"]["replicas"]) + 1
-
-    if not rules_reject("StatefulSet", "usage-record", count_differs, "PKGQ_REPLICA_COUNT"):
-        yield "a StatefulSet whose replicas differ from PKGQ_REPLICA_COUNT passed pkgq's rules"
+    if not rules_reject(
+        "ScaledObject", "dlq-ingest", wrong_queue, "not a queue whose consumers share"
+    ):
+        yield "the ingester's ScaledObject on a partition queue passed pkgq's rules"
 
     def runtime_credentials(doc: Doc) -> None:
         doc["spec"]["secretTargetRef"][0]["key"] = "amqp-url"
@@ -143,6 +134,9 @@ def self_tests(
     if not rules_reject("ConfigMap", "", stale_map, "regenerate"):
         yield "a partition map that differs from the definitions passed pkgq's rules"
 
+    yield from scaling_self_tests(
+        docs, routes, shared, checker, max_message_size, pkgq, pinned_template
+    )
     yield from _replicated_self_tests(overlays["prod"], checker, broker_conf, pkgq, advanced)
 
 

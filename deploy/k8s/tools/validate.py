@@ -6,13 +6,15 @@ in the project's own. Offline. Three layers, every one of which fails the run:
 1. Schemas, strict (schemas.py): built-in kinds against Kubernetes' OpenAPI schemas, KEDA's
    ScaledObject and TriggerAuthentication against schemas generated from KEDA's CRDs, the
    RabbitmqCluster and CloudNativePG Cluster against their operators' CRD schemas (crds/).
-2. pkgq's own rules (rules.py, pods.py, replication.py, connections.py): hardened pods, least
-   privilege, one workload per route queue in the overlay's rabbitmq-definitions.json (a
-   StatefulSet per partitioned route), autoscaling only where pods add throughput; in prod
+2. pkgq's own rules (rules.py, pods.py, scaling.py, replication.py, connections.py): hardened
+   pods, least privilege, one workload per route in the overlay's rabbitmq-definitions.json (a
+   partitioned route's elastic or pinned), autoscaling only where pods add throughput (the
+   ingester, a partitioned route's elastic pods up to one per partition); in prod
    (REPLICATED), the replicated broker and database and quorum queues; and every pod's memory
    limit holds its in-flight message bodies (memory_budget.py).
-3. Self-tests (selftests.py): deliberately broken copies of rendered documents must be
-   rejected by 1 and 2.
+3. Self-tests (selftests.py, scaling_selftests.py): deliberately broken copies of rendered
+   documents must be rejected by 1 and 2, and the pinned StatefulSet that no overlay renders
+   (base/partitioned/) must pass them.
 
 Also checks the Dockerfile and .dockerignore statically (dockerfile.py).
 """
@@ -33,7 +35,7 @@ from replication import rabbitmq_conf, replication_errors
 from rules import commands, rule_errors
 from schemas import KEDA_GROUP, Checker
 from selftests import SELF_TESTS, Overlay, self_tests
-from workloads import non_exclusive_queues, route_partitions
+from workloads import non_exclusive_queues, route_queues
 
 Doc = dict[str, Any]
 
@@ -78,7 +80,7 @@ def main() -> int:
     for item in opts.rendered:
         overlay, _, filename = item.partition("=")
         docs = [d for d in yaml.safe_load_all(Path(filename).read_text()) if d]
-        routes = route_partitions(definitions[overlay])
+        routes = route_queues(definitions[overlay])
         shared = non_exclusive_queues(definitions[overlay])
         overlays[overlay] = Overlay(docs, routes, shared)
         keda = operated = 0
@@ -96,8 +98,19 @@ def main() -> int:
         ]
         all_commands |= commands(docs)
         counts.append(f"{overlay} {len(docs)} documents ({keda} KEDA, {operated} operators')")
+    pinned_template = yaml.safe_load(
+        (opts.repo / "deploy/k8s/base/partitioned/statefulset.yaml").read_text()
+    )
     missed = list(
-        self_tests(overlays, checker, broker_conf, max_message_size, pkgq_defaults, advanced)
+        self_tests(
+            overlays,
+            checker,
+            broker_conf,
+            max_message_size,
+            pkgq_defaults,
+            advanced,
+            pinned_template,
+        )
     )
     failures += [f"self-test: {m}" for m in missed]
     failures += dockerfile_errors(opts.repo)
@@ -108,12 +121,13 @@ def main() -> int:
     if failures:
         return 1
     routes = next(iter(overlays.values())).routes
-    partitioned = sum(1 for p in routes.values() if p > 1)
+    partitioned = sum(1 for q in routes.values() if len(q) > 1)
     print(
         f"{', '.join(counts)}: strict against Kubernetes {opts.k8s_version}, KEDA "
         f"{dist_version('cloudcoil.models.keda')} and operator CRD schemas "
         f"({', '.join(checker.crd_versions())}), {len(routes)} routes covered "
-        f"({partitioned} partitioned, as StatefulSets), {SELF_TESTS} broken variants rejected, "
+        f"({partitioned} partitioned), {SELF_TESTS} broken variants rejected (the pinned "
+        f"StatefulSet alternative accepted), "
         f"every pod's memory limit holds its in-flight bodies at max_message_size "
         f"{max_message_size // 1024} KiB; Dockerfile rules ok"
     )

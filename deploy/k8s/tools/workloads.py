@@ -74,20 +74,22 @@ def args_of(doc: Doc) -> list[str]:
     return list(pod_spec(doc)["containers"][0].get("args", []))
 
 
-def route_partitions(definitions: Path) -> dict[str, int]:
-    """The routes pkgq consumes (single-active-consumer queues) and each one's partition count
-    (1: its plain queue). A subscriber route's queue (telecom.package_cancelled: pkgq publishes,
-    outside systems consume) is a plain queue and needs no consumer of pkgq's."""
+def route_queues(definitions: Path) -> dict[str, list[str]]:
+    """The routes pkgq consumes (single-active-consumer queues), each with its queues in the
+    definitions: its plain queue, or its partition queues in partition order (the partition
+    count is their number). A subscriber route's queue (telecom.package_cancelled: pkgq
+    publishes, outside systems consume) is a plain queue and needs no consumer of pkgq's."""
     data = json.loads(definitions.read_text())
-    found: dict[str, int] = {}
+    found: dict[str, list[tuple[int, str]]] = {}
     for queue in data["queues"]:
         if not queue["arguments"].get("x-single-active-consumer"):
             continue
         name = queue["name"].split(".", 1)[1]  # without the queue prefix
         partition = PARTITION.match(name)
         route = partition.group("route") if partition else name
-        found[route] = found.get(route, 0) + 1
-    return found
+        k = int(partition.group("k")) if partition else 0
+        found.setdefault(route, []).append((k, queue["name"]))
+    return {route: [name for _, name in sorted(queues)] for route, queues in found.items()}
 
 
 def non_exclusive_queues(definitions: Path) -> set[str]:
