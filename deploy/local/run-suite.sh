@@ -53,6 +53,10 @@ lab_started=0
 chaos_pid=
 check_pid=
 finish() {
+    if [ -n "${plain_pid:-}" ] && kill -0 "$plain_pid" 2>/dev/null; then
+        kill "$plain_pid" 2>/dev/null
+        wait "$plain_pid" 2>/dev/null
+    fi
     # Interrupted while the chaos tests run: stop them first (they tear their processes down
     # and repair the lab), and only then remove the lab.
     if [ -n "$chaos_pid" ] && kill -0 "$chaos_pid" 2>/dev/null; then
@@ -100,14 +104,27 @@ setsid bash -c 'rc_file=$1 remove=$2 lab=$3 log=$4; shift 4
     >"$chaos_log" 2>&1 &
 chaos_pid=$!
 started=$SECONDS
+# The delivery tests again without the wire accelerator (infra/rabbit/wire/), beside the
+# parallel part: aiormq's own frame paths must give the same results.
+plain_log=$scratch/plain.log
+plain_pid=
+if [ $# -eq 0 ]; then
+    PKGQ_WIRE_ACCELERATOR=false "$bin/pytest" -n 2 -p no:cacheprovider \
+        -m "not serial and not chaos" "${delivery_tests[@]}" >"$plain_log" 2>&1 &
+    plain_pid=$!
+fi
 "$bin/pytest" -n "$workers" -m "not serial and not chaos" "$@"
 parallel=$?
-# The delivery tests again without the wire accelerator (infra/rabbit/wire/): aiormq's own
-# frame paths must give the same results.
-if [ "$parallel" -eq 0 ] && [ $# -eq 0 ]; then
-    PKGQ_WIRE_ACCELERATOR=false "$bin/pytest" -n "$workers" -m "not serial and not chaos" \
-        "${delivery_tests[@]}"
-    parallel=$?
+if [ -n "$plain_pid" ]; then
+    wait "$plain_pid"
+    plain=$?
+    plain_pid=
+    echo "run-suite: the delivery tests without the wire accelerator (PKGQ_WIRE_ACCELERATOR=false):"
+    tail -3 "$plain_log"
+    if [ "$plain" -ne 0 ]; then
+        cat "$plain_log"
+        parallel=$plain
+    fi
 fi
 parallel_s=$((SECONDS - started))
 wait "$chaos_pid"

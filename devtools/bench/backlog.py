@@ -352,7 +352,7 @@ async def backlog_phases(bench: Bench, say: Callable[[str], None]) -> dict[str, 
     return {
         "ratio_vs_simple_consumer": round(pkgq.records_per_s / simple.records_per_s, 2),
         "ratio_vs_faststream": round(pkgq.records_per_s / faststream.records_per_s, 2),
-        "faststreamrecords_per_s": round(faststream.records_per_s, 1),
+        "faststream_records_per_s": round(faststream.records_per_s, 1),
         "ratio_usage_vs_broker_consume": round(pkgq.records_per_s / broker.records_per_s, 3),
         "broker_consume_ack_per_s": round(broker.records_per_s, 1),
         "statements_per_batch": statements,
