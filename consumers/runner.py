@@ -114,30 +114,21 @@ async def run_consumers(
             if breaker.resume_after_s is not None:
                 resume_after[route.name] = breaker.resume_after_s
         partitions = settings.partitions_for(route.name)
+        make = functools.partial(
+            route_consumer,
+            route,
+            settings,
+            svc.amqp,
+            processor,
+            dead_letters,
+            idle=pipeline.drain_parked,
+            ahead=pipeline.take_ahead,
+        )
         if rebalance and settings.replica is None and partitions > 1:
-            make = functools.partial(
-                route_consumer,
-                route,
-                settings,
-                svc.amqp,
-                processor,
-                dead_letters,
-                idle=pipeline.drain_parked,
-                ahead=pipeline.take_ahead,
-            )
             elastic.append(ElasticRoute(route.name, partitions, _by_partition(make)))
             continue
         for partition in range(partitions):
-            consumer = route_consumer(
-                route,
-                settings,
-                svc.amqp,
-                processor,
-                dead_letters,
-                idle=pipeline.drain_parked,
-                partition=partition,
-                ahead=pipeline.take_ahead,
-            )
+            consumer = make(partition=partition)
             (consumers if settings.preferred(partition) else standby).append(consumer)
     if ingest:
         consumers.append(ingester(settings, svc.pool, svc.amqp))
