@@ -26,6 +26,7 @@ from events.routes import ROUTES
 from infra import tracing
 from infra.dependencies import POSTGRES, RABBITMQ, dependencies
 from infra.observability import (
+    CRITICAL_OBJECTIVE,
     DEAD_LETTERS,
     HELD_USERS,
     JOB_STATES,
@@ -245,6 +246,7 @@ async def start_status_server(
                 JOB_TRANSITIONS.labels(route=route, transition=move).set(value)
         await refresh_queue_figures(settings, svc.amqp)
 
+    CRITICAL_OBJECTIVE.set(settings.critical_p99_objective_s)
     server = StatusServer(
         settings.http_host,
         settings.http_port,

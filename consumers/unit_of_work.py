@@ -26,15 +26,20 @@ from domain.events import (
 from domain.model import ItemStatus, Package
 from domain.queue import UserQueue
 from domain.records import record
-from events.envelope import Envelope
+from events.decoding import RawDelivery
+from events.envelope import H_ORIGIN_TS, Envelope, header_time
 from events.models import AdjustQuota, CancelPackage
 from events.outgoing import Outgoing, expiry_key, outgoing
+from events.routes import PACKAGE_ACTIVATE, PACKAGE_PURCHASE, PACKAGE_QUEUING
+from infra.observability import since_of
 from infra.postgres import audit, batch_write, outbox
 from infra.postgres.batch_read import LoadedQueue
 from infra.postgres.pool import Conn
 
 _LEAVES_NOTHING = (PackageExpired, PackageCancelled)
 """Events after which an item has no traffic left (a tuple: read for every event)."""
+_CHAINED = (PACKAGE_QUEUING.name, PACKAGE_ACTIVATE.name)
+"""The follow-ups between a purchase and the access it grants, which carry H_ORIGIN_TS."""
 
 
 class NotInBatchError(LookupError):
@@ -91,6 +96,9 @@ class UnitOfWork:
     repeats: dict[UUID, Fate] = field(default_factory=dict)
     """Message ids of messages that repeated a business key seen before (an order bought, a
     billing record billed), with the fate that says which (domain.delivery.REPEATS)."""
+    granted_since: dict[UUID, tuple[int, datetime]] = field(default_factory=dict)
+    """Per user, the seq of a grant a purchase caused and when that purchase was published
+    (H_ORIGIN_TS): observed after the commit (`granted`) if that grant is the one written."""
 
     def savepoint(self, user_id: UUID | None) -> Savepoint:
         """The state one message may change (its user's), to go back to if it fails. A user's
@@ -126,6 +134,16 @@ class UnitOfWork:
         else:
             self.access_changes[user_id] = point.access_change
         self.remaining[user_id] = point.remaining
+
+    def granted(self) -> list[datetime]:
+        """When the purchases were published whose grants this batch writes (the write drops
+        a user whose grant was stale)."""
+        found = []
+        for user, (seq, origin) in self.granted_since.items():
+            change = self.access_changes.get(user)
+            if change is not None and change.granted and change.seq == seq:
+                found.append(origin)
+        return found
 
     def rows_to_write(self) -> list[outbox.OutboxMessage]:
         """The follow-up rows, less timers withdrawn later in the batch (never written)."""
@@ -170,6 +188,7 @@ class UnitOfWork:
         events: list[DomainEvent],
         envelope: Envelope,
         traceparent: str | None,
+        raw: RawDelivery | None = None,
     ) -> None:
         """The events of a transition: follow-up rows (numbered from the user's sequence),
         timers withdrawn, and node management's remaining traffic."""
@@ -198,14 +217,30 @@ class UnitOfWork:
         if not messages:
             return
         trace = traceparent or envelope.traceparent
+        origin = _origin(raw, envelope) if raw is not None else None
         for out, seq in zip(messages, loaded.take_seqs(len(messages)), strict=True):
-            self.outbox_rows.append(outbox.from_outgoing(out, seq=seq, traceparent=trace))
+            row = outbox.from_outgoing(out, seq=seq, traceparent=trace)
+            if origin is not None and out.route.name in _CHAINED:
+                row.headers[H_ORIGIN_TS] = origin
+            self.outbox_rows.append(row)
 
     def change_access(self, change: batch_write.Change) -> None:
         """Of a user's grants and revokes in a batch, only the newest (highest seq) can stick."""
         current = self.access_changes.get(change.user_id)
         if current is None or change.seq > current.seq:
             self.access_changes[change.user_id] = change
+
+
+def _origin(raw: RawDelivery, envelope: Envelope) -> str | None:
+    """The H_ORIGIN_TS of a message's chained follow-ups: a purchase's own critical start, or
+    what the follow-up of one carries (pkgq's own: an outsider's x-pkgq-* headers are moved
+    away); None for anything else (an activation after an expiry owes nothing to a purchase)."""
+    carried = raw.headers.get(H_ORIGIN_TS)
+    if isinstance(carried, str):
+        return carried
+    if envelope.message_type == PACKAGE_PURCHASE.message_type:
+        return since_of(raw, envelope)[0].isoformat()
+    return None
 
 
 @record
@@ -246,6 +281,8 @@ class HandlerContext:
     traceparent: str | None = None
     """The trace context follow-up events carry: the span applying this message (see
     infra/tracing.py), or the incoming message's."""
+    raw: RawDelivery | None = None
+    """The delivery (its headers carry H_ORIGIN_TS along a purchase's follow-ups)."""
 
     def package(self, package_id: int) -> Package | None:
         """A catalog entry the message's `Needs` named (None: not in the catalog)."""
@@ -266,11 +303,13 @@ class HandlerContext:
             return  # not this user's item: nothing to grant
         # None: unlimited traffic (the read model's remaining is NULL for it)
         remaining = item.remaining if item.status is ItemStatus.ACTIVE else 0
+        seq = self.envelope.seq or 0
         self.work.change_access(
-            batch_write.Change(
-                user_id, self.envelope.seq or 0, item.id, item.package_id, remaining, item.expire_at
-            )
+            batch_write.Change(user_id, seq, item.id, item.package_id, remaining, item.expire_at)
         )
+        origin = header_time(self.raw.headers, H_ORIGIN_TS) if self.raw is not None else None
+        if origin is not None:
+            self.work.granted_since[user_id] = (seq, origin)
 
     def record_command(self, command: CancelPackage | AdjustQuota) -> None:
         """Record an operator's command on an item in the item audit, with this message's id,
@@ -307,5 +346,5 @@ async def transition(
     named) and record its events. The batch writes the new state back."""
     loaded = ctx.work.queue(user_id)
     events = step(loaded.queue)
-    ctx.work.record(loaded, events, ctx.envelope, ctx.traceparent)
+    ctx.work.record(loaded, events, ctx.envelope, ctx.traceparent, ctx.raw)
     return events

@@ -53,6 +53,17 @@ H_PUBLISHER = "x-pkgq-publisher"
 """Who first published the message: the broker-verified AMQP user_id of the delivery pkgq first
 took it from (or `unverified`), carried on pkgq's own copies of it (retries, replays, parked
 messages, last-resort copies), which the broker shows as published by pkgq. See `publisher_of`."""
+# The time a user waits (infra/observability.py: pkgq_critical_seconds and
+# pkgq_access_granted_seconds), carried on pkgq's own messages only (PKGQ_PREFIX).
+H_SINCE = "x-pkgq-since"
+"""On pkgq's own copies of a message (its retries, its parked copy): when the message's critical
+time began, ISO 8601: its first publication (or pkgq's first sight of it), so that a retry is
+measured from the first publication, not from the retry's."""
+H_SINCE_CLOCK = "x-pkgq-since-clock"
+"""Which clock H_SINCE was read on: `publisher` (the AMQP timestamp) or `first_sight`."""
+H_ORIGIN_TS = "x-pkgq-origin-ts"
+"""On pkgq's follow-ups of a purchase (its queuing, then its activation): when the purchase was
+published (or first seen), ISO 8601; pkgq_access_granted_seconds runs from it."""
 UNVERIFIED = "unverified"
 """The publisher of a message that came without an AMQP user_id: nobody vouched for it."""
 JOB_MARKS = (H_ADDRESS, H_GROUP, H_GROUP_END)
@@ -305,7 +316,13 @@ def priority_of(headers: Mapping[str, Any]) -> int:
 
 def first_failed_at(headers: Mapping[str, Any]) -> datetime | None:
     """When a message first failed, as its retries carry it (None: unreadable or absent)."""
-    value = headers.get(H_FIRST_FAILED_AT)
+    return header_time(headers, H_FIRST_FAILED_AT)
+
+
+def header_time(headers: Mapping[str, Any], name: str) -> datetime | None:
+    """A time pkgq wrote as ISO 8601 text in a header of its own (None: unreadable or absent;
+    without a zone: UTC)."""
+    value = headers.get(name)
     if not isinstance(value, str):
         return None
     try:

@@ -17,10 +17,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from bisect import bisect_left
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Protocol
 
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+
+from domain.delivery import REPEATS, Decision, Fate
+from events.decoding import Decoded, RawDelivery
+from events.envelope import H_SINCE, H_SINCE_CLOCK, Envelope, header_time
 
 log = structlog.get_logger(__name__)
 
@@ -112,6 +119,132 @@ QUEUE_READY = Gauge(
     "Messages ready in each queue pkgq consumes, by passive declare; -1 when it does not exist.",
     ["queue"],
 )
+
+
+# The time a user waits (critical time): docs/how-to/dashboards.md says what the figures mean.
+
+CRITICAL_BOUNDS = (
+    0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400,
+)  # fmt: skip
+"""The buckets (upper bounds, seconds) of both histograms and of the console's per-minute
+counts (telecom.critical_minutes): a bucket's index is `critical_bucket`."""
+MAX_CRITICAL_S = 86400.0
+"""A critical time beyond this (a publisher's clock far behind, or a message that truly waited
+that long: a replay of an old dead letter) is counted as this, and as clock skew `behind`."""
+PUBLISHER = "publisher"
+FIRST_SIGHT = "first_sight"
+
+CRITICAL = Histogram(
+    "pkgq_critical_seconds",
+    "Time from a message's first publication (its AMQP timestamp: clock=publisher; without one, "
+    "pkgq's first sight of it: clock=first_sight) to the commit that applied it, by route; "
+    "bounded to [0, 1 day] (pkgq_publisher_clock_skew_total counts what was bounded).",
+    ["route", "clock"],
+    buckets=CRITICAL_BOUNDS,
+)
+ACCESS_GRANTED = Histogram(
+    "pkgq_access_granted_seconds",
+    "Time from a purchase's publication to the commit that granted the access it caused (its "
+    "queuing, then its activation); bounded to [0, 1 day].",
+    buckets=CRITICAL_BOUNDS,
+)
+CLOCK_SKEW = Counter(
+    "pkgq_publisher_clock_skew_total",
+    "Applied messages whose critical time was bounded, by route and direction: ahead (its "
+    "timestamp is in the future: counted as 0 s), behind (older than a day: counted as a day).",
+    ["route", "direction"],
+)
+CRITICAL_OBJECTIVE = Gauge(
+    "pkgq_critical_p99_objective_seconds",
+    "The p99 objective of pkgq_critical_seconds (PKGQ_CRITICAL_P99_OBJECTIVE_S), which the "
+    "PkgqCriticalTimeOverObjective alert compares with.",
+)
+
+
+class Applied(Protocol):
+    """A decided delivery as the critical time reads it (infra/rabbit/consumer.py `Decided`)."""
+
+    @property
+    def raw(self) -> RawDelivery: ...
+    @property
+    def decoded(self) -> Decoded | None: ...
+    @property
+    def decision(self) -> Decision: ...
+
+
+def applied(fate: Fate) -> bool:
+    """Whether a delivery of this fate was applied (its critical time ends at its commit)."""
+    return fate is Fate.ACKED or fate in REPEATS
+
+
+def since_of(raw: RawDelivery, envelope: Envelope) -> tuple[datetime, str]:
+    """When a message's critical time began, and on which clock: H_SINCE on pkgq's own copy of
+    it (a retry, a parked copy: from the first publication), else its AMQP timestamp, else
+    pkgq's first sight of it (the decoding's time read: `Envelope.timestamp` is taken as the
+    delivery arrives, when it has no timestamp of its own)."""
+    headers = raw.headers
+    if H_SINCE in headers:  # only pkgq's own: an outsider's x-pkgq-* headers are moved away
+        at = header_time(headers, H_SINCE)
+        if at is not None:
+            return at, FIRST_SIGHT if headers.get(H_SINCE_CLOCK) == FIRST_SIGHT else PUBLISHER
+    if raw.timestamp is not None:
+        return raw.timestamp, PUBLISHER
+    return envelope.timestamp, FIRST_SIGHT
+
+
+def since_marks(raw: RawDelivery, envelope: Envelope) -> dict[str, str]:
+    """The headers pkgq's copy of a message carries so its critical time keeps its start."""
+    at, clock = since_of(raw, envelope)
+    return {H_SINCE: at.isoformat(), H_SINCE_CLOCK: clock}
+
+
+def bounded(seconds: float, route: str | None = None) -> float:
+    """`seconds` within [0, MAX_CRITICAL_S]; with `route`, what had to be bounded is counted
+    (pkgq_publisher_clock_skew_total)."""
+    if seconds < 0:
+        if route is not None:
+            CLOCK_SKEW.labels(route=route, direction="ahead").inc()
+        return 0.0
+    if seconds > MAX_CRITICAL_S:
+        if route is not None:
+            CLOCK_SKEW.labels(route=route, direction="behind").inc()
+        return MAX_CRITICAL_S
+    return seconds
+
+
+def critical_bucket(seconds: float) -> int:
+    """The index in CRITICAL_BOUNDS of the bucket a (bounded) critical time falls in."""
+    return min(bisect_left(CRITICAL_BOUNDS, seconds), len(CRITICAL_BOUNDS) - 1)
+
+
+def critical_buckets(decided: Sequence[Applied], now: datetime) -> list[int]:
+    """The bucket of each applied delivery's critical time as of `now` (the batch's database
+    clock), for the console's per-minute counts (written with the batch's counters)."""
+    at = now.timestamp()
+    return [
+        critical_bucket(bounded(at - since_of(d.raw, d.decoded.envelope)[0].timestamp()))
+        for d in decided
+        if d.decoded is not None and applied(d.decision.fate)
+    ]
+
+
+def observe_committed(route: str, decided: Sequence[Applied], granted: Iterable[datetime]) -> None:
+    """After a batch's commit: each applied delivery's critical time, and the time to each
+    access grant the batch committed from its purchase's publication (`granted`). One clock
+    read for the batch."""
+    now = time.time()
+    histograms: dict[str, Histogram] = {}
+    for d in decided:
+        if d.decoded is None or not applied(d.decision.fate):
+            continue
+        at, clock = since_of(d.raw, d.decoded.envelope)
+        histogram = histograms.get(clock)
+        if histogram is None:
+            histogram = histograms[clock] = CRITICAL.labels(route=route, clock=clock)
+        histogram.observe(bounded(now - at.timestamp(), route))
+    for origin in granted:
+        ACCESS_GRANTED.observe(bounded(now - origin.timestamp()))
+
 
 HEARTBEAT_EVERY = 1.0
 REFRESH_EVERY = 10.0

@@ -238,7 +238,7 @@ class Executor:
         with tracing.consuming(
             self.route.name, envelope.message_id, envelope.traceparent
         ) as traceparent:
-            context = HandlerContext(conn, work.now, envelope, work, traceparent)
+            context = HandlerContext(conn, work.now, envelope, work, traceparent, delivery.raw)
             trace_id = trace_id_of(traceparent)
             try:
                 if self.ttr is None:

@@ -65,6 +65,7 @@ from domain.delivery import Decision, Fate, Source
 from events.decoding import RawDelivery
 from events.envelope import bounded_text
 from events.routes import Route
+from infra.observability import observe_committed
 from infra.postgres import strikes, transitions
 from infra.postgres.pool import Conn, forget_if_demoted
 from infra.rabbit.consumer import Decided
@@ -315,6 +316,8 @@ class DeliveryPipeline(Draining):
             lifted = await writer.write(
                 conn, self.route, loaded.work, rows, usage_dedup_days=self._usage_dedup_days
             )
+        # Committed: the time its users waited (infra/observability.py).
+        observe_committed(self.route.name, done, loaded.work.granted())
         return done, lifted
 
     async def _timed_out(

@@ -41,7 +41,7 @@ from events.envelope import (
 )
 from events.identity import body_user, message_key
 from events.routes import UNTRUSTED_PUBLISHER, Route
-from infra import faults
+from infra import faults, observability
 from infra.postgres import (
     attempts,
     audit,
@@ -79,6 +79,7 @@ class Writes:
     made: list[holds.NewHold]
     lifted: list[UUID]
     moves: dict[tuple[str, str], int]
+    critical: list[int]  # each applied message's critical-time bucket, for the console
 
 
 def writes_of(
@@ -128,7 +129,8 @@ def writes_of(
         ],
         made=made,
         lifted=lifted,
-        moves=_moves(route.name, decided, source),
+        moves=batch_write.moves_of(route.name, [d.decision.fate for d in decided], source),
+        critical=observability.critical_buckets(decided, now),
     )
 
 
@@ -169,6 +171,7 @@ def _retries(route: Route, decided: Sequence[Decided], now: datetime) -> list[ou
                         H_LAST_ERROR: clean_text(failure.summary[:500]),
                         # who sent it first, so that the retry has the message's key
                         H_PUBLISHER: envelope.publisher,
+                        **observability.since_marks(d.raw, envelope),  # from its first publication
                     },
                 ),
                 available_at=decision.retry_at,
@@ -277,7 +280,10 @@ def _parked(route: Route, decided: Sequence[Decided]) -> list[holds.NewParked]:
             message_type=route.message_type,
             body=d.raw.body,
             # stamped with who sent it first, so that the drain finds the message's key
-            headers=jsonable({**d.raw.headers, H_PUBLISHER: d.decoded.envelope.publisher}),
+            headers=jsonable(
+                {**d.raw.headers, H_PUBLISHER: d.decoded.envelope.publisher}
+                | observability.since_marks(d.raw, d.decoded.envelope)  # and its critical start
+            ),
         )
         for d in decided
         if d.decision.fate is Fate.PARKED
@@ -332,16 +338,6 @@ def _holds(
     return made, lifted
 
 
-def _moves(route: str, decided: Sequence[Decided], source: Source) -> dict[tuple[str, str], int]:
-    """Transition counts (bury and ttl are counted by a trigger on the dead-letter store; a
-    retry scheduled is a "release"). A parked message was counted as taken when parked."""
-    fates = [d.decision.fate for d in decided if d.decision.fate is not Fate.GIVEN_BACK]
-    taken = len(fates) if source is Source.QUEUE else 0
-    acked = sum(1 for f in fates if f is Fate.ACKED or f in REPEATS)
-    retried = sum(1 for f in fates if f is Fate.RETRIED)
-    return {(route, "take"): taken, (route, "ack"): acked, (route, "release"): retried}
-
-
 class ClaimRaceError(Exception):
     """A message applied here was claimed in the inbox meanwhile: the batch runs again."""
 
@@ -388,12 +384,13 @@ async def write(
         await holds.unpark(conn, consumer, writes.unparked)
         await holds.hold_many(conn, consumer, writes.made)
         drain = await holds.drop_lifted(conn, consumer, writes.lifted)
-    await batch.add(batch_write.count_moves(writes.moves))
+    await batch.add(batch_write.count_moves(writes.moves, route.name, writes.critical))
     await batch.send()
     if writes.claims and claimed.get() != len(writes.claims):
         raise ClaimRaceError(f"{len(writes.claims) - claimed.get()} claimed meanwhile")
     stale = set(work.access_changes) - (applied.get() or set())
     for user in sorted(stale):
+        work.granted_since.pop(user, None)
         log.info("access_update_stale", user_id=str(user), seq=work.access_changes[user].seq)
     if writes.claims:
         faults.hit(faults.DELIVERY_BEFORE_COMMIT, route=route.name)

@@ -21,6 +21,7 @@ from consumers.queue_view import PAGE_MAX, current_package, cursor_of, item_row,
 from consumers.web import auth, sessions
 from consumers.web.dependencies import Operator, Viewer, page_size, pool_of, render
 from consumers.web.throttle import LoginThrottle
+from infra.observability import CRITICAL_BOUNDS
 from infra.postgres import (
     console,
     consumer_pauses,
@@ -32,6 +33,7 @@ from infra.postgres import (
     queue_repo,
     read_api,
     stats,
+    trends,
     workers,
 )
 from infra.postgres.pool import Conn
@@ -121,6 +123,7 @@ async def _overview(request: Request) -> dict[str, Any]:
         # themselves, which are too heavy for a page that refreshes every few seconds.
         checked = await invariants.stored(conn)
         pauses = await consumer_pauses.paused(conn)
+        critical = await trends.read_critical(conn, CRITICAL_BOUNDS, list(table))
     alive = [w for w in running if w.state(settings.worker_stale_after) == "alive"]
     return {
         "invariants": checked,
@@ -135,6 +138,7 @@ async def _overview(request: Request) -> dict[str, Any]:
                 **row,
                 "held": held.get(route.removeprefix("telecom."), 0),
                 "pause": pauses.get(route),
+                "critical": critical[route],
             }
             for route, row in table.items()
         ],
@@ -143,6 +147,7 @@ async def _overview(request: Request) -> dict[str, Any]:
         "workers_stale": len(running) - len(alive),
         "held_total": sum(held.values()),
         "pauses": sorted(pauses.values(), key=lambda p: p.paused_at),
+        "critical_bounds": CRITICAL_BOUNDS,
     }
 
 

@@ -18,7 +18,7 @@ call the owner to change it:
     transition_seconds  transitions              operator_actions    operator_actions
     schema_migrations   migrate                  dead_letter_counts  (triggers on dead_letters)
     route_minutes       trends                   consumer_pauses     consumer_pauses
-    usage_billed        usage_billed
+    usage_billed        usage_billed             critical_minutes    batch_write
 
 Retention deletes by the rule each owner declares (its `RETENTION`, a pruning.Rule): the owner
 says which of its rows are past retention, retention.py runs the batched deletes. Modules that

@@ -14,11 +14,12 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, NamedTuple
 from uuid import UUID
 
+from domain.delivery import REPEATS, Fate, Source
 from domain.model import BilledUsage, ItemStatus, QueueItem
+from infra.postgres.access import Change as Change
 from infra.postgres.compound import Part, part_of
 from infra.postgres.pool import columns
 
@@ -262,23 +263,6 @@ def bill_usages(billed: Sequence[NewBilling], keep_days: int) -> Part[None] | No
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Change:
-    """The whole access row a grant (item set) or a revoke (item None) leaves, at `seq`."""
-
-    user_id: UUID
-    seq: int
-    item_id: int | None = None
-    package_id: int | None = None
-    remaining: int | None = None
-    """Traffic left on the granted item; None when granted: unlimited traffic."""
-    expire_at: datetime | None = None
-
-    @property
-    def granted(self) -> bool:
-        return self.item_id is not None
-
-
 def write_access(
     changes: Mapping[UUID, Change],
     remaining: Mapping[tuple[UUID, int], int | None],
@@ -337,13 +321,26 @@ def write_access(
     return granted, left
 
 
-def count_moves(moves: Mapping[tuple[str, str], int]) -> Part[None] | None:
+def moves_of(route: str, fates: Sequence[Fate], source: Source) -> dict[tuple[str, str], int]:
+    """A batch's transition counts (bury and ttl are counted by a trigger on the dead-letter
+    store; a retry scheduled is a "release"). A parked message was counted as taken when parked."""
+    fates = [f for f in fates if f is not Fate.GIVEN_BACK]
+    taken = len(fates) if source is Source.QUEUE else 0
+    acked = sum(1 for f in fates if f is Fate.ACKED or f in REPEATS)
+    retried = sum(1 for f in fates if f is Fate.RETRIED)
+    return {(route, "take"): taken, (route, "ack"): acked, (route, "release"): retried}
+
+
+def count_moves(
+    moves: Mapping[tuple[str, str], int], route: str = "", critical: Sequence[int] = ()
+) -> Part[None] | None:
     """`count` as a part of a batch's write statement (infra/postgres/compound.py): the
     totals, and this second's bucket of the ring. A bucket still holding an older second starts
     again; a move counted late for a second already taken over by a later one is past the
-    minute, and left out of the ring."""
+    minute, and left out of the ring. `critical`: the route's applied messages' critical-time
+    buckets, counted in this minute's ring row (telecom.critical_minutes: trends.py reads it)."""
     items = [(route, move, n) for (route, move), n in moves.items() if n]
-    if not items:
+    if not items and not critical:
         return None
     return Part(
         (
@@ -377,14 +374,27 @@ def count_moves(moves: Mapping[tuple[str, str], int]) -> Part[None] | None:
                     at = greatest(s.at, excluded.at)
                 """,
             ),
+            (
+                "critical_counted",  # a minute's row replaces the one an hour older
+                """
+                INSERT INTO telecom.critical_minutes AS c (route, minute, bucket, slot, at, count)
+                SELECT $5, (extract(epoch FROM t)::bigint / 60 % 60)::smallint, b, $4, t, count(*)
+                FROM unnest($6::smallint[]) AS b, date_trunc('minute', statement_timestamp()) t
+                GROUP BY b, t
+                ON CONFLICT (route, minute, bucket, slot) DO UPDATE SET at = excluded.at,
+                    count = excluded.count + CASE WHEN c.at = excluded.at THEN c.count ELSE 0 END
+                """,
+            ),
         ),
         (
             [i[0] for i in items],
             [i[1] for i in items],
             [i[2] for i in items],
             random.randrange(SLOTS),  # spread writers (in containers every pid is 1)
+            route,
+            list(critical),
         ),
         # The outbox's trigger adds 'put' rows to transition_counts, never counted here, and
         # after the statement: a part that adds outbox rows may share it.
-        frozenset({"transition_counts", "transition_seconds"}),
+        frozenset({"transition_counts", "transition_seconds", "critical_minutes"}),
     )

@@ -239,6 +239,19 @@ CREATE TABLE telecom.consumer_pauses (
     automatic boolean DEFAULT false NOT NULL
 );
 
+CREATE TABLE telecom.critical_minutes (
+    route text NOT NULL,
+    minute smallint NOT NULL,
+    bucket smallint NOT NULL,
+    slot smallint NOT NULL,
+    at timestamp with time zone NOT NULL,
+    count bigint NOT NULL,
+    CONSTRAINT critical_minutes_bucket_check CHECK ((bucket >= 0)),
+    CONSTRAINT critical_minutes_minute_check CHECK (((minute >= 0) AND (minute <= 59)))
+);
+
+COMMENT ON COLUMN telecom.critical_minutes.at IS 'The minute the row counts (its start); a row older than an hour is overwritten';
+
 CREATE TABLE telecom.dead_letter_counts (
     route text NOT NULL,
     kind text NOT NULL,
@@ -678,6 +691,9 @@ ALTER TABLE ONLY telecom.attempts
 
 ALTER TABLE ONLY telecom.consumer_pauses
     ADD CONSTRAINT consumer_pauses_pkey PRIMARY KEY (route);
+
+ALTER TABLE ONLY telecom.critical_minutes
+    ADD CONSTRAINT critical_minutes_pkey PRIMARY KEY (route, minute, bucket, slot);
 
 ALTER TABLE ONLY telecom.dead_letter_counts
     ADD CONSTRAINT dead_letter_counts_pkey PRIMARY KEY (route, kind, slot);

@@ -228,3 +228,57 @@ async def read(conn: Conn, window: Window, routes: Sequence[tuple[str, str]] = C
             for route, _ in routes
         },
     )
+
+
+# Critical time (migration 0028): per route and minute, applied messages counted by the bucket
+# of their critical time (infra/observability.py CRITICAL_BOUNDS), written by the batch's
+# counters part (batch_write.count_moves). The ring's rows younger than an hour are the last
+# hour: this minute and the 59 before it.
+_READ_CRITICAL = """
+SELECT route, bucket, sum(count)::bigint AS count
+FROM telecom.critical_minutes
+WHERE route = ANY($1::text[]) AND at > date_trunc('minute', now()) - interval '1 hour'
+GROUP BY route, bucket
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Critical:
+    """A route's critical time over the last hour, from its bucket counts."""
+
+    count: int
+    p50: float | None
+    """Seconds, approximate (None: nothing applied in the hour)."""
+    p99: float | None
+
+
+def quantile(q: float, counts: Sequence[int], bounds: Sequence[float]) -> float | None:
+    """The `q` quantile of what was counted in fixed buckets (`counts[i]`: how many fell at or
+    below `bounds[i]` and above the bound before): found in its bucket by linear interpolation
+    between the bucket's bounds, as Prometheus' histogram_quantile does; so only as exact as
+    the buckets are narrow. None when nothing was counted."""
+    total = sum(counts)
+    if total == 0:
+        return None
+    rank = q * total
+    seen = 0
+    for i, n in enumerate(counts):
+        if n and seen + n >= rank:
+            low = bounds[i - 1] if i > 0 else 0.0
+            return low + (bounds[i] - low) * (rank - seen) / n
+        seen += n
+    return float(bounds[len(counts) - 1])
+
+
+async def read_critical(
+    conn: Conn, bounds: Sequence[float], routes: Sequence[str] = tuple(ROUTES)
+) -> dict[str, Critical]:
+    """Each route's critical time over the last hour (p50 and p99, approximate: `quantile`)."""
+    counts = {route: [0] * len(bounds) for route in routes}
+    for row in await conn.fetch(_READ_CRITICAL, list(routes)):
+        if row["bucket"] < len(bounds):
+            counts[row["route"]][row["bucket"]] += row["count"]
+    return {
+        route: Critical(sum(found), quantile(0.5, found, bounds), quantile(0.99, found, bounds))
+        for route, found in counts.items()
+    }

@@ -16,5 +16,10 @@ class ObservabilitySettings(BaseModel):
     metrics_refresh_interval: float = Field(default=10.0, gt=0)
     """How often the outbox backlog and dead-letter gauges are read from Postgres."""
 
+    critical_p99_objective_s: float = Field(default=30.0, gt=0)
+    """The objective for the p99 of the time a user waits (pkgq_critical_seconds: from a
+    message's first publication to its commit). Exported as pkgq_critical_p99_objective_seconds,
+    which the PkgqCriticalTimeOverObjective alert compares each route's p99 with."""
+
     log_format: str = Field(default="auto", pattern="^(auto|json|console)$")
     log_level: str = "info"

@@ -25,6 +25,7 @@ ALERTS = {
     "PkgqRoutePaused",
     "PkgqCircuitBreakerTripped",
     "PkgqDependencyUnreachable",
+    "PkgqCriticalTimeOverObjective",
 }
 
 
@@ -60,6 +61,10 @@ def test_the_dashboard_shows_what_an_operator_watches() -> None:
         "pkgq_job_messages",  # job states
         "pkgq_reconnects_total",
         "pkgq_invariant_violations",
+        "pkgq_critical_seconds_bucket",  # the time a user waits, p50 and p99
+        "pkgq_critical_p99_objective_seconds",
+        "pkgq_access_granted_seconds_bucket",
+        "pkgq_publisher_clock_skew_total",
     ):
         assert metric in queries, metric
     assert "sum by (outcome)" in queries
