@@ -1,15 +1,13 @@
 """Who published, kept, on the real broker: a dead letter keeps the publisher RabbitMQ
 verified, so an operator's replay cannot launder an outsider's lifecycle event into pkgq's own,
-from the CLI or from the console; pkgq's copy of an outsider's message is buried by its consumer
-whatever sent it; and the item audit and PackageCancelledEvent say who published a cancel (the
-broker's word) beside the operator it claims (the body's)."""
+from the CLI or from the console; and pkgq's copy of an outsider's message is buried by its
+consumer whatever sent it."""
 
 from __future__ import annotations
 
 import html
-import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 from uuid import UUID, uuid4
@@ -18,35 +16,16 @@ import asyncpg
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
-from consumers import operations
 from consumers.cli import exit_codes
-from consumers.delivery import DeliveryPipeline
-from consumers.registry import HANDLERS
-from consumers.retry_policy import RetryPolicy
-from domain.delivery import Fate
 from events.envelope import H_PUBLISHER, H_SCHEMA_VERSION, H_SEQ, H_USER_ID
-from events.models import CancelPackage, PackageActivateEvent, PurchasePackage, RecordUsage
-from events.routes import (
-    PACKAGE_ACTIVATE,
-    PACKAGE_CANCEL,
-    PACKAGE_CANCELLED,
-    PACKAGE_PURCHASE,
-    UNTRUSTED_PUBLISHER,
-    USAGE_RECORD,
-)
-from infra.postgres import access, holds, outbox
+from events.models import PackageActivateEvent, PurchasePackage, RecordUsage
+from events.routes import PACKAGE_ACTIVATE, PACKAGE_PURCHASE, UNTRUSTED_PUBLISHER, USAGE_RECORD
+from infra.postgres import access, outbox
 from infra.rabbit.connection import connect
-from infra.rabbit.tap import Tap
 from infra.settings import Settings
-from tests.support.broker_users import (
-    broker_user,
-    grant,
-    set_permissions,
-    unique_role_users,
-    url_for,
-)
+from tests.support.broker_users import broker_user, set_permissions, url_for
 from tests.support.dead_letters import buried_id
-from tests.support.deliveries import add_package, publish_as_outsider, raw_for, send
+from tests.support.deliveries import add_package, publish_as_outsider, send
 from tests.support.in_process import StartApp
 from tests.support.observing import eventually, fetch
 from tests.support.processes import cli
@@ -74,17 +53,6 @@ async def outsider(settings: Settings) -> AsyncIterator[tuple[str, AbstractRobus
         await set_permissions(name, "^$", ".*", "^$")
         connection = await connect(url_for(settings, name, password), "pkgq-test-mallory")
         yield name, connection
-        await connection.close()
-
-
-@pytest.fixture
-async def shop(settings: Settings) -> AsyncIterator[tuple[str, AbstractRobustConnection]]:
-    """A broker user with the definitions' publisher role: the shop, an outside publisher."""
-    users = unique_role_users()
-    async with broker_user(users.publisher) as password:
-        await grant(settings, users, users.publisher)
-        connection = await connect(url_for(settings, users.publisher, password), "pkgq-test-shop")
-        yield users.publisher, connection
         await connection.close()
 
 
@@ -296,110 +264,3 @@ async def test_pkgqs_copy_of_an_outsiders_activation_is_buried_by_its_consumer_h
     assert (filed["reason"], filed["publisher"]) == (UNTRUSTED_PUBLISHER, forgery.outsider)
     assert f"pkgq sent it again for {forgery.outsider!r}" in filed["error_message"]
     await forgery.never_applied(in_process)
-
-
-async def test_a_cancel_is_audited_and_announced_with_its_verified_publisher_and_claimed_operator(
-    in_process: StartApp,
-    settings: Settings,
-    pool: asyncpg.Pool,
-    amqp: AbstractRobustConnection,
-    tap: Tap,
-    shop: tuple[str, AbstractRobustConnection],
-) -> None:
-    shop_user, connection = shop
-    app = in_process(settings, pool, amqp)
-    await app.start_consumers()
-    await app.start_relay()
-    package = await add_package(pool, 1000)
-    user = uuid4()
-    await publish_as_outsider(
-        connection, settings, PACKAGE_PURCHASE, PurchasePackage(user_id=user, package_id=package)
-    )
-
-    async def items() -> list[dict[str, Any]]:
-        return await fetch(
-            pool, "SELECT id FROM telecom.package_queue WHERE user_id = $1 ORDER BY id", user
-        )
-
-    await eventually(lambda: _any(items()))
-    (item,) = await items()
-    forged = CancelPackage(user_id=user, item_id=item["id"], operator="web:alice", reason="x")
-    await publish_as_outsider(connection, settings, PACKAGE_CANCEL, forged, user_id=shop_user)
-    async with pool.acquire() as conn, conn.transaction():  # an operator's, from the console
-        await operations.cancel_item(conn, item["id"], "web:olga", "again")
-
-    async def audited() -> list[dict[str, Any]]:
-        return await fetch(pool, "SELECT operator, publisher FROM telecom.item_audit ORDER BY id")
-
-    await eventually(lambda: _count(audited(), 2))
-    assert await audited() == [
-        {"operator": "web:alice", "publisher": shop_user},  # the shop's claim, the broker's word
-        {"operator": "web:olga", "publisher": settings.amqp_user},  # pkgq vouches for its own
-    ]
-
-    def announced(seen: list[Any]) -> bool:
-        return any(t.routing_key == PACKAGE_CANCELLED.name for t in seen)
-
-    await tap.wait_for(announced, within=15)
-    await app.close()
-    (event,) = [t.json() for t in tap.on(PACKAGE_CANCELLED.name)]  # one cancel took effect
-    assert (event["operator"], event["publisher"]) == ("web:alice", shop_user)
-
-
-async def _any(rows: Any) -> bool:
-    return bool(await rows)
-
-
-async def _count(rows: Any, count: int) -> bool:
-    return len(await rows) >= count
-
-
-async def test_a_parked_command_keeps_its_first_publisher_until_it_is_applied(
-    settings: Settings, pool: asyncpg.Pool
-) -> None:
-    """Postgres keeps a parked message without its AMQP properties: the publisher it was
-    stamped with on arrival is what its audit says once the drain applies it."""
-
-    def pipeline(route: Any) -> DeliveryPipeline:
-        return DeliveryPipeline(
-            pool,
-            route,
-            HANDLERS[route.name],
-            RetryPolicy(),
-            max_body_bytes=2**20,
-            trusted_publisher=settings.amqp_user,
-        )
-
-    package = await add_package(pool, 1000)
-    user, blocker = uuid4(), uuid4()
-    buy = replace(
-        raw_for(PACKAGE_PURCHASE, PurchasePackage(user_id=user, package_id=package)),
-        publisher="shop",
-    )
-    assert await pipeline(PACKAGE_PURCHASE).process_batch([buy]) != []
-    (item,) = await fetch(pool, "SELECT id FROM telecom.package_queue WHERE user_id = $1", user)
-    async with pool.acquire() as conn:
-        await holds.hold_many(
-            conn, PACKAGE_CANCEL.short_name, [holds.NewHold(user, blocker, "retrying")]
-        )
-    cancels = pipeline(PACKAGE_CANCEL)
-    cancel = replace(
-        raw_for(
-            PACKAGE_CANCEL, CancelPackage(user_id=user, item_id=item["id"], operator="web:alice")
-        ),
-        publisher="shop",
-    )
-    assert [r.fate for r in await cancels.process_batch([cancel])] == [Fate.PARKED]
-    (parked,) = await fetch(pool, "SELECT headers::text AS headers FROM telecom.parked")
-    assert json.loads(parked["headers"])[H_PUBLISHER] == "shop"
-
-    async with pool.acquire() as conn:
-        assert await holds.release_hold(conn, PACKAGE_CANCEL.short_name, user, blocker)
-    assert await cancels.drain_parked() == 1
-    assert await fetch(pool, "SELECT operator, publisher FROM telecom.item_audit") == [
-        {"operator": "web:alice", "publisher": "shop"}
-    ]
-    (body,) = await fetch(
-        pool, "SELECT body FROM telecom.outbox WHERE route = $1", PACKAGE_CANCELLED.name
-    )
-    assert json.loads(bytes(body["body"]))["publisher"] == "shop"
