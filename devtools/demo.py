@@ -42,6 +42,7 @@ from events.models import (
     RecordUsage,
     WireModel,
 )
+from events.partitioning import route_of_key
 from events.routes import (
     ALL_EXPIRED,
     ALL_ROUTES,
@@ -295,7 +296,7 @@ async def _final_state(settings: Settings, users: dict[str, UUID]) -> None:
 
 
 def _routes_seen(tap: Tap, settings: Settings) -> set[str]:
-    seen = {t.routing_key for t in tap.seen if t.exchange == settings.exchange}
+    seen = {route_of_key(t.routing_key) for t in tap.seen if t.exchange == settings.exchange}
     missing = set(ALL_ROUTES) - seen
     if missing:
         raise DemoFailedError(f"routes never used: {sorted(missing)}")
