@@ -24,13 +24,14 @@ from consumers.cli.running import (
     on_database,
     run,
 )
-from events.routes import Route
+from events.routes import ROUTES, Route
 from infra.postgres import outbox, route_partitions
 from infra.rabbit.management import queue_depths
 from infra.settings import Settings
 
 partitions_app = typer.Typer(
-    help="A route's partition queues; pause and resume its relaying to change their number."
+    help="A route's partition queues and recorded count; pause and resume its relaying, and "
+    "set the count."
 )
 RouteArg = Annotated[str, typer.Argument(help="The route, e.g. usage_record.")]
 
@@ -118,7 +119,25 @@ def _not_ready(route: Route, state: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _as_recorded(settings: Settings, recorded: dict[str, int]) -> Settings:
+    """`settings` with the recorded map, whatever map they configure: `set` may be what
+    corrects a recorded count that the processes' PKGQ_PARTITIONS disagrees with."""
+    routes = {
+        name: own.model_copy(update={"partitions": None})
+        for name, own in settings.route_settings.items()
+    }
+    return Settings.model_validate(
+        {
+            **settings.model_dump(),
+            "partitions": {**settings.partition_map(), **recorded},
+            "route_settings": routes,
+        }
+    )
+
+
 async def _set(settings: Settings, route: Route, partitions: int, by: str) -> dict[str, Any]:
+    recorded = await connected(settings, route_partitions.recorded)
+    settings = _as_recorded(settings, {n: p for n, p in recorded.items() if n in ROUTES})
     state = await _status(settings, route.name)
     data = {"route": route.name, "partitions": partitions, "before": state["partitions"]}
     if state["partitions"] == partitions and state["recorded_at"]:
@@ -159,7 +178,8 @@ def set_cmd(
 ) -> None:
     """Record PARTITIONS as the route's count for the whole deployment. Refused (exit 6) unless
     its queues are empty and have no consumers, and (for a route fed by the outbox) its
-    relaying is paused: the procedure of docs/how-to/partitions.md."""
-    settings = load_routing_settings()
+    relaying is paused: the procedure of docs/how-to/partitions.md. The queues checked are
+    those of the recorded count, whatever PKGQ_PARTITIONS says here."""
+    settings = load_settings()
     target = route_argument(route)
     show(run(_set(settings, target, partitions, by or operator())), as_json, _print_set)

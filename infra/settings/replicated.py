@@ -26,10 +26,12 @@ class ReplicatedSettings(RouteTableSettings):
     """Partitions, replicas and the replicated profile."""
 
     partitions: dict[str, int] = Field(default_factory=dict)
-    """Queues per route, e.g. PKGQ_PARTITIONS='{"telecom.usage_record": 4}' (default 1). See
-    events/partitioning.py, and docs/how-to/partitions.md for changing it safely. A process
-    that routes or consumes replaces it with the deployment's recorded map at start-up
-    (`with_recorded_partitions`); when set, it must agree with that map."""
+    """Queues per route, e.g. PKGQ_PARTITIONS='{"telecom.usage_record": 4}': when set, the whole
+    map (a route not named has 1), and it must equal the deployment's map recorded by `pkgq
+    migrate` or a process that routes or consumes refuses to start. Unset, such a process uses
+    the recorded map (on a new deployment 16 for telecom.usage_record and
+    telecom.package_purchase, 1 for the others). See events/partitioning.py, and
+    docs/how-to/partitions.md for changing it safely."""
     replica: str | None = Field(default=None, pattern=r"^\d+/\d+$")
     """`I/N`: this `pkgq run` is replica I of N. It consumes partitions k with k % N == I at once
     and subscribes to the others only as a standby after `standby_delay` seconds."""

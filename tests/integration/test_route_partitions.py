@@ -120,6 +120,13 @@ async def test_a_process_configured_with_other_partitions_than_recorded_refuses_
     published = await cli(two, "publish", "usage_record", json.dumps(_usage_body()))
     assert published.returncode == 6
     assert "configured 2, recorded 4" in published.stderr
+    corrected = await cli(two, "partitions", "set", "usage_record", "2")  # nothing in .p0-.p3
+    assert corrected.returncode == 0, corrected.stderr
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        assert (await route_partitions.recorded(conn))[USAGE_RECORD.name] == 2
+    finally:
+        await conn.close()
 
 
 def _usage_body() -> dict[str, object]:
