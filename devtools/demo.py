@@ -61,7 +61,7 @@ from infra.postgres.pool import create_pool, database
 from infra.rabbit.connection import open_amqp
 from infra.rabbit.publisher import Publisher, build_message
 from infra.rabbit.tap import Tap, Tapped
-from infra.rabbit.topology import declare_all
+from infra.rabbit.topology import declare_all, routing_key_for
 from infra.settings import Settings
 
 
@@ -173,7 +173,9 @@ class Demo:
                 message_type=USAGE_RECORD.message_type,
                 headers={H_SCHEMA_VERSION: USAGE_RECORD.schema_version},
             )
-            await publisher.publish(message, USAGE_RECORD.name)
+            # Its user is unreadable: partition 0 when the route is partitioned.
+            key = routing_key_for(self.settings, USAGE_RECORD.name, None)
+            await publisher.publish(message, key)
         finally:
             await publisher.close()
         async with database(self.settings.postgres_dsn, self.settings.postgres_session()) as conn:
