@@ -38,8 +38,14 @@ from infra.observability import (
     RECONNECTS,
     StatusServer,
 )
-from infra.postgres import stats, transitions, workers
-from infra.postgres.pool import answers, create_pool, forget_if_demoted, watch_for_recovery
+from infra.postgres import route_partitions, stats, transitions, workers
+from infra.postgres.pool import (
+    answers,
+    create_pool,
+    database,
+    forget_if_demoted,
+    watch_for_recovery,
+)
 from infra.rabbit.connection import open_amqp
 from infra.rabbit.management import passive_figures
 from infra.rabbit.topology import route_queues
@@ -79,6 +85,22 @@ async def _when_up(step: Callable[[], Awaitable[T]], seconds: float, *, postgres
                 retry_in_s = round(min(pauses.current, left), 1)
                 log.error("tls_failed", error=str(exc), retry_in_s=retry_in_s)  # noqa: TRY400
             await pauses.wait(exc, at_most=left)
+
+
+async def with_partition_map(settings: Settings, wait_seconds: float | None = None) -> Settings:
+    """`settings` with the deployment's recorded partition map (infra/postgres/route_partitions
+    .py), read once at start-up on a connection of its own, waiting up to `wait_seconds`
+    (default: the startup_wait setting) for Postgres. A map configured here that disagrees
+    with it raises PartitionMapMismatchError at once. Every process that routes or consumes
+    starts with it, so all of a deployment's processes use one map."""
+    wait_seconds = settings.startup_wait if wait_seconds is None else wait_seconds
+
+    async def read() -> Settings:
+        async with database(settings.postgres_dsn, settings.postgres_session()) as conn:
+            return await route_partitions.with_recorded_partitions(conn, settings)
+
+    # Before services() sets up the database's probe: these pauses end on their own timer.
+    return await _when_up(read, wait_seconds, postgres=False)
 
 
 @asynccontextmanager

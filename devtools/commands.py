@@ -128,10 +128,10 @@ def demo_cmd(
 ) -> None:
     """Start the relay and all consumers, drive sample users through every route, show it (a
     developer tool). Exit 1 if a step failed, 5 if it timed out."""
-    from consumers.cli.running import load_settings, run
+    from consumers.cli.running import load_routing_settings, run
     from devtools.demo import run_demo
 
-    settings = load_settings()
+    settings = load_routing_settings()
     raise typer.Exit(run(run_demo(settings, timeout)))
 
 

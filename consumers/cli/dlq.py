@@ -148,15 +148,16 @@ def groups_cmd(
 def ingest_cmd() -> None:
     """Run only the dead-letter ingester (`pkgq run` with no routes runs it too)."""
     from consumers.runner import run_consumers
-    from consumers.runtime import services, stop_on_signals
+    from consumers.runtime import services, stop_on_signals, with_partition_map
 
     settings = load_settings(logs_to_stdout=True)
 
     async def go() -> int:
         stop = stop_on_signals()
-        async with services(settings, "dlq-ingest") as svc:
+        routed = await with_partition_map(settings)
+        async with services(routed, "dlq-ingest") as svc:
             tune_for_throughput()  # started (infra/gc_tuning.py)
-            return await run_consumers(settings, svc, [], stop, ingest=True)
+            return await run_consumers(routed, svc, [], stop, ingest=True)
 
     raise typer.Exit(run(go()))
 

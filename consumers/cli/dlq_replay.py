@@ -32,7 +32,7 @@ from consumers.cli.dlq_changes import (
 )
 from consumers.cli.options import ByOpt, DryRunOpt, JsonOpt, operator
 from consumers.cli.output import Column, console, field, moment, say, show, show_table, text
-from consumers.cli.running import load_settings, on_database, run
+from consumers.cli.running import load_routing_settings, load_settings, on_database, run
 from domain.replay_pace import Limits, Progress
 from infra.postgres import dead_letters, replay_runs
 from infra.postgres.pool import Conn, database
@@ -265,7 +265,7 @@ def replay_cmd(
             raise typer.BadParameter("--resume takes no filter: a run keeps the set it started on")
         _resume(resume, rate, by, verdict_wait, progress_every, as_json)
         return
-    settings = load_settings()
+    settings = load_routing_settings()
     which = matching(route, error, group, since, ids=ids, limit=limit)
     rows = on_database(settings, lambda conn: dead_letters.find(conn, which))
     if dry_run:
@@ -301,7 +301,7 @@ def _resume(
     every: float,
     as_json: bool,
 ) -> None:
-    settings = load_settings()
+    settings = load_routing_settings()
     who = by or operator()
 
     async def start(conn: Conn) -> int:
@@ -330,7 +330,7 @@ def plow_cmd(
     """Replay the COUNT oldest buried dead letters through the outbox, as a run (see `replay`;
     resumed with `pkgq dlq replay --resume RUN_ID`)."""
     limits = _limits(check_first, max_failed, min_decided)
-    settings = load_settings()
+    settings = load_routing_settings()
     which = dead_letters.Filter(status="buried", limit=count)
     rows = on_database(settings, lambda conn: dead_letters.find(conn, which))
     _start_new(

@@ -11,7 +11,7 @@ import typer
 
 from consumers.cli.options import JsonOpt
 from consumers.cli.output import Column, console, show, show_table, table
-from consumers.cli.running import load_settings, on_database
+from consumers.cli.running import load_routing_settings, on_database
 from events.routes import ALL_ROUTES, ROUTES
 from infra.settings import Settings
 
@@ -117,7 +117,7 @@ def stats_cmd(as_json: JsonOpt = False) -> None:
     (docs/explanation/job-queue.md, Stats)."""
     from consumers.job_stats import route_stats
 
-    settings = load_settings()
+    settings = load_routing_settings()
     show(on_database(settings, lambda conn: route_stats(settings, conn)), as_json, _print_stats)
 
 

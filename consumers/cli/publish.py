@@ -16,7 +16,13 @@ from consumers import publishing
 from consumers.cli import exit_codes
 from consumers.cli.options import JsonOpt, route_argument, seconds
 from consumers.cli.output import clean, say, show
-from consumers.cli.running import load_settings, publish, run, with_jobs
+from consumers.cli.running import (
+    load_routing_settings,
+    load_settings,
+    publish,
+    run,
+    with_jobs,
+)
 from events.routes import Route
 from infra.jobs import DuplicateAddress, JobOptions, Jobs, PublishResult, UnknownAddressError
 from infra.postgres.addresses import AddressState
@@ -116,7 +122,7 @@ def publish_cmd(
     (safe at once; the relay publishes it when due). --schema-version sends a body of the
     route's previous version, as an older publisher does (direct publishes only). Exit 4: the
     address is in use, or a repeat within its unique window was dropped."""
-    settings = load_settings()
+    settings = load_routing_settings()
     target = route_argument(route)
     text = _read_body(body)
     try:

@@ -11,7 +11,7 @@ import structlog
 import typer
 
 from consumers.cli.output import console, say
-from consumers.cli.running import load_settings, run
+from consumers.cli.running import load_routing_settings, run
 from infra.rabbit.connection import open_amqp
 from infra.rabbit.convert import Progress, convert
 from infra.settings import Settings
@@ -89,7 +89,7 @@ def convert_cmd(
     in, as they were. Run it while the route's consumers still run with the old settings;
     pause pkgq's relay for the route first (`pkgq partitions pause`) to keep the order exact.
     Safe to run again: it resumes an interrupted conversion, and converts nothing twice."""
-    settings = load_settings()
+    settings = load_routing_settings()
     if to is not None:
         settings = settings.with_queue_type(to)
     converted = run(_convert(settings))

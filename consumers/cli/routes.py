@@ -17,7 +17,7 @@ import typer
 from consumers.cli import exit_codes
 from consumers.cli.options import ByOpt, JsonOpt, operator, route_argument
 from consumers.cli.output import Column, say, show, show_table
-from consumers.cli.running import connected, load_settings, run
+from consumers.cli.running import connected, load_routing_settings, load_settings, run
 from events.routes import ROUTES
 from infra.postgres import consumer_pauses
 from infra.rabbit.management import queue_depths
@@ -98,7 +98,7 @@ def status_cmd(
 ) -> None:
     """Which routes are paused (since when, by whom, why), and each route's queued messages
     and subscribed consumers (0 consumers: every replica obeys the pause)."""
-    settings = load_settings()
+    settings = load_routing_settings()
     names = [route_argument(route).name] if route else list(ROUTES)
     show_table(run(_status(settings, names)), as_json, _COLUMNS)
 
@@ -114,7 +114,7 @@ def pause_cmd(
     """Stop the route's consumption on every replica (its messages wait on the broker, in
     order), then wait until no replica consumes it. Exit 5 if one still does after --wait, 6 if
     the broker has no queue of the route (the pause is recorded all the same)."""
-    settings = load_settings()
+    settings = load_routing_settings()
     name = route_argument(route).name
     who = by or operator()
     changed = run(connected(settings, lambda c: consumer_pauses.pause(c, name, who, reason)))

@@ -21,11 +21,13 @@ from events.routes import Route
 from infra import event_loop, faults
 from infra.jobs import Jobs
 from infra.logging import configure_logging
+from infra.postgres import route_partitions
 from infra.postgres.migrate import RuntimeRoleMissingError
 from infra.postgres.pool import Conn, create_pool, database
 from infra.rabbit.connection import open_amqp
 from infra.rabbit.topology import TopologyMismatchError
 from infra.settings import Settings
+from infra.settings.replicated import PartitionMapMismatchError
 from infra.tls import TlsError
 from infra.transient import is_outage
 
@@ -44,13 +46,23 @@ def load_settings(*, logs_to_stdout: bool = False) -> Settings:
     return settings
 
 
+def load_routing_settings(*, logs_to_stdout: bool = False) -> Settings:
+    """load_settings() with the deployment's recorded partition map (one SELECT): for the
+    commands that publish or read a route's queues, so that they use the map every process of
+    the deployment uses (a map configured here that disagrees ends the command, status 6)."""
+    settings = load_settings(logs_to_stdout=logs_to_stdout)
+    return on_database(
+        settings, lambda conn: route_partitions.with_recorded_partitions(conn, settings)
+    )
+
+
 def run(work: Coroutine[Any, Any, T]) -> T:
     """Run a command's async work to its end on the chosen event loop (infra/event_loop.py):
     the one way the CLI runs async code."""
     try:
         with asyncio.Runner(loop_factory=event_loop.loop_factory()) as runner:
             return runner.run(work)
-    except (TopologyMismatchError, RuntimeRoleMissingError) as exc:
+    except (TopologyMismatchError, RuntimeRoleMissingError, PartitionMapMismatchError) as exc:
         exit_codes.fail(exit_codes.MISMATCH, exc)
     except TlsError as exc:  # one line that says what to check, no traceback
         exit_codes.fail(exit_codes.USAGE, exc)

@@ -7,10 +7,15 @@ from typing import Annotated
 
 import typer
 
-from consumers.cli.options import JsonOpt, route_argument
+from consumers.cli.options import JsonOpt, operator, route_argument
 from consumers.cli.output import say, show
 from consumers.cli.running import load_settings, run
-from consumers.runtime import services, start_status_server, stop_on_signals
+from consumers.runtime import (
+    services,
+    start_status_server,
+    stop_on_signals,
+    with_partition_map,
+)
 from events.routes import ROUTES
 from infra.gc_tuning import tune_for_throughput
 from infra.postgres.migrate import ensure_database, migrate
@@ -32,7 +37,12 @@ def migrate_cmd(
         async with database(
             settings.owner_dsn(), settings.postgres_session(), "PKGQ_MIGRATE_DSN"
         ) as conn:
-            return await migrate(conn, runtime_role=settings.grantee())
+            return await migrate(
+                conn,
+                runtime_role=settings.grantee(),
+                partitions=settings.partitions_to_record,
+                recorded_by=f"pkgq migrate ({operator()})",
+            )
 
     applied = run(go())
     show(
@@ -95,10 +105,11 @@ def run_cmd(
 
     async def go() -> int:
         stop = stop_on_signals()
-        async with services(settings, "run") as svc:
+        routed = await with_partition_map(settings)
+        async with services(routed, "run") as svc:
             tune_for_throughput()  # started (infra/gc_tuning.py)
             return await run_consumers(
-                settings, svc, selected, stop, ingest=with_ingester, rebalance=rebalance
+                routed, svc, selected, stop, ingest=with_ingester, rebalance=rebalance
             )
 
     raise typer.Exit(run(go()))
@@ -112,14 +123,15 @@ def relay_cmd() -> None:
 
     async def go() -> None:
         stop = stop_on_signals()
-        async with services(settings, "relay") as svc:
+        routed = await with_partition_map(settings)
+        async with services(routed, "relay") as svc:
             tune_for_throughput()  # started (infra/gc_tuning.py)
-            relay = Relay(settings, svc.pool, svc.amqp, svc.worker_id)
+            relay = Relay(routed, svc.pool, svc.amqp, svc.worker_id)
 
             def ready() -> bool:
                 return not stop.is_set() and relay.ready()  # not ready once draining
 
-            status = await start_status_server(settings, ready, svc)
+            status = await start_status_server(routed, ready, svc)
             try:
                 await relay.run(stop)
             finally:

@@ -58,9 +58,9 @@ def serve_app(
     and `pkgq web bench` with that app and its yardstick route added."""
     import uvicorn
 
-    from consumers.cli.running import load_settings, run
+    from consumers.cli.running import load_routing_settings, run
 
-    settings = load_settings(logs_to_stdout=True)
+    settings = load_routing_settings(logs_to_stdout=True)
     try:
         web = WebSettings.load()
     except ValidationError as exc:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 
@@ -23,6 +24,7 @@ import asyncpg
 import structlog
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
+from infra.postgres import route_partitions
 from infra.postgres.pool import connect
 from infra.settings import mask_url
 from infra.tls import parse_postgres_dsn
@@ -120,8 +122,17 @@ class RuntimeRoleMissingError(Exception):
     docs/how-to/provisioning.md)."""
 
 
+PartitionsToRecord = Callable[[bool], Mapping[str, int]]
+"""Given whether the deployment is new, the partition map to record for routes without one
+(Settings.partitions_to_record)."""
+
+
 async def migrate(
-    conn: asyncpg.Connection, target: int | None = None, runtime_role: str = ""
+    conn: asyncpg.Connection,
+    target: int | None = None,
+    runtime_role: str = "",
+    partitions: PartitionsToRecord | None = None,
+    recorded_by: str = "pkgq migrate",
 ) -> list[int]:
     """Apply every migration not yet recorded, up to version `target` (None: all). Returns the
     versions applied by this call. A target lets a test build an older schema, fill it in the
@@ -129,7 +140,15 @@ async def migrate(
 
     `runtime_role` (when not empty, and not the migrating role itself) is granted what pkgq's
     processes need, on every run, once migration 0007 is in (telecom.grant_runtime): so tables
-    added later are always covered."""
+    added later are always covered.
+
+    `partitions` (`pkgq migrate` passes it; a test's template records nothing, so each test's
+    settings keep their own map): once migration 0029 is in, record the deployment's partition
+    map for every route that has none (route_partitions.record_missing, never overwriting).
+    The deployment is new when this call found no migration applied before it: its schema
+    did not exist, so no process and no publisher can have used a partition map on it yet.
+    Data is not the test: a deployment that was migrated and started but has had no traffic
+    yet already has its queues and its publishers' map."""
     # Polled rather than waited for: a session blocked in pg_advisory_lock holds a snapshot,
     # which a concurrent migrate's CREATE INDEX CONCURRENTLY would wait for (a deadlock).
     while not await conn.fetchval(  # noqa: ASYNC110  (a server-side lock: polled by design)
@@ -176,12 +195,26 @@ async def migrate(
             log.info("migration_applied", version=migration.version, name=migration.name)
             applied.append(migration.version)
         said.running = None
+        if partitions is not None and (target is None or target >= ROUTE_PARTITIONS_VERSION):
+            await _record_partitions(conn, partitions(not done), recorded_by)
         if runtime_role:
             await _grant_runtime(conn, runtime_role)
         return applied
     finally:
         conn.remove_log_listener(said)
         await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK)
+
+
+ROUTE_PARTITIONS_VERSION = 29
+"""The migration that adds telecom.route_partitions."""
+
+
+async def _record_partitions(
+    conn: asyncpg.Connection, partitions: Mapping[str, int], by: str
+) -> None:
+    added = await route_partitions.record_missing(conn, partitions, by)
+    if added:
+        log.info("partitions_recorded", recorded=added, by=by)
 
 
 class _Said:

@@ -562,6 +562,14 @@ COMMENT ON COLUMN telecom.route_minutes.outbox_pending IS 'Unpublished outbox ro
 
 COMMENT ON COLUMN telecom.route_minutes.outbox_lag_s IS 'Age in seconds of the route''s oldest due unpublished outbox row (0: none)';
 
+CREATE TABLE telecom.route_partitions (
+    route text NOT NULL,
+    partitions integer NOT NULL,
+    recorded_at timestamp with time zone DEFAULT now() NOT NULL,
+    recorded_by text NOT NULL,
+    CONSTRAINT route_partitions_partitions_check CHECK (((partitions >= 1) AND (partitions <= 256)))
+);
+
 CREATE TABLE telecom.route_pauses (
     route text NOT NULL,
     paused_at timestamp with time zone DEFAULT now() NOT NULL,
@@ -760,6 +768,9 @@ ALTER TABLE ONLY telecom.replay_runs
 
 ALTER TABLE ONLY telecom.route_minutes
     ADD CONSTRAINT route_minutes_pkey PRIMARY KEY (minute, route);
+
+ALTER TABLE ONLY telecom.route_partitions
+    ADD CONSTRAINT route_partitions_pkey PRIMARY KEY (route);
 
 ALTER TABLE ONLY telecom.route_pauses
     ADD CONSTRAINT route_pauses_pkey PRIMARY KEY (route);

@@ -5,19 +5,33 @@ from __future__ import annotations
 
 import re
 import socket
+from collections.abc import Mapping
 from typing import Any, Literal, Self
 
 from pydantic import Field, field_validator, model_validator
 
 from infra.settings.routes import RouteTableSettings, known_routes
 
+NEW_DEPLOYMENT_PARTITIONS = {"telecom.usage_record": 16, "telecom.package_purchase": 16}
+"""The partition counts `pkgq migrate` records for a new deployment that configures none (the
+routes not named: 1), so that a team can add `pkgq run` replicas to these routes later without
+re-partitioning. An existing deployment keeps what it runs with (infra/postgres/migrate.py)."""
+
+
+class PartitionMapMismatchError(ValueError):
+    """This process's configured partitions disagree with the deployment's recorded map."""
+
 
 class ReplicatedSettings(RouteTableSettings):
     """Partitions, replicas and the replicated profile."""
 
     partitions: dict[str, int] = Field(default_factory=dict)
-    """Queues per route, e.g. PKGQ_PARTITIONS='{"telecom.usage_record": 4}' (default 1). See
-    events/partitioning.py, and docs/how-to/partitions.md for changing it safely."""
+    """Queues per route, e.g. PKGQ_PARTITIONS='{"telecom.usage_record": 4}': when set, the whole
+    map (a route not named has 1), and it must equal the deployment's map recorded by `pkgq
+    migrate` or a process that routes or consumes refuses to start. Unset, such a process uses
+    the recorded map (on a new deployment 16 for telecom.usage_record and
+    telecom.package_purchase, 1 for the others). See events/partitioning.py, and
+    docs/how-to/partitions.md for changing it safely."""
     replica: str | None = Field(default=None, pattern=r"^\d+/\d+$")
     """`I/N`: this `pkgq run` is replica I of N. It consumes partitions k with k % N == I at once
     and subscribes to the others only as a standby after `standby_delay` seconds."""
@@ -77,6 +91,49 @@ class ReplicatedSettings(RouteTableSettings):
     def partitions_for(self, route_name: str) -> int:
         return self.route(route_name).partitions or self.partitions.get(route_name, 1)
 
+    def configures_partitions(self) -> bool:
+        """Whether this process is given a partition map (PKGQ_PARTITIONS, or a routes file
+        that gives a route its partitions): then it is the whole map, a route it does not
+        name having 1 partition, as it has always been."""
+        return bool(self.partitions) or any(
+            route.partitions for route in self.route_settings.values()
+        )
+
+    def partition_map(self) -> dict[str, int]:
+        """Every route's partition count as these settings give it."""
+        from events.routes import ROUTES  # settings stay importable without the route table
+
+        return {name: self.partitions_for(name) for name in ROUTES}
+
+    def partitions_to_record(self, new_deployment: bool) -> dict[str, int]:
+        """The map `pkgq migrate` records for the routes that have no recorded count: the one
+        configured here if any (`configures_partitions`); else NEW_DEPLOYMENT_PARTITIONS for a
+        new deployment, and 1 everywhere for an existing one (what it has been running
+        with)."""
+        if self.configures_partitions() or not new_deployment:
+            return self.partition_map()
+        return {name: NEW_DEPLOYMENT_PARTITIONS.get(name, 1) for name in self.partition_map()}
+
+    def with_recorded_partitions(self, recorded: Mapping[str, int]) -> Self:
+        """These settings with the deployment's recorded partition map (routes it does not
+        record keep theirs: a database `pkgq migrate` has not recorded in). A configured map
+        that disagrees with it raises PartitionMapMismatchError, naming each route, both
+        counts, and how to change the recorded one."""
+        from events.routes import ROUTES
+
+        known = {name: count for name, count in recorded.items() if name in ROUTES}
+        if not known:
+            return self
+        if self.configures_partitions():
+            wrong = {
+                name: (self.partitions_for(name), count)
+                for name, count in known.items()
+                if self.partitions_for(name) != count
+            }
+            if wrong:
+                raise PartitionMapMismatchError(_mismatch(wrong))
+        return self.model_copy(update={"partitions": {**self.partition_map(), **known}})
+
     def preferred(self, partition: int) -> bool:
         """Whether this replica consumes `partition` at once (else only as a standby)."""
         if self.replica is None:
@@ -94,6 +151,20 @@ class ReplicatedSettings(RouteTableSettings):
 
     def queue_type_for(self, route_name: str) -> str:
         return self.route(route_name).queue_type or self.queue_type
+
+
+def _mismatch(wrong: Mapping[str, tuple[int, int]]) -> str:
+    said = "; ".join(
+        f"{name}: configured {mine}, recorded {theirs}" for name, (mine, theirs) in wrong.items()
+    )
+    return (
+        f"the partition map configured here (PKGQ_PARTITIONS or the routes file) disagrees "
+        f"with the deployment's recorded map ({said}). Every process must use the recorded "
+        f"one: unset PKGQ_PARTITIONS (and routes-file partitions) or make them equal to it "
+        f"(`pkgq partitions status ROUTE` shows it). To change a route's count, follow the "
+        f"procedure in docs/how-to/partitions.md: pause or stop its publishers, drain its "
+        f"queues, stop its consumers, then `pkgq partitions set ROUTE P`"
+    )
 
 
 def replica_ordinal(index: str | None, hostname: str) -> int:
