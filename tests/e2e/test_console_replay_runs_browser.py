@@ -3,8 +3,8 @@
 rate, the run goes on in the background, its page shows what was sent, what failed again, what
 is left, the rate and the estimated end while it refreshes, and the list of runs links to it.
 
-Screenshots go to build/screenshots/ (git-ignored): replay-confirm-rate.png, replay-run.png and
-replay-runs.png."""
+Screenshots go to build/screenshots/ (git-ignored): replay-confirm-rate.png, replay-run.png
+(running), replay-run-done.png and replay-runs.png."""
 
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ async def test_a_bulk_replay_at_a_rate_shows_its_progress_page_until_it_is_done(
         await reload_until(page, done, within=90)
         await expect(page.locator("td#sent")).to_have_text(f"{LETTERS} of {LETTERS}")
         await expect(page.locator("td#left")).to_have_text("0")
+        await shoot(page, "replay-run-done")
         run_page = page.url
         await page.goto(f"{web.base}/dead-letters/replays")
         await expect(page.locator(f"a[href='{run_page.removeprefix(web.base)}']")).to_be_visible()
