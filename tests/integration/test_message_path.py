@@ -1,10 +1,10 @@
 """The files one usage record's code runs in, from the socket to the ack.
 
 A profiler watches every Python call while one usage record is consumed by a real consumer
-(real RabbitMQ, real PostgreSQL, the user's package active), and keeps the calls of the tasks
-that carried the delivery: the connection's reader task that read its frames and handed it over
-(`take_ahead`), and the consumer's task that decided, wrote and acknowledged it
-(`process_batch`). Other tasks (heartbeats, the relay, idle polls) are left out.
+(real RabbitMQ, real PostgreSQL, the user's package active), and keeps the calls made beneath
+the two that carry a delivery: its hand-over in the connection's reader task
+(`deliveries.Handover`), and the consumer's `_deliver`, from the processor to the ack. What
+other tasks do meanwhile (heartbeats, the relay, the idle poll) is left out.
 
 Run it with `-s` to read the walk: every project file, in the order its code first ran, with the
 functions called in it. `PKGQ_WIRE_ACCELERATOR=false` walks aiormq's own frame paths instead.
@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections import defaultdict
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
@@ -72,12 +71,21 @@ def _relative(path: str) -> str | None:
     return rel if rel.split(os.sep, 1)[0] in PRODUCTION else None
 
 
+ENTRIES = {
+    ("infra/rabbit/deliveries.py", "__call__"),  # the hand-over, in the reader task
+    ("infra/rabbit/consumer.py", "_deliver"),  # a batch, from the processor to the ack
+}
+"""The calls that carry a delivery: whatever runs beneath them is on its path."""
+IDLE = ("infra/rabbit/subscription.py", "_run_idle")
+"""The consumer's idle work (the parked messages' poll), which is not."""
+
+
 class Walk:
-    """Calls into project files, by the task that made them, in first-call order."""
+    """Calls into project files made beneath one of ENTRIES (and not beneath IDLE), in
+    first-call order."""
 
     def __init__(self) -> None:
         self.order: dict[tuple[str, str], int] = {}
-        self.by_task: dict[int, set[tuple[str, str]]] = defaultdict(set)
 
     def __call__(self, frame: FrameType, event: str, _: Any) -> None:
         if event != "call":
@@ -85,24 +93,24 @@ class Walk:
         rel = _relative(frame.f_code.co_filename)
         if rel is None:
             return
-        try:
-            task = asyncio.current_task()
-        except RuntimeError:
-            task = None
         call = (rel, frame.f_code.co_name)
-        self.order.setdefault(call, len(self.order))
-        self.by_task[id(task)].add(call)
+        if call in self.order:
+            return
+        above: FrameType | None = frame
+        carried = False
+        while above is not None:
+            at = (_relative(above.f_code.co_filename) or "", above.f_code.co_name)
+            if at == IDLE:
+                return
+            carried = carried or at in ENTRIES
+            above = above.f_back
+        if carried:
+            self.order[call] = len(self.order)
 
     def path(self) -> dict[str, list[str]]:
-        """The files of the tasks that carried the delivery, each with its functions."""
-        carried = [
-            calls
-            for calls in self.by_task.values()
-            if any(name in ("take_ahead", "process_batch") for _, name in calls)
-        ]
-        calls = sorted(set().union(*carried), key=self.order.__getitem__)
+        """The files on the delivery's path, each with its functions, in first-call order."""
         files: dict[str, list[str]] = {}
-        for rel, name in calls:
+        for rel, name in sorted(self.order, key=self.order.__getitem__):
             files.setdefault(rel, []).append(name)
         return files
 
@@ -152,6 +160,5 @@ async def test_one_usage_record_runs_in_few_stage_files_from_socket_to_ack(
         kind = SUPPORT.get(rel, "stage")
         print(f"  {rel:45} [{kind}] {', '.join(names[:6])}{' ...' if len(names) > 6 else ''}")
     assert "consumers/handlers/usage_record.py" in files, "the walk missed the handler"
-    accelerated = [rel for rel in files if rel.startswith("infra/rabbit/wire/")]
-    assert bool(accelerated) == wire.installed() == settings.wire_accelerator, accelerated
+    assert wire.installed() == settings.wire_accelerator
     assert len(stages) <= STAGES_AT_MOST, f"{len(stages)} stage files: {stages}"
