@@ -100,6 +100,8 @@ class Rebalancer:
         self.rounds = 0
         """Rounds whose read succeeded (the first one makes the replica ready)."""
         self._failures = 0
+        self._read_at = time.monotonic()
+        """When a round last read the live replicas (or when this replica started)."""
         self.assigned = asyncio.Event()
         """Set once the first read's moves are done (the runner's `ready` waits for it)."""
 
@@ -124,15 +126,34 @@ class Rebalancer:
                     await self._join()
                     joined = True
                 await self.round()
-            except Exception as exc:  # noqa: BLE001  (an outage: keep what is held, try again)
+            except Exception as exc:  # noqa: BLE001  (an outage: try again)
                 self._failures += 1
                 if self._failures == 1 or self._failures % 30 == 0:
                     log.warning("rebalance_read_failed", error=repr(exc), held=self.keys())
+                self._let_go_when_unseen()
             else:
                 self._failures = 0
+                self._read_at = time.monotonic()
             pause = max(0.0, self._every - (time.monotonic() - started))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=pause)
+
+    def _let_go_when_unseen(self) -> None:
+        """Past the liveness bound without a read, the others take this replica for gone and
+        stand by on its partitions, while what it holds waits on a database it cannot reach:
+        hand them over, so one of them goes on. A round that reads again takes back what the
+        assignment gives it."""
+        if time.monotonic() - self._read_at <= self._live_within:
+            return
+        letting_go = [key for key in sorted(self.held) if key not in self._moving]
+        if letting_go:
+            log.warning(
+                "partitions_let_go_unseen",
+                partitions=[f"{r}.p{k}" for r, k in letting_go],
+                unseen_s=round(time.monotonic() - self._read_at, 1),
+            )
+        for key in letting_go:
+            self._move(key, self._hand_over(key))
 
     async def _join(self) -> None:
         async with self._pool.acquire(timeout=5) as conn:

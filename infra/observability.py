@@ -202,7 +202,8 @@ def bounded(seconds: float, route: str | None = None) -> float:
     """`seconds` within [0, MAX_CRITICAL_S]; with `route`, what had to be bounded is counted
     (pkgq_publisher_clock_skew_total)."""
     if seconds < 0:
-        if route is not None:
+        # Within a second is no skew: an AMQP timestamp has whole seconds.
+        if route is not None and seconds < -1.0:
             CLOCK_SKEW.labels(route=route, direction="ahead").inc()
         return 0.0
     if seconds > MAX_CRITICAL_S:

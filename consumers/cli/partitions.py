@@ -109,7 +109,9 @@ def resume_cmd(route: RouteArg, as_json: JsonOpt = False) -> None:
 def _not_ready(route: Route, state: dict[str, Any]) -> list[str]:
     """Why the route's count cannot change now (nothing: it can)."""
     problems = []
-    if not route.inbound and not state["paused_at"]:
+    # Every route's relaying: an inbound route's retries, replays and delayed publishes go
+    # through the outbox too, and a relay routes them by the map it read at start-up.
+    if not state["paused_at"]:
         problems.append(f"its relaying is not paused (`pkgq partitions pause {route.name}`)")
     for queue in state["queues"]:
         if queue["ready"]:
@@ -177,9 +179,9 @@ def set_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Record PARTITIONS as the route's count for the whole deployment. Refused (exit 6) unless
-    its queues are empty and have no consumers, and (for a route fed by the outbox) its
-    relaying is paused: the procedure of docs/how-to/partitions.md. The queues checked are
-    those of the recorded count, whatever PKGQ_PARTITIONS says here."""
+    its queues are empty and have no consumers, and its relaying is paused (an inbound route's
+    retries and replays go through the outbox too): the procedure of docs/how-to/partitions.md.
+    The queues checked are those of the recorded count, whatever PKGQ_PARTITIONS says here."""
     settings = load_settings()
     target = route_argument(route)
     show(run(_set(settings, target, partitions, by or operator())), as_json, _print_set)

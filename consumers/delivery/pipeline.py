@@ -316,8 +316,12 @@ class DeliveryPipeline(Draining):
             lifted = await writer.write(
                 conn, self.route, loaded.work, rows, usage_dedup_days=self._usage_dedup_days
             )
-        # Committed: the time its users waited (infra/observability.py).
-        observe_committed(self.route.name, done, loaded.work.granted())
+        # Committed: the time its users waited (infra/observability.py). A metric that fails must
+        # not make the committed batch look failed (it would run again).
+        try:
+            observe_committed(self.route.name, done, loaded.work.granted())
+        except Exception as exc:  # noqa: BLE001  (logged; the batch stands)
+            log.warning("critical_time_not_observed", error=repr(exc))
         return done, lifted
 
     async def _timed_out(

@@ -71,7 +71,7 @@ class Decided:
     @classmethod
     def of(cls, index: int, raw: RawDelivery, fate: Fate) -> Decided:
         """A decision that is its fate alone (the dead-letter ingester's)."""
-        return cls(index, raw, None, Decision(fate))
+        return cls(index, raw, None, Decision(fate), seconds=None)
 
     @property
     def fate(self) -> Fate:

@@ -120,6 +120,7 @@ async def test_a_process_configured_with_other_partitions_than_recorded_refuses_
     published = await cli(two, "publish", "usage_record", json.dumps(_usage_body()))
     assert published.returncode == 6
     assert "configured 2, recorded 4" in published.stderr
+    assert (await cli(two, "partitions", "pause", "usage_record")).returncode == 0
     corrected = await cli(two, "partitions", "set", "usage_record", "2")  # nothing in .p0-.p3
     assert corrected.returncode == 0, corrected.stderr
     conn = await asyncpg.connect(settings.postgres_dsn)
