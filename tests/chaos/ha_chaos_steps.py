@@ -27,6 +27,7 @@ from events.routes import (
     PACKAGE_PURCHASE,
     PACKAGE_QUEUING,
     QUOTA_ADJUST,
+    USAGE_RECORD,
     Route,
 )
 from infra.rabbit.topology import routing_key_for
@@ -52,6 +53,10 @@ class Chaos:
             exchange=f"{ns}.telecom",
             queue_prefix=f"{ns}.pkgq",
             queue_type="quorum",
+            # A partition map of its own, so that its first `pkgq migrate` records it rather than
+            # a new deployment's default (16 for usage and purchase): this lab runs every route
+            # on one queue, as the foreign client here publishes.
+            partitions={USAGE_RECORD.name: 1},
         )
         self.processes: list[PkgqProcess] = []
         self.resumed: dict[str, list[dict[str, float]]] = defaultdict(list)

@@ -1,6 +1,7 @@
 """Which replica owns which partition, in the operator console, in a real headless Chromium
 against two real `pkgq run` replicas of a four-partition route and `pkgq web`: the workers page
-lists every partition once, each owned by one of the two replicas since the moment it took it.
+lists every partition once, each owned by the replica the assignment (rendezvous hashing over
+the two live replicas) gives it.
 
 Screenshot: build/screenshots/workers-partition-owners.png (git-ignored)."""
 
@@ -9,10 +10,12 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable
 
+import asyncpg
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 from playwright.async_api import Page, expect
 
+from domain.assignment import assign
 from events.routes import USAGE_RECORD
 from infra.settings import Settings
 from tests.e2e.test_partitions_e2e import declared, wait_logged
@@ -44,8 +47,20 @@ async def _owners(page: Page) -> list[tuple[str, str]]:
     return found
 
 
-async def test_the_workers_page_shows_each_partition_owned_by_one_of_the_live_replicas(
-    four: Settings, spawn: Callable[..., PkgqProcess]
+async def _assigned(pool: asyncpg.Pool, replicas: list[PkgqProcess]) -> dict[str, str]:
+    """What the assignment gives each partition: its owner's worker name."""
+    async with pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT id, name FROM telecom.workers WHERE pid = ANY($1::int[]) AND role = 'run'",
+            [r.proc.pid for r in replicas],
+        )
+    names = {str(r["id"]): r["name"] for r in rows}
+    owners = assign(USAGE_RECORD.name, PARTITIONS[USAGE_RECORD.name], list(names))
+    return {str(k): names[owner] for k, owner in owners.items()}
+
+
+async def test_the_workers_page_shows_each_partition_owned_by_the_replica_assigned_it(
+    four: Settings, pool: asyncpg.Pool, spawn: Callable[..., PkgqProcess]
 ) -> None:
     env = {"PKGQ_PARTITIONS": json.dumps(PARTITIONS)}
     replicas = [spawn("run", **env), spawn("run", **env)]
@@ -62,16 +77,15 @@ async def test_the_workers_page_shows_each_partition_owned_by_one_of_the_live_re
     async with browser() as chromium:
         page = await sign_in(chromium, base, "olga", OPERATOR_PASSWORD)
 
+        expected = await _assigned(pool, replicas)
+
         async def shared() -> bool:
             await page.goto(f"{base}/workers")
-            owners = await _owners(page)
-            return sorted(p for p, _ in owners) == ["0", "1", "2", "3"] and (
-                len({o for _, o in owners}) == 2
-            )
+            return dict(await _owners(page)) == expected
 
         await eventually(shared, within=60, every=1.0)
         await expect(page.locator("h2:has-text('Partition owners')")).to_be_visible()
         await shoot(page, "workers-partition-owners")
         owners = await _owners(page)
-    assert len(owners) == 4  # each partition once
-    assert all("@" in owner for _, owner in owners)  # a replica's worker name
+    assert sorted(p for p, _ in owners) == ["0", "1", "2", "3"]  # each partition once
+    assert set(expected.values()) <= {o for _, o in owners}

@@ -122,7 +122,7 @@ async def test_an_outage_only_an_operator_ends_is_an_error_again_every_ten_s_at_
         for e in logs
         if e["event"] == "infrastructure_unavailable" and e["log_level"] == "error"
     ]
-    assert loud[0] == 0  # at once
+    assert loud[0] <= 1  # at once: after the first quick tries (0.75 s of pauses at most)
     assert len(loud) >= 3  # about 40 s of outage
     # blocked_for_s is rounded to the second: LOUD_REPEAT_S apart at least, and said again
     # within one more pause and its quick tries
