@@ -38,9 +38,6 @@ delivery_tests=(
     tests/integration/test_take_ahead.py
     tests/integration/test_delivery_redelivery.py
     tests/integration/test_delivery_edge_cases.py
-    tests/integration/test_batch_equivalence.py
-    tests/integration/test_adaptive_batches.py
-    tests/integration/test_failure_kinds.py
     tests/integration/test_bad_input.py
 )
 
