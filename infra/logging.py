@@ -72,8 +72,28 @@ class LibraryRecords(logging.Filter):
         return True
 
 
+class _Current:
+    """sys.stdout or sys.stderr as it is when a line is written, not as it was when logging was
+    set up: a live display on a terminal (a replay's progress) swaps it for one that prints
+    above the display, so log lines do not tear it."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def write(self, text: str) -> int:
+        stream: TextIO = getattr(sys, self._name)
+        return stream.write(text)
+
+    def flush(self) -> None:
+        stream: TextIO = getattr(sys, self._name)
+        stream.flush()
+
+
 def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | None = None) -> None:
     out = stream or sys.stderr
+    sink: Any = out
+    if out is sys.stdout or out is sys.stderr:
+        sink = _Current("stdout" if out is sys.stdout else "stderr")
     use_json = fmt == "json" or (fmt == "auto" and not out.isatty())
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
@@ -95,10 +115,10 @@ def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | N
     structlog.configure(
         processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(threshold),
-        logger_factory=structlog.PrintLoggerFactory(file=out),
+        logger_factory=structlog.PrintLoggerFactory(file=sink),
         cache_logger_on_first_use=False,
     )
-    handler = logging.StreamHandler(out)
+    handler = logging.StreamHandler(sink)
     handler.addFilter(LibraryRecords())
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
