@@ -33,6 +33,8 @@ Connect = Callable[[], AbstractAsyncContextManager[Conn]]
 CHECK_EVERY_S = 1.0
 """How often a run looks at what became of its messages, its breakers and its state."""
 WAITING_CHECK_S = 0.25
+SUPERSEDED = "superseded"
+"""What a runner stops as when its run was resumed by another (never stored: the run goes on)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +132,10 @@ class _Run:
         reason), or None to go on."""
         async with self._connect() as conn:
             stored = await replay_runs.get(conn, self.id)
+            if stored is not None and int(stored["leg"]) != self.leg:
+                # Resumed meanwhile (this runner was taken for gone): the new leg's runner
+                # drives the run now; this one stops and writes nothing of the run's state.
+                return (SUPERSEDED, f"resumed meanwhile as leg {stored['leg']}")
             if stored is None or stored["state"] != "running":
                 # cancelled by an operator meanwhile (the console), or gone
                 state = "cancelled" if stored is None else str(stored["state"])
@@ -186,8 +192,9 @@ class _Run:
         ]
 
     async def finish(self, state: str, reason: str | None) -> Outcome:
-        async with self._connect() as conn:
-            await replay_runs.finish(conn, self.id, state, reason)
+        if state != SUPERSEDED:
+            async with self._connect() as conn:
+                await replay_runs.finish(conn, self.id, self.leg, state, reason)
         progress = self.progress(state, reason)
         self._on_progress(progress)
         if state != "done":

@@ -241,19 +241,21 @@ async def tripped_breakers(conn: Conn, run_id: int) -> list[dict[str, Any]]:
     return [dict(r) for r in rows]
 
 
-async def finish(conn: Conn, run_id: int, state: str, reason: str | None) -> None:
-    """The run ends (or stops) in `state`, with why; a cancel already stored is kept."""
+async def finish(conn: Conn, run_id: int, leg: int, state: str, reason: str | None) -> None:
+    """Leg `leg` of the run ends (or stops) in `state`, with why; a cancel already stored is
+    kept, and so is a later leg (the run was resumed meanwhile: its runner ends it)."""
     if state not in STATES:
         raise ValueError(f"unknown replay run state {state!r}")
     await conn.execute(
         """
         UPDATE telecom.replay_runs SET state = $2, reason = $3, finished_at = now(),
                                        heartbeat_at = now()
-        WHERE id = $1 AND state = 'running'
+        WHERE id = $1 AND state = 'running' AND leg = $4
         """,
         run_id,
         state,
         reason,
+        leg,
     )
 
 
