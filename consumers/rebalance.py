@@ -231,6 +231,10 @@ class Rebalancer:
         consumer = self.held[key]
         began = time.monotonic()
         await consumer.stop(hand_over=True)
+        if not consumer.closed:
+            # The broker keeps the subscription active until this connection goes: the new
+            # owner stands by meanwhile, and the partition waits. Worth waking someone.
+            log.error("partition_hand_over_stuck", route=route, partition=partition)
         self.held.pop(key, None)
         with contextlib.suppress(ValueError):
             self._started.remove(consumer)

@@ -104,8 +104,17 @@ class Subscription:
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._worker
         if self._channel is not None:
-            with contextlib.suppress(Exception):  # unacked buffered deliveries go back, in order
+            try:  # unacked buffered deliveries go back, in order
                 await asyncio.wait_for(self._channel.close(), timeout=2)
+            except Exception as exc:  # noqa: BLE001  (said: the broker may keep the subscription)
+                # Until the connection goes, the broker may keep this subscription active with
+                # nobody behind it: what it holds waits, and a standby stays a standby.
+                log.warning("channel_close_failed", route=self.name, error=repr(exc))
+
+    @property
+    def closed(self) -> bool:
+        """Whether its channel is closed (after `stop`: the broker gave back what it held)."""
+        return self._channel is None or bool(self._channel.is_closed)
 
     async def _run_idle(self) -> None:
         if self._idle is None or self._paused:  # paused: the parked wait too
