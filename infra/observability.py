@@ -218,31 +218,39 @@ def critical_bucket(seconds: float) -> int:
     return min(bisect_left(CRITICAL_BOUNDS, seconds), len(CRITICAL_BOUNDS) - 1)
 
 
-def critical_buckets(decided: Sequence[Applied], now: datetime) -> list[int]:
-    """The bucket of each applied delivery's critical time as of `now` (the batch's database
-    clock), for the console's per-minute counts (written with the batch's counters)."""
+Start = tuple[float, str]
+"""When an applied delivery's critical time began (unix seconds), and on which clock."""
+
+
+def critical_starts(decided: Sequence[Applied]) -> list[Start]:
+    """The start of each applied delivery's critical time (read once per delivery: the
+    console's buckets and the metric after the commit both use it)."""
+    starts = []
+    for d in decided:
+        if d.decoded is not None and applied(d.decision.fate):
+            at, clock = since_of(d.raw, d.decoded.envelope)
+            starts.append((at.timestamp(), clock))
+    return starts
+
+
+def critical_buckets(starts: Sequence[Start], now: datetime) -> list[int]:
+    """The bucket of each critical time as of `now` (the batch's database clock), for the
+    console's per-minute counts (written with the batch's counters)."""
     at = now.timestamp()
-    return [
-        critical_bucket(bounded(at - since_of(d.raw, d.decoded.envelope)[0].timestamp()))
-        for d in decided
-        if d.decoded is not None and applied(d.decision.fate)
-    ]
+    return [critical_bucket(bounded(at - start)) for start, _ in starts]
 
 
-def observe_committed(route: str, decided: Sequence[Applied], granted: Iterable[datetime]) -> None:
+def observe_committed(route: str, starts: Sequence[Start], granted: Iterable[datetime]) -> None:
     """After a batch's commit: each applied delivery's critical time, and the time to each
     access grant the batch committed from its purchase's publication (`granted`). One clock
     read for the batch."""
     now = time.time()
     histograms: dict[str, Histogram] = {}
-    for d in decided:
-        if d.decoded is None or not applied(d.decision.fate):
-            continue
-        at, clock = since_of(d.raw, d.decoded.envelope)
+    for start, clock in starts:
         histogram = histograms.get(clock)
         if histogram is None:
             histogram = histograms[clock] = CRITICAL.labels(route=route, clock=clock)
-        histogram.observe(bounded(now - at.timestamp(), route))
+        histogram.observe(bounded(now - start, route))
     for origin in granted:
         ACCESS_GRANTED.observe(bounded(now - origin.timestamp()))
 

@@ -319,7 +319,7 @@ class DeliveryPipeline(Draining):
         # Committed: the time its users waited (infra/observability.py). A metric that fails must
         # not make the committed batch look failed (it would run again).
         try:
-            observe_committed(self.route.name, done, loaded.work.granted())
+            observe_committed(self.route.name, rows.starts, loaded.work.granted())
         except Exception as exc:  # noqa: BLE001  (logged; the batch stands)
             log.warning("critical_time_not_observed", error=repr(exc))
         return done, lifted

@@ -79,6 +79,7 @@ class Writes:
     made: list[holds.NewHold]
     lifted: list[UUID]
     moves: dict[tuple[str, str], int]
+    starts: list[observability.Start]  # when each applied message's critical time began
     critical: list[int]  # each applied message's critical-time bucket, for the console
 
 
@@ -98,6 +99,7 @@ def writes_of(
     consumer = route.short_name
     parked = parked or {}
     made, lifted = _holds(decided, holds_before, holds_after, source)
+    starts = observability.critical_starts(decided)
     return Writes(
         claims={
             d.decoded.key: batch_write.Claim(
@@ -130,7 +132,8 @@ def writes_of(
         made=made,
         lifted=lifted,
         moves=batch_write.moves_of(route.name, [d.decision.fate for d in decided], source),
-        critical=observability.critical_buckets(decided, now),
+        starts=starts,
+        critical=observability.critical_buckets(starts, now),
     )
 
 
