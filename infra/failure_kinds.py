@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Iterator
 
 import asyncpg
 from aiormq.exceptions import AMQPConnectionError, AMQPError, ChannelInvalidStateError
 
 from infra.dependencies import POSTGRES, RABBITMQ
-from infra.tls import TlsVerifyError
+from infra.tls import TlsVerifyError, causes
 
 OUTAGE_SQLSTATE_CLASSES = frozenset(
     {
@@ -121,21 +120,12 @@ def is_demotion(exc: BaseException) -> bool:
     (SQLSTATE 25006) or by Postgres saying it is in recovery. Every connection to that server
     is useless for pkgq: the pool must drop them (infra/postgres/pool.forget_if_demoted), so
     that the next ones go to whichever host takes writes now."""
-    for cause in _chain(exc):
+    for cause in causes(exc):
         if isinstance(cause, asyncpg.PostgresError) and (
             _sqlstate(cause) == "25006" or "recovery" in str(cause).lower()
         ):
             return True
     return False
-
-
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -212,7 +212,7 @@ def postgres_target(dsn: str, setting: str = "PKGQ_POSTGRES_DSN") -> TlsTarget:
 
 def explain(exc: BaseException, target: TlsTarget) -> str | None:
     """One line for a connection failure caused by TLS (None: TLS is not what failed)."""
-    for cause in _chain(exc):
+    for cause in causes(exc):
         if isinstance(cause, TlsError):
             return str(cause)
         if isinstance(cause, ssl.SSLCertVerificationError):
@@ -279,7 +279,8 @@ def _readable(path: str) -> bool:
     return os.path.isfile(path) and os.access(path, os.R_OK)
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """`exc`, then its causes and contexts, each once."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
